@@ -1,0 +1,464 @@
+//! A2A 1.0 JSON-RPC client for the iac-code execution kernel (`iac-code a2a`).
+//!
+//! JSON-RPC 2.0 over HTTP POST to a loopback base URL, with `A2A-Version: 1.0` and an optional bearer
+//! token on every call. Streaming methods answer with SSE (`text/event-stream`), or — when the kernel
+//! fails before the first event — with a plain JSON-RPC error body, which is classified as an error
+//! and never mistaken for data. Every call has a timeout except the read of a stream itself.
+#![forbid(unsafe_code)]
+
+pub mod item;
+pub mod sse;
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+pub use item::{ItemView, TaskState};
+
+/// Timeouts of the client.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// TCP connect.
+    pub connect: Duration,
+    /// Whole unary call (request, response headers and body).
+    pub unary: Duration,
+    /// From sending a streaming request to its response headers.
+    pub stream_open: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(5),
+            // CancelTask drains for up to 30 s in the kernel.
+            unary: Duration::from_secs(60),
+            // The kernel pulls the first event before it answers with headers.
+            stream_open: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    pub data: Value,
+}
+
+impl RpcError {
+    fn from_value(v: &Value) -> RpcError {
+        RpcError {
+            code: v.get("code").and_then(Value::as_i64).unwrap_or(0),
+            message: v
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned(),
+            data: v.get("data").cloned().unwrap_or(Value::Null),
+        }
+    }
+
+    /// True when the kernel says the session backup is not restored yet and the call may be retried.
+    pub fn is_backup_not_ready(&self) -> bool {
+        self.data.get("code").and_then(Value::as_str) == Some("SESSION_BACKUP_NOT_READY")
+            && self.data.get("retryable").and_then(Value::as_bool) == Some(true)
+    }
+}
+
+/// Errors of kernel calls.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Connection refused/reset, timeout, or the body could not be read.
+    #[error("kernel transport error: {0}")]
+    Transport(String),
+    /// A non-2xx HTTP status.
+    #[error("kernel answered HTTP {status}")]
+    Status { status: u16, body: Value },
+    /// A JSON-RPC error (as a response body or as a stream item).
+    #[error("kernel JSON-RPC error {}: {}", .0.code, .0.message)]
+    Rpc(RpcError),
+    /// The kernel's answer could not be understood (malformed JSON, oversized frame, …).
+    #[error("kernel protocol error: {0}")]
+    Protocol(String),
+}
+
+impl From<reqwest::Error> for Error {
+    fn from(e: reqwest::Error) -> Self {
+        // Never include the URL's query or any header: only the kind of failure.
+        let kind = if e.is_timeout() {
+            "timeout"
+        } else if e.is_connect() {
+            "connect"
+        } else if e.is_body() || e.is_decode() {
+            "body"
+        } else {
+            "request"
+        };
+        Error::Transport(kind.to_owned())
+    }
+}
+
+/// Outcome of `POST /iac-code/session/ensure-restored`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RestoreOutcome {
+    /// `current` or `restored`.
+    Ready,
+    /// 404: the session does not exist any more.
+    NotFound,
+    /// 409 `SESSION_BACKUP_NOT_READY` with `retryable: true`; the kernel's message if any.
+    BackupNotReady(Option<String>),
+}
+
+/// The client. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    /// Normalised base URL: exactly one trailing `/`.
+    base: String,
+    bearer: Option<String>,
+    timeouts: Timeouts,
+    limits: sse::Limits,
+}
+
+impl Client {
+    /// `base_url` must be the kernel's loopback URL; trailing slashes are normalised.
+    pub fn new(base_url: &str, token: Option<String>, timeouts: Timeouts) -> Client {
+        let http = reqwest::Client::builder()
+            .connect_timeout(timeouts.connect)
+            .tcp_nodelay(true)
+            .no_proxy()
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .expect("reqwest client builds");
+        Client {
+            http,
+            base: format!("{}/", base_url.trim_end_matches('/')),
+            bearer: token
+                .filter(|t| !t.is_empty())
+                .map(|t| format!("Bearer {t}")),
+            timeouts,
+            limits: sse::Limits::default(),
+        }
+    }
+
+    /// Overrides the SSE decoder limits.
+    pub fn with_sse_limits(mut self, limits: sse::Limits) -> Client {
+        self.limits = limits;
+        self
+    }
+
+    /// The normalised base URL (with one trailing `/`).
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+        let mut rb = self.http.request(method, url).header("A2A-Version", "1.0");
+        if let Some(b) = &self.bearer {
+            rb = rb.header(reqwest::header::AUTHORIZATION, b);
+        }
+        rb
+    }
+
+    fn rpc_body(method: &str, params: Value) -> Vec<u8> {
+        let body = json!({
+            "jsonrpc": "2.0",
+            "id": uuid::Uuid::new_v4().to_string(),
+            "method": method,
+            "params": params,
+        });
+        serde_json::to_vec(&body).expect("request serialises")
+    }
+
+    /// A unary JSON-RPC call: returns `result`, or the JSON-RPC error.
+    pub async fn call(&self, method: &str, params: Value) -> Result<Value, Error> {
+        let fut = async {
+            let resp = self
+                .request(reqwest::Method::POST, &self.base)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(Self::rpc_body(method, params))
+                .send()
+                .await?;
+            let status = resp.status();
+            let bytes = resp.bytes().await?;
+            let body: Value = serde_json::from_slice(&bytes)
+                .map_err(|_| Error::Protocol("response is not JSON".into()))?;
+            if !status.is_success() {
+                return Err(Error::Status {
+                    status: status.as_u16(),
+                    body,
+                });
+            }
+            rpc_result(body)
+        };
+        tokio::time::timeout(self.timeouts.unary, fut)
+            .await
+            .map_err(|_| Error::Transport("timeout".into()))?
+    }
+
+    /// A streaming JSON-RPC call (`SendStreamingMessage`, `SubscribeToTask`).
+    pub async fn stream(&self, method: &str, params: Value) -> Result<EventStream, Error> {
+        let fut = self
+            .request(reqwest::Method::POST, &self.base)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(Self::rpc_body(method, params))
+            .send();
+        let resp = tokio::time::timeout(self.timeouts.stream_open, fut)
+            .await
+            .map_err(|_| Error::Transport("timeout".into()))??;
+        let status = resp.status();
+        let is_sse = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                v.trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("text/event-stream")
+            })
+            .unwrap_or(false);
+        if !status.is_success() || !is_sse {
+            // D-16: a JSON body where a stream was expected is an error (or, rarely, one result).
+            let bytes = tokio::time::timeout(self.timeouts.unary, resp.bytes())
+                .await
+                .map_err(|_| Error::Transport("timeout".into()))??;
+            let body: Value = serde_json::from_slice(&bytes)
+                .map_err(|_| Error::Protocol("response is not JSON".into()))?;
+            if !status.is_success() {
+                return Err(Error::Status {
+                    status: status.as_u16(),
+                    body,
+                });
+            }
+            let result = rpc_result(body)?;
+            return Ok(EventStream {
+                inner: StreamInner::Single(Some(result)),
+            });
+        }
+        Ok(EventStream {
+            inner: StreamInner::Sse {
+                body: Box::pin(resp.bytes_stream()),
+                decoder: sse::Decoder::new(self.limits),
+                done: false,
+            },
+        })
+    }
+
+    /// `SendStreamingMessage {message, configuration}`.
+    pub async fn send_streaming_message(&self, message: Value) -> Result<EventStream, Error> {
+        self.stream("SendStreamingMessage", send_params(message))
+            .await
+    }
+
+    /// Unary `SendMessage {message, configuration}`.
+    pub async fn send_message(&self, message: Value) -> Result<Value, Error> {
+        self.call("SendMessage", send_params(message)).await
+    }
+
+    /// `GetTask {id, historyLength}`: the bare Task.
+    pub async fn get_task(&self, id: &str, history_length: u32) -> Result<Value, Error> {
+        self.call(
+            "GetTask",
+            json!({"id": id, "historyLength": history_length}),
+        )
+        .await
+    }
+
+    /// `SubscribeToTask {id}`.
+    pub async fn subscribe_to_task(&self, id: &str) -> Result<EventStream, Error> {
+        self.stream("SubscribeToTask", json!({"id": id})).await
+    }
+
+    /// `CancelTask {id}`: the bare Task (state CANCELED) or a JSON-RPC error.
+    pub async fn cancel_task(&self, id: &str) -> Result<Value, Error> {
+        self.call("CancelTask", json!({"id": id})).await
+    }
+
+    /// `GET /health` of the kernel.
+    pub async fn health(&self, timeout: Duration) -> Result<(), Error> {
+        let url = format!("{}health", self.base);
+        let resp = tokio::time::timeout(timeout, self.request(reqwest::Method::GET, &url).send())
+            .await
+            .map_err(|_| Error::Transport("timeout".into()))??;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            Err(Error::Status {
+                status: resp.status().as_u16(),
+                body: Value::Null,
+            })
+        }
+    }
+
+    /// `POST /iac-code/session/ensure-restored {cwd, sessionId, taskId?}`.
+    pub async fn ensure_restored(
+        &self,
+        cwd: &str,
+        session_id: &str,
+        task_id: Option<&str>,
+    ) -> Result<RestoreOutcome, Error> {
+        let url = format!("{}iac-code/session/ensure-restored", self.base);
+        let mut body = json!({"cwd": cwd, "sessionId": session_id});
+        if let Some(t) = task_id {
+            body["taskId"] = Value::String(t.to_owned());
+        }
+        let fut = async {
+            let resp = self
+                .request(reqwest::Method::POST, &url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(serde_json::to_vec(&body).expect("serialises"))
+                .send()
+                .await?;
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await?;
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            match status {
+                200..=299 => match v.get("status").and_then(Value::as_str) {
+                    Some("current") | Some("restored") => Ok(RestoreOutcome::Ready),
+                    _ => Err(Error::Protocol("unexpected session restore status".into())),
+                },
+                404 => Ok(RestoreOutcome::NotFound),
+                409 => {
+                    let err = v.get("error").cloned().unwrap_or(Value::Null);
+                    if err.get("code").and_then(Value::as_str) == Some("SESSION_BACKUP_NOT_READY")
+                        && err.get("retryable").and_then(Value::as_bool) == Some(true)
+                    {
+                        Ok(RestoreOutcome::BackupNotReady(
+                            err.get("message")
+                                .and_then(Value::as_str)
+                                .filter(|m| !m.is_empty())
+                                .map(str::to_owned),
+                        ))
+                    } else {
+                        Err(Error::Status { status, body: v })
+                    }
+                }
+                _ => Err(Error::Status { status, body: v }),
+            }
+        };
+        tokio::time::timeout(self.timeouts.unary, fut)
+            .await
+            .map_err(|_| Error::Transport("timeout".into()))?
+    }
+
+    /// `GET /iac-code/pipeline/state?taskId=…&afterSequence=…`; `None` on 404.
+    pub async fn pipeline_state(
+        &self,
+        task_id: &str,
+        after_sequence: u64,
+    ) -> Result<Option<Value>, Error> {
+        let url = format!("{}iac-code/pipeline/state", self.base);
+        let fut = async {
+            let resp = self
+                .request(reqwest::Method::GET, &url)
+                .query(&[
+                    ("taskId", task_id.to_owned()),
+                    ("afterSequence", after_sequence.to_string()),
+                ])
+                .send()
+                .await?;
+            let status = resp.status().as_u16();
+            let bytes = resp.bytes().await?;
+            if status == 404 {
+                return Ok(None);
+            }
+            let v: Value = serde_json::from_slice(&bytes)
+                .map_err(|_| Error::Protocol("pipeline state is not JSON".into()))?;
+            if !(200..300).contains(&status) {
+                return Err(Error::Status { status, body: v });
+            }
+            Ok(Some(v))
+        };
+        tokio::time::timeout(self.timeouts.unary, fut)
+            .await
+            .map_err(|_| Error::Transport("timeout".into()))?
+    }
+}
+
+fn send_params(message: Value) -> Value {
+    json!({"message": message, "configuration": {"acceptedOutputModes": ["text/plain"]}})
+}
+
+fn rpc_result(mut body: Value) -> Result<Value, Error> {
+    if let Some(err) = body.get("error").filter(|e| !e.is_null()) {
+        return Err(Error::Rpc(RpcError::from_value(err)));
+    }
+    match body.get_mut("result") {
+        Some(r) => Ok(r.take()),
+        None => Err(Error::Protocol("JSON-RPC response without result".into())),
+    }
+}
+
+type ByteStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
+
+enum StreamInner {
+    Single(Option<Value>),
+    Sse {
+        body: ByteStream,
+        decoder: sse::Decoder,
+        done: bool,
+    },
+}
+
+/// The items of a kernel stream: each is the JSON-RPC `result` object of one SSE event.
+pub struct EventStream {
+    inner: StreamInner,
+}
+
+impl std::fmt::Debug for EventStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventStream")
+    }
+}
+
+impl EventStream {
+    /// The next `result` object; `Ok(None)` at the end of the stream. A JSON-RPC error item is
+    /// returned as [`Error::Rpc`] (D-16), malformed frames as [`Error::Protocol`].
+    pub async fn next(&mut self) -> Result<Option<Value>, Error> {
+        match &mut self.inner {
+            StreamInner::Single(v) => Ok(v.take()),
+            StreamInner::Sse {
+                body,
+                decoder,
+                done,
+            } => loop {
+                match decoder.next_frame() {
+                    Ok(Some(frame)) => return parse_frame(&frame.data),
+                    Ok(None) => {}
+                    Err(e) => return Err(Error::Protocol(e.to_string())),
+                }
+                if *done {
+                    return match decoder.finish() {
+                        Ok(Some(frame)) => parse_frame(&frame.data),
+                        Ok(None) => Ok(None),
+                        Err(e) => Err(Error::Protocol(e.to_string())),
+                    };
+                }
+                match body.next().await {
+                    Some(Ok(chunk)) => decoder.push(&chunk),
+                    Some(Err(e)) => return Err(e.into()),
+                    None => *done = true,
+                }
+            },
+        }
+    }
+}
+
+fn parse_frame(data: &[u8]) -> Result<Option<Value>, Error> {
+    let v: Value = serde_json::from_slice(data)
+        .map_err(|_| Error::Protocol("a stream frame is not JSON".into()))?;
+    if !v.is_object() {
+        return Err(Error::Protocol("a stream frame is not an object".into()));
+    }
+    if v.get("result").is_some_and(Value::is_object) {
+        return rpc_result(v).map(Some);
+    }
+    if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
+        return Err(Error::Rpc(RpcError::from_value(err)));
+    }
+    // A bare object (no JSON-RPC envelope) is used as the item itself.
+    Ok(Some(v))
+}

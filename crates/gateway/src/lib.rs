@@ -1,0 +1,12 @@
+//! `iac-code-agui`: an AG-UI gateway (HTTP + SSE) in front of iac-code's A2A execution kernel.
+//!
+//! Data flow: `http` (auth, limits, error envelope, language) → `validate` (envelope, strict
+//! `iacCode`, cwd, content) → `run` (admission, per-thread state machine, `store`) → `a2a` client →
+//! `mapping` (pure: kernel item → AG-UI events, span balancing) → SSE encoder.
+
+pub mod canonical;
+pub mod config;
+pub mod error;
+pub mod i18n;
+pub mod paths;
+pub mod validate;

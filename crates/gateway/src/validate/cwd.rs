@@ -1,0 +1,121 @@
+//! Workspace (`cwd`) resolution with allowed roots and symlink-escape prevention (§5, D-8).
+
+use std::path::{Path, PathBuf};
+
+use crate::config::Config;
+use crate::error::{msg, ApiError, Code};
+use crate::paths;
+
+fn err(m: &'static str) -> ApiError {
+    ApiError::new(Code::InvalidInput, m)
+}
+
+/// The allowed roots that currently exist as directories.
+pub fn allowed_roots(cfg: &Config, env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
+    let candidates: Vec<PathBuf> = match cfg.allowed_cwds.as_deref() {
+        Some(list) => list
+            .split(':')
+            .filter(|s| !s.is_empty())
+            .map(|s| PathBuf::from(paths::expand_user(s, cfg.home.as_deref())))
+            .filter(|p| p.is_absolute())
+            .collect(),
+        None => vec![cfg.process_cwd.clone(), cfg.temp_dir.clone()],
+    };
+    let _ = env;
+    candidates
+        .into_iter()
+        .filter_map(|p| paths::resolve(&p).ok())
+        .filter(|p| p.is_dir())
+        .collect()
+}
+
+/// Resolves and checks `raw`; creates the directory when it is missing. Blocking I/O: call it
+/// off the async runtime.
+pub fn resolve(
+    raw: &str,
+    cfg: &Config,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<PathBuf, ApiError> {
+    if raw.is_empty() {
+        return Err(err(msg::CWD_NOT_ABSOLUTE));
+    }
+    let user = paths::expand_user(raw, cfg.home.as_deref());
+    if !Path::new(&user).is_absolute() {
+        return Err(err(msg::CWD_NOT_ABSOLUTE));
+    }
+    let logical = paths::normalize(Path::new(&paths::expand_vars(&user, env)));
+    let resolved = paths::resolve(&logical).map_err(|_| err(msg::CWD_INVALID))?;
+    let roots = allowed_roots(cfg, env);
+    if !roots.iter().any(|r| resolved.starts_with(r)) {
+        return Err(err(msg::CWD_OUTSIDE_ROOTS));
+    }
+    match std::fs::metadata(&resolved) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(err(msg::CWD_NOT_DIR)),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            std::fs::create_dir_all(&resolved).map_err(|_| err(msg::CWD_CANNOT_CREATE))?;
+        }
+        Err(_) => return Err(err(msg::CWD_INVALID)),
+    }
+    Ok(resolved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(root: &Path) -> Config {
+        let r = root.to_str().unwrap().to_owned();
+        let mut c = Config::for_state_dir(root.join("state"), &|k| {
+            (k == "HOME").then(|| "/home/u".into())
+        });
+        c.allowed_cwds = Some(format!("{r}/ws:/nonexistent-root"));
+        c
+    }
+
+    #[test]
+    fn resolution_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = paths::resolve(dir.path()).unwrap();
+        std::fs::create_dir_all(root.join("ws/a")).unwrap();
+        std::fs::write(root.join("ws/file"), b"x").unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("ws/escape")).unwrap();
+        std::os::unix::fs::symlink(root.join("ws/a"), root.join("ws/alias")).unwrap();
+        let c = cfg(&root);
+        let env = |k: &str| (k == "W").then(|| root.join("ws").to_str().unwrap().to_owned());
+        let ws = root.join("ws");
+        let r = |s: &str| resolve(s, &c, &env);
+        assert_eq!(r(ws.join("a").to_str().unwrap()).unwrap(), ws.join("a"));
+        assert_eq!(
+            r(&format!("{}/a/../a/", ws.display())).unwrap(),
+            ws.join("a")
+        );
+        assert_eq!(r(ws.join("alias").to_str().unwrap()).unwrap(), ws.join("a"));
+        assert_eq!(r("$W/a").unwrap_err().message, msg::CWD_NOT_ABSOLUTE);
+        assert_eq!(r("relative/x").unwrap_err().message, msg::CWD_NOT_ABSOLUTE);
+        assert_eq!(r("").unwrap_err().message, msg::CWD_NOT_ABSOLUTE);
+        assert_eq!(r("/etc").unwrap_err().message, msg::CWD_OUTSIDE_ROOTS);
+        assert_eq!(
+            r(ws.join("escape").to_str().unwrap()).unwrap_err().message,
+            msg::CWD_OUTSIDE_ROOTS
+        );
+        assert_eq!(
+            r(ws.join("file").to_str().unwrap()).unwrap_err().message,
+            msg::CWD_NOT_DIR
+        );
+        let deep = ws.join("new/deep/dir");
+        assert_eq!(r(deep.to_str().unwrap()).unwrap(), deep);
+        assert!(deep.is_dir());
+        assert_eq!(
+            r(ws.join("file/sub").to_str().unwrap())
+                .unwrap_err()
+                .message,
+            msg::CWD_CANNOT_CREATE
+        );
+    }
+}
