@@ -8,5 +8,7 @@ pub mod canonical;
 pub mod config;
 pub mod error;
 pub mod i18n;
+pub mod mapping;
 pub mod paths;
+pub mod store;
 pub mod validate;

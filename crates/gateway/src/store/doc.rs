@@ -1,0 +1,372 @@
+//! The schemaVersion-1 thread document: its in-memory form, serialisation (sorted keys, 2-space
+//! indent, trailing newline) and validation on load.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{json, Map, Value};
+
+use super::StoreError;
+
+/// Fields of a kernel input that are kept (secrets and unknown keys are dropped).
+pub const PENDING_ALLOW_LIST: &[&str] = &[
+    "schemaVersion",
+    "kind",
+    "requestTaskId",
+    "contextId",
+    "inputId",
+    "toolUseId",
+    "toolName",
+    "title",
+    "purpose",
+    "effect",
+    "target",
+    "isReadOnly",
+    "prompt",
+    "safeSummary",
+    "options",
+    "language",
+    "deploymentSummary",
+    "scope",
+    "subPipelineId",
+    "operation",
+    "displayParameters",
+    "allowFreeText",
+    "freeTextPrompt",
+    "required",
+];
+
+/// One pending interrupt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingEntry {
+    /// The allow-listed projection of the kernel input.
+    pub value: Map<String, Value>,
+    pub sideband: bool,
+    /// D-4: RFC 3339 expiry instant (additive field), `None` when expiry is disabled.
+    pub expires_at: Option<String>,
+}
+
+/// The current execution of a thread.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Execution {
+    pub execution_id: String,
+    pub ros_invocation_id: String,
+    pub task_id: Option<String>,
+    pub pipeline_sequence: u64,
+    pub pipeline_open_steps: BTreeSet<String>,
+    pub text_snapshot_digests: BTreeSet<String>,
+    /// Pending interrupts in insertion order.
+    pub pending: Vec<(String, PendingEntry)>,
+}
+
+/// An applied resume answer.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AppliedDigest {
+    pub execution_id: String,
+    pub interrupt_id: String,
+    pub digest: String,
+}
+
+/// A thread's durable state.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadDoc {
+    pub thread_id: String,
+    pub context_id: String,
+    pub cwd: String,
+    pub user_id: Option<String>,
+    pub session_id: Option<String>,
+    pub execution: Execution,
+    pub run_digests: BTreeMap<String, String>,
+    pub applied_resume_digests: BTreeSet<AppliedDigest>,
+    pub terminal_execution_ids: BTreeSet<String>,
+}
+
+/// Recursively sorts object keys (Python's `sort_keys=True`).
+fn sorted(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
+fn invalid(what: &str) -> StoreError {
+    StoreError::Invalid(what.to_owned())
+}
+
+impl ThreadDoc {
+    /// The document as JSON text: sorted keys, 2-space indent, raw UTF-8, trailing newline.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut pending = Map::new();
+        for (id, e) in &self.execution.pending {
+            let mut entry =
+                json!({"value": Value::Object(e.value.clone()), "sideband": e.sideband});
+            if let Some(x) = &e.expires_at {
+                entry["expiresAt"] = Value::String(x.clone());
+            }
+            pending.insert(id.clone(), entry);
+        }
+        let v = json!({
+            "schemaVersion": 1,
+            "threadId": self.thread_id,
+            "contextId": self.context_id,
+            "cwd": self.cwd,
+            "userId": self.user_id,
+            "iacCodeSessionId": self.session_id,
+            "execution": {
+                "executionId": self.execution.execution_id,
+                "rosInvocationId": self.execution.ros_invocation_id,
+                "taskId": self.execution.task_id,
+                "pipelineSequence": self.execution.pipeline_sequence,
+                "pipelineOpenSteps": self.execution.pipeline_open_steps,
+                "textSnapshotDigests": self.execution.text_snapshot_digests,
+                "pending": pending,
+            },
+            "runDigests": self.run_digests,
+            "appliedResumeDigests": self.applied_resume_digests.iter().map(|a| json!({
+                "executionId": a.execution_id, "interruptId": a.interrupt_id, "digest": a.digest
+            })).collect::<Vec<_>>(),
+            "terminalExecutionIds": self.terminal_execution_ids,
+        });
+        let mut out = serde_json::to_vec_pretty(&sorted(v)).expect("document serialises");
+        out.push(b'\n');
+        out
+    }
+
+    /// Parses and validates a document for `thread_id` (§16.5).
+    pub fn from_json(bytes: &[u8], thread_id: &str) -> Result<ThreadDoc, StoreError> {
+        let v: Value = serde_json::from_slice(bytes).map_err(|_| invalid("not JSON"))?;
+        let o = v.as_object().ok_or_else(|| invalid("not an object"))?;
+        match o.get("schemaVersion") {
+            Some(Value::Number(n)) if n.as_f64() == Some(1.0) => {}
+            _ => return Err(invalid("schemaVersion")),
+        }
+        if o.get("threadId").and_then(Value::as_str) != Some(thread_id) {
+            return Err(invalid("threadId"));
+        }
+        let req = |m: &Map<String, Value>, k: &str| -> Result<String, StoreError> {
+            m.get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .ok_or_else(|| invalid(k))
+        };
+        let opt = |m: &Map<String, Value>, k: &str| -> Result<Option<String>, StoreError> {
+            match m.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(invalid(k)),
+            }
+        };
+        let context_id = req(o, "contextId")?;
+        let cwd = req(o, "cwd")?;
+        let user_id = opt(o, "userId")?;
+        let session_id = opt(o, "iacCodeSessionId")?;
+        let e = o
+            .get("execution")
+            .and_then(Value::as_object)
+            .ok_or_else(|| invalid("execution"))?;
+        let execution_id = req(e, "executionId")?;
+        let ros_invocation_id = req(e, "rosInvocationId")?;
+        let task_id = opt(e, "taskId")?;
+        let pipeline_sequence = match e.get("pipelineSequence") {
+            None | Some(Value::Null) => 0,
+            Some(Value::Number(n)) => match (n.as_u64(), n.as_f64()) {
+                (Some(u), _) => u,
+                (None, Some(f)) if f >= 0.0 && f.fract() == 0.0 && f < 9.0e15 => f as u64,
+                _ => return Err(invalid("pipelineSequence")),
+            },
+            Some(_) => return Err(invalid("pipelineSequence")),
+        };
+        let str_list =
+            |k: &str, check: &dyn Fn(&str) -> bool| -> Result<BTreeSet<String>, StoreError> {
+                match e.get(k) {
+                    None | Some(Value::Null) => Ok(BTreeSet::new()),
+                    Some(Value::Array(a)) => a
+                        .iter()
+                        .map(|x| {
+                            x.as_str()
+                                .filter(|s| check(s))
+                                .map(str::to_owned)
+                                .ok_or_else(|| invalid(k))
+                        })
+                        .collect(),
+                    Some(_) => Err(invalid(k)),
+                }
+            };
+        let pipeline_open_steps = str_list("pipelineOpenSteps", &|s| !s.is_empty())?;
+        let text_snapshot_digests = str_list("textSnapshotDigests", &|s| {
+            s.len() == 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })?;
+        let mut pending = Vec::new();
+        match e.get("pending") {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(p)) => {
+                for (id, entry) in p {
+                    let entry = entry.as_object().ok_or_else(|| invalid("pending"))?;
+                    let value = entry
+                        .get("value")
+                        .and_then(Value::as_object)
+                        .ok_or_else(|| invalid("pending.value"))?;
+                    let sideband = match entry.get("sideband") {
+                        None => false,
+                        Some(Value::Bool(b)) => *b,
+                        Some(_) => return Err(invalid("pending.sideband")),
+                    };
+                    let expires_at = match entry.get("expiresAt") {
+                        None | Some(Value::Null) => None,
+                        Some(Value::String(s)) => Some(s.clone()),
+                        Some(_) => return Err(invalid("pending.expiresAt")),
+                    };
+                    let value = project_input(value);
+                    if value.get("inputId").and_then(Value::as_str) != Some(id.as_str()) {
+                        return Err(invalid("pending.inputId"));
+                    }
+                    pending.push((
+                        id.clone(),
+                        PendingEntry {
+                            value,
+                            sideband,
+                            expires_at,
+                        },
+                    ));
+                }
+            }
+            Some(_) => return Err(invalid("pending")),
+        }
+        let run_digests = match o.get("runDigests") {
+            Some(Value::Object(m)) => m
+                .iter()
+                .filter_map(|(k, v)| {
+                    let v = v.as_str().filter(|s| !s.is_empty())?;
+                    (!k.is_empty()).then(|| (k.clone(), v.to_owned()))
+                })
+                .collect(),
+            _ => return Err(invalid("runDigests")),
+        };
+        let applied_resume_digests = match o.get("appliedResumeDigests") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| {
+                    let x = x
+                        .as_object()
+                        .ok_or_else(|| invalid("appliedResumeDigests"))?;
+                    Ok(AppliedDigest {
+                        execution_id: req(x, "executionId")?,
+                        interrupt_id: req(x, "interruptId")?,
+                        digest: req(x, "digest")?,
+                    })
+                })
+                .collect::<Result<_, StoreError>>()?,
+            _ => return Err(invalid("appliedResumeDigests")),
+        };
+        let terminal_execution_ids = match o.get("terminalExecutionIds") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|x| x.as_str().filter(|s| !s.is_empty()).map(str::to_owned))
+                .collect(),
+            _ => return Err(invalid("terminalExecutionIds")),
+        };
+        Ok(ThreadDoc {
+            thread_id: thread_id.to_owned(),
+            context_id,
+            cwd,
+            user_id,
+            session_id,
+            execution: Execution {
+                execution_id,
+                ros_invocation_id,
+                task_id,
+                pipeline_sequence,
+                pipeline_open_steps,
+                text_snapshot_digests,
+                pending,
+            },
+            run_digests,
+            applied_resume_digests,
+            terminal_execution_ids,
+        })
+    }
+}
+
+/// The allow-listed projection of a kernel input (secrets and unknown keys dropped).
+pub fn project_input(input: &Map<String, Value>) -> Map<String, Value> {
+    input
+        .iter()
+        .filter(|(k, _)| PENDING_ALLOW_LIST.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REFERENCE_FILES: &[(&str, &str)] = &[
+        ("S01_after_run.thread-s1.json", "thread-s1"),
+        ("S03_after_interrupt.thread-s3.json", "thread-s3"),
+        ("S03_after_resume.thread-s3.json", "thread-s3"),
+        (
+            "S06_after_disconnect_and_task_end.thread-s6.json",
+            "thread-s6",
+        ),
+        ("S08_after_error_resumes.thread-s8r.json", "thread-s8r"),
+    ];
+
+    fn reference(name: &str) -> Vec<u8> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/reference-state")
+            .join(name);
+        std::fs::read(path).unwrap()
+    }
+
+    #[test]
+    fn reference_files_load_and_round_trip_byte_identically() {
+        for (name, thread) in REFERENCE_FILES {
+            let bytes = reference(name);
+            let doc = ThreadDoc::from_json(&bytes, thread).unwrap();
+            assert_eq!(
+                String::from_utf8(doc.to_json()).unwrap(),
+                String::from_utf8(bytes).unwrap(),
+                "{name}"
+            );
+        }
+        let doc = ThreadDoc::from_json(
+            &reference("S03_after_interrupt.thread-s3.json"),
+            "thread-s3",
+        )
+        .unwrap();
+        assert_eq!(doc.execution.pending.len(), 1);
+        assert!(doc.execution.task_id.is_some());
+    }
+
+    #[test]
+    fn invalid_documents_are_rejected() {
+        let good = reference("S03_after_interrupt.thread-s3.json");
+        assert!(ThreadDoc::from_json(&good, "other-thread").is_err());
+        assert!(ThreadDoc::from_json(b"{}", "thread-s3").is_err());
+        assert!(ThreadDoc::from_json(&good[..good.len() / 2], "thread-s3").is_err());
+        let mut v: Value = serde_json::from_slice(&good).unwrap();
+        let key = v["execution"]["pending"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .next()
+            .unwrap()
+            .clone();
+        let entry = v["execution"]["pending"][&key].clone();
+        v["execution"]["pending"] = json!({"other-id": entry});
+        assert!(ThreadDoc::from_json(&serde_json::to_vec(&v).unwrap(), "thread-s3").is_err());
+        let mut v: Value = serde_json::from_slice(&good).unwrap();
+        v["execution"]["pipelineSequence"] = json!(true);
+        assert!(ThreadDoc::from_json(&serde_json::to_vec(&v).unwrap(), "thread-s3").is_err());
+        let mut v: Value = serde_json::from_slice(&good).unwrap();
+        v["execution"]["textSnapshotDigests"] = json!(["ABC"]);
+        assert!(ThreadDoc::from_json(&serde_json::to_vec(&v).unwrap(), "thread-s3").is_err());
+    }
+}

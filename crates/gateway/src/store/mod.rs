@@ -1,0 +1,90 @@
+//! Durable thread state (§16, D-2, D-18, D-19).
+//!
+//! One small JSON document per thread (schemaVersion 1), interchangeable with the reference
+//! adapter's files in both directions. The [`ThreadStore`] trait is synchronous: callers run it on
+//! the blocking pool.
+
+mod doc;
+mod file;
+
+pub use doc::{AppliedDigest, Execution, PendingEntry, ThreadDoc, PENDING_ALLOW_LIST};
+pub use file::{file_stem, FileStore};
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The file exists but is not a valid document for this thread (corrupt, truncated, symlinked,
+    /// foreign thread, not a regular file…).
+    #[error("thread state is invalid: {0}")]
+    Invalid(String),
+    #[error("thread state I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Where thread documents live.
+pub trait ThreadStore: Send + Sync + 'static {
+    /// Loads a thread; `Ok(None)` when it does not exist.
+    fn load(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError>;
+    /// Atomically replaces the thread's document.
+    fn save(&self, doc: &ThreadDoc) -> Result<(), StoreError>;
+}
+
+/// A store wrapper that fails saves on demand (fault injection for tests of fail-closed paths).
+pub struct FaultyStore<S> {
+    inner: S,
+    fail_saves: Arc<AtomicU32>,
+    skip_saves: Arc<AtomicU32>,
+}
+
+/// Handle that arms a [`FaultyStore`].
+#[derive(Clone, Default)]
+pub struct FaultSwitch {
+    fail_saves: Arc<AtomicU32>,
+    skip_saves: Arc<AtomicU32>,
+}
+
+impl FaultSwitch {
+    /// The next `n` saves fail, after letting `skip` saves succeed.
+    pub fn fail_saves(&self, skip: u32, n: u32) {
+        self.skip_saves.store(skip, Ordering::SeqCst);
+        self.fail_saves.store(n, Ordering::SeqCst);
+    }
+}
+
+impl<S: ThreadStore> FaultyStore<S> {
+    pub fn new(inner: S) -> (FaultyStore<S>, FaultSwitch) {
+        let sw = FaultSwitch::default();
+        (
+            FaultyStore {
+                inner,
+                fail_saves: sw.fail_saves.clone(),
+                skip_saves: sw.skip_saves.clone(),
+            },
+            sw,
+        )
+    }
+}
+
+impl<S: ThreadStore> ThreadStore for FaultyStore<S> {
+    fn load(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError> {
+        self.inner.load(thread_id)
+    }
+    fn save(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
+        if self.fail_saves.load(Ordering::SeqCst) > 0 {
+            let skipped = self
+                .skip_saves
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| s.checked_sub(1))
+                .is_ok();
+            if !skipped {
+                self.fail_saves.fetch_sub(1, Ordering::SeqCst);
+                return Err(StoreError::Io(std::io::Error::other(
+                    "injected save failure",
+                )));
+            }
+        }
+        self.inner.save(doc)
+    }
+}
