@@ -181,6 +181,13 @@ pub mod msg {
     pub const SESSION_CHANGED: &str = "The iac-code session identity changed unexpectedly.";
     pub const MAPPING_NOT_COMMITTED: &str = "The execution mapping could not be committed.";
     pub const SESSION_NOT_COMMITTED: &str = "The execution session mapping could not be committed.";
+    pub const INTERRUPT_NOT_COMMITTED: &str =
+        "The interrupted execution state could not be committed.";
+    pub const ANSWER_NOT_COMMITTED: &str =
+        "The accepted interrupt response could not be committed.";
+    pub const INTERRUPT_OTHER_TASK: &str = "An interrupt belongs to another A2A task.";
+    pub const INTERRUPT_OTHER_CONTEXT: &str = "An interrupt belongs to another A2A context.";
+    pub const EXPIRED: &str = "The interrupt has expired.";
     pub const SHUTTING_DOWN: &str = "The execution service is shutting down.";
 }
 
@@ -248,6 +255,11 @@ mod tests {
             MAPPING_NOT_COMMITTED,
             SESSION_NOT_COMMITTED,
             SHUTTING_DOWN,
+            INTERRUPT_NOT_COMMITTED,
+            ANSWER_NOT_COMMITTED,
+            INTERRUPT_OTHER_TASK,
+            INTERRUPT_OTHER_CONTEXT,
+            EXPIRED,
         ] {
             assert!(crate::i18n::is_known(m), "{m} missing from catalogue");
         }

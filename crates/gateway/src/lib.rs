@@ -4,11 +4,14 @@
 //! `iacCode`, cwd, content) → `run` (admission, per-thread state machine, `store`) → `a2a` client →
 //! `mapping` (pure: kernel item → AG-UI events, span balancing) → SSE encoder.
 
+pub mod app;
 pub mod canonical;
 pub mod config;
 pub mod error;
+pub mod http;
 pub mod i18n;
 pub mod mapping;
 pub mod paths;
+pub mod run;
 pub mod store;
 pub mod validate;

@@ -4,6 +4,7 @@
 //! usage, pipeline dedupe state and text snapshot digests. The run driver feeds it unwrapped kernel
 //! items and forwards the events it appends. [`Mapper::close_all`] balances spans (§10.9, D-5).
 
+pub mod interrupt;
 mod pipeline;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -37,7 +38,7 @@ pub struct Mapper {
     /// Pipeline state.
     pub(crate) pipe: pipeline::PipelineState,
     /// Random id source for generated ids (injected for determinism in tests).
-    gen: Box<dyn FnMut() -> String + Send>,
+    gen: Box<dyn FnMut() -> String + Send + Sync>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -114,7 +115,7 @@ impl Mapper {
         run_id: &str,
         text_digests: BTreeSet<String>,
         thread_id: &str,
-        gen: Box<dyn FnMut() -> String + Send>,
+        gen: Box<dyn FnMut() -> String + Send + Sync>,
     ) -> Mapper {
         Mapper {
             run_id: run_id.to_owned(),

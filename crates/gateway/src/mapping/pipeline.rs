@@ -254,3 +254,46 @@ impl Mapper {
         id
     }
 }
+
+impl Mapper {
+    /// Pipeline recovery (§10.8): `ACTIVITY_SNAPSHOT` of the snapshot, then the missed events.
+    pub fn map_recovery(&mut self, state: &Value, out: &mut Vec<Event>) {
+        let Some(snapshot) = state.get("snapshot").filter(|s| s.is_object()) else {
+            return;
+        };
+        if let Some(id) = str_of(snapshot.get("pipelineRunId")) {
+            self.pipe.pipeline_run_id = id.to_owned();
+        }
+        let run = self.pipe.pipeline_run_id.clone();
+        out.push(Event::ActivitySnapshot {
+            message_id: format!("pipeline:{run}"),
+            activity_type: "iac-code.pipeline.v1".into(),
+            content: serde_json::json!({"schemaVersion": 1, "pipelineRunId": run, "snapshot": snapshot}),
+            replace: true,
+        });
+        if let Some(events) = state.get("events").and_then(Value::as_array) {
+            for env in events {
+                let Some(e) = env.as_object() else { continue };
+                match str_of(e.get("eventId")) {
+                    Some(id) => {
+                        if !self.pipe.seen_event_ids.insert(id.to_owned()) {
+                            continue;
+                        }
+                    }
+                    None => {
+                        if seq_of(e.get("sequence")).is_some_and(|s| s <= self.pipe.high_water) {
+                            continue;
+                        }
+                    }
+                }
+                if let Some(s) = seq_of(e.get("sequence")) {
+                    self.pipe.high_water = self.pipe.high_water.max(s);
+                }
+                self.project_envelope(e, out);
+            }
+        }
+        if let Some(last) = seq_of(snapshot.get("lastSequence")) {
+            self.pipe.high_water = self.pipe.high_water.max(last);
+        }
+    }
+}

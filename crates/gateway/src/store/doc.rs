@@ -78,6 +78,9 @@ pub struct ThreadDoc {
     pub run_digests: BTreeMap<String, String>,
     pub applied_resume_digests: BTreeSet<AppliedDigest>,
     pub terminal_execution_ids: BTreeSet<String>,
+    /// D-4 (additive field `expiredInterrupts`, written only when non-empty): interrupts that
+    /// expired, remembered with their execution so later answers get `EXECUTION_EXPIRED`.
+    pub expired_interrupts: BTreeSet<(String, String)>,
 }
 
 /// Recursively sorts object keys (Python's `sort_keys=True`).
@@ -131,6 +134,15 @@ impl ThreadDoc {
             })).collect::<Vec<_>>(),
             "terminalExecutionIds": self.terminal_execution_ids,
         });
+        let mut v = v;
+        if !self.expired_interrupts.is_empty() {
+            v["expiredInterrupts"] = Value::Array(
+                self.expired_interrupts
+                    .iter()
+                    .map(|(e, i)| json!({"executionId": e, "interruptId": i}))
+                    .collect(),
+            );
+        }
         let mut out = serde_json::to_vec_pretty(&sorted(v)).expect("document serialises");
         out.push(b'\n');
         out
@@ -272,6 +284,17 @@ impl ThreadDoc {
                 .collect(),
             _ => return Err(invalid("terminalExecutionIds")),
         };
+        let expired_interrupts = match o.get("expiredInterrupts") {
+            None | Some(Value::Null) => BTreeSet::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| {
+                    let x = x.as_object().ok_or_else(|| invalid("expiredInterrupts"))?;
+                    Ok((req(x, "executionId")?, req(x, "interruptId")?))
+                })
+                .collect::<Result<_, StoreError>>()?,
+            Some(_) => return Err(invalid("expiredInterrupts")),
+        };
         Ok(ThreadDoc {
             thread_id: thread_id.to_owned(),
             context_id,
@@ -290,6 +313,7 @@ impl ThreadDoc {
             run_digests,
             applied_resume_digests,
             terminal_execution_ids,
+            expired_interrupts,
         })
     }
 }

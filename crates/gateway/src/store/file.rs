@@ -207,6 +207,7 @@ mod tests {
             run_digests: Default::default(),
             applied_resume_digests: Default::default(),
             terminal_execution_ids: Default::default(),
+            expired_interrupts: Default::default(),
         }
     }
 

@@ -7,7 +7,10 @@
 mod doc;
 mod file;
 
-pub use doc::{AppliedDigest, Execution, PendingEntry, ThreadDoc, PENDING_ALLOW_LIST};
+pub use doc::{
+    project_input as doc_project_input, AppliedDigest, Execution, PendingEntry, ThreadDoc,
+    PENDING_ALLOW_LIST,
+};
 pub use file::{file_stem, FileStore};
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,0 +1,153 @@
+//! Wiring: runtime construction, serving on a bound listener, idle and graceful shutdown.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::http::{self, AppState};
+use crate::run::kernel::{ChildSpec, Kernel};
+use crate::run::{Activity, Clock, Env, Runtime, SystemClock, Threads};
+use crate::store::{FileStore, ThreadStore};
+
+/// Options for building a runtime (tests inject the store, clock and kernel).
+pub struct Options {
+    pub cfg: Config,
+    pub env: Env,
+    pub store: Option<Arc<dyn ThreadStore>>,
+    pub clock: Option<Arc<dyn Clock>>,
+    pub kernel: Option<Arc<Kernel>>,
+    pub heartbeat: Duration,
+    pub channel_capacity: usize,
+}
+
+impl Options {
+    pub fn new(cfg: Config, env: Env) -> Options {
+        Options {
+            cfg,
+            env,
+            store: None,
+            clock: None,
+            kernel: None,
+            heartbeat: http::HEARTBEAT,
+            channel_capacity: 64,
+        }
+    }
+}
+
+/// The kernel of a configuration: external URL, or a managed child.
+pub fn kernel_for(cfg: &Config, env: &Env) -> Arc<Kernel> {
+    match &cfg.a2a_url {
+        Some(url) => Kernel::external(url, cfg.a2a_token.clone()),
+        None => {
+            let mut child_env = Vec::new();
+            if let Some(v) = env("IAC_CODE_AGUI_ALLOWED_CWDS").filter(|v| !v.is_empty()) {
+                if env("IACCODE_A2A_ALLOWED_CWDS")
+                    .filter(|v| !v.is_empty())
+                    .is_none()
+                {
+                    child_env.push(("IACCODE_A2A_ALLOWED_CWDS".to_owned(), v));
+                }
+            }
+            Kernel::managed(ChildSpec {
+                command: cfg.a2a_command.clone(),
+                env: child_env,
+                ready_timeout: Duration::from_secs(20),
+            })
+        }
+    }
+}
+
+/// Builds the runtime and router state.
+pub fn build(opts: Options) -> AppState {
+    let store = opts
+        .store
+        .unwrap_or_else(|| Arc::new(FileStore::new(opts.cfg.state_dir.clone())));
+    let kernel = opts
+        .kernel
+        .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env));
+    let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
+    let rt = Arc::new(Runtime {
+        cfg: Arc::new(opts.cfg),
+        threads: Threads::new(store),
+        kernel,
+        clock: clock.clone(),
+        env: opts.env,
+        activity: Activity::default(),
+        draining: Default::default(),
+        drain: Default::default(),
+        channel_capacity: opts.channel_capacity,
+    });
+    rt.touch();
+    AppState {
+        rt,
+        heartbeat: opts.heartbeat,
+    }
+}
+
+/// Serves until `shutdown` resolves (or idle shutdown triggers), then drains open streams within
+/// the shutdown timeout and stops the managed kernel.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let rt = state.rt.clone();
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    // External shutdown signal.
+    {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+    }
+    // Idle shutdown (§1.6).
+    if rt.cfg.idle_shutdown_secs > 0.0 {
+        let rt = rt.clone();
+        let stop_tx = stop_tx.clone();
+        let idle = rt.cfg.idle_shutdown_secs;
+        tokio::spawn(async move {
+            let tick = Duration::from_secs_f64((idle / 4.0).clamp(0.1, 5.0));
+            loop {
+                tokio::time::sleep(tick).await;
+                let busy = rt.activity.open_streams.load(Ordering::SeqCst) > 0 || rt.threads.busy();
+                if busy {
+                    rt.touch();
+                    continue;
+                }
+                let idle_ms = rt.clock.now_ms() - rt.activity.last_ms.load(Ordering::SeqCst);
+                if idle_ms as f64 >= idle * 1000.0 {
+                    tracing::info!("idle shutdown");
+                    let _ = stop_tx.send(true);
+                    return;
+                }
+            }
+        });
+    }
+    let app = http::router(state);
+    let rt2 = rt.clone();
+    let graceful = async move {
+        let _ = stop_rx.wait_for(|v| *v).await;
+        rt2.draining.store(true, Ordering::SeqCst);
+        rt2.drain.notify_waiters();
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+    let timeout = Duration::from_secs_f64(rt.cfg.shutdown_timeout_secs) + Duration::from_secs(2);
+    let mut stop_rx2 = stop_tx.subscribe();
+    let result = tokio::select! {
+        r = server => r,
+        _ = async {
+            let _ = stop_rx2.wait_for(|v| *v).await;
+            tokio::time::sleep(timeout).await;
+        } => {
+            tracing::warn!("drain deadline passed; closing remaining connections");
+            Ok(())
+        }
+    };
+    rt.kernel.stop().await;
+    result
+}

@@ -1,0 +1,298 @@
+//! The HTTP surface: `GET|HEAD /health`, `POST /`, `POST /extensions/iac-code/v1/executions/{id}/cancel`.
+//!
+//! Order of checks on the POST routes: route and method (404/405, plain text) → bearer token (401)
+//! → Content-Type (415) → body size (413, from Content-Length and while reading) → JSON (400) →
+//! validation (400) → admission (409/503) → SSE. Every error before the SSE response is the JSON
+//! envelope `{"error":{"code","message"}}` in the negotiated language.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Map, Value};
+use subtle::ConstantTimeEq;
+
+use crate::canonical;
+use crate::error::{msg, ApiError, Code};
+use crate::i18n::Lang;
+use crate::run::admission::{self, RunRequest};
+use crate::run::{cancel, sink, spawn_run, Runtime};
+use crate::validate::{self, content, cwd, props};
+
+pub const RUN_BODY_LIMIT: usize = 12 * 1024 * 1024;
+pub const CANCEL_BODY_LIMIT: usize = 64 * 1024;
+pub const HEARTBEAT: Duration = Duration::from_secs(15);
+
+/// Shared handler state.
+#[derive(Clone)]
+pub struct AppState {
+    pub rt: Arc<Runtime>,
+    pub heartbeat: Duration,
+}
+
+/// The router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", any(health))
+        .route("/", any(run))
+        .route(
+            "/extensions/iac-code/v1/executions/{execution_id}/cancel",
+            any(cancel_route),
+        )
+        .fallback(not_found)
+        .with_state(state)
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    plain(StatusCode::NOT_FOUND, "Not Found")
+}
+
+fn method_not_allowed(allow: &'static str) -> Response {
+    let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+async fn health(State(s): State<AppState>, method: Method) -> Response {
+    if method != Method::GET && method != Method::HEAD {
+        return method_not_allowed("GET, HEAD");
+    }
+    let body = json!({
+        "status": "ok",
+        "protocol": "ag-ui",
+        "protocolPackageVersion": "0.1.20",
+        "executionKernel": "a2a-1.0",
+        "serverVersion": env!("CARGO_PKG_VERSION"),
+        "kernel": s.rt.kernel.health(),
+    });
+    let bytes = serde_json::to_vec(&body).expect("health serialises");
+    let mut r = (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        bytes,
+    )
+        .into_response();
+    if method == Method::HEAD {
+        *r.body_mut() = Body::empty();
+    }
+    r
+}
+
+fn header_lang(rt: &Runtime, headers: &HeaderMap) -> Lang {
+    let al = headers
+        .get(header::ACCEPT_LANGUAGE)
+        .and_then(|v| v.to_str().ok());
+    Lang::from_accept_language(al, rt.cfg.fallback_lang)
+}
+
+/// Bearer check: scheme (case-insensitive) and token compared as bytes in constant time.
+fn authorized(rt: &Runtime, headers: &HeaderMap) -> bool {
+    let Some(token) = rt.cfg.auth_token.as_deref().filter(|t| !t.is_empty()) else {
+        return true;
+    };
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return false;
+    };
+    let bytes = value.as_bytes();
+    let Some(space) = bytes.iter().position(|b| *b == b' ') else {
+        return false;
+    };
+    let (scheme, rest) = (&bytes[..space], &bytes[space + 1..]);
+    scheme.eq_ignore_ascii_case(b"bearer") && bool::from(rest.ct_eq(token.as_bytes()))
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("application/json")
+        })
+        .unwrap_or(false)
+}
+
+/// Reads the body within `limit` (Content-Length first, then while reading).
+async fn read_body(req: Request, limit: usize) -> Result<Bytes, ()> {
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        if len > limit as u64 {
+            return Err(());
+        }
+    }
+    let body = http_body_util::Limited::new(req.into_body(), limit);
+    match body.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(_) => Err(()),
+    }
+}
+
+fn parse_json(bytes: &[u8]) -> Option<Value> {
+    let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
+    serde_json::from_slice(bytes).ok()
+}
+
+async fn run(State(s): State<AppState>, req: Request) -> Response {
+    if req.method() != Method::POST {
+        return method_not_allowed("POST");
+    }
+    let rt = s.rt.clone();
+    let hl = header_lang(&rt, req.headers());
+    if !authorized(&rt, req.headers()) {
+        return ApiError::new(Code::Unauthorized, msg::UNAUTHORIZED).into_response_in(hl);
+    }
+    if !is_json(req.headers()) {
+        return ApiError::new(Code::UnsupportedMediaType, msg::UNSUPPORTED_MEDIA_TYPE)
+            .into_response_in(hl);
+    }
+    let Ok(body) = read_body(req, RUN_BODY_LIMIT).await else {
+        return ApiError::new(Code::RequestTooLarge, msg::RUN_TOO_LARGE).into_response_in(hl);
+    };
+    let Some(value) = parse_json(&body) else {
+        return ApiError::new(Code::InvalidJson, msg::RUN_INVALID_JSON).into_response_in(hl);
+    };
+    let Some(obj) = value.as_object() else {
+        return ApiError::new(Code::InvalidInput, msg::RUN_NOT_OBJECT).into_response_in(hl);
+    };
+    let lang = props::raw_preferred_language(obj)
+        .and_then(Lang::from_tag)
+        .unwrap_or(hl);
+    match prepare(&rt, obj, &body, lang).await {
+        Ok(request) => match admission::admit(&rt, request).await {
+            Ok(adm) => sse_response(&s, adm),
+            Err(e) => e.into_response_in(lang),
+        },
+        Err(e) => e.into_response_in(lang),
+    }
+}
+
+/// Validation before admission (§3–§6, D-9).
+async fn prepare(
+    rt: &Arc<Runtime>,
+    obj: &Map<String, Value>,
+    raw: &[u8],
+    lang: Lang,
+) -> Result<RunRequest, ApiError> {
+    let envelope = validate::envelope::parse(obj)?;
+    let forwarded = obj
+        .get("forwardedProps")
+        .or_else(|| obj.get("forwarded_props"));
+    let iac = props::parse(forwarded)?;
+    let digest = canonical::digest_bytes(raw)
+        .map_err(|_| ApiError::new(Code::InvalidInput, msg::INVALID_PROPS))?;
+    let rt2 = rt.clone();
+    let raw_cwd = iac.cwd.clone();
+    let tools_len = envelope.tools_len;
+    let needs_message = envelope.resume.is_none() || iac.active_guidance;
+    let messages = if needs_message {
+        Some(envelope.messages.clone())
+    } else {
+        None
+    };
+    // Workspace resolution (may create the directory) and image decoding run off the runtime.
+    let (cwd, user_message) = tokio::task::spawn_blocking(move || {
+        let env = rt2.env.clone();
+        let cwd = cwd::resolve(&raw_cwd, &rt2.cfg, &*env)?;
+        if tools_len > 0 {
+            return Err(ApiError::new(Code::InvalidInput, msg::TOOLS_UNSUPPORTED));
+        }
+        let user_message = match messages {
+            Some(m) => Some(content::latest_user_message(
+                &m,
+                content::ImageLimits::default(),
+            )?),
+            None => None,
+        };
+        Ok((cwd, user_message))
+    })
+    .await
+    .map_err(|_| ApiError::new(Code::InvalidInput, msg::INVALID_PROPS))??;
+    Ok(RunRequest {
+        envelope,
+        iac,
+        cwd,
+        digest,
+        user_message,
+        lang,
+    })
+}
+
+fn sse_response(s: &AppState, adm: admission::Admitted) -> Response {
+    let rx = spawn_run(s.rt.clone(), adm);
+    let body = Body::from_stream(sink::body_stream(rx, s.heartbeat));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no")
+        .header(header::CONNECTION, "keep-alive")
+        .body(body)
+        .expect("response builds")
+}
+
+async fn cancel_route(
+    State(s): State<AppState>,
+    Path(execution_id): Path<String>,
+    req: Request,
+) -> Response {
+    if req.method() != Method::POST {
+        return method_not_allowed("POST");
+    }
+    let rt = s.rt.clone();
+    let hl = header_lang(&rt, req.headers());
+    if !authorized(&rt, req.headers()) {
+        return ApiError::new(Code::Unauthorized, msg::UNAUTHORIZED).into_response_in(hl);
+    }
+    if !is_json(req.headers()) {
+        return ApiError::new(Code::UnsupportedMediaType, msg::UNSUPPORTED_MEDIA_TYPE)
+            .into_response_in(hl);
+    }
+    let Ok(body) = read_body(req, CANCEL_BODY_LIMIT).await else {
+        return ApiError::new(Code::RequestTooLarge, msg::CANCEL_TOO_LARGE).into_response_in(hl);
+    };
+    let Some(value) = parse_json(&body) else {
+        return ApiError::new(Code::InvalidJson, msg::CANCEL_INVALID_JSON).into_response_in(hl);
+    };
+    let Some(obj) = value.as_object() else {
+        return ApiError::new(Code::InvalidInput, msg::CANCEL_NOT_OBJECT).into_response_in(hl);
+    };
+    let field = |k: &str| obj.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+    let (Some(thread_id), Some(ros)) = (field("threadId"), field("rosInvocationId")) else {
+        return ApiError::new(Code::InvalidInput, msg::CANCEL_FIELDS).into_response_in(hl);
+    };
+    match cancel::cancel(&rt, &execution_id, thread_id, ros).await {
+        Ok(outcome) => {
+            let body = json!({"executionId": execution_id, "status": outcome.as_str()});
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::to_vec(&body).expect("serialises"),
+            )
+                .into_response()
+        }
+        Err(e) => e.into_response_in(hl),
+    }
+}

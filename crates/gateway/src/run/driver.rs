@@ -1,0 +1,1427 @@
+//! The run driver: from an admitted run to exactly one terminal AG-UI event.
+//!
+//! New turns (§9.2–§9.3), resumes (§12) and guidance runs (§13). Every path ends with exactly one
+//! `RUN_FINISHED` or `RUN_ERROR`, spans balanced first (D-5). Recovery-critical writes (task id,
+//! session id, interrupt commit, accepted answers) are durable before anything depending on them
+//! is announced; a failed write cancels the kernel task (fail closed).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use a2a::{ItemView, TaskState};
+use agui::{Event, Outcome};
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::canonical;
+use crate::error::{msg, Code};
+use crate::i18n;
+use crate::mapping::interrupt::{self, RequiredInput};
+use crate::mapping::{self, Mapper};
+use crate::store::{AppliedDigest, PendingEntry, ThreadDoc};
+use crate::validate::props::CandidatePresentation;
+use crate::validate::{ResumeEntry, ResumeStatus, RunMode};
+
+use super::admission::{mark_terminal, Admitted, Mode};
+use super::sink::{Disconnected, Sink};
+use super::Runtime;
+
+/// How long a run waits for a starting managed kernel.
+const KERNEL_WAIT: Duration = Duration::from_secs(60);
+/// Bound on best-effort cancellations.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
+/// Starts the driver of an admitted run; returns the receiving end of its SSE bytes.
+pub fn spawn_run(rt: Arc<Runtime>, adm: Admitted) -> mpsc::Receiver<Bytes> {
+    let (sink, rx) = Sink::new(rt.channel_capacity, rt.clock.clone());
+    tokio::spawn(async move {
+        rt.activity
+            .open_streams
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut d = Driver::new(rt.clone(), adm, sink);
+        d.run().await;
+        rt.activity
+            .open_streams
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        rt.touch();
+    });
+    rx
+}
+
+/// Why the main flow stopped early.
+enum Stop {
+    /// End with `RUN_ERROR`; `cancel`: also cancel the kernel task (when nothing is pending).
+    Fail {
+        code: Code,
+        message: Cow<'static, str>,
+        cancel: bool,
+    },
+    /// Fail closed after a recovery-critical write failed: cancel the task, clear pending, terminal.
+    Persist(&'static str),
+    /// The client went away.
+    Disconnected,
+}
+
+impl From<Disconnected> for Stop {
+    fn from(_: Disconnected) -> Stop {
+        Stop::Disconnected
+    }
+}
+
+fn fail(code: Code, message: &'static str) -> Stop {
+    Stop::Fail {
+        code,
+        message: Cow::Borrowed(message),
+        cancel: false,
+    }
+}
+
+fn kernel_error(e: &a2a::Error) -> Stop {
+    match e {
+        a2a::Error::Rpc(r) if r.is_backup_not_ready() => Stop::Fail {
+            code: Code::SessionBackupNotReady,
+            message: if r.message.is_empty() {
+                Cow::Borrowed("Session backup is still synchronizing. Retry after 3 seconds.")
+            } else {
+                Cow::Owned(r.message.clone())
+            },
+            cancel: false,
+        },
+        _ => Stop::Fail {
+            code: Code::A2aUnavailable,
+            message: Cow::Borrowed(msg::A2A_UNAVAILABLE),
+            cancel: true,
+        },
+    }
+}
+
+enum Step {
+    Continue,
+    /// A final state (or input-required without new input): stop reading.
+    Break,
+    /// The run ended with an interrupt.
+    Interrupted,
+}
+
+struct Driver {
+    rt: Arc<Runtime>,
+    adm: Admitted,
+    sink: Sink,
+    mapper: Mapper,
+    task_id: Option<String>,
+    session_id: Option<String>,
+    last_state: Option<TaskState>,
+    /// The run ended with an interrupt (no cancellation on disconnect, execution stays live).
+    paused: bool,
+    disconnected: bool,
+    /// Question answers delivered in this resume: `(toolUseId, answer)` for `TOOL_CALL_RESULT`.
+    answered_questions: Vec<(String, String)>,
+    /// Interrupt ids applied in this resume (not re-interrupted when the kernel repeats them).
+    applied_now: Vec<String>,
+    kernel_cancel_sent: bool,
+}
+
+impl Driver {
+    fn new(rt: Arc<Runtime>, adm: Admitted, sink: Sink) -> Driver {
+        let mapper = Mapper::new(
+            &adm.req.envelope.run_id,
+            Default::default(),
+            &adm.req.envelope.thread_id,
+        );
+        Driver {
+            rt,
+            adm,
+            sink,
+            mapper,
+            task_id: None,
+            session_id: None,
+            last_state: None,
+            paused: false,
+            disconnected: false,
+            answered_questions: Vec::new(),
+            applied_now: Vec::new(),
+            kernel_cancel_sent: false,
+        }
+    }
+
+    fn thread_id(&self) -> &str {
+        &self.adm.req.envelope.thread_id
+    }
+
+    fn run_id(&self) -> &str {
+        &self.adm.req.envelope.run_id
+    }
+
+    /// Emits unless the client is gone (a gone client is noticed by the caller).
+    async fn emit(&mut self, e: Event) -> Result<(), Stop> {
+        if self.disconnected {
+            return Ok(());
+        }
+        match self.sink.emit(&e).await {
+            Ok(()) => Ok(()),
+            Err(Disconnected) => {
+                self.disconnected = true;
+                Err(Stop::Disconnected)
+            }
+        }
+    }
+
+    async fn emit_all(&mut self, events: Vec<Event>) -> Result<(), Stop> {
+        for e in events {
+            self.emit(e).await?;
+        }
+        Ok(())
+    }
+
+    async fn run(&mut self) {
+        let started = Event::RunStarted {
+            thread_id: self.thread_id().to_owned(),
+            run_id: self.run_id().to_owned(),
+            parent_run_id: self.adm.req.envelope.parent_run_id.clone(),
+        };
+        let result = match self.emit(started).await {
+            Err(s) => Err(s),
+            Ok(()) => match self.adm.mode.clone() {
+                Mode::NewTurn => self.new_turn().await,
+                Mode::Resume(entries) => self.resume(entries).await,
+                Mode::Guidance => self.guidance().await,
+            },
+        };
+        match result {
+            Ok(()) => {}
+            Err(Stop::Disconnected) => self.on_disconnect().await,
+            Err(Stop::Fail {
+                code,
+                message,
+                cancel,
+            }) => self.fail(code, &message, cancel).await,
+            Err(Stop::Persist(m)) => {
+                self.fail_closed().await;
+                self.fail(Code::StatePersistenceFailed, m, false).await;
+            }
+        }
+        self.release().await;
+    }
+
+    // ---------------------------------------------------------------- common pieces
+
+    async fn client(&self) -> Result<a2a::Client, Stop> {
+        if let Some(c) = self.rt.kernel.client() {
+            return Ok(c);
+        }
+        self.rt.kernel.wait_ready(KERNEL_WAIT).await;
+        self.rt
+            .kernel
+            .client()
+            .ok_or_else(|| fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE))
+    }
+
+    /// Loads the thread's document (it is in memory: the run holds the thread active).
+    async fn doc(&self) -> Option<ThreadDoc> {
+        self.adm.slot.state.lock().await.doc.clone()
+    }
+
+    /// Mutates the document under the thread's lock and persists it; reverts on failure.
+    async fn update(&self, f: impl FnOnce(&mut ThreadDoc)) -> bool {
+        let mut st = self.adm.slot.state.lock().await;
+        let Some(doc) = st.doc.as_mut() else {
+            return false;
+        };
+        if doc.execution.execution_id != self.adm.execution_id {
+            return false;
+        }
+        let before = doc.clone();
+        f(doc);
+        match self.rt.threads.persist(doc).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "state write failed");
+                *doc = before;
+                false
+            }
+        }
+    }
+
+    fn session_event(&self) -> Event {
+        Event::Custom {
+            name: "iac-code.session.v1".into(),
+            value: json!({
+                "schemaVersion": 1,
+                "threadId": self.thread_id(),
+                "aguiRunId": self.run_id(),
+                "executionId": self.adm.execution_id,
+                "contextId": self.adm.context_id,
+                "taskId": self.task_id,
+                "rosInvocationId": self.adm.req.iac.ros_invocation_id,
+                "sessionId": self.session_id,
+            }),
+        }
+    }
+
+    /// `metadata.iac_code` of a message (§9.2). Secrets go only here, to the kernel.
+    fn request_metadata(&self) -> Value {
+        let iac = &self.adm.req.iac;
+        let mut m = Map::new();
+        if let Some(u) = &iac.user_id {
+            m.insert("user_id".into(), json!(u));
+        }
+        if let Some(c) = &iac.channel {
+            m.insert("channel".into(), json!(c));
+        }
+        m.insert("preferredLanguage".into(), json!(self.adm.req.lang.code()));
+        if let Some(p) = iac.candidate_presentation {
+            // D-15: the kernel honours only "rich-v1".
+            let v = match p {
+                CandidatePresentation::Standard => "standard",
+                CandidatePresentation::Rich => "rich-v1",
+            };
+            m.insert("candidatePresentation".into(), json!(v));
+        }
+        if let Some(r) = iac.run_mode {
+            let v = match r {
+                RunMode::Normal => "normal",
+                RunMode::Pipeline => "pipeline",
+            };
+            m.insert("run_mode".into(), json!(v));
+        }
+        if let Some(p) = &iac.pipeline_name {
+            m.insert("pipeline_name".into(), json!(p));
+        }
+        m.insert("cleanupOnly".into(), json!(iac.cleanup_only));
+        m.insert("rosInvocationId".into(), json!(iac.ros_invocation_id));
+        if let Some(h) = &iac.llm_headers {
+            let h: Map<String, Value> = h.iter().map(|(k, v)| (k.clone(), json!(v.0))).collect();
+            m.insert("llm_headers".into(), Value::Object(h));
+        }
+        if let Some(a) = &iac.alibaba_cloud {
+            if let Some(v) = &a.access_key_id {
+                m.insert("alibaba_cloud_access_key_id".into(), json!(v));
+            }
+            if let Some(v) = &a.access_key_secret {
+                m.insert("alibaba_cloud_access_key_secret".into(), json!(v.0));
+            }
+            if let Some(v) = &a.security_token {
+                m.insert("alibaba_cloud_security_token".into(), json!(v.0));
+            }
+            if let Some(v) = &a.region_id {
+                m.insert("alibaba_cloud_region_id".into(), json!(v));
+            }
+        }
+        m.insert("cwd".into(), json!(self.adm.req.cwd.to_string_lossy()));
+        if let Some(model) = iac
+            .model
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+        {
+            m.insert("iac_code_model".into(), json!(model));
+        }
+        if let Some(k) = iac
+            .llm_api_key
+            .as_ref()
+            .map(|k| k.0.trim())
+            .filter(|s| !s.is_empty())
+        {
+            m.insert("iac_code_api_key".into(), json!(k));
+        }
+        if let Some(t) = &iac.thinking {
+            let mut th = Map::new();
+            th.insert("enabled".into(), json!(t.enabled));
+            if let Some(e) = t.effort.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+                th.insert("effort".into(), json!(e));
+            }
+            if let Some(b) = t.budget {
+                th.insert("budget".into(), json!(b));
+            }
+            m.insert("thinking".into(), Value::Object(th));
+        }
+        json!({"iac_code": Value::Object(m)})
+    }
+
+    fn message(&self, message_id: &str, parts: Vec<Value>, task_id: Option<&str>) -> Value {
+        let mut msg = json!({
+            "messageId": message_id,
+            "role": "ROLE_USER",
+            "parts": parts,
+            "metadata": self.request_metadata(),
+            "contextId": self.adm.context_id,
+        });
+        if let Some(t) = task_id {
+            msg["taskId"] = json!(t);
+        }
+        msg
+    }
+
+    /// Opens a kernel stream, noticing a client disconnect meanwhile.
+    async fn open_stream(
+        &mut self,
+        fut: impl std::future::Future<Output = Result<a2a::EventStream, a2a::Error>>,
+    ) -> Result<a2a::EventStream, Stop> {
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                r = &mut fut => return r.map_err(|e| kernel_error(&e)),
+                _ = self.sink.closed(), if !self.disconnected => {
+                    // Keep the request going: the task id may still be needed for cancellation.
+                    self.disconnected = true;
+                }
+            }
+        }
+    }
+
+    async fn cancel_task_best_effort(&mut self) {
+        let Some(task) = self.task_id.clone() else {
+            return;
+        };
+        if self.kernel_cancel_sent {
+            return;
+        }
+        self.kernel_cancel_sent = true;
+        if let Some(c) = self.rt.kernel.client() {
+            let _ = tokio::time::timeout(CANCEL_WAIT, c.cancel_task(&task)).await;
+        }
+    }
+
+    /// Ends the run with `RUN_ERROR` after balancing spans (D-5).
+    async fn fail(&mut self, code: Code, message: &str, cancel: bool) {
+        if cancel && !self.paused && self.pending_is_empty().await {
+            self.cancel_task_best_effort().await;
+        }
+        if self.sink.terminal_sent() {
+            return;
+        }
+        let mut events = Vec::new();
+        self.mapper.close_all(&mut events);
+        events.push(Event::RunError {
+            message: i18n::tr(self.adm.req.lang, message),
+            code: code.as_str().into(),
+            usage: self.mapper.usage(),
+            thread_id: self.thread_id().to_owned(),
+            run_id: self.run_id().to_owned(),
+        });
+        let _ = self.emit_all(events).await;
+    }
+
+    async fn pending_is_empty(&self) -> bool {
+        self.doc().await.is_none_or(|d| {
+            d.execution.execution_id != self.adm.execution_id || d.execution.pending.is_empty()
+        })
+    }
+
+    /// After a failed recovery-critical write: cancel the task, clear pending, terminal.
+    async fn fail_closed(&mut self) {
+        self.cancel_task_best_effort().await;
+        let mut st = self.adm.slot.state.lock().await;
+        if let Some(doc) = st.doc.as_mut() {
+            if doc.execution.execution_id == self.adm.execution_id {
+                mark_terminal(doc);
+                let _ = self.rt.threads.persist(doc).await;
+            }
+        }
+        self.paused = false;
+    }
+
+    /// D-6: a client disconnect of an ordinary active run cancels the kernel task (once its id is
+    /// known). Runs that ended in an interrupt or already finished are not cancelled.
+    async fn on_disconnect(&mut self) {
+        self.disconnected = true;
+        if self.paused || self.sink.terminal_sent() || self.adm.mode == Mode::Guidance {
+            return;
+        }
+        if !self.pending_is_empty().await {
+            return;
+        }
+        self.cancel_task_best_effort().await;
+    }
+
+    /// Releases the thread; an execution that ended without pending interrupts becomes terminal.
+    async fn release(&mut self) {
+        if self.adm.mode == Mode::Guidance {
+            return;
+        }
+        let mut st = self.adm.slot.state.lock().await;
+        if st
+            .active
+            .as_ref()
+            .is_some_and(|a| a.run_id == self.adm.req.envelope.run_id)
+        {
+            st.active = None;
+        }
+        let mut persist = None;
+        if let Some(doc) = st.doc.as_mut() {
+            if doc.execution.execution_id == self.adm.execution_id {
+                // A disconnected run whose task id never became known cannot be cancelled later.
+                let unfinished_unknown =
+                    self.disconnected && !self.sink.terminal_sent() && self.task_id.is_none();
+                if !self.paused && doc.execution.pending.is_empty() && !unfinished_unknown {
+                    mark_terminal(doc);
+                    persist = Some(doc.clone());
+                } else if self.paused {
+                    // Keep the pipeline position and digests of the interrupted execution.
+                } else if unfinished_unknown {
+                    mark_terminal(doc);
+                    persist = Some(doc.clone());
+                }
+            }
+        }
+        if let Some(doc) = persist {
+            if let Err(e) = self.rt.threads.persist(&doc).await {
+                tracing::warn!(error = %e, "end-of-run state write failed");
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- item processing
+
+    /// Identity checks, persistence of new ids, session event, mapping and interrupt detection.
+    async fn process(&mut self, result: &Value, resume: bool) -> Result<Step, Stop> {
+        let view = ItemView::new(result);
+        let mut ids_changed = false;
+        if let Some(t) = view.task_id() {
+            match &self.task_id {
+                None => {
+                    let t = t.to_owned();
+                    self.task_id = Some(t.clone());
+                    if !self.update(|d| d.execution.task_id = Some(t)).await {
+                        return Err(Stop::Persist(msg::MAPPING_NOT_COMMITTED));
+                    }
+                    ids_changed = true;
+                }
+                Some(x) if x != t => return Err(fail(Code::A2aProtocolError, msg::TASK_CHANGED)),
+                Some(_) => {}
+            }
+        }
+        if let Some(c) = view.context_id() {
+            if c != self.adm.context_id {
+                return Err(fail(Code::A2aProtocolError, msg::CONTEXT_CHANGED));
+            }
+        }
+        let meta = view.meta();
+        if let Some(s) = meta.and_then(mapping::session_id) {
+            match &self.session_id {
+                None => {
+                    let s = s.to_owned();
+                    self.session_id = Some(s.clone());
+                    if !self.update(|d| d.session_id = Some(s)).await {
+                        return Err(Stop::Persist(msg::SESSION_NOT_COMMITTED));
+                    }
+                    ids_changed = true;
+                }
+                Some(x) if x != s => {
+                    return Err(fail(Code::A2aProtocolError, msg::SESSION_CHANGED))
+                }
+                Some(_) => {}
+            }
+        }
+        if ids_changed {
+            let e = self.session_event();
+            self.emit(e).await?;
+        }
+        if self.adm.control.is_cancel_requested()
+            && self.task_id.is_some()
+            && !self.kernel_cancel_sent
+        {
+            self.cancel_task_best_effort().await;
+        }
+        if resume && !self.answered_questions.is_empty() {
+            for (tool, answer) in std::mem::take(&mut self.answered_questions) {
+                let mut out = Vec::new();
+                self.mapper.tool_result(&tool, answer, &mut out);
+                self.emit_all(out).await?;
+            }
+        }
+        let mut events = Vec::new();
+        self.mapper.map_item(view.obj, &mut events);
+        self.emit_all(events).await?;
+
+        if let Some(meta) = meta {
+            let new_inputs = self.new_inputs(meta).await;
+            if !new_inputs.is_empty() {
+                for r in &new_inputs {
+                    if let Some(t) = r
+                        .value
+                        .get("requestTaskId")
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                    {
+                        if Some(t) != self.task_id.as_deref() {
+                            return Err(fail(Code::A2aProtocolError, msg::INTERRUPT_OTHER_TASK));
+                        }
+                    }
+                    if let Some(c) = r
+                        .value
+                        .get("contextId")
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                    {
+                        if c != self.adm.context_id {
+                            return Err(fail(Code::A2aProtocolError, msg::INTERRUPT_OTHER_CONTEXT));
+                        }
+                    }
+                }
+                self.commit_interrupt(new_inputs).await?;
+                return Ok(Step::Interrupted);
+            }
+        }
+        let state = view.state();
+        if let Some(s) = &state {
+            self.last_state = Some(s.clone());
+            if s.is_final() || *s == TaskState::InputRequired {
+                return Ok(Step::Break);
+            }
+        }
+        Ok(Step::Continue)
+    }
+
+    /// Required inputs of an item that are neither applied nor already pending.
+    async fn new_inputs(&self, meta: &Map<String, Value>) -> Vec<RequiredInput> {
+        let found = interrupt::required_inputs(meta, || uuid::Uuid::new_v4().simple().to_string());
+        if found.is_empty() {
+            return found;
+        }
+        let Some(doc) = self.doc().await else {
+            return found;
+        };
+        found
+            .into_iter()
+            .filter(|r| {
+                !self.applied_now.contains(&r.id)
+                    && !doc
+                        .applied_resume_digests
+                        .iter()
+                        .any(|a| a.execution_id == self.adm.execution_id && a.interrupt_id == r.id)
+                    && !doc.execution.pending.iter().any(|(id, _)| *id == r.id)
+            })
+            .collect()
+    }
+
+    /// Commits new interrupts (durable first), then closes spans and ends with the interrupt.
+    async fn commit_interrupt(&mut self, inputs: Vec<RequiredInput>) -> Result<(), Stop> {
+        self.mapper.finalise_all_digests();
+        let ttl = self.rt.cfg.interrupt_ttl_secs;
+        let expires_at =
+            (ttl > 0).then(|| interrupt::rfc3339_ms(self.rt.clock.now_ms() + (ttl as i64) * 1000));
+        let digests = self.mapper.text_digests.clone();
+        let steps = self.mapper.durable_open_steps().clone();
+        let seq = self.mapper.pipeline_sequence();
+        let ok = self
+            .update(|d| {
+                for r in inputs {
+                    if let Some((_, e)) = d.execution.pending.iter_mut().find(|(id, _)| *id == r.id)
+                    {
+                        e.sideband |= r.sideband;
+                    } else {
+                        d.execution.pending.push((
+                            r.id,
+                            PendingEntry {
+                                value: r.value,
+                                sideband: r.sideband,
+                                expires_at: expires_at.clone(),
+                            },
+                        ));
+                    }
+                }
+                d.execution.text_snapshot_digests = digests;
+                d.execution.pipeline_open_steps = steps;
+                d.execution.pipeline_sequence = d.execution.pipeline_sequence.max(seq);
+            })
+            .await;
+        if !ok {
+            return Err(Stop::Persist(msg::INTERRUPT_NOT_COMMITTED));
+        }
+        self.paused = true;
+        self.finish_with_interrupt().await
+    }
+
+    async fn finish_with_interrupt(&mut self) -> Result<(), Stop> {
+        let Some(doc) = self.doc().await else {
+            return Err(fail(Code::StateUnavailable, msg::STATE_UNAVAILABLE));
+        };
+        let interrupts = doc
+            .execution
+            .pending
+            .iter()
+            .map(|(id, e)| interrupt::build(id, &e.value, e.expires_at.as_deref()))
+            .collect();
+        let mut events = Vec::new();
+        self.mapper.close_all(&mut events);
+        events.push(Event::RunFinished {
+            thread_id: self.thread_id().to_owned(),
+            run_id: self.run_id().to_owned(),
+            outcome: Outcome::Interrupt(interrupts),
+            usage: self.mapper.usage(),
+        });
+        self.emit_all(events).await
+    }
+
+    /// Reads a kernel stream to its end (or a stopping state), then ends the run.
+    async fn consume(&mut self, mut stream: a2a::EventStream, resume: bool) -> Result<(), Stop> {
+        let mut cancel_deadline: Option<tokio::time::Instant> = None;
+        loop {
+            if self.rt.draining.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Stop::Fail {
+                    code: Code::A2aUnavailable,
+                    message: Cow::Borrowed(msg::SHUTTING_DOWN),
+                    cancel: true,
+                });
+            }
+            if self.adm.control.is_cancel_requested() && cancel_deadline.is_none() {
+                cancel_deadline = Some(tokio::time::Instant::now() + CANCEL_WAIT);
+            }
+            let next = tokio::select! {
+                r = stream.next() => r,
+                _ = self.sink.closed(), if !self.disconnected => {
+                    self.disconnected = true;
+                    if self.task_id.is_some() {
+                        return Err(Stop::Disconnected);
+                    }
+                    // D-6: keep reading until the task id is known, then cancel.
+                    continue;
+                }
+                _ = self.adm.control.notify.notified(), if cancel_deadline.is_none() => continue,
+                _ = self.rt.drain.notified() => continue,
+                _ = sleep_until_opt(cancel_deadline) => {
+                    self.last_state = Some(TaskState::Canceled);
+                    break;
+                }
+            };
+            match next {
+                Ok(Some(result)) => match self.process(&result, resume).await {
+                    Ok(Step::Continue) => {
+                        if self.disconnected && self.task_id.is_some() {
+                            return Err(Stop::Disconnected);
+                        }
+                    }
+                    Ok(Step::Break) => break,
+                    Ok(Step::Interrupted) => return Ok(()),
+                    Err(Stop::Disconnected) => {
+                        if self.task_id.is_some() || self.paused {
+                            return Err(Stop::Disconnected);
+                        }
+                    }
+                    Err(e) => return Err(e),
+                },
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "kernel stream failed");
+                    return Err(kernel_error(&e));
+                }
+            }
+        }
+        if self.disconnected {
+            return Err(Stop::Disconnected);
+        }
+        self.finish().await
+    }
+
+    /// Ends a run whose stream stopped without an interrupt.
+    async fn finish(&mut self) -> Result<(), Stop> {
+        let cancelled = self.adm.control.is_cancel_requested();
+        match self.last_state {
+            Some(TaskState::Completed) | Some(TaskState::InputRequired) if !cancelled => {
+                let mut events = Vec::new();
+                self.mapper.close_all(&mut events);
+                events.push(Event::RunFinished {
+                    thread_id: self.thread_id().to_owned(),
+                    run_id: self.run_id().to_owned(),
+                    outcome: Outcome::Success,
+                    usage: self.mapper.usage(),
+                });
+                self.emit_all(events).await
+            }
+            Some(TaskState::Canceled) => Err(fail(Code::Cancelled, msg::CANCELLED)),
+            _ if cancelled => Err(fail(Code::Cancelled, msg::CANCELLED)),
+            _ => Err(fail(Code::A2aExecutionFailed, msg::A2A_FAILED)),
+        }
+    }
+
+    // ---------------------------------------------------------------- new turn
+
+    async fn init_from_doc(&mut self) -> Option<ThreadDoc> {
+        let doc = self.doc().await?;
+        if doc.execution.execution_id == self.adm.execution_id {
+            self.task_id = doc.execution.task_id.clone();
+            self.mapper.text_digests = doc.execution.text_snapshot_digests.clone();
+            self.mapper.set_pipeline_state(
+                doc.execution.pipeline_open_steps.clone(),
+                doc.execution.pipeline_sequence,
+            );
+        }
+        self.session_id = doc.session_id.clone();
+        Some(doc)
+    }
+
+    async fn new_turn(&mut self) -> Result<(), Stop> {
+        self.init_from_doc().await;
+        let e = self.session_event();
+        self.emit(e).await?;
+        if let Some(task) = self.adm.expired_task.take() {
+            if let Some(c) = self.rt.kernel.client() {
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(CANCEL_WAIT, c.cancel_task(&task)).await;
+                });
+            }
+        }
+        let client = self.client().await?;
+        if let Some(orphan) = self.adm.orphan_task.take() {
+            // D-21: the kernel would refuse a new turn while the orphaned task still runs.
+            let _ = tokio::time::timeout(CANCEL_WAIT, client.cancel_task(&orphan)).await;
+            wait_not_active(&client, &orphan).await;
+        }
+        let um = self
+            .adm
+            .req
+            .user_message
+            .clone()
+            .expect("new turns carry a validated user message");
+        let message = self.message(&um.message_id, um.parts, None);
+        let stream = self
+            .open_stream(client.send_streaming_message(message))
+            .await?;
+        self.consume(stream, false).await
+    }
+
+    // ---------------------------------------------------------------- guidance (§13)
+
+    async fn guidance(&mut self) -> Result<(), Stop> {
+        let doc = self.doc().await;
+        self.session_id = doc.as_ref().and_then(|d| d.session_id.clone());
+        let Some(task) = doc.and_then(|d| d.execution.task_id) else {
+            return Err(fail(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE));
+        };
+        self.task_id = Some(task.clone());
+        let e = self.session_event();
+        self.emit(e).await?;
+        let client = self.client().await?;
+        let um = self
+            .adm
+            .req
+            .user_message
+            .clone()
+            .expect("guidance carries a validated user message");
+        let message = self.message(&um.message_id, um.parts, Some(&task));
+        let mut stream = self
+            .open_stream(client.send_streaming_message(message))
+            .await?;
+        loop {
+            let next = tokio::select! {
+                r = stream.next() => r,
+                _ = self.sink.closed(), if !self.disconnected => return Err(Stop::Disconnected),
+            };
+            match next {
+                Ok(Some(result)) => {
+                    let view = ItemView::new(&result);
+                    if view.task_id().is_some_and(|t| t != task) {
+                        return Err(fail(Code::A2aProtocolError, msg::TASK_CHANGED));
+                    }
+                    if view.context_id().is_some_and(|c| c != self.adm.context_id) {
+                        return Err(fail(Code::A2aProtocolError, msg::CONTEXT_CHANGED));
+                    }
+                    match view.state() {
+                        Some(TaskState::Failed | TaskState::Rejected | TaskState::AuthRequired) => {
+                            return Err(fail(Code::A2aExecutionFailed, msg::A2A_FAILED))
+                        }
+                        Some(TaskState::Canceled) => {
+                            return Err(fail(Code::Cancelled, msg::CANCELLED))
+                        }
+                        _ => {}
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    return Err(match kernel_error(&e) {
+                        Stop::Fail { code, message, .. } => Stop::Fail {
+                            code,
+                            message,
+                            cancel: false,
+                        },
+                        other => other,
+                    })
+                }
+            }
+        }
+        self.emit(Event::RunFinished {
+            thread_id: self.thread_id().to_owned(),
+            run_id: self.run_id().to_owned(),
+            outcome: Outcome::Success,
+            usage: None,
+        })
+        .await
+    }
+
+    // ---------------------------------------------------------------- resume (§12)
+
+    async fn resume(&mut self, entries: Vec<ResumeEntry>) -> Result<(), Stop> {
+        let Some(doc) = self.init_from_doc().await else {
+            return Err(fail(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE));
+        };
+        let mut out = Vec::new();
+        self.mapper.reopen_steps(&mut out);
+        self.emit_all(out).await?;
+        let e = self.session_event();
+        self.emit(e).await?;
+        let exec = self.adm.execution_id.clone();
+
+        // D-4: answers to expired interrupts.
+        if entries.iter().any(|e| {
+            doc.expired_interrupts
+                .iter()
+                .any(|(_, i)| *i == e.interrupt_id)
+        }) {
+            return Err(fail(Code::ExecutionExpired, msg::EXPIRED));
+        }
+        let applied = |id: &str| {
+            doc.applied_resume_digests
+                .iter()
+                .find(|a| a.execution_id == exec && a.interrupt_id == id)
+                .map(|a| a.digest.clone())
+        };
+        let task_id = match (&doc.execution.task_id, doc.execution.pending.is_empty()) {
+            (Some(t), false) => t.clone(),
+            _ => {
+                let all_applied = !entries.is_empty()
+                    && entries.iter().all(|e| {
+                        applied(&e.interrupt_id).as_deref() == Some(&resume_digest(e)[..])
+                    });
+                return Err(if all_applied {
+                    fail(
+                        Code::ResumeAlreadyApplied,
+                        "The interrupt response has already been applied.",
+                    )
+                } else {
+                    fail(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE)
+                });
+            }
+        };
+        let client = self.client().await?;
+        let no_cancel = |s: Stop| match s {
+            Stop::Fail { code, message, .. } => Stop::Fail {
+                code,
+                message,
+                cancel: false,
+            },
+            other => other,
+        };
+        if let Some(session) = doc.session_id.clone() {
+            match client
+                .ensure_restored(&doc.cwd, &session, Some(&task_id))
+                .await
+            {
+                Ok(a2a::RestoreOutcome::Ready) => {}
+                Ok(a2a::RestoreOutcome::NotFound) => {
+                    return Err(fail(
+                        Code::ExecutionLost,
+                        "The iac-code session to resume is unavailable.",
+                    ))
+                }
+                Ok(a2a::RestoreOutcome::BackupNotReady(m)) => {
+                    return Err(Stop::Fail {
+                        code: Code::SessionBackupNotReady,
+                        message: Cow::Owned(m.unwrap_or_else(|| {
+                            "Session backup is still synchronizing. Retry after 3 seconds.".into()
+                        })),
+                        cancel: false,
+                    })
+                }
+                Err(e) => return Err(no_cancel(kernel_error(&e))),
+            }
+        }
+        let task = client
+            .get_task(&task_id, 100)
+            .await
+            .map_err(|e| no_cancel(kernel_error(&e)))?;
+        let view = ItemView::new(&task);
+        if view.task_id() != Some(task_id.as_str())
+            || view.context_id().is_some_and(|c| c != self.adm.context_id)
+        {
+            return Err(fail(
+                Code::A2aProtocolError,
+                "The A2A task identity does not match the interrupted run.",
+            ));
+        }
+        if let Some(s) = view.meta().and_then(mapping::session_id) {
+            match &self.session_id {
+                None => {
+                    let s = s.to_owned();
+                    self.session_id = Some(s.clone());
+                    if !self.update(|d| d.session_id = Some(s)).await {
+                        return Err(Stop::Persist(msg::SESSION_NOT_COMMITTED));
+                    }
+                }
+                Some(x) if x != s => {
+                    return Err(fail(Code::A2aProtocolError, msg::SESSION_CHANGED))
+                }
+                Some(_) => {}
+            }
+        }
+        let mut snapshot_events = Vec::new();
+        if let Some(meta) = view.meta() {
+            self.mapper.map_meta(meta, &mut snapshot_events);
+        }
+        // Pipeline catch-up.
+        let after = doc
+            .execution
+            .pipeline_sequence
+            .max(self.mapper.pipeline_sequence());
+        if let Ok(Some(state)) = client.pipeline_state(&task_id, after).await {
+            self.mapper.map_recovery(&state, &mut snapshot_events);
+        }
+        self.emit_all(snapshot_events).await?;
+
+        // Merge the task's required inputs into pending.
+        let known: Vec<String> = doc
+            .execution
+            .pending
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut pending: Vec<(String, PendingEntry)> = doc.execution.pending.clone();
+        let task_state = view.state();
+        if let Some(meta) = view.meta() {
+            let found =
+                interrupt::required_inputs(meta, || uuid::Uuid::new_v4().simple().to_string());
+            let answers_known = entries.iter().any(|e| known.contains(&e.interrupt_id));
+            let has_input_keys =
+                meta.contains_key("input") || meta.contains_key("pendingPermissions");
+            let terminal = task_state.as_ref().is_some_and(TaskState::is_final);
+            if terminal || (!answers_known && has_input_keys) {
+                pending.clear();
+            }
+            let ttl = self.rt.cfg.interrupt_ttl_secs;
+            let expires_at = (ttl > 0)
+                .then(|| interrupt::rfc3339_ms(self.rt.clock.now_ms() + (ttl as i64) * 1000));
+            for r in found {
+                if applied(&r.id).is_some() {
+                    continue;
+                }
+                if let Some((_, e)) = pending.iter_mut().find(|(id, _)| *id == r.id) {
+                    e.sideband |= r.sideband;
+                } else {
+                    pending.push((
+                        r.id,
+                        PendingEntry {
+                            value: r.value,
+                            sideband: r.sideband,
+                            expires_at: expires_at.clone(),
+                        },
+                    ));
+                }
+            }
+        } else if task_state.as_ref().is_some_and(TaskState::is_final) {
+            pending.clear();
+        }
+        // Duplicates.
+        let mut ids: Vec<&str> = entries.iter().map(|e| e.interrupt_id.as_str()).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err(fail(
+                Code::IncompleteResume,
+                "The resume contains duplicate interrupt ids.",
+            ));
+        }
+        // Already-applied pending ids.
+        let mut conflict = false;
+        pending.retain(|(id, _)| match applied(id) {
+            None => true,
+            Some(d) => {
+                if let Some(e) = entries.iter().find(|e| e.interrupt_id == *id) {
+                    if resume_digest(e) != d {
+                        conflict = true;
+                    }
+                }
+                false
+            }
+        });
+        if conflict {
+            return Err(fail(
+                Code::ResumeAlreadyApplied,
+                "The interrupt response has already been applied.",
+            ));
+        }
+        let seq = self.mapper.pipeline_sequence();
+        let steps = self.mapper.durable_open_steps().clone();
+        let pending_now = pending.clone();
+        if !self
+            .update(|d| {
+                d.execution.pending = pending_now;
+                d.execution.pipeline_sequence = d.execution.pipeline_sequence.max(seq);
+                d.execution.pipeline_open_steps = steps;
+            })
+            .await
+        {
+            return Err(Stop::Persist(msg::INTERRUPT_NOT_COMMITTED));
+        }
+        if pending.is_empty() {
+            return Err(fail(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE));
+        }
+        for e in &entries {
+            if pending.iter().any(|(id, _)| *id == e.interrupt_id) {
+                continue;
+            }
+            match applied(&e.interrupt_id) {
+                Some(d) if d == resume_digest(e) => {}
+                Some(_) => {
+                    return Err(fail(
+                        Code::ResumeAlreadyApplied,
+                        "The interrupt response has already been applied.",
+                    ))
+                }
+                None => {
+                    return Err(fail(
+                        Code::UnknownInterrupt,
+                        "The resume references an unknown interrupt.",
+                    ))
+                }
+            }
+        }
+        let unanswered: Vec<&String> = pending
+            .iter()
+            .map(|(id, _)| id)
+            .filter(|id| !entries.iter().any(|e| e.interrupt_id == **id))
+            .collect();
+        if !unanswered.is_empty() {
+            if unanswered.iter().any(|id| known.contains(id)) {
+                return Err(fail(
+                    Code::IncompleteResume,
+                    "The resume must resolve every pending interrupt exactly once.",
+                ));
+            }
+            self.paused = true;
+            return self.finish_with_interrupt().await;
+        }
+        // Validate every payload before anything is sent (§12.2).
+        let answers: Vec<(ResumeEntry, PendingEntry)> = entries
+            .iter()
+            .filter_map(|e| {
+                pending
+                    .iter()
+                    .find(|(id, _)| *id == e.interrupt_id)
+                    .map(|(_, p)| (e.clone(), p.clone()))
+            })
+            .collect();
+        if answers.is_empty() {
+            return Err(fail(
+                Code::ResumeAlreadyApplied,
+                "The interrupt response has already been applied.",
+            ));
+        }
+        for (e, p) in &answers {
+            validate_answer(e, p)?;
+        }
+        self.deliver(&client, &task_id, answers).await
+    }
+
+    /// Delivers every answer (D-17), committing each accepted one before the next.
+    async fn deliver(
+        &mut self,
+        client: &a2a::Client,
+        task_id: &str,
+        answers: Vec<(ResumeEntry, PendingEntry)>,
+    ) -> Result<(), Stop> {
+        let all_sideband = answers.iter().all(|(_, p)| is_permission(p) && p.sideband);
+        let mut last_stream: Option<a2a::EventStream> = None;
+        for (entry, pending) in answers {
+            let id = entry.interrupt_id.clone();
+            let digest = resume_digest(&entry);
+            if is_permission(&pending) {
+                let decision = match entry.status {
+                    ResumeStatus::Cancelled => "deny".to_owned(),
+                    ResumeStatus::Resolved => entry
+                        .payload
+                        .as_ref()
+                        .and_then(|p| p.get("decision"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("deny")
+                        .to_owned(),
+                };
+                let tool_use = match pending.value.get("toolUseId") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Null) | None => "None".into(),
+                    Some(v) => canonical::canonical_value(v),
+                };
+                let part = json!({"data": {"schemaVersion": 1, "kind": "permission", "requestTaskId": task_id,
+                    "inputId": id, "toolUseId": tool_use, "decision": decision}, "mediaType": "application/json"});
+                if all_sideband {
+                    let message =
+                        self.message(&format!("agui-resume-{id}"), vec![part], Some(task_id));
+                    match client.send_message(message).await {
+                        Ok(_) => {}
+                        Err(a2a::Error::Rpc(r)) if r.is_backup_not_ready() => {
+                            return Err(Stop::Fail {
+                                code: Code::SessionBackupNotReady,
+                                message: Cow::Borrowed(
+                                    "Session backup is still synchronizing. Retry after 3 seconds.",
+                                ),
+                                cancel: false,
+                            })
+                        }
+                        Err(a2a::Error::Rpc(_)) => {
+                            return Err(fail(
+                                Code::A2aUnavailable,
+                                "The local A2A execution service rejected the interrupt response.",
+                            ))
+                        }
+                        Err(_) => return Err(fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
+                    }
+                    self.commit_answer(&id, &digest).await?;
+                } else {
+                    let message = self.message(
+                        &format!("agui-resume-{}-{id}", self.run_id()),
+                        vec![part],
+                        Some(task_id),
+                    );
+                    let mut stream = self.open_stream(client.send_streaming_message(message)).await.map_err(|s| match s {
+                        Stop::Fail { code: Code::A2aUnavailable, .. } => Stop::Fail {
+                            code: Code::A2aUnavailable,
+                            message: Cow::Borrowed("The local A2A execution service rejected the interrupt response."),
+                            cancel: false,
+                        },
+                        other => other,
+                    })?;
+                    let first = stream.next().await;
+                    match first {
+                        Ok(Some(item)) => {
+                            self.commit_answer(&id, &digest).await?;
+                            let e = self.session_event();
+                            self.emit(e).await?;
+                            match self.process(&item, true).await? {
+                                Step::Interrupted => return Ok(()),
+                                Step::Break => return self.finish().await,
+                                Step::Continue => last_stream = Some(stream),
+                            }
+                        }
+                        Ok(None) => {
+                            return Err(fail(
+                                Code::A2aUnavailable,
+                                "The A2A permission response was not accepted.",
+                            ))
+                        }
+                        Err(e) => return Err(no_cancel_stop(kernel_error(&e))),
+                    }
+                }
+            } else {
+                if entry.status == ResumeStatus::Cancelled {
+                    client
+                        .cancel_task(task_id)
+                        .await
+                        .map_err(|e| no_cancel_stop(kernel_error(&e)))?;
+                    let _ = self.update(mark_terminal).await;
+                    return Err(fail(
+                        Code::Cancelled,
+                        "The execution was cancelled by the interrupt response.",
+                    ));
+                }
+                let answer = answer_text(&entry, &pending);
+                if answer.is_empty() {
+                    return Err(fail(
+                        Code::ResumePayloadInvalid,
+                        "The interrupt response does not contain an answer.",
+                    ));
+                }
+                if let Some(tool) = pending
+                    .value
+                    .get("toolUseId")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                {
+                    self.answered_questions
+                        .push((tool.to_owned(), answer.clone()));
+                }
+                let message = self.message(
+                    &format!("agui-resume-{}", self.run_id()),
+                    vec![json!({"text": answer})],
+                    Some(task_id),
+                );
+                let mut stream = self
+                    .open_stream(client.send_streaming_message(message))
+                    .await?;
+                match stream.next().await {
+                    Ok(Some(item)) => {
+                        self.commit_answer(&id, &digest).await?;
+                        let e = self.session_event();
+                        self.emit(e).await?;
+                        match self.process(&item, true).await? {
+                            Step::Interrupted => return Ok(()),
+                            Step::Break => return self.finish().await,
+                            Step::Continue => last_stream = Some(stream),
+                        }
+                    }
+                    Ok(None) => {
+                        return Err(fail(
+                            Code::A2aUnavailable,
+                            "The A2A interrupt response was not accepted.",
+                        ))
+                    }
+                    Err(e) => return Err(no_cancel_stop(kernel_error(&e))),
+                }
+            }
+        }
+        if all_sideband {
+            let e = self.session_event();
+            self.emit(e).await?;
+            let task = client
+                .get_task(task_id, 100)
+                .await
+                .map_err(|e| no_cancel_stop(kernel_error(&e)))?;
+            match self.process(&task, true).await? {
+                Step::Interrupted => return Ok(()),
+                Step::Break => return self.finish().await,
+                Step::Continue => {}
+            }
+            match client.subscribe_to_task(task_id).await {
+                Ok(s) => return self.consume(s, true).await,
+                Err(_) => {
+                    let task = client
+                        .get_task(task_id, 100)
+                        .await
+                        .map_err(|e| no_cancel_stop(kernel_error(&e)))?;
+                    return match self.process(&task, true).await? {
+                        Step::Interrupted => Ok(()),
+                        Step::Break => self.finish().await,
+                        Step::Continue => Err(fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
+                    };
+                }
+            }
+        }
+        match last_stream {
+            Some(s) => self.consume(s, true).await,
+            None => match client.subscribe_to_task(task_id).await {
+                Ok(s) => self.consume(s, true).await,
+                Err(_) => self.finish().await,
+            },
+        }
+    }
+
+    /// Records an accepted answer and removes it from pending (durable before going on).
+    async fn commit_answer(&mut self, interrupt_id: &str, digest: &str) -> Result<(), Stop> {
+        let exec = self.adm.execution_id.clone();
+        let id = interrupt_id.to_owned();
+        let digest = digest.to_owned();
+        self.applied_now.push(id.clone());
+        if !self
+            .update(|d| {
+                d.applied_resume_digests.insert(AppliedDigest {
+                    execution_id: exec,
+                    interrupt_id: id.clone(),
+                    digest,
+                });
+                d.execution.pending.retain(|(p, _)| *p != id);
+            })
+            .await
+        {
+            return Err(Stop::Persist(msg::ANSWER_NOT_COMMITTED));
+        }
+        Ok(())
+    }
+}
+
+fn no_cancel_stop(s: Stop) -> Stop {
+    match s {
+        Stop::Fail { code, message, .. } => Stop::Fail {
+            code,
+            message,
+            cancel: false,
+        },
+        other => other,
+    }
+}
+
+fn is_permission(p: &PendingEntry) -> bool {
+    p.value.get("kind").and_then(Value::as_str) == Some("permission")
+}
+
+/// §12.3: SHA-256 of the canonical JSON of `{"status", "payload"}` (raw payload, null if absent).
+pub fn resume_digest(e: &ResumeEntry) -> String {
+    canonical::digest_value(
+        &json!({"status": e.status.as_str(), "payload": e.payload.clone().unwrap_or(Value::Null)}),
+    )
+}
+
+/// §12.2: payload validation with a Draft 2020-12 validator.
+fn validate_answer(e: &ResumeEntry, p: &PendingEntry) -> Result<(), Stop> {
+    let payload = match (e.status, is_permission(p)) {
+        (ResumeStatus::Cancelled, true) => json!({"decision": "deny"}),
+        (ResumeStatus::Cancelled, false) => return Ok(()),
+        (ResumeStatus::Resolved, _) => match &e.payload {
+            Some(v) => v.clone(),
+            None => {
+                return Err(fail(
+                    Code::ResumePayloadInvalid,
+                    "A resolved interrupt requires a payload.",
+                ))
+            }
+        },
+    };
+    let schema = interrupt::build(&e.interrupt_id, &p.value, None)
+        .response_schema
+        .unwrap_or(Value::Bool(true));
+    let valid = jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .build(&schema)
+        .map(|v| v.is_valid(&payload))
+        .unwrap_or(false);
+    if !valid {
+        return Err(fail(
+            Code::ResumePayloadInvalid,
+            "The interrupt response payload is invalid.",
+        ));
+    }
+    Ok(())
+}
+
+/// The text sent for a question answer (§12.4).
+fn answer_text(e: &ResumeEntry, p: &PendingEntry) -> String {
+    let payload = e.payload.clone().unwrap_or(Value::Null);
+    if let Some(t) = payload
+        .get("freeText")
+        .or_else(|| payload.get("free_text"))
+        .and_then(Value::as_str)
+    {
+        return t.to_owned();
+    }
+    let Some(sel) = payload.get("selectedId").and_then(Value::as_str) else {
+        return String::new();
+    };
+    if let Some(options) = p.value.get("options").and_then(Value::as_array) {
+        for o in options {
+            let Some(m) = o.as_object() else { continue };
+            let oid = m.get("id").map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            });
+            if oid.as_deref() == Some(sel) {
+                for k in ["label", "name"] {
+                    if let Some(s) = m.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()) {
+                        return s.to_owned();
+                    }
+                }
+                return sel.to_owned();
+            }
+        }
+    }
+    sel.to_owned()
+}
+
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// D-21: waits (bounded) until the kernel reports the orphaned task as no longer working.
+async fn wait_not_active(client: &a2a::Client, task: &str) {
+    let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        match client.get_task(task, 0).await {
+            Ok(t) => match ItemView::new(&t).state() {
+                Some(TaskState::Working | TaskState::Submitted) => {}
+                _ => return,
+            },
+            Err(_) => return,
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,108 @@
+//! The event sink of a run and the SSE body that drains it.
+//!
+//! The driver encodes each event once (`data: <json>\n\n`) and sends the bytes through a bounded
+//! channel; a slow client therefore slows its kernel stream instead of growing memory. The body
+//! writes `: heartbeat` after 15 s without an event, and coalesces events that are already queued
+//! into one write.
+
+use std::time::Duration;
+
+use agui::Event;
+use bytes::{Bytes, BytesMut};
+use tokio::sync::mpsc;
+
+/// The client went away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Disconnected;
+
+/// Sending half, owned by the run driver.
+pub struct Sink {
+    tx: mpsc::Sender<Bytes>,
+    clock: std::sync::Arc<dyn super::Clock>,
+    buf: Vec<u8>,
+    terminal_sent: bool,
+}
+
+impl Sink {
+    pub fn new(
+        capacity: usize,
+        clock: std::sync::Arc<dyn super::Clock>,
+    ) -> (Sink, mpsc::Receiver<Bytes>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (
+            Sink {
+                tx,
+                clock,
+                buf: Vec::with_capacity(512),
+                terminal_sent: false,
+            },
+            rx,
+        )
+    }
+
+    /// Encodes and sends one event (waits while the channel is full).
+    pub async fn emit(&mut self, e: &Event) -> Result<(), Disconnected> {
+        debug_assert!(!self.terminal_sent, "event after the terminal event: {e:?}");
+        if e.is_terminal() {
+            self.terminal_sent = true;
+        }
+        self.buf.clear();
+        e.encode_sse(self.clock.now_ms(), &mut self.buf);
+        let bytes = Bytes::copy_from_slice(&self.buf);
+        self.tx.send(bytes).await.map_err(|_| Disconnected)
+    }
+
+    /// Sends several events in order.
+    pub async fn emit_all(&mut self, events: &[Event]) -> Result<(), Disconnected> {
+        for e in events {
+            self.emit(e).await?;
+        }
+        Ok(())
+    }
+
+    pub fn terminal_sent(&self) -> bool {
+        self.terminal_sent
+    }
+
+    /// Resolves when the client has gone away.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// The SSE body stream: events as they come, heartbeats after `heartbeat` of silence.
+pub fn body_stream(
+    rx: mpsc::Receiver<Bytes>,
+    heartbeat: Duration,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
+    futures_util::stream::unfold(rx, move |mut rx| async move {
+        match tokio::time::timeout(heartbeat, rx.recv()).await {
+            Ok(Some(first)) => {
+                // Coalesce what is already queued into one write.
+                let mut chunk: Option<BytesMut> = None;
+                while let Ok(next) = rx.try_recv() {
+                    let c = chunk.get_or_insert_with(|| {
+                        let mut b = BytesMut::with_capacity(first.len() * 4);
+                        b.extend_from_slice(&first);
+                        b
+                    });
+                    c.extend_from_slice(&next);
+                    if c.len() > 64 * 1024 {
+                        break;
+                    }
+                }
+                let out = match chunk {
+                    Some(c) => c.freeze(),
+                    None => first,
+                };
+                Some((Ok(out), rx))
+            }
+            Ok(None) => None,
+            Err(_) => Some((Ok(Bytes::from_static(agui::HEARTBEAT)), rx)),
+        }
+    })
+}
