@@ -258,6 +258,9 @@ async fn cancel_route(
     Path(execution_id): Path<String>,
     req: Request,
 ) -> Response {
+    if execution_id.is_empty() {
+        return not_found().await;
+    }
     if req.method() != Method::POST {
         return method_not_allowed("POST");
     }

@@ -78,6 +78,15 @@ fn fail(code: Code, message: &'static str) -> Stop {
     }
 }
 
+/// A protocol violation: the run ends and its task is cancelled (nothing is left running).
+fn protocol(message: &'static str) -> Stop {
+    Stop::Fail {
+        code: Code::A2aProtocolError,
+        message: Cow::Borrowed(message),
+        cancel: true,
+    }
+}
+
 fn kernel_error(e: &a2a::Error) -> Stop {
     match e {
         a2a::Error::Rpc(r) if r.is_backup_not_ready() => Stop::Fail {
@@ -181,6 +190,14 @@ impl Driver {
             run_id: self.run_id().to_owned(),
             parent_run_id: self.adm.req.envelope.parent_run_id.clone(),
         };
+        if let Some(task) = self.adm.expired_task.take() {
+            // D-4: the task of an expired interrupt is cancelled (best effort).
+            if let Some(c) = self.rt.kernel.client() {
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(CANCEL_WAIT, c.cancel_task(&task)).await;
+                });
+            }
+        }
         let result = match self.emit(started).await {
             Err(s) => Err(s),
             Ok(()) => match self.adm.mode.clone() {
@@ -386,7 +403,12 @@ impl Driver {
 
     /// Ends the run with `RUN_ERROR` after balancing spans (D-5).
     async fn fail(&mut self, code: Code, message: &str, cancel: bool) {
-        if cancel && !self.paused && self.pending_is_empty().await {
+        // Guidance runs never cancel the task they inject into (§13).
+        if cancel
+            && !self.paused
+            && self.adm.mode != Mode::Guidance
+            && self.pending_is_empty().await
+        {
             self.cancel_task_best_effort().await;
         }
         if self.sink.terminal_sent() {
@@ -489,13 +511,13 @@ impl Driver {
                     }
                     ids_changed = true;
                 }
-                Some(x) if x != t => return Err(fail(Code::A2aProtocolError, msg::TASK_CHANGED)),
+                Some(x) if x != t => return Err(protocol(msg::TASK_CHANGED)),
                 Some(_) => {}
             }
         }
         if let Some(c) = view.context_id() {
             if c != self.adm.context_id {
-                return Err(fail(Code::A2aProtocolError, msg::CONTEXT_CHANGED));
+                return Err(protocol(msg::CONTEXT_CHANGED));
             }
         }
         let meta = view.meta();
@@ -509,9 +531,7 @@ impl Driver {
                     }
                     ids_changed = true;
                 }
-                Some(x) if x != s => {
-                    return Err(fail(Code::A2aProtocolError, msg::SESSION_CHANGED))
-                }
+                Some(x) if x != s => return Err(protocol(msg::SESSION_CHANGED)),
                 Some(_) => {}
             }
         }
@@ -547,7 +567,7 @@ impl Driver {
                         .filter(|s| !s.is_empty())
                     {
                         if Some(t) != self.task_id.as_deref() {
-                            return Err(fail(Code::A2aProtocolError, msg::INTERRUPT_OTHER_TASK));
+                            return Err(protocol(msg::INTERRUPT_OTHER_TASK));
                         }
                     }
                     if let Some(c) = r
@@ -557,7 +577,7 @@ impl Driver {
                         .filter(|s| !s.is_empty())
                     {
                         if c != self.adm.context_id {
-                            return Err(fail(Code::A2aProtocolError, msg::INTERRUPT_OTHER_CONTEXT));
+                            return Err(protocol(msg::INTERRUPT_OTHER_CONTEXT));
                         }
                     }
                 }
@@ -757,13 +777,6 @@ impl Driver {
         self.init_from_doc().await;
         let e = self.session_event();
         self.emit(e).await?;
-        if let Some(task) = self.adm.expired_task.take() {
-            if let Some(c) = self.rt.kernel.client() {
-                tokio::spawn(async move {
-                    let _ = tokio::time::timeout(CANCEL_WAIT, c.cancel_task(&task)).await;
-                });
-            }
-        }
         let client = self.client().await?;
         if let Some(orphan) = self.adm.orphan_task.take() {
             // D-21: the kernel would refuse a new turn while the orphaned task still runs.
@@ -814,10 +827,10 @@ impl Driver {
                 Ok(Some(result)) => {
                     let view = ItemView::new(&result);
                     if view.task_id().is_some_and(|t| t != task) {
-                        return Err(fail(Code::A2aProtocolError, msg::TASK_CHANGED));
+                        return Err(protocol(msg::TASK_CHANGED));
                     }
                     if view.context_id().is_some_and(|c| c != self.adm.context_id) {
-                        return Err(fail(Code::A2aProtocolError, msg::CONTEXT_CHANGED));
+                        return Err(protocol(msg::CONTEXT_CHANGED));
                     }
                     match view.state() {
                         Some(TaskState::Failed | TaskState::Rejected | TaskState::AuthRequired) => {
@@ -950,9 +963,7 @@ impl Driver {
                         return Err(Stop::Persist(msg::SESSION_NOT_COMMITTED));
                     }
                 }
-                Some(x) if x != s => {
-                    return Err(fail(Code::A2aProtocolError, msg::SESSION_CHANGED))
-                }
+                Some(x) if x != s => return Err(protocol(msg::SESSION_CHANGED)),
                 Some(_) => {}
             }
         }

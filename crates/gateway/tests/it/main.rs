@@ -1,1 +1,7 @@
+//! Integration tests of the gateway (one test binary).
 
+mod fake_kernel_runs;
+mod http_surface;
+mod process;
+mod real_kernel;
+mod support;

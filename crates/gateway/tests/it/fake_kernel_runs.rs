@@ -1,0 +1,895 @@
+//! Runs against the scriptable fake kernel: mapping, every RUN_ERROR path, faults, cancellation,
+//! disconnects, interrupts, resumes and expiry. Each stream must be valid (one terminal event,
+//! balanced spans).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iac_code_agui::run::OffsetClock;
+use iac_code_agui::store::{FaultyStore, FileStore};
+use serde_json::{json, Value};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::sse::{assert_valid_run, post};
+
+use crate::support::{body, ctx, resume_body, Builder, TestServer};
+
+async fn setup() -> (TestServer, FakeKernel) {
+    let k = FakeKernel::start().await;
+    let s = Builder::new()
+        .a2a(&k.url(), Some("a2a-secret"))
+        .start()
+        .await;
+    (s, k)
+}
+
+fn r(v: Value) -> Item {
+    Item::Result(v)
+}
+
+#[tokio::test]
+async fn full_turn_mapping_and_request_shape() {
+    let (s, k) = setup().await;
+    let c = ctx("t1");
+    k.on("SendStreamingMessage", Reply::Sse(vec![
+        r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({"iacCodeSessionId": "sess-1"}))),
+        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))),
+        r(items::text("task-1", &c, "Hello ", "msg-a", json!({}))),
+        Item::Raw(": ping - 2026-11-29 19:00:00\r\n\r\n".into()),
+        r(items::text("task-1", &c, "world", "msg-a", json!({}))),
+        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "read", "toolInput": {"path": "a", "b": 1}}}))),
+        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": {"ok": true}}}))),
+        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"usage": {"provider": "p", "model": "m", "inputTokens": 10.0, "outputTokens": 5.0, "totalTokens": 15.0}}))),
+        r(items::artifact("task-1", &c, json!({"artifactId": "a1", "name": "f.txt"}))),
+        r(json!({"statusUpdate": {"taskId": "task-1", "contextId": c, "status": {"state": "TASK_STATE_WORKING",
+            "message": {"role": "ROLE_AGENT", "parts": [{"text": "Hello world"}], "messageId": "task-1-2"}},
+            "metadata": {"iac_code": {"assistantFinal": {"complete": true}}}}})),
+        r(items::status("task-1", &c, "TASK_STATE_INPUT_REQUIRED", json!({}))),
+    ]));
+    let b = body(
+        "t1",
+        "r1",
+        "hello",
+        &s.ws("w"),
+        json!({"model": " qwen ", "llmApiKey": " k ", "llmHeaders": {"X-A": "b"},
+        "thinking": {"enabled": true, "effort": " high ", "budget": 5}, "userId": "u", "channel": "c", "candidatePresentation": "rich",
+        "runMode": "pipeline", "pipelineName": "selling", "cleanupOnly": true, "preferredLanguage": "zh-CN",
+        "alibabaCloud": {"accessKeyId": "id", "accessKeySecret": "sec", "securityToken": "tok", "regionId": "cn-hangzhou"}}),
+    );
+    let mut b = b;
+    b["parentRunId"] = json!("r0");
+    let res = post(&s.url, &b, &[]).await;
+    assert_valid_run(&res, "t1", "r1");
+    assert_eq!(res.content_type, "text/event-stream; charset=utf-8");
+    assert!(res
+        .headers
+        .iter()
+        .any(|(k, v)| k == "cache-control" && v == "no-cache"));
+    assert!(res
+        .headers
+        .iter()
+        .any(|(k, v)| k == "x-accel-buffering" && v == "no"));
+    assert_eq!(
+        res.types(),
+        [
+            "RUN_STARTED",
+            "CUSTOM(iac-code.session.v1)",
+            "CUSTOM(iac-code.session.v1)",
+            "REASONING_START",
+            "REASONING_MESSAGE_START",
+            "REASONING_MESSAGE_CONTENT",
+            "REASONING_MESSAGE_END",
+            "REASONING_END",
+            "TEXT_MESSAGE_START",
+            "TEXT_MESSAGE_CONTENT",
+            "TEXT_MESSAGE_CONTENT",
+            "TOOL_CALL_START",
+            "TOOL_CALL_ARGS",
+            "TOOL_CALL_END",
+            "TOOL_CALL_RESULT",
+            "CUSTOM(iac-code.artifact.v1)",
+            "TEXT_MESSAGE_END",
+            "RUN_FINISHED",
+        ]
+    );
+    assert_eq!(res.events[0]["parentRunId"], "r0");
+    assert!(res.events[0].get("input").is_none());
+    let sessions = res.sessions();
+    assert_eq!(sessions[0]["taskId"], Value::Null);
+    assert_eq!(sessions[1]["taskId"], "task-1");
+    assert_eq!(sessions[1]["sessionId"], "sess-1");
+    assert_eq!(sessions[1]["contextId"], ctx("t1"));
+    assert_eq!(res.last()["outcome"], json!({"type": "success"}));
+    assert_eq!(
+        res.last()["usage"],
+        json!([{"provider":"p","model":"m","inputTokens":10,"outputTokens":5,"totalTokens":15,"cachedInputTokens":0}])
+    );
+    // The kernel request.
+    let call = &k.calls("SendStreamingMessage")[0];
+    assert_eq!(call.headers["a2a-version"], "1.0");
+    assert_eq!(call.headers["authorization"], "Bearer a2a-secret");
+    let p = &call.body["params"];
+    assert_eq!(
+        p["configuration"],
+        json!({"acceptedOutputModes": ["text/plain"]})
+    );
+    assert_eq!(p["message"]["role"], "ROLE_USER");
+    assert_eq!(p["message"]["messageId"], "msg-r1");
+    assert_eq!(p["message"]["contextId"], ctx("t1"));
+    assert!(p["message"].get("taskId").is_none());
+    assert_eq!(p["message"]["parts"], json!([{"text": "hello"}]));
+    assert_eq!(
+        p["message"]["metadata"]["iac_code"],
+        json!({"user_id":"u","channel":"c","preferredLanguage":"zh",
+        "candidatePresentation":"rich-v1","run_mode":"pipeline","pipeline_name":"selling","cleanupOnly":true,"rosInvocationId":"inv-1",
+        "llm_headers":{"X-A":"b"},"alibaba_cloud_access_key_id":"id","alibaba_cloud_access_key_secret":"sec",
+        "alibaba_cloud_security_token":"tok","alibaba_cloud_region_id":"cn-hangzhou","cwd":s.ws("w"),"iac_code_model":"qwen",
+        "iac_code_api_key":"k","thinking":{"enabled":true,"effort":"high","budget":5}})
+    );
+    // State after the run: terminal, task id cleared, session kept.
+    let doc = s.thread_doc("t1");
+    assert_eq!(doc["iacCodeSessionId"], "sess-1");
+    assert_eq!(doc["execution"]["taskId"], Value::Null);
+    assert_eq!(
+        doc["terminalExecutionIds"][0],
+        doc["execution"]["executionId"]
+    );
+}
+
+#[tokio::test]
+async fn minimal_metadata_and_accept_language() {
+    let (s, k) = setup().await;
+    let res = post(
+        &s.url,
+        &body("t1", "r1", "x", &s.ws("w"), json!({})),
+        &[("accept-language", "fr")],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r1");
+    let meta =
+        &k.calls("SendStreamingMessage")[0].body["params"]["message"]["metadata"]["iac_code"];
+    assert_eq!(
+        meta,
+        &json!({"preferredLanguage":"fr","cleanupOnly":false,"rosInvocationId":"inv-1","cwd":s.ws("w")})
+    );
+    // An empty stream: A2A_EXECUTION_FAILED, translated.
+    assert_eq!(res.last()["code"], "A2A_EXECUTION_FAILED");
+    assert_ne!(res.last()["message"], "The A2A execution failed.");
+}
+
+async fn run_with(items: Vec<Item>) -> (testkit::sse::RunResult, FakeKernel, TestServer) {
+    let (s, k) = setup().await;
+    k.on("SendStreamingMessage", Reply::Sse(items));
+    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_valid_run(&res, "t1", "r1");
+    (res, k, s)
+}
+
+#[tokio::test]
+async fn terminal_states_and_errors() {
+    let c = ctx("t1");
+    let start = || {
+        r(items::task(
+            "task-1",
+            &ctx("t1"),
+            "TASK_STATE_SUBMITTED",
+            json!({"iacCodeSessionId": "s"}),
+        ))
+    };
+    for (state, code) in [
+        ("TASK_STATE_CANCELED", "CANCELLED"),
+        ("TASK_STATE_FAILED", "A2A_EXECUTION_FAILED"),
+        ("TASK_STATE_AUTH_REQUIRED", "A2A_EXECUTION_FAILED"),
+        ("TASK_STATE_REJECTED", "A2A_EXECUTION_FAILED"),
+        ("TASK_STATE_WORKING", "A2A_EXECUTION_FAILED"),
+    ] {
+        let (res, _, _) = run_with(vec![
+            start(),
+            r(items::text("task-1", &c, "partial", "m", json!({}))),
+            r(items::status("task-1", &c, state, json!({}))),
+        ])
+        .await;
+        assert_eq!(res.last()["type"], "RUN_ERROR", "{state}");
+        assert_eq!(res.last()["code"], code, "{state}");
+        // Spans were balanced first (D-5).
+        let n = res.types().len();
+        assert_eq!(res.types()[n - 2], "TEXT_MESSAGE_END");
+    }
+    let (res, _, _) = run_with(vec![
+        start(),
+        r(items::status(
+            "task-1",
+            &c,
+            "TASK_STATE_COMPLETED",
+            json!({}),
+        )),
+    ])
+    .await;
+    assert_eq!(res.last()["outcome"]["type"], "success");
+}
+
+#[tokio::test]
+async fn identity_changes_are_protocol_errors() {
+    let c = ctx("t1");
+    let start = || {
+        r(items::task(
+            "task-1",
+            &ctx("t1"),
+            "TASK_STATE_SUBMITTED",
+            json!({"iacCodeSessionId": "s"}),
+        ))
+    };
+    for (item, message) in [
+        (
+            items::status("task-1", "other", "TASK_STATE_WORKING", json!({})),
+            "The A2A context identity changed unexpectedly.",
+        ),
+        (
+            items::status("task-2", &c, "TASK_STATE_WORKING", json!({})),
+            "The A2A task identity changed unexpectedly.",
+        ),
+        (
+            items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"iacCodeSessionId": "s2"}),
+            ),
+            "The iac-code session identity changed unexpectedly.",
+        ),
+    ] {
+        let (res, k, _) = run_with(vec![
+            start(),
+            r(items::text("task-1", &c, "a", "m", json!({}))),
+            r(item),
+            Item::Stall,
+        ])
+        .await;
+        assert_eq!(res.last()["code"], "A2A_PROTOCOL_ERROR");
+        assert_eq!(res.last()["message"], message);
+        // Nothing is left running.
+        assert_eq!(
+            k.wait_calls("CancelTask", 1, Duration::from_secs(5))
+                .await
+                .len(),
+            1
+        );
+    }
+}
+
+#[tokio::test]
+async fn kernel_faults_end_with_a2a_unavailable_and_cancel() {
+    let c = ctx("t1");
+    let start = || {
+        r(items::task(
+            "task-1",
+            &ctx("t1"),
+            "TASK_STATE_SUBMITTED",
+            json!({"iacCodeSessionId": "s"}),
+        ))
+    };
+    let cases: Vec<(Vec<Item>, &str)> = vec![
+        (vec![start(), r(items::text("task-1", &c, "a", "m", json!({}))), Item::Sleep(Duration::from_millis(200)), Item::Cut], "cut"),
+        (vec![start(), Item::Raw("data: {not json\r\n\r\n".into())], "malformed"),
+        (vec![start(), Item::Raw("data: {\"jsonrpc\":\"2.0\",\"id\":\"rpc-1\",\"error\":{\"code\":-32603,\"message\":\"boom\"}}\r\n\r\n".into())], "rpc error item"),
+    ];
+    for (items, what) in cases {
+        let (res, k, _) = run_with(items).await;
+        assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{what}");
+        assert_eq!(
+            res.last()["message"],
+            "The local A2A execution service is unavailable."
+        );
+        // D-16: the JSON-RPC id is never adopted as a task id.
+        assert!(res.sessions().iter().all(|s| s["taskId"] != "rpc-1"));
+        let cancels = k.wait_calls("CancelTask", 1, Duration::from_secs(5)).await;
+        assert_eq!(cancels[0].body["params"]["id"], "task-1", "{what}");
+    }
+    // A JSON-RPC error body where a stream was expected (D-16), and backup-not-ready.
+    let (s, k) = setup().await;
+    k.on(
+        "SendStreamingMessage",
+        Reply::Json(
+            200,
+            json!({"error": {"code": -32602, "message": "Unsupported run mode."}}),
+        ),
+    );
+    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_valid_run(&res, "t1", "r1");
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
+    k.on("SendStreamingMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "Session backup is still synchronizing. Retry after 3 seconds.",
+        "data": {"code": "SESSION_BACKUP_NOT_READY", "retryable": true}}})));
+    let res = post(&s.url, &body("t1", "r2", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_eq!(res.last()["code"], "SESSION_BACKUP_NOT_READY");
+    // Kernel down.
+    let s = Builder::new()
+        .a2a("http://127.0.0.1:9/", None)
+        .start()
+        .await;
+    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_valid_run(&res, "t1", "r1");
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
+}
+
+#[tokio::test]
+async fn heartbeat_after_silence() {
+    let k = FakeKernel::start().await;
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .heartbeat(Duration::from_millis(300))
+        .start()
+        .await;
+    let c = ctx("t1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({}))),
+            Item::Sleep(Duration::from_millis(1000)),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({}),
+            )),
+        ]),
+    );
+    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_valid_run(&res, "t1", "r1");
+    assert!(res.heartbeats >= 2, "{}", res.raw);
+    assert!(res.raw.contains("\n\n: heartbeat\n\n"));
+}
+
+#[tokio::test]
+async fn client_disconnect_cancels_the_task() {
+    let (s, k) = setup().await;
+    let c = ctx("t1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
+            Item::Stall,
+        ]),
+    );
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let resp = client
+        .post(&s.url)
+        .header("content-type", "application/json")
+        .body(body("t1", "r1", "x", &s.ws("w"), json!({})).to_string())
+        .send()
+        .await
+        .unwrap();
+    let mut stream = resp.bytes_stream();
+    use futures_util::StreamExt;
+    let _ = stream.next().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(stream);
+    let cancels = k.wait_calls("CancelTask", 1, Duration::from_secs(5)).await;
+    assert_eq!(cancels.len(), 1, "disconnect must cancel the kernel task");
+    assert_eq!(cancels[0].body["params"]["id"], "task-1");
+    // The thread is released and the execution terminal.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    k.on("SendStreamingMessage", Reply::Sse(vec![]));
+    let res = post(&s.url, &body("t1", "r2", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_eq!(res.status, 200);
+}
+
+#[tokio::test]
+async fn cancel_extension_during_a_run() {
+    let (s, k) = setup().await;
+    let c = ctx("t1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"iacCodeSessionId": "s"}),
+            )),
+            r(items::text("task-1", &c, "tick", "m", json!({}))),
+            Item::Sleep(Duration::from_millis(800)),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_CANCELED",
+                json!({}),
+            )),
+        ]),
+    );
+    let url = s.url.clone();
+    let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
+    let run = tokio::spawn(async move { post(&url, &b, &[]).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let exec = s.thread_doc("t1")["execution"]["executionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r1 = post(
+        &s.cancel_url(&exec),
+        &json!({"threadId": "t1", "rosInvocationId": "nope"}),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        (r1.status, r1.error_code()),
+        (404, Some("EXECUTION_NOT_FOUND"))
+    );
+    let r1 = post(
+        &s.cancel_url(&exec),
+        &json!({"threadId": "t1", "rosInvocationId": "inv-1", "x": 1}),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        r1.json.unwrap(),
+        json!({"executionId": exec, "status": "cancelled"})
+    );
+    assert_eq!(k.calls("CancelTask")[0].body["params"]["id"], "task-1");
+    let res = run.await.unwrap();
+    assert_valid_run(&res, "t1", "r1");
+    assert_eq!(res.last()["code"], "CANCELLED");
+    let r2 = post(
+        &s.cancel_url(&exec),
+        &json!({"threadId": "t1", "rosInvocationId": "whatever"}),
+        &[],
+    )
+    .await;
+    assert_eq!(r2.json.unwrap()["status"], "already_terminal");
+    let r3 = post(
+        &s.cancel_url("zzz"),
+        &json!({"threadId": "t1", "rosInvocationId": "inv-1"}),
+        &[],
+    )
+    .await;
+    assert_eq!(r3.status, 404);
+}
+
+fn perm(id: &str, tool: &str, thread: &str) -> Value {
+    json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),"inputId":id,"toolUseId":tool,
+        "toolName":"bash","prompt":"Run bash Allow once?","title":"Run bash","options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}],
+        "language":"en","required":true,"secretThing":"zzz"})
+}
+
+async fn interrupted(s: &TestServer, k: &FakeKernel, input: Value) -> testkit::sse::RunResult {
+    let c = ctx("t1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "sess-1"}),
+            )),
+            r(items::text("task-1", &c, "Let me run", "m-a", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"tool": {"status": "started", "toolUseId": "tu1", "name": "bash"}}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": input}),
+            )),
+        ]),
+    );
+    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_valid_run(&res, "t1", "r1");
+    res
+}
+
+#[tokio::test]
+async fn permission_interrupt_and_resume() {
+    let (s, k) = setup().await;
+    let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    let t = res.types();
+    assert_eq!(
+        t[t.len() - 3..],
+        ["TOOL_CALL_END", "TEXT_MESSAGE_END", "RUN_FINISHED"]
+    );
+    let last = res.last();
+    let i = &last["outcome"]["interrupts"][0];
+    assert_eq!(last["outcome"]["type"], "interrupt");
+    assert_eq!(i["id"], "perm-1");
+    assert_eq!(i["reason"], "tool_call");
+    assert_eq!(i["message"], "Run bash Allow once?");
+    assert_eq!(i["toolCallId"], "tu1");
+    assert_eq!(i["responseSchema"]["required"], json!(["decision"]));
+    assert!(i["expiresAt"].as_str().unwrap().ends_with('Z'));
+    assert!(i["metadata"].get("secretThing").is_none());
+    let doc = s.thread_doc("t1");
+    assert_eq!(doc["execution"]["pending"]["perm-1"]["sideband"], false);
+    assert!(doc["execution"]["pending"]["perm-1"]["expiresAt"].is_string());
+    assert_eq!(
+        doc["execution"]["textSnapshotDigests"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    // Disconnecting after an interrupt cancelled nothing.
+    assert!(k.calls("CancelTask").is_empty());
+
+    // Invalid payload: RUN_ERROR, nothing sent, retryable.
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &ctx("t1"),
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm("perm-1", "tu1", "t1")}),
+            ),
+        ),
+    );
+    let bad = resume_body(
+        "t1",
+        "r2",
+        &s.ws("w"),
+        "inv-1",
+        json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "maybe"}}]),
+    );
+    let res = post(&s.url, &bad, &[]).await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "RESUME_PAYLOAD_INVALID");
+    assert_eq!(k.calls("SendStreamingMessage").len(), 1);
+    assert_eq!(
+        k.requests()
+            .iter()
+            .filter(|r| r.path == "/iac-code/session/ensure-restored")
+            .count(),
+        1
+    );
+    for (entries, code) in [
+        (json!([]), "INCOMPLETE_RESUME"),
+        (
+            json!([{"interruptId": "perm-1", "status": "resolved"}]),
+            "RESUME_PAYLOAD_INVALID",
+        ),
+        (
+            json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}, {"interruptId": "zzz", "status": "cancelled"}]),
+            "UNKNOWN_INTERRUPT",
+        ),
+        (
+            json!([{"interruptId": "perm-1", "status": "cancelled"}, {"interruptId": "perm-1", "status": "cancelled"}]),
+            "INCOMPLETE_RESUME",
+        ),
+    ] {
+        k.on(
+            "GetTask",
+            Reply::Json(
+                200,
+                items::bare_task(
+                    "task-1",
+                    &ctx("t1"),
+                    "TASK_STATE_INPUT_REQUIRED",
+                    json!({"input": perm("perm-1", "tu1", "t1")}),
+                ),
+            ),
+        );
+        let run = format!("r-{code}-{}", entries.as_array().unwrap().len());
+        let res = post(
+            &s.url,
+            &resume_body("t1", &run, &s.ws("w"), "inv-1", entries),
+            &[],
+        )
+        .await;
+        assert_valid_run(&res, "t1", &run);
+        assert_eq!(res.last()["code"], code);
+    }
+    // Valid resume.
+    let c = ctx("t1");
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm("perm-1", "tu1", "t1")}),
+            ),
+        ),
+    );
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}),
+            )),
+            r(items::text(
+                "task-1",
+                &c,
+                "Let me run. Done",
+                "m-a",
+                json!({}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({}),
+            )),
+        ]),
+    );
+    let good = resume_body(
+        "t1",
+        "r6",
+        &s.ws("w"),
+        "inv-1",
+        json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]),
+    );
+    let res = post(&s.url, &good, &[]).await;
+    assert_valid_run(&res, "t1", "r6");
+    assert_eq!(res.last()["outcome"]["type"], "success");
+    let delta: Vec<&Value> = res.of("TEXT_MESSAGE_CONTENT");
+    assert_eq!(delta[0]["delta"], ". Done", "replayed prefix trimmed");
+    assert!(res.types().contains(&"TOOL_CALL_RESULT".to_owned()));
+    let sent = &k.calls("SendStreamingMessage")[1].body["params"]["message"];
+    assert_eq!(sent["messageId"], "agui-resume-r6-perm-1");
+    assert_eq!(sent["taskId"], "task-1");
+    assert_eq!(
+        sent["parts"],
+        json!([{"data": {"schemaVersion": 1, "kind": "permission", "requestTaskId": "task-1", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once"}, "mediaType": "application/json"}])
+    );
+    let doc = s.thread_doc("t1");
+    assert_eq!(doc["execution"]["pending"], json!({}));
+    assert_eq!(
+        doc["appliedResumeDigests"][0]["digest"],
+        "289281c743b2a91d60f25b59680f04683bd82766f7a9b2eb405975140373868e"
+    );
+    // Replayed accepted answer: RESUME_ALREADY_APPLIED, no second delivery.
+    let again = resume_body(
+        "t1",
+        "r7",
+        &s.ws("w"),
+        "inv-1",
+        json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]),
+    );
+    let res = post(&s.url, &again, &[]).await;
+    assert_eq!(res.last()["code"], "RESUME_ALREADY_APPLIED");
+    let other = resume_body(
+        "t1",
+        "r8",
+        &s.ws("w"),
+        "inv-1",
+        json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "deny"}}]),
+    );
+    let res = post(&s.url, &other, &[]).await;
+    assert_eq!(res.last()["code"], "EXECUTION_LOST");
+    assert_eq!(k.calls("SendStreamingMessage").len(), 2);
+}
+
+#[tokio::test]
+async fn question_with_options_and_free_text() {
+    let (s, k) = setup().await;
+    let q = json!({"kind": "ask_user_question", "inputId": "q-1", "toolUseId": "tu-q", "prompt": "Which region?", "requestTaskId": "task-1",
+        "options": [{"id": "a", "label": "Hangzhou"}, {"id": "b", "label": "Beijing"}], "allowFreeText": true, "required": true});
+    let res = interrupted(&s, &k, q.clone()).await;
+    let i = &res.last()["outcome"]["interrupts"][0];
+    assert_eq!(i["reason"], "input_required");
+    assert_eq!(i["message"], "Which region?\n- a: Hangzhou\n- b: Beijing");
+    assert_eq!(i["responseSchema"]["oneOf"].as_array().unwrap().len(), 3);
+    let c = ctx("t1");
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": q}),
+            ),
+        ),
+    );
+    let res = post(&s.url, &resume_body("t1", "r2", &s.ws("w"), "inv-1", json!([{"interruptId": "q-1", "status": "resolved", "payload": {"selectedId": "a", "freeText": "x"}}])), &[]).await;
+    assert_eq!(res.last()["code"], "RESUME_PAYLOAD_INVALID");
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": q}),
+            ),
+        ),
+    );
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+    let res = post(
+        &s.url,
+        &resume_body(
+            "t1",
+            "r3",
+            &s.ws("w"),
+            "inv-1",
+            json!([{"interruptId": "q-1", "status": "resolved", "payload": {"selectedId": "a"}}]),
+        ),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r3");
+    let sent = &k.calls("SendStreamingMessage")[1].body["params"]["message"];
+    assert_eq!(sent["parts"], json!([{"text": "Hangzhou"}]));
+    assert_eq!(sent["messageId"], "agui-resume-r3");
+    let tr = res.of("TOOL_CALL_RESULT");
+    assert_eq!(tr[0]["toolCallId"], "tu-q");
+    assert_eq!(tr[0]["content"], "Hangzhou");
+}
+
+#[tokio::test]
+async fn question_cancelled_cancels_the_task() {
+    let (s, k) = setup().await;
+    let q = json!({"kind": "ask_user_question", "inputId": "q-2", "prompt": "Anything?", "required": true});
+    interrupted(&s, &k, q.clone()).await;
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &ctx("t1"),
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": q}),
+            ),
+        ),
+    );
+    let res = post(
+        &s.url,
+        &resume_body(
+            "t1",
+            "r2",
+            &s.ws("w"),
+            "inv-1",
+            json!([{"interruptId": "q-2", "status": "cancelled"}]),
+        ),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "CANCELLED");
+    assert_eq!(
+        res.last()["message"],
+        "The execution was cancelled by the interrupt response."
+    );
+    assert_eq!(k.calls("CancelTask")[0].body["params"]["id"], "task-1");
+    assert_eq!(s.thread_doc("t1")["execution"]["pending"], json!({}));
+    k.on("SendStreamingMessage", Reply::Sse(vec![]));
+    let res = post(
+        &s.url,
+        &body("t1", "r3", "next", &s.ws("w"), json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(res.status, 200);
+}
+
+#[tokio::test]
+async fn session_restore_failures_keep_pending() {
+    let (s, k) = setup().await;
+    interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    k.on(
+        "ensure-restored",
+        Reply::Json(404, json!({"status": "not_found"})),
+    );
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries.clone()),
+        &[],
+    )
+    .await;
+    assert_eq!(res.last()["code"], "EXECUTION_LOST");
+    assert_eq!(
+        res.last()["message"],
+        "The iac-code session to resume is unavailable."
+    );
+    k.on("ensure-restored", Reply::Json(409, json!({"error": {"code": "SESSION_BACKUP_NOT_READY", "message": "Session backup is still synchronizing. Retry after 3 seconds.", "retryable": true}})));
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r3", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_eq!(res.last()["code"], "SESSION_BACKUP_NOT_READY");
+    assert!(s.thread_doc("t1")["execution"]["pending"]["perm-1"].is_object());
+    assert!(k.calls("CancelTask").is_empty());
+}
+
+#[tokio::test]
+async fn interrupt_expiry() {
+    let k = FakeKernel::start().await;
+    let clock = Arc::new(OffsetClock::default());
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .clock(clock.clone())
+        .ttl(60)
+        .start()
+        .await;
+    let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    assert!(res.last()["outcome"]["interrupts"][0]["expiresAt"].is_string());
+    clock.offset_ms.store(61_000, Ordering::SeqCst);
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries.clone()),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "EXECUTION_EXPIRED");
+    assert_eq!(s.thread_doc("t1")["execution"]["pending"], json!({}));
+    assert_eq!(
+        k.wait_calls("CancelTask", 1, Duration::from_secs(5))
+            .await
+            .len(),
+        1
+    );
+    // Remembered: answering again is still EXECUTION_EXPIRED; a new turn works.
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r3", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_eq!(res.last()["code"], "EXECUTION_EXPIRED");
+    k.on("SendStreamingMessage", Reply::Sse(vec![]));
+    let res = post(&s.url, &body("t1", "r4", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_eq!(res.status, 200);
+}
+
+#[tokio::test]
+async fn failed_recovery_critical_writes_fail_closed() {
+    // Task id write, then interrupt commit.
+    for (skip, message) in [
+        (1u32, "The execution mapping could not be committed."),
+        (3, "The interrupted execution state could not be committed."),
+    ] {
+        let k = FakeKernel::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
+        let s = Builder::new()
+            .a2a(&k.url(), None)
+            .store(Arc::new(store))
+            .start()
+            .await;
+        switch.fail_saves(skip, 1);
+        let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+        assert_eq!(res.last()["code"], "STATE_PERSISTENCE_FAILED");
+        assert_eq!(res.last()["message"], message);
+        // The client never saw an interrupt that was not durable.
+        assert!(res.of("RUN_FINISHED").is_empty());
+        assert_eq!(
+            k.wait_calls("CancelTask", 1, Duration::from_secs(5))
+                .await
+                .len(),
+            1
+        );
+    }
+}

@@ -1,0 +1,876 @@
+//! Everything before the SSE stream: routes, auth, limits, JSON, language, validation, admission,
+//! idempotency and the durable thread store, through the real HTTP server.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iac_code_agui::store::{FaultyStore, FileStore, StoreError, ThreadDoc, ThreadStore};
+use serde_json::{json, Value};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::sse::{self, post, post_raw};
+
+use crate::support::{body, ctx, resume_body, Builder, TestServer};
+
+async fn server_with_kernel() -> (TestServer, FakeKernel) {
+    let k = FakeKernel::start().await;
+    let s = Builder::new()
+        .a2a(&k.url(), Some("a2a-secret"))
+        .start()
+        .await;
+    (s, k)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+#[tokio::test]
+async fn health_routes_and_methods() {
+    let s = Builder::new()
+        .auth("s3cret")
+        .a2a("http://127.0.0.1:9/", None)
+        .start()
+        .await;
+    let r = client()
+        .get(format!("{}health", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["status"], "ok");
+    assert_eq!(v["protocol"], "ag-ui");
+    assert_eq!(v["protocolPackageVersion"], "0.1.20");
+    assert_eq!(v["executionKernel"], "a2a-1.0");
+    assert_eq!(v["serverVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(v["kernel"]["mode"], "external");
+    let r = client()
+        .head(format!("{}health", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.unwrap().is_empty());
+    // Routing and methods precede auth: plain-text 404/405.
+    let r = client().get(&s.url).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "POST");
+    assert_eq!(r.text().await.unwrap(), "Method Not Allowed");
+    assert_eq!(
+        client()
+            .post(format!("{}health", s.url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        405
+    );
+    assert_eq!(
+        client()
+            .get(s.cancel_url("x"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        405
+    );
+    let r = client().get(format!("{}nope", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.text().await.unwrap(), "Not Found");
+    let r = client()
+        .post(format!(
+            "{}extensions/iac-code/v1/executions//cancel",
+            s.url
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn authentication() {
+    let s = Builder::new()
+        .auth("s3cret")
+        .a2a("http://127.0.0.1:9/", None)
+        .start()
+        .await;
+    let b = body("t1", "r1", "hi", &s.ws("w"), json!({}));
+    let r = post(&s.url, &b, &[]).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.json.as_ref().unwrap(),
+        &json!({"error":{"code":"UNAUTHORIZED","message":"A valid bearer token is required."}})
+    );
+    assert!(r
+        .headers
+        .iter()
+        .any(|(k, v)| k == "www-authenticate" && v == "Bearer"));
+    assert!(
+        !s.state_dir().join("threads").exists(),
+        "no state for rejected requests"
+    );
+    for bad in [
+        "Basic s3cret",
+        "Bearer  s3cret",
+        "Bearer",
+        "Bearer s3cret2",
+        "Bearer s3cre",
+    ] {
+        assert_eq!(
+            post(&s.url, &b, &[("authorization", bad)]).await.status,
+            401,
+            "{bad}"
+        );
+    }
+    // Non-ASCII header bytes: 401, not a 500.
+    let r = client()
+        .post(&s.url)
+        .header("content-type", "application/json")
+        .header(
+            "authorization",
+            reqwest::header::HeaderValue::from_bytes(b"Bearer s3cr\xe9t").unwrap(),
+        )
+        .body(b.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    // Case-insensitive scheme passes auth (then 415).
+    let r = post_raw(
+        &s.url,
+        b.to_string().into_bytes(),
+        "text/plain",
+        &[("authorization", "bearer s3cret")],
+    )
+    .await;
+    assert_eq!(r.status, 415);
+    // Auth precedes content type and size.
+    let r = post_raw(&s.url, vec![b' '; 13 * 1024 * 1024], "text/plain", &[]).await;
+    assert_eq!(r.status, 401);
+    // The cancel route is protected; language from Accept-Language.
+    let r = post(
+        &s.cancel_url("e"),
+        &json!({}),
+        &[("accept-language", "zh-CN,en;q=0.5")],
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.error_message(), Some("需要有效的 Bearer Token。"));
+}
+
+#[tokio::test]
+async fn content_type_size_and_json() {
+    let (s, _k) = server_with_kernel().await;
+    let r = post_raw(&s.url, b"{}".to_vec(), "", &[]).await;
+    assert_eq!(r.status, 415);
+    assert_eq!(r.error_code(), Some("UNSUPPORTED_MEDIA_TYPE"));
+    assert_eq!(
+        r.error_message(),
+        Some("Content-Type must be application/json.")
+    );
+    let r = post_raw(
+        &s.url,
+        b"[]".to_vec(),
+        "Application/JSON; charset=utf-8",
+        &[],
+    )
+    .await;
+    assert_eq!((r.status, r.error_code()), (400, Some("INVALID_INPUT")));
+    assert_eq!(
+        r.error_message(),
+        Some("RunAgentInput must be a JSON object.")
+    );
+    // 12 MiB + 1 → 413; exactly 12 MiB of padded JSON → envelope error, not 413.
+    let mut big = b"{}".to_vec();
+    big.resize(12 * 1024 * 1024 + 1, b' ');
+    let r = post_raw(&s.url, big.clone(), "application/json", &[]).await;
+    assert_eq!((r.status, r.error_code()), (413, Some("REQUEST_TOO_LARGE")));
+    assert_eq!(
+        r.error_message(),
+        Some("The AG-UI request body is too large.")
+    );
+    big.pop();
+    let r = post_raw(&s.url, big, "application/json", &[]).await;
+    assert_eq!(
+        (r.status, r.error_message()),
+        (400, Some("Invalid AG-UI RunAgentInput envelope."))
+    );
+    let r = post_raw(&s.url, b"{".to_vec(), "application/json", &[]).await;
+    assert_eq!((r.status, r.error_code()), (400, Some("INVALID_JSON")));
+    assert_eq!(
+        r.error_message(),
+        Some("The request body is not valid JSON.")
+    );
+    let r = post_raw(
+        &s.url,
+        vec![0xFF, 0xFE],
+        "application/json",
+        &[("accept-language", "fr")],
+    )
+    .await;
+    assert_eq!((r.status, r.error_code()), (400, Some("INVALID_JSON")));
+    assert_ne!(
+        r.error_message(),
+        Some("The request body is not valid JSON.")
+    );
+    // Cancel route limits and body errors.
+    let mut c = b"{}".to_vec();
+    c.resize(65_537, b' ');
+    let r = post_raw(&s.cancel_url("e"), c.clone(), "application/json", &[]).await;
+    assert_eq!(
+        (r.status, r.error_message()),
+        (413, Some("The cancel request body is too large."))
+    );
+    c.pop();
+    let r = post_raw(&s.cancel_url("e"), c, "application/json", &[]).await;
+    assert_eq!(
+        (r.status, r.error_message()),
+        (400, Some("threadId and rosInvocationId are required."))
+    );
+    let r = post_raw(&s.cancel_url("e"), b"{".to_vec(), "application/json", &[]).await;
+    assert_eq!(
+        r.error_message(),
+        Some("The cancel request body is not valid JSON.")
+    );
+    let r = post_raw(&s.cancel_url("e"), b"[]".to_vec(), "application/json", &[]).await;
+    assert_eq!(
+        r.error_message(),
+        Some("The cancel request must be a JSON object.")
+    );
+    let r = post(
+        &s.cancel_url("e"),
+        &json!({"threadId":"","rosInvocationId":"i"}),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    let r = post(
+        &s.cancel_url("e"),
+        &json!({"threadId":"nope","rosInvocationId":"i"}),
+        &[("accept-language", "ja")],
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.error_code()),
+        (404, Some("EXECUTION_NOT_FOUND"))
+    );
+    assert_ne!(r.error_message(), Some("The execution was not found."));
+}
+
+#[tokio::test]
+async fn language_negotiation() {
+    let (s, _k) = server_with_kernel().await;
+    let mut b = body(
+        "t",
+        "r",
+        "hi",
+        &s.ws("w"),
+        json!({"preferredLanguage": "xx"}),
+    );
+    b.as_object_mut().unwrap().remove("state");
+    let r = post(&s.url, &b, &[("accept-language", "es;q=0.9, pt;q=0.95")]).await;
+    assert_eq!(
+        r.error_message(),
+        Some("O envelope RunAgentInput do AG-UI é inválido.")
+    );
+    b["forwardedProps"]["iacCode"]["preferredLanguage"] = json!("ja");
+    let r = post(&s.url, &b, &[("accept-language", "fr")]).await;
+    assert_eq!(
+        r.error_message(),
+        Some("AG-UI RunAgentInput エンベロープが無効です。")
+    );
+    // Server locale fallback.
+    let s2 = Builder::new()
+        .auth("x")
+        .env("LANG", "de_DE.UTF-8")
+        .a2a("http://127.0.0.1:9/", None)
+        .start()
+        .await;
+    let r = post(&s2.url, &b, &[]).await;
+    assert_eq!(
+        r.error_message(),
+        Some("Ein gültiges Bearer-Token ist erforderlich.")
+    );
+}
+
+/// Every pre-SSE validation error: code, status and specific message (D-8, D-9), in English and
+/// another language.
+#[tokio::test]
+async fn validation_errors_before_sse() {
+    let (s, k) = server_with_kernel().await;
+    let root = s.dir.join("ws");
+    std::fs::write(root.join("file"), b"x").unwrap();
+    std::os::unix::fs::symlink("/etc", root.join("escape")).unwrap();
+    let ws = s.ws("w");
+    let png_b64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+    let mut cases: Vec<(Value, &str)> = vec![];
+    let mut b = body("t", "r", "hi", &ws, json!({"unknown": 1}));
+    cases.push((b.clone(), "Invalid iac-code forwarded properties."));
+    b = body("t", "r", "hi", &ws, json!({"schemaVersion": 1.0}));
+    cases.push((b.clone(), "Invalid iac-code forwarded properties."));
+    b = body("", "r", "hi", &ws, json!({}));
+    cases.push((b.clone(), "Invalid AG-UI RunAgentInput envelope."));
+    b = body("t", "r", "hi", "relative/path", json!({}));
+    cases.push((
+        b.clone(),
+        "The iac-code workspace must be an absolute path.",
+    ));
+    b = body("t", "r", "hi", "/etc", json!({}));
+    cases.push((
+        b.clone(),
+        "The iac-code workspace is outside the allowed roots.",
+    ));
+    b = body(
+        "t",
+        "r",
+        "hi",
+        &root.join("escape").display().to_string(),
+        json!({}),
+    );
+    cases.push((
+        b.clone(),
+        "The iac-code workspace is outside the allowed roots.",
+    ));
+    b = body(
+        "t",
+        "r",
+        "hi",
+        &root.join("file").display().to_string(),
+        json!({}),
+    );
+    cases.push((b.clone(), "The iac-code workspace is not a directory."));
+    b = body("t", "r", "hi", &ws, json!({}));
+    b["tools"] = json!([{"name": "x", "description": "d"}]);
+    cases.push((b.clone(), "Client-provided tools are not supported."));
+    b = body("t", "r", "hi", &ws, json!({}));
+    b["messages"] = json!([{"id": "a", "role": "assistant", "content": "x"}]);
+    cases.push((b.clone(), "A new run requires a user message."));
+    let part = |p: Value| {
+        let mut b = body("t", "r", "hi", &ws, json!({}));
+        b["messages"] = json!([{"id": "u", "role": "user", "content": [p]}]);
+        b
+    };
+    cases.push((
+        part(json!({"type":"image","source":{"type":"url","value":"http://x/a.png"}})),
+        "Remote media URLs are not supported.",
+    ));
+    cases.push((
+        part(
+            json!({"type":"audio","source":{"type":"data","value":"AA==","mimeType":"audio/wav"}}),
+        ),
+        "Only text and inline data images are supported.",
+    ));
+    cases.push((
+        part(
+            json!({"type":"image","source":{"type":"data","value":png_b64,"mimeType":"image/bmp"}}),
+        ),
+        "The image media type is not supported.",
+    ));
+    cases.push((
+        part(
+            json!({"type":"image","source":{"type":"data","value":"abc$","mimeType":"image/png"}}),
+        ),
+        "The image data is not valid base64.",
+    ));
+    cases.push((part(json!({"type":"image","source":{"type":"data","value":"aGVsbG8=","mimeType":"image/png"}})), "The image data is invalid."));
+    for (b, message) in &cases {
+        let r = post(&s.url, b, &[]).await;
+        assert_eq!(
+            (r.status, r.error_code(), r.error_message()),
+            (400, Some("INVALID_INPUT"), Some(*message)),
+            "{b}"
+        );
+        let r = post(&s.url, b, &[("accept-language", "de")]).await;
+        assert_eq!(r.status, 400);
+        let de = r.error_message().unwrap().to_owned();
+        assert_ne!(de, *message, "translated: {message}");
+    }
+    // An 8 MiB + 1 image over HTTP.
+    let big = base64_of_len(8 * 1024 * 1024 + 1);
+    let r = post(
+        &s.url,
+        &part(json!({"type":"image","source":{"type":"data","value":big,"mimeType":"image/png"}})),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        r.error_message(),
+        Some("An image exceeds the maximum size.")
+    );
+    // None of them reached the kernel or consumed the runId.
+    assert!(k.requests().is_empty());
+    k.on("SendStreamingMessage", Reply::Sse(vec![]));
+    let r = post(&s.url, &body("t", "r", "hi", &ws, json!({})), &[]).await;
+    assert_eq!(r.status, 200);
+}
+
+fn base64_of_len(decoded: usize) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(decoded * 4 / 3 + 4);
+    let full = decoded / 3;
+    for _ in 0..full {
+        s.push_str("AAAA");
+    }
+    match decoded % 3 {
+        1 => s.push_str("AA=="),
+        2 => s.push_str("AAA="),
+        _ => {}
+    }
+    let _ = s.write_str("");
+    s
+}
+
+fn done_stream(task: &str, thread: &str) -> Reply {
+    Reply::Sse(vec![
+        Item::Result(items::task(
+            task,
+            &ctx(thread),
+            "TASK_STATE_SUBMITTED",
+            json!({"iacCodeSessionId": "sess-1"}),
+        )),
+        Item::Result(items::text(task, &ctx(thread), "hello", "m1", json!({}))),
+        Item::Result(items::status(
+            task,
+            &ctx(thread),
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({}),
+        )),
+    ])
+}
+
+#[tokio::test]
+async fn idempotency_busy_binding_and_resume_rules() {
+    let (s, k) = server_with_kernel().await;
+    let ws = s.ws("w");
+    k.on("SendStreamingMessage", done_stream("task-1", "t1"));
+    let b = body("t1", "r1", "hello", &ws, json!({"userId": "u1"}));
+    let r = post(&s.url, &b, &[]).await;
+    sse::assert_valid_run(&r, "t1", "r1");
+    // Same body (other key order and whitespace) → DUPLICATE_RUN_ID; changed → RUN_ID_CONFLICT.
+    let reordered: Value =
+        serde_json::from_str(&serde_json::to_string_pretty(&b).unwrap()).unwrap();
+    let r = post_raw(
+        &s.url,
+        serde_json::to_vec_pretty(&reordered).unwrap(),
+        "application/json",
+        &[],
+    )
+    .await;
+    assert_eq!((r.status, r.error_code()), (409, Some("DUPLICATE_RUN_ID")));
+    assert_eq!(
+        r.error_message(),
+        Some("The AG-UI run id has already been used.")
+    );
+    let r = post(
+        &s.url,
+        &body("t1", "r1", "other", &ws, json!({"userId": "u1"})),
+        &[],
+    )
+    .await;
+    assert_eq!((r.status, r.error_code()), (409, Some("RUN_ID_CONFLICT")));
+    // Binding conflicts (cwd, userId); the rejected runId is not consumed.
+    let r = post(&s.url, &body("t1", "r2", "x", &ws, json!({})), &[]).await;
+    assert_eq!(
+        (r.status, r.error_code()),
+        (409, Some("THREAD_BINDING_CONFLICT"))
+    );
+    let r = post(
+        &s.url,
+        &body("t1", "r2", "x", &s.ws("other"), json!({"userId": "u1"})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.error_code(), Some("THREAD_BINDING_CONFLICT"));
+    let normalised = format!("{ws}/../w/");
+    k.on("SendStreamingMessage", done_stream("task-2", "t1"));
+    let r = post(
+        &s.url,
+        &body(
+            "t1",
+            "r2",
+            "x",
+            &normalised,
+            json!({"userId": "u1", "rosInvocationId": "inv-NEW"}),
+        ),
+        &[],
+    )
+    .await;
+    sse::assert_valid_run(&r, "t1", "r2");
+    let sess = r.sessions();
+    assert_eq!(sess[0]["rosInvocationId"], "inv-NEW");
+    assert_eq!(sess[0]["contextId"], ctx("t1"));
+    // THREAD_BUSY while a run streams; DUPLICATE precedes BUSY.
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::task(
+                "task-3",
+                &ctx("t1"),
+                "TASK_STATE_WORKING",
+                json!({}),
+            )),
+            Item::Stall,
+        ]),
+    );
+    let b3 = body("t1", "r3", "x", &ws, json!({"userId": "u1"}));
+    let url = s.url.clone();
+    let running = tokio::spawn(async move { post(&url, &b3, &[]).await });
+    k.wait_calls("SendStreamingMessage", 3, Duration::from_secs(5))
+        .await;
+    let r = post(
+        &s.url,
+        &body("t1", "r4", "x", &ws, json!({"userId": "u1"})),
+        &[],
+    )
+    .await;
+    assert_eq!((r.status, r.error_code()), (409, Some("THREAD_BUSY")));
+    assert_eq!(
+        r.error_message(),
+        Some("The AG-UI thread already has an active run.")
+    );
+    let r = post(
+        &s.url,
+        &body("t1", "r3", "x", &ws, json!({"userId": "u1"})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.error_code(), Some("DUPLICATE_RUN_ID"));
+    let r = post(
+        &s.url,
+        &body("t1", "r3", "changed", &ws, json!({"userId": "u1"})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.error_code(), Some("RUN_ID_CONFLICT"));
+    running.abort();
+    // Resume rules at admission.
+    let r = post(
+        &s.url,
+        &resume_body("new-thread", "r1", &ws, "inv-1", json!([])),
+        &[],
+    )
+    .await;
+    assert_eq!((r.status, r.error_code()), (409, Some("EXECUTION_LOST")));
+    assert_eq!(
+        r.error_message(),
+        Some("The execution to resume is no longer available.")
+    );
+    let mut g = body(
+        "new-thread",
+        "g1",
+        "x",
+        &ws,
+        json!({"activeGuidance": true, "runMode": "pipeline"}),
+    );
+    let r = post(&s.url, &g, &[]).await;
+    assert_eq!(r.error_code(), Some("EXECUTION_LOST"));
+    g["threadId"] = json!("t1");
+    g["forwardedProps"]["iacCode"]["userId"] = json!("u1");
+    g["forwardedProps"]["iacCode"]["runMode"] = Value::Null;
+    let r = post(&s.url, &g, &[]).await;
+    assert_eq!(r.error_code(), Some("EXECUTION_LOST"));
+}
+
+#[tokio::test]
+async fn resume_required_and_invocation_mismatch() {
+    let (s, k) = server_with_kernel().await;
+    let ws = s.ws("w");
+    let perm = json!({"schemaVersion":1,"kind":"permission","requestTaskId":"task-1","contextId":ctx("t1"),"inputId":"perm-1",
+        "toolUseId":"tu1","toolName":"bash","prompt":"Run bash Allow once?","required":true});
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::task(
+                "task-1",
+                &ctx("t1"),
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId":"sess-1"}),
+            )),
+            Item::Result(items::status(
+                "task-1",
+                &ctx("t1"),
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm}),
+            )),
+        ]),
+    );
+    let r = post(&s.url, &body("t1", "r1", "x", &ws, json!({})), &[]).await;
+    sse::assert_valid_run(&r, "t1", "r1");
+    assert_eq!(r.last()["outcome"]["type"], "interrupt");
+    let r = post(&s.url, &body("t1", "r2", "x", &ws, json!({})), &[]).await;
+    assert_eq!((r.status, r.error_code()), (409, Some("RESUME_REQUIRED")));
+    assert_eq!(
+        r.error_message(),
+        Some("The AG-UI thread is waiting for interrupt responses.")
+    );
+    let r = post(
+        &s.url,
+        &resume_body("t1", "r3", &ws, "inv-2", json!([])),
+        &[],
+    )
+    .await;
+    assert_eq!((r.status, r.error_code()), (409, Some("EXECUTION_LOST")));
+    assert_eq!(
+        r.error_message(),
+        Some("The resume request does not match the interrupted run.")
+    );
+    // Binding check precedes RESUME_REQUIRED.
+    let r = post(
+        &s.url,
+        &body("t1", "r4", "x", &s.ws("elsewhere"), json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.error_code(), Some("THREAD_BINDING_CONFLICT"));
+}
+
+#[tokio::test]
+async fn corrupt_state_files_are_503_never_a_panic() {
+    let (s, _k) = server_with_kernel().await;
+    let ws = s.ws("w");
+    let threads = s.state_dir().join("threads");
+    std::fs::create_dir_all(&threads).unwrap();
+    let reference = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/reference-state/S01_after_run.thread-s1.json"
+    ))
+    .unwrap();
+    std::fs::write(threads.join("corrupt.json"), b"{}").unwrap();
+    std::fs::write(
+        threads.join("truncated.json"),
+        &reference[..reference.len() / 2],
+    )
+    .unwrap();
+    std::fs::write(threads.join("foreign.json"), &reference).unwrap();
+    std::fs::write(s.dir.join("valid-copy.json"), &reference).unwrap();
+    std::os::unix::fs::symlink(s.dir.join("valid-copy.json"), threads.join("linked.json")).unwrap();
+    for t in ["corrupt", "truncated", "foreign", "linked"] {
+        let r = post(&s.url, &body(t, "r1", "x", &ws, json!({})), &[]).await;
+        assert_eq!(
+            (r.status, r.error_code()),
+            (503, Some("STATE_UNAVAILABLE")),
+            "{t}"
+        );
+        assert_eq!(
+            r.error_message(),
+            Some("The AG-UI adapter state is unavailable.")
+        );
+        let r = post(
+            &s.cancel_url("e"),
+            &json!({"threadId": t, "rosInvocationId": "i"}),
+            &[],
+        )
+        .await;
+        assert_eq!(
+            (r.status, r.error_code()),
+            (503, Some("STATE_UNAVAILABLE")),
+            "{t}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(threads.join("corrupt.json")).unwrap(),
+        b"{}",
+        "file not repaired"
+    );
+}
+
+#[tokio::test]
+async fn reference_state_files_load_and_work() {
+    let k = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.keep().canonicalize().unwrap();
+    let threads = dir.join("state/threads");
+    std::fs::create_dir_all(&threads).unwrap();
+    // The reference's file for thread-s1 (cwd /srv/agui-ref/ws/thread-s1), as written by iac-code agui.
+    let reference = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/reference-state/S01_after_run.thread-s1.json"
+    ))
+    .unwrap();
+    std::fs::write(threads.join("thread-s1.json"), &reference).unwrap();
+    let s = Builder::new()
+        .dir(dir.clone())
+        .env("IAC_CODE_AGUI_ALLOWED_CWDS", "/srv:/")
+        .a2a(&k.url(), None)
+        .start()
+        .await;
+    // Admission reads it: a runId the reference already used is a duplicate/conflict.
+    let r = post(
+        &s.url,
+        &body(
+            "thread-s1",
+            "run-s1-1",
+            "x",
+            "/srv/agui-ref/ws/thread-s1",
+            json!({}),
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(r.error_code(), Some("RUN_ID_CONFLICT"));
+    // Its binding holds: another workspace is a conflict.
+    let r = post(
+        &s.url,
+        &body("thread-s1", "r-new", "x", &s.ws("w"), json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.error_code(), Some("THREAD_BINDING_CONFLICT"));
+    // The gateway's own writes keep the reference's format (sorted keys, 2-space indent, newline).
+    k.on("SendStreamingMessage", done_stream("task-9", "t9"));
+    let r = post(&s.url, &body("t9", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    sse::assert_valid_run(&r, "t9", "r1");
+    let text = std::fs::read_to_string(s.thread_file("t9")).unwrap();
+    assert!(text.ends_with("}\n"));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "appliedResumeDigests",
+            "contextId",
+            "cwd",
+            "execution",
+            "iacCodeSessionId",
+            "runDigests",
+            "schemaVersion",
+            "terminalExecutionIds",
+            "threadId",
+            "userId"
+        ]
+    );
+    assert_eq!(serde_json::to_string_pretty(&v).unwrap() + "\n", text);
+    let ekeys: Vec<&String> = v["execution"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        ekeys,
+        [
+            "executionId",
+            "pending",
+            "pipelineOpenSteps",
+            "pipelineSequence",
+            "rosInvocationId",
+            "taskId",
+            "textSnapshotDigests"
+        ]
+    );
+    assert_eq!(v["runDigests"]["r1"].as_str().unwrap().len(), 64);
+    assert!(ThreadDoc::from_json(text.as_bytes(), "t9").is_ok());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&s.thread_file("t9")), 0o600);
+}
+
+#[tokio::test]
+async fn failed_admission_persist_is_503_and_rolls_back() {
+    let k = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .store(Arc::new(store))
+        .start()
+        .await;
+    switch.fail_saves(0, 1);
+    let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
+    let r = post(&s.url, &b, &[]).await;
+    assert_eq!((r.status, r.error_code()), (503, Some("STATE_UNAVAILABLE")));
+    assert!(k.requests().is_empty());
+    k.on("SendStreamingMessage", done_stream("task-1", "t1"));
+    let r = post(&s.url, &b, &[]).await;
+    sse::assert_valid_run(&r, "t1", "r1");
+}
+
+#[tokio::test]
+async fn secrets_never_reach_the_state_dir() {
+    let (s, k) = server_with_kernel().await;
+    k.on("SendStreamingMessage", done_stream("task-1", "t1"));
+    let b = body(
+        "t1",
+        "r1",
+        "x",
+        &s.ws("w"),
+        json!({"llmApiKey": "SECRET-1", "llmHeaders": {"X-A": "SECRET-2"},
+        "alibabaCloud": {"accessKeyId": "id", "accessKeySecret": "SECRET-3", "securityToken": "SECRET-4"}}),
+    );
+    let r = post(&s.url, &b, &[]).await;
+    sse::assert_valid_run(&r, "t1", "r1");
+    // They did reach the kernel.
+    let meta =
+        &k.calls("SendStreamingMessage")[0].body["params"]["message"]["metadata"]["iac_code"];
+    assert_eq!(meta["iac_code_api_key"], "SECRET-1");
+    assert_eq!(meta["llm_headers"]["X-A"], "SECRET-2");
+    for entry in walk(&s.state_dir()) {
+        let text = String::from_utf8_lossy(&std::fs::read(&entry).unwrap()).into_owned();
+        for secret in ["SECRET-1", "SECRET-2", "SECRET-3", "SECRET-4"] {
+            assert!(!text.contains(secret), "{secret} in {}", entry.display());
+        }
+    }
+    assert!(!r.raw.contains("SECRET-"));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A store whose every save takes 20 ms: a global lock would serialise 200 admissions (≥ 4 s).
+struct SlowStore(FileStore);
+
+impl ThreadStore for SlowStore {
+    fn load(&self, t: &str) -> Result<Option<ThreadDoc>, StoreError> {
+        self.0.load(t)
+    }
+    fn save(&self, d: &ThreadDoc) -> Result<(), StoreError> {
+        std::thread::sleep(Duration::from_millis(20));
+        self.0.save(d)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_admissions_on_distinct_threads_do_not_serialise() {
+    let k = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .store(Arc::new(SlowStore(FileStore::new(
+            dir.path().join("state"),
+        ))))
+        .start()
+        .await;
+    let ws = s.ws("w");
+    let started = Instant::now();
+    let mut tasks = vec![];
+    for i in 0..200 {
+        let url = s.url.clone();
+        let b = body(&format!("thread-{i}"), "r1", "x", &ws, json!({}));
+        tasks.push(tokio::spawn(async move {
+            let c = reqwest::Client::builder().no_proxy().build().unwrap();
+            let resp = c
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(b.to_string())
+                .send()
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 200);
+    }
+    let elapsed = started.elapsed();
+    eprintln!("200 concurrent admissions with a 20 ms store: {elapsed:?}");
+    assert!(
+        elapsed < Duration::from_millis(2500),
+        "admissions serialised: {elapsed:?}"
+    );
+}

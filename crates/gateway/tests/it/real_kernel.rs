@@ -1,0 +1,615 @@
+//! Against the real kernel (`iac-code a2a` 0.16.0, pinned venv) driven by the scripted fake LLM.
+//! These tests never skip: a missing kernel is a failure (run `scripts/kernel-venv.sh`).
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use iac_code_agui::run::kernel::{ChildSpec, Kernel, KernelState};
+use serde_json::{json, Value};
+use testkit::fake_llm::Plan;
+use testkit::real_kernel::KernelEnv;
+use testkit::sse::{assert_valid_run, post, RunResult};
+
+use crate::support::{body, resume_body, Builder, TestServer};
+
+async fn managed(env: &KernelEnv) -> Arc<Kernel> {
+    let k = Kernel::managed(ChildSpec {
+        command: env.command(),
+        env: env.vars(),
+        ready_timeout: Duration::from_secs(60),
+    });
+    let state = k.wait_ready(Duration::from_secs(90)).await;
+    assert_eq!(state, KernelState::Ready, "{:?}", k.health());
+    k
+}
+
+async fn server(env: &KernelEnv, kernel: Arc<Kernel>) -> TestServer {
+    Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel)
+        .start()
+        .await
+}
+
+fn ws(env: &KernelEnv, name: &str) -> String {
+    env.ws().join(name).display().to_string()
+}
+
+fn interrupt_ids(r: &RunResult) -> Vec<String> {
+    r.last()["outcome"]["interrupts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| i["id"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn answer(r: &RunResult, decision: &str) -> Value {
+    Value::Array(
+        interrupt_ids(r)
+            .into_iter()
+            .map(|id| json!({"interruptId": id, "status": "resolved", "payload": {"decision": decision}}))
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_reasoning_second_turn_and_errors() {
+    let env = KernelEnv::new().await;
+    let s = server(&env, managed(&env).await).await;
+    let w = ws(&env, "t1");
+    // Plain text.
+    let r1 = post(
+        &s.url,
+        &body("t1", "r1", "Say hello. scenario:text", &w, json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r1, "t1", "r1");
+    assert_eq!(r1.last()["type"], "RUN_FINISHED", "{}", r1.raw);
+    let text: String = r1
+        .of("TEXT_MESSAGE_CONTENT")
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Hello from the fake LLM.");
+    assert_eq!(r1.last()["usage"][0]["inputTokens"], 100);
+    let s1 = (*r1.sessions().last().unwrap()).clone();
+    assert!(s1["taskId"].is_string() && s1["sessionId"].is_string());
+    // Second turn: new execution, same context and session, history visible to the LLM.
+    let r2 = post(
+        &s.url,
+        &body("t1", "r2", "Think. scenario:think", &w, json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "t1", "r2");
+    let s2 = (*r2.sessions().last().unwrap()).clone();
+    assert_ne!(s2["executionId"], s1["executionId"]);
+    assert_eq!(s2["contextId"], s1["contextId"]);
+    assert_eq!(s2["sessionId"], s1["sessionId"]);
+    let t = r2.types();
+    let rs = t
+        .iter()
+        .position(|x| x == "REASONING_START")
+        .expect("reasoning");
+    let ts = t
+        .iter()
+        .position(|x| x == "TEXT_MESSAGE_START")
+        .expect("text");
+    assert!(rs < ts);
+    let reasoning: String = r2
+        .of("REASONING_MESSAGE_CONTENT")
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasoning, "Let me think about this carefully.");
+    let last_req = env
+        .llm
+        .requests()
+        .into_iter()
+        .filter(|r| r.scenario == "think")
+        .last()
+        .unwrap();
+    let msgs = last_req.body["messages"].to_string();
+    assert!(
+        msgs.contains("Say hello. scenario:text") && msgs.contains("Hello from the fake LLM."),
+        "history: {msgs}"
+    );
+    // An LLM provider error.
+    let r3 = post(
+        &s.url,
+        &body("t1", "r3", "Fail. scenario:error", &w, json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r3, "t1", "r3");
+    assert_eq!(r3.last()["type"], "RUN_ERROR", "{}", r3.raw);
+    assert_eq!(r3.last()["code"], "A2A_EXECUTION_FAILED");
+    // A read-only tool runs without a permission prompt.
+    let r4 = post(
+        &s.url,
+        &body("t1", "r4", "List. scenario:bashro", &w, json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r4, "t1", "r4");
+    assert_eq!(r4.last()["outcome"]["type"], "success", "{}", r4.raw);
+    let t = r4.types();
+    for e in [
+        "TOOL_CALL_START",
+        "TOOL_CALL_ARGS",
+        "TOOL_CALL_END",
+        "TOOL_CALL_RESULT",
+    ] {
+        assert!(t.contains(&e.to_owned()), "{e}: {t:?}");
+    }
+    assert_eq!(
+        r4.of("TOOL_CALL_ARGS")[0]["delta"],
+        r#"{"command":"ls -la"}"#
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_allow_deny_cancelled_and_replay() {
+    let env = KernelEnv::new().await;
+    let s = server(&env, managed(&env).await).await;
+    let w = ws(&env, "p1");
+    let r1 = post(
+        &s.url,
+        &body("p1", "r1", "Run it. scenario:bash", &w, json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r1, "p1", "r1");
+    assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
+    let i = &r1.last()["outcome"]["interrupts"][0];
+    assert_eq!(i["reason"], "tool_call");
+    assert!(i["toolCallId"].is_string() && i["expiresAt"].is_string());
+    assert_eq!(i["metadata"]["kind"], "permission");
+    // A schema-invalid payload, then a valid retry.
+    let bad = resume_body(
+        "p1",
+        "r2",
+        &w,
+        "inv-1",
+        json!([{"interruptId": interrupt_ids(&r1)[0], "status": "resolved", "payload": {"decision": "maybe"}}]),
+    );
+    let r2 = post(&s.url, &bad, &[]).await;
+    assert_valid_run(&r2, "p1", "r2");
+    assert_eq!(r2.last()["code"], "RESUME_PAYLOAD_INVALID");
+    let good = resume_body("p1", "r3", &w, "inv-1", answer(&r1, "allow_once"));
+    let r3 = post(&s.url, &good, &[]).await;
+    assert_valid_run(&r3, "p1", "r3");
+    assert_eq!(r3.last()["outcome"]["type"], "success", "{}", r3.raw);
+    assert!(r3.of("TOOL_CALL_RESULT")[0]["content"]
+        .as_str()
+        .unwrap()
+        .contains("agui-test"));
+    let out = std::path::Path::new(&w).join("out.txt");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
+    // The same resume replayed: RESUME_ALREADY_APPLIED, and the tool did not run twice.
+    let again = resume_body("p1", "r4", &w, "inv-1", answer(&r1, "allow_once"));
+    let r4 = post(&s.url, &again, &[]).await;
+    assert_eq!(r4.last()["code"], "RESUME_ALREADY_APPLIED");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
+
+    // deny, with preferredLanguage zh reaching the kernel (its refusal text is Chinese).
+    let w2 = ws(&env, "p2");
+    let r5 = post(
+        &s.url,
+        &body(
+            "p2",
+            "r1",
+            "Run it. scenario:bash",
+            &w2,
+            json!({"preferredLanguage": "zh"}),
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(r5.last()["outcome"]["type"], "interrupt", "{}", r5.raw);
+    let r6 = post(
+        &s.url,
+        &resume_body("p2", "r2", &w2, "inv-1", answer(&r5, "deny")),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r6, "p2", "r2");
+    assert_eq!(r6.last()["outcome"]["type"], "success", "{}", r6.raw);
+    let refusal = r6.of("TOOL_CALL_RESULT")[0]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        refusal
+            .chars()
+            .any(|c| ('\u{4e00}'..='\u{9fff}').contains(&c)),
+        "{refusal}"
+    );
+    assert!(!std::path::Path::new(&w2).join("out.txt").exists());
+
+    // cancelled → deny.
+    let w3 = ws(&env, "p3");
+    let r7 = post(
+        &s.url,
+        &body("p3", "r1", "Run it. scenario:bash", &w3, json!({})),
+        &[],
+    )
+    .await;
+    let cancel = json!([{"interruptId": interrupt_ids(&r7)[0], "status": "cancelled"}]);
+    let r8 = post(&s.url, &resume_body("p3", "r2", &w3, "inv-1", cancel), &[]).await;
+    assert_valid_run(&r8, "p3", "r2");
+    assert_eq!(r8.last()["outcome"]["type"], "success", "{}", r8.raw);
+    assert!(!std::path::Path::new(&w3).join("out.txt").exists());
+
+    // Two tool calls in one message: two consecutive interrupts, then both results.
+    let w4 = ws(&env, "p4");
+    let a = post(
+        &s.url,
+        &body("p4", "r1", "Two. scenario:bash2", &w4, json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(a.last()["outcome"]["type"], "interrupt", "{}", a.raw);
+    assert_eq!(a.of("TOOL_CALL_START").len(), 2);
+    let b = post(
+        &s.url,
+        &resume_body("p4", "r2", &w4, "inv-1", answer(&a, "allow_once")),
+        &[],
+    )
+    .await;
+    assert_valid_run(&b, "p4", "r2");
+    assert_eq!(b.last()["outcome"]["type"], "interrupt", "{}", b.raw);
+    assert_ne!(interrupt_ids(&a), interrupt_ids(&b));
+    let c = post(
+        &s.url,
+        &resume_body("p4", "r3", &w4, "inv-1", answer(&b, "allow_once")),
+        &[],
+    )
+    .await;
+    assert_valid_run(&c, "p4", "r3");
+    assert_eq!(c.last()["outcome"]["type"], "success", "{}", c.raw);
+    assert_eq!(c.of("TOOL_CALL_RESULT").len(), 2, "{}", c.raw);
+    assert!(std::path::Path::new(&w4).join("first.txt").exists());
+    assert!(std::path::Path::new(&w4).join("second.txt").exists());
+
+    // write_file permission survives a gateway restart.
+    let w5 = ws(&env, "p5");
+    let r9 = post(
+        &s.url,
+        &body("p5", "r1", "Write. scenario:write", &w5, json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(r9.last()["outcome"]["type"], "interrupt", "{}", r9.raw);
+    let kernel = s.state.rt.kernel.clone();
+    let dir = s.stop().await;
+    let s = Builder::new()
+        .dir(dir)
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel)
+        .start()
+        .await;
+    let r10 = post(
+        &s.url,
+        &resume_body("p5", "r2", &w5, "inv-1", answer(&r9, "allow_once")),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r10, "p5", "r2");
+    assert_eq!(r10.last()["outcome"]["type"], "success", "{}", r10.raw);
+    assert_eq!(
+        std::fs::read_to_string(std::path::Path::new(&w5).join("note.txt")).unwrap(),
+        "hello\n"
+    );
+}
+
+async fn task_state(kernel: &Kernel, task: &str) -> String {
+    let c = kernel.client().unwrap();
+    let t = c.get_task(task, 0).await.unwrap();
+    t["status"]["state"].as_str().unwrap_or("").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_endpoint_disconnect_and_heartbeat() {
+    let env = KernelEnv::new().await;
+    let kernel = managed(&env).await;
+    let s = server(&env, kernel.clone()).await;
+    let w = ws(&env, "c1");
+    // Cancel endpoint during a slow run.
+    let url = s.url.clone();
+    let b = body("c1", "r1", "Slow. scenario:slow", &w, json!({}));
+    let run = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let start = Instant::now();
+    let (exec, task) = loop {
+        let doc = std::fs::read(s.thread_file("c1"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        if let Some(d) = doc {
+            if let Some(t) = d["execution"]["taskId"].as_str() {
+                break (
+                    d["execution"]["executionId"].as_str().unwrap().to_owned(),
+                    t.to_owned(),
+                );
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "task id never persisted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let c = post(
+        &s.cancel_url(&exec),
+        &json!({"threadId": "c1", "rosInvocationId": "inv-1"}),
+        &[],
+    )
+    .await;
+    assert_eq!(c.json.unwrap()["status"], "cancelled");
+    let r = run.await.unwrap();
+    assert_valid_run(&r, "c1", "r1");
+    assert_eq!(r.last()["code"], "CANCELLED", "{}", r.raw);
+    assert_eq!(task_state(&kernel, &task).await, "TASK_STATE_CANCELED");
+    let c = post(
+        &s.cancel_url(&exec),
+        &json!({"threadId": "c1", "rosInvocationId": "inv-1"}),
+        &[],
+    )
+    .await;
+    assert_eq!(c.json.unwrap()["status"], "already_terminal");
+
+    // Client disconnect: the kernel task is cancelled and the LLM stream stops.
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let resp = client
+        .post(&s.url)
+        .header("content-type", "application/json")
+        .body(body("c1", "r2", "Slow again. scenario:slow", &w, json!({})).to_string())
+        .send()
+        .await
+        .unwrap();
+    use futures_util::StreamExt;
+    let mut stream = resp.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("TEXT_MESSAGE_CONTENT") {
+        seen.push_str(&String::from_utf8_lossy(
+            &stream.next().await.unwrap().unwrap(),
+        ));
+    }
+    drop(stream);
+    let doc: Value = serde_json::from_slice(&std::fs::read(s.thread_file("c1")).unwrap()).unwrap();
+    let task2 = doc["execution"]["taskId"].as_str().map(str::to_owned);
+    let start = Instant::now();
+    let task2 = match task2 {
+        Some(t) => t,
+        None => panic!("task id not persisted before disconnect"),
+    };
+    loop {
+        if task_state(&kernel, &task2).await == "TASK_STATE_CANCELED" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "task not cancelled after disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Heartbeat after 15 s of kernel silence (the LLM stalls 17 s).
+    let r = post(
+        &s.url,
+        &body("c1", "r3", "Stall. scenario:stall", &w, json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "c1", "r3");
+    assert!(r.heartbeats >= 1, "{}", r.raw);
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = vec![];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let after = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+        let ppid: u32 = after
+            .split_whitespace()
+            .nth(1)
+            .and_then(|x| x.parse().ok())
+            .unwrap_or(0);
+        if ppid == pid {
+            out.push(p);
+            out.extend(descendants(p));
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit_once(')')
+                .map(|x| x.1)
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+async fn gateway_process(env: &KernelEnv, extra: &[&str]) -> (std::process::Child, u16) {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_iac-code-agui"))
+        .args([
+            "--port",
+            &port.to_string(),
+            "--a2a-command",
+            &env.command(),
+            "--state-dir",
+        ])
+        .arg(env.state_dir())
+        .args(extra)
+        .envs(env.vars())
+        .env_remove("IAC_CODE_AGUI_A2A_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    (child, port)
+}
+
+async fn wait_kernel_ready(port: u16) -> Value {
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let start = Instant::now();
+    loop {
+        if let Ok(r) = c
+            .get(format!("http://127.0.0.1:{port}/health"))
+            .send()
+            .await
+        {
+            let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+            if v["kernel"]["state"] == "ready" {
+                return v;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "kernel never ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managed_kernel_starts_serves_and_never_leaks() {
+    let env = KernelEnv::new().await;
+    // SIGTERM: the kernel is stopped with the gateway.
+    let (mut gw, port) = gateway_process(&env, &[]).await;
+    let health = wait_kernel_ready(port).await;
+    assert_eq!(health["kernel"]["mode"], "managed");
+    let kids = descendants(gw.id());
+    assert!(!kids.is_empty());
+    let r = post(
+        &format!("http://127.0.0.1:{port}/"),
+        &body("m1", "r1", "Hi. scenario:text", &ws(&env, "m1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "m1", "r1");
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(gw.id() as i32, libc::SIGTERM);
+    }
+    let status = gw.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    for k in &kids {
+        assert!(
+            !alive(*k),
+            "kernel process {k} survived SIGTERM of the gateway"
+        );
+    }
+    // kill -9: the parent-death signal takes the kernel down.
+    let (mut gw, port) = gateway_process(&env, &[]).await;
+    wait_kernel_ready(port).await;
+    let kids = descendants(gw.id());
+    assert!(!kids.is_empty());
+    gw.kill().unwrap();
+    let _ = gw.wait();
+    let start = Instant::now();
+    while kids.iter().any(|k| alive(*k)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "kernel orphaned after kill -9"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_kernel_via_a2a_url() {
+    let env = KernelEnv::new().await;
+    let port = free_port();
+    let mut kernel = Command::new(env.command())
+        .args([
+            "a2a",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--thinking-exposure",
+            "all",
+        ])
+        .envs(env.vars())
+        .env("IACCODE_A2A_HTTP_TOKEN", "ext-token")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/");
+    let client = a2a::Client::new(&url, Some("ext-token".into()), a2a::Timeouts::default());
+    let start = Instant::now();
+    while client.health(Duration::from_millis(500)).await.is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "external kernel never healthy"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.llm.script("custom", Plan::text(&["Custom", " plan."]));
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .a2a(&url, Some("ext-token"))
+        .start()
+        .await;
+    let r = post(
+        &s.url,
+        &body(
+            "e1",
+            "r1",
+            "Go. scenario:custom",
+            &ws(&env, "e1"),
+            json!({}),
+        ),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "e1", "r1");
+    let text: String = r
+        .of("TEXT_MESSAGE_CONTENT")
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Custom plan.");
+    let _ = kernel.kill();
+    let _ = kernel.wait();
+}

@@ -1,0 +1,231 @@
+//! `TestServer`: the gateway on 127.0.0.1:0 with a temp state dir, in front of a fake or real kernel.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iac_code_agui::app::{self, Options};
+use iac_code_agui::config::Config;
+use iac_code_agui::http::AppState;
+use iac_code_agui::run::kernel::Kernel;
+use iac_code_agui::run::{Clock, Env};
+use iac_code_agui::store::ThreadStore;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+pub struct Builder {
+    pub env: Vec<(String, String)>,
+    pub auth: Option<String>,
+    pub kernel: Option<Arc<Kernel>>,
+    pub a2a: Option<(String, Option<String>)>,
+    pub heartbeat: Duration,
+    pub store: Option<Arc<dyn ThreadStore>>,
+    pub clock: Option<Arc<dyn Clock>>,
+    pub ttl: Option<u64>,
+    pub dir: Option<PathBuf>,
+    pub channel_capacity: usize,
+}
+
+pub struct TestServer {
+    pub url: String,
+    pub state: AppState,
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Builder {
+    pub fn new() -> Builder {
+        Builder {
+            env: vec![],
+            auth: None,
+            kernel: None,
+            a2a: None,
+            heartbeat: Duration::from_secs(15),
+            store: None,
+            clock: None,
+            ttl: None,
+            dir: None,
+            channel_capacity: 64,
+        }
+    }
+    pub fn auth(mut self, t: &str) -> Self {
+        self.auth = Some(t.into());
+        self
+    }
+    pub fn a2a(mut self, url: &str, token: Option<&str>) -> Self {
+        self.a2a = Some((url.into(), token.map(str::to_owned)));
+        self
+    }
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+    pub fn kernel(mut self, k: Arc<Kernel>) -> Self {
+        self.kernel = Some(k);
+        self
+    }
+    pub fn heartbeat(mut self, d: Duration) -> Self {
+        self.heartbeat = d;
+        self
+    }
+    pub fn store(mut self, s: Arc<dyn ThreadStore>) -> Self {
+        self.store = Some(s);
+        self
+    }
+    pub fn clock(mut self, c: Arc<dyn Clock>) -> Self {
+        self.clock = Some(c);
+        self
+    }
+    pub fn ttl(mut self, secs: u64) -> Self {
+        self.ttl = Some(secs);
+        self
+    }
+    /// Reuse a directory (state in `<dir>/state`, workspaces in `<dir>/ws`): restarts.
+    pub fn dir(mut self, d: PathBuf) -> Self {
+        self.dir = Some(d);
+        self
+    }
+    pub fn channel_capacity(mut self, n: usize) -> Self {
+        self.channel_capacity = n;
+        self
+    }
+
+    pub async fn start(self) -> TestServer {
+        let (tmp, dir) = match self.dir {
+            Some(d) => (None, d),
+            None => {
+                let t = tempfile::tempdir().expect("tempdir");
+                let d = t.path().canonicalize().expect("canonical");
+                (Some(t), d)
+            }
+        };
+        std::fs::create_dir_all(dir.join("ws")).expect("ws");
+        let mut vars = vec![("HOME".to_owned(), dir.display().to_string())];
+        if !self
+            .env
+            .iter()
+            .any(|(k, _)| k == "IAC_CODE_AGUI_ALLOWED_CWDS")
+        {
+            vars.push((
+                "IAC_CODE_AGUI_ALLOWED_CWDS".into(),
+                dir.join("ws").display().to_string(),
+            ));
+        }
+        vars.extend(self.env.clone());
+        let vars2 = vars.clone();
+        let env: Env = Arc::new(move |k: &str| {
+            vars2
+                .iter()
+                .rev()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        });
+        let mut cfg = Config::for_state_dir(dir.join("state"), &*env);
+        cfg.auth_token = self.auth.clone();
+        if let Some((url, token)) = &self.a2a {
+            cfg.a2a_url = Some(iac_code_agui::config::validate_a2a_url(url).expect("loopback url"));
+            cfg.a2a_token = token.clone();
+        }
+        if let Some(t) = self.ttl {
+            cfg.interrupt_ttl_secs = t;
+        }
+        let mut opts = Options::new(cfg, env);
+        opts.heartbeat = self.heartbeat;
+        opts.store = self.store;
+        opts.clock = self.clock;
+        opts.kernel = self.kernel;
+        opts.channel_capacity = self.channel_capacity;
+        let state = app::build(opts);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = oneshot::channel::<()>();
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            let _ = app::serve(listener, st, async move {
+                let _ = rx.await;
+            })
+            .await;
+        });
+        TestServer {
+            url: format!("http://{addr}/"),
+            state,
+            dir,
+            _tmp: tmp,
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+}
+
+impl TestServer {
+    pub fn ws(&self, name: &str) -> String {
+        self.dir.join("ws").join(name).display().to_string()
+    }
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+    pub fn thread_file(&self, thread: &str) -> PathBuf {
+        let stem = iac_code_agui::store::file_stem(thread).expect("stem");
+        self.state_dir()
+            .join("threads")
+            .join(format!("{stem}.json"))
+    }
+    pub fn thread_doc(&self, thread: &str) -> Value {
+        serde_json::from_slice(&std::fs::read(self.thread_file(thread)).expect("state file"))
+            .expect("json")
+    }
+    pub fn cancel_url(&self, exec: &str) -> String {
+        format!(
+            "{}extensions/iac-code/v1/executions/{exec}/cancel",
+            self.url
+        )
+    }
+    /// Stops the server (graceful) and waits for it; the state dir stays.
+    pub async fn stop(mut self) -> PathBuf {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(20), t).await;
+        }
+        let tmp = self._tmp.take();
+        let dir = self.dir.clone();
+        std::mem::forget(tmp); // keep the directory for a restart
+        dir
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A minimal valid RunAgentInput.
+pub fn body(thread: &str, run: &str, msg: &str, cwd: &str, props: Value) -> Value {
+    let mut iac = json!({"schemaVersion": 1, "rosInvocationId": "inv-1", "cwd": cwd});
+    if let Some(p) = props.as_object() {
+        for (k, v) in p {
+            iac[k] = v.clone();
+        }
+    }
+    json!({"threadId": thread, "runId": run, "state": {}, "messages": [{"id": format!("msg-{run}"), "role": "user", "content": msg}],
+           "tools": [], "context": [], "forwardedProps": {"iacCode": iac}})
+}
+
+/// A resume body answering `entries`.
+pub fn resume_body(thread: &str, run: &str, cwd: &str, ros: &str, entries: Value) -> Value {
+    json!({"threadId": thread, "runId": run, "state": {}, "messages": [], "tools": [], "context": [],
+           "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": ros, "cwd": cwd}}, "resume": entries})
+}
+
+/// `agui-` + sha256(thread)[..40]
+pub fn ctx(thread: &str) -> String {
+    iac_code_agui::run::context_id(thread)
+}

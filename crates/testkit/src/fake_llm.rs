@@ -1,0 +1,338 @@
+//! A scripted OpenAI-compatible streaming Chat Completions server on 127.0.0.1, driving the real
+//! kernel in tests.
+//!
+//! The reply is chosen from the marker `scenario:<name>` in the latest user message that carries
+//! one, and from whether the conversation ends with a tool result (then the reply is a final text
+//! quoting it). Built-in scenarios: `text`, `think`, `bash`, `bash2`, `bashro`, `write`, `slow`,
+//! `stall`, `error`; tests may register their own plans. Every request is recorded.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+/// One tool call of a plan.
+#[derive(Debug, Clone)]
+pub struct ToolCall {
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// What the fake LLM answers.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    pub reasoning: Vec<String>,
+    pub text: Vec<String>,
+    pub tools: Vec<ToolCall>,
+    /// Delay before each text chunk.
+    pub delay: Duration,
+    /// Silence before the first byte of the stream body.
+    pub initial_delay: Duration,
+    /// Answer HTTP 400 instead.
+    pub error: bool,
+}
+
+impl Plan {
+    pub fn text(chunks: &[&str]) -> Plan {
+        Plan {
+            text: chunks.iter().map(|s| s.to_string()).collect(),
+            delay: Duration::from_millis(5),
+            ..Plan::default()
+        }
+    }
+    pub fn tool(text: &str, name: &str, arguments: Value) -> Plan {
+        Plan {
+            text: vec![text.to_owned()],
+            tools: vec![ToolCall {
+                name: name.to_owned(),
+                arguments,
+            }],
+            delay: Duration::from_millis(5),
+            ..Plan::default()
+        }
+    }
+}
+
+/// A recorded request.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub scenario: String,
+    pub body: Value,
+    pub headers: HashMap<String, String>,
+}
+
+#[derive(Default)]
+struct Inner {
+    plans: HashMap<String, Plan>,
+    requests: Vec<Recorded>,
+}
+
+/// The running fake LLM.
+#[derive(Clone)]
+pub struct FakeLlm {
+    pub addr: SocketAddr,
+    inner: Arc<Mutex<Inner>>,
+}
+
+fn content_text(c: &Value) -> String {
+    match c {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+fn scenario_of(messages: &[Value]) -> String {
+    for m in messages.iter().rev() {
+        if m.get("role").and_then(Value::as_str) == Some("user") {
+            let t = content_text(m.get("content").unwrap_or(&Value::Null));
+            if let Some(i) = t.find("scenario:") {
+                return t[i + 9..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+                    .collect();
+            }
+        }
+    }
+    "default".into()
+}
+
+fn builtin(scenario: &str) -> Plan {
+    match scenario {
+        "text" => Plan::text(&["Hello", " from the", " fake LLM."]),
+        "think" => Plan {
+            reasoning: vec![
+                "Let me think".into(),
+                " about this".into(),
+                " carefully.".into(),
+            ],
+            text: vec!["After thinking:".into(), " 42.".into()],
+            delay: Duration::from_millis(5),
+            ..Plan::default()
+        },
+        "bash" => Plan::tool(
+            "I will run a command.",
+            "bash",
+            json!({"command": "echo agui-test >> out.txt && cat out.txt"}),
+        ),
+        "bashro" => Plan::tool("Listing files.", "bash", json!({"command": "ls -la"})),
+        "readfile" => Plan::tool("Reading a file.", "read_file", json!({"path": "seed.txt"})),
+        "bash2" => Plan {
+            text: vec!["I will run two commands.".into()],
+            tools: vec![
+                ToolCall {
+                    name: "bash".into(),
+                    arguments: json!({"command": "echo first >> first.txt"}),
+                },
+                ToolCall {
+                    name: "bash".into(),
+                    arguments: json!({"command": "echo second >> second.txt"}),
+                },
+            ],
+            ..Plan::default()
+        },
+        "write" => Plan::tool(
+            "I will write a file.",
+            "write_file",
+            json!({"path": "note.txt", "content": "hello\n"}),
+        ),
+        "slow" => Plan {
+            text: (0..120).map(|i| format!("tick{i} ")).collect(),
+            delay: Duration::from_millis(250),
+            ..Plan::default()
+        },
+        "stall" => Plan {
+            text: vec!["Finally".into(), " awake.".into()],
+            initial_delay: Duration::from_secs(17),
+            ..Plan::default()
+        },
+        "error" => Plan {
+            error: true,
+            ..Plan::default()
+        },
+        _ => Plan::text(&["OK."]),
+    }
+}
+
+impl FakeLlm {
+    /// Starts on 127.0.0.1:0.
+    pub async fn start() -> FakeLlm {
+        let inner = Arc::new(Mutex::new(Inner::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake llm");
+        let addr = listener.local_addr().expect("addr");
+        let app = Router::new()
+            .route("/v1/chat/completions", post(completions))
+            .route(
+                "/v1/models",
+                get(|| async {
+                    Json(json!({"object":"list","data":[{"id":"fake-model","object":"model"}]}))
+                }),
+            )
+            .with_state(inner.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeLlm { addr, inner }
+    }
+
+    /// `http://127.0.0.1:<port>/v1`
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Registers (or replaces) the plan of a scenario marker.
+    pub fn script(&self, scenario: &str, plan: Plan) {
+        self.inner
+            .lock()
+            .expect("llm lock")
+            .plans
+            .insert(scenario.to_owned(), plan);
+    }
+
+    /// Requests received so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.inner.lock().expect("llm lock").requests.clone()
+    }
+}
+
+fn chunk(id: &str, delta: Value, finish: Option<&str>) -> Bytes {
+    let v = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": "fake-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+async fn completions(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let scenario = scenario_of(&messages);
+    let after_tool = messages
+        .last()
+        .and_then(|m| m.get("role"))
+        .and_then(Value::as_str)
+        == Some("tool");
+    let plan = {
+        let mut g = inner.lock().expect("llm lock");
+        g.requests.push(Recorded {
+            scenario: scenario.clone(),
+            body: body.clone(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+                .collect(),
+        });
+        if after_tool {
+            let result = messages
+                .last()
+                .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))
+                .unwrap_or_default();
+            Plan::text(&[
+                "Done. ",
+                "The tool returned: ",
+                result.trim().chars().take(200).collect::<String>().as_str(),
+            ])
+        } else {
+            g.plans
+                .get(&scenario)
+                .cloned()
+                .unwrap_or_else(|| builtin(&scenario))
+        }
+    };
+    if plan.error {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error":{"message":"fake llm rejected the request","type":"invalid_request_error","code":"fake_error"}})),
+        )
+            .into_response();
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(16);
+    tokio::spawn(async move {
+        let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
+        if !plan.initial_delay.is_zero() {
+            tokio::time::sleep(plan.initial_delay).await;
+        }
+        let _ = tx
+            .send(Ok(chunk(
+                &id,
+                json!({"role": "assistant", "content": ""}),
+                None,
+            )))
+            .await;
+        for r in &plan.reasoning {
+            let _ = tx
+                .send(Ok(chunk(&id, json!({"reasoning_content": r}), None)))
+                .await;
+        }
+        for t in &plan.text {
+            if !plan.delay.is_zero() {
+                tokio::time::sleep(plan.delay).await;
+            }
+            if tx
+                .send(Ok(chunk(&id, json!({"content": t}), None)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        let mut finish = "stop";
+        for (i, tool) in plan.tools.iter().enumerate() {
+            let call_id = format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+            let args = tool.arguments.to_string();
+            let _ = tx
+                .send(Ok(chunk(
+                    &id,
+                    json!({"tool_calls": [{"index": i, "id": call_id, "type": "function",
+                    "function": {"name": tool.name, "arguments": ""}}]}),
+                    None,
+                )))
+                .await;
+            let half = args.len() / 2;
+            let (a, b) = args.split_at(half);
+            for part in [a, b] {
+                let _ = tx
+                    .send(Ok(chunk(
+                        &id,
+                        json!({"tool_calls": [{"index": i, "function": {"arguments": part}}]}),
+                        None,
+                    )))
+                    .await;
+            }
+            finish = "tool_calls";
+        }
+        let _ = tx.send(Ok(chunk(&id, json!({}), Some(finish)))).await;
+        let usage = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": "fake-model", "choices": [],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}});
+        let _ = tx.send(Ok(Bytes::from(format!("data: {usage}\n\n")))).await;
+        let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+    });
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) });
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(Body::from_stream(stream))
+        .expect("response")
+}
