@@ -138,6 +138,7 @@ impl Mapper {
     }
 
     /// Standard projections, step lifecycle and CUSTOM passthrough of one envelope.
+    #[allow(clippy::collapsible_match)]
     pub(crate) fn project_envelope(&mut self, e: &Map<String, Value>, out: &mut Vec<Event>) {
         let event_type = str_of(e.get("eventType")).unwrap_or("pipeline_event");
         let step = e

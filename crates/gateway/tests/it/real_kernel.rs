@@ -115,8 +115,7 @@ async fn text_reasoning_second_turn_and_errors() {
         .llm
         .requests()
         .into_iter()
-        .filter(|r| r.scenario == "think")
-        .last()
+        .rfind(|r| r.scenario == "think")
         .unwrap();
     let msgs = last_req.body["messages"].to_string();
     assert!(
@@ -290,8 +289,9 @@ async fn permission_allow_deny_cancelled_and_replay() {
     )
     .await;
     assert_eq!(r9.last()["outcome"]["type"], "interrupt", "{}", r9.raw);
-    let kernel = s.state.rt.kernel.clone();
+    // Gateway restart; its managed kernel restarts too (the wait is durable in the kernel).
     let dir = s.stop().await;
+    let kernel = managed(&env).await;
     let s = Builder::new()
         .dir(dir)
         .env(

@@ -1,4 +1,5 @@
 //! `TestServer`: the gateway on 127.0.0.1:0 with a temp state dir, in front of a fake or real kernel.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: formatting, lints, unit and integration tests, and the real-kernel
+# tier (the pinned iac-code kernel is installed into a cached venv by scripts/kernel-venv.sh).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+echo "== fmt"
+cargo fmt --all -- --check
+echo "== clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== kernel venv"
+IAC_CODE_AGUI_KERNEL_BIN=$(bash scripts/kernel-venv.sh)
+export IAC_CODE_AGUI_KERNEL_BIN
+echo "== tests"
+profile=default
+[ "${CI:-}" = "true" ] && profile=ci
+cargo nextest run --workspace --locked --profile "$profile"
