@@ -52,6 +52,8 @@ pub struct Request {
 struct Inner {
     replies: HashMap<String, VecDeque<Reply>>,
     requests: Vec<Request>,
+    /// SSE result items written to the socket so far (backpressure tests).
+    written: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The running fake kernel.
@@ -123,6 +125,15 @@ impl FakeKernel {
             .push_back(reply);
     }
 
+    /// SSE result items accepted by the socket so far.
+    pub fn items_written(&self) -> usize {
+        self.inner
+            .lock()
+            .expect("kernel lock")
+            .written
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn requests(&self) -> Vec<Request> {
         self.inner.lock().expect("kernel lock").requests.clone()
     }
@@ -172,7 +183,7 @@ fn record(inner: &Arc<Mutex<Inner>>, r: Request) {
     inner.lock().expect("kernel lock").requests.push(r);
 }
 
-fn render(reply: Reply, rpc_id: Value) -> Response {
+fn render(reply: Reply, rpc_id: Value, written: Arc<std::sync::atomic::AtomicUsize>) -> Response {
     match reply {
         Reply::Json(status, body) => (
             StatusCode::from_u16(status).expect("status"),
@@ -187,8 +198,11 @@ fn render(reply: Reply, rpc_id: Value) -> Response {
                     let r = match it {
                         Item::Result(v) => {
                             let frame = json!({"jsonrpc": "2.0", "id": rpc_id, "result": v});
-                            tx.send(Ok(Bytes::from(format!("data: {frame}\r\n\r\n"))))
-                                .await
+                            let r = tx
+                                .send(Ok(Bytes::from(format!("data: {frame}\r\n\r\n"))))
+                                .await;
+                            written.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            r
                         }
                         Item::Raw(s) => tx.send(Ok(Bytes::from(s))).await,
                         Item::Sleep(d) => {
@@ -268,7 +282,8 @@ async fn rpc(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap, body: B
         }
         other => other,
     };
-    render(reply, id)
+    let written = inner.lock().expect("kernel lock").written.clone();
+    render(reply, id, written)
 }
 
 async fn ext_post(
@@ -295,6 +310,7 @@ async fn ext_post(
         fk.next("ensure-restored")
             .unwrap_or(Reply::Json(200, json!({"status":"current"}))),
         Value::Null,
+        Default::default(),
     )
 }
 
@@ -323,5 +339,6 @@ async fn ext_get(
             json!({"error":"A2A pipeline state not found"}),
         )),
         Value::Null,
+        Default::default(),
     )
 }

@@ -893,3 +893,61 @@ async fn failed_recovery_critical_writes_fail_closed() {
         );
     }
 }
+
+/// A slow client slows its kernel stream: the gateway buffers a bounded number of events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_client_backpressure_bounds_memory() {
+    let (s, k) = setup().await;
+    let c = ctx("t1");
+    let n = 100_000;
+    let mut script = vec![r(items::task(
+        "task-1",
+        &c,
+        "TASK_STATE_WORKING",
+        json!({"iacCodeSessionId": "s"}),
+    ))];
+    let chunk = "x".repeat(200);
+    for _ in 0..n {
+        script.push(r(items::text("task-1", &c, &chunk, "m", json!({}))));
+    }
+    script.push(r(items::status(
+        "task-1",
+        &c,
+        "TASK_STATE_INPUT_REQUIRED",
+        json!({}),
+    )));
+    k.on("SendStreamingMessage", Reply::Sse(script));
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let resp = client
+        .post(&s.url)
+        .header("content-type", "application/json")
+        .body(body("t1", "r1", "x", &s.ws("w"), json!({})).to_string())
+        .send()
+        .await
+        .unwrap();
+    use futures_util::StreamExt;
+    let mut stream = resp.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    // The client stops reading for a while: the kernel must be held back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let written = k.items_written();
+    eprintln!("items written by the kernel while the client paused: {written} of {n}");
+    assert!(
+        written < n / 2,
+        "no backpressure: {written} of {n} items consumed while the client was paused"
+    );
+    // Then everything arrives and the run completes.
+    let mut raw = String::from_utf8_lossy(&first).into_owned();
+    while let Some(b) = stream.next().await {
+        raw.push_str(&String::from_utf8_lossy(&b.unwrap()));
+    }
+    let (events, _) = testkit::sse::parse(&raw);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
+            .count(),
+        n
+    );
+    assert_eq!(events.last().unwrap()["type"], "RUN_FINISHED");
+}

@@ -874,3 +874,215 @@ async fn concurrent_admissions_on_distinct_threads_do_not_serialise() {
         "admissions serialised: {elapsed:?}"
     );
 }
+
+/// Every pre-SSE error code with its status, in English and in another language (catalogue text).
+#[tokio::test]
+async fn every_pre_sse_error_in_two_languages() {
+    use iac_code_agui::i18n::{tr, Lang};
+    let k = FakeKernel::start().await;
+    let s = Builder::new().auth("tok").a2a(&k.url(), None).start().await;
+    let ws = s.ws("w");
+    let auth = ("authorization", "Bearer tok");
+    // A thread with a pending interrupt and an active run on another.
+    let perm = json!({"kind":"permission","requestTaskId":"task-1","inputId":"perm-1","toolUseId":"tu1","required":true});
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::task(
+                "task-1",
+                &ctx("tp"),
+                "TASK_STATE_SUBMITTED",
+                json!({}),
+            )),
+            Item::Result(items::status(
+                "task-1",
+                &ctx("tp"),
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm}),
+            )),
+        ]),
+    );
+    assert_eq!(
+        post(&s.url, &body("tp", "r1", "x", &ws, json!({})), &[auth])
+            .await
+            .last()["outcome"]["type"],
+        "interrupt"
+    );
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::task(
+                "task-2",
+                &ctx("tb"),
+                "TASK_STATE_WORKING",
+                json!({}),
+            )),
+            Item::Stall,
+        ]),
+    );
+    let url = s.url.clone();
+    let busy_body = body("tb", "r1", "x", &ws, json!({}));
+    let _running =
+        tokio::spawn(
+            async move { post(&url, &busy_body, &[("authorization", "Bearer tok")]).await },
+        );
+    k.wait_calls("SendStreamingMessage", 2, Duration::from_secs(5))
+        .await;
+    std::fs::create_dir_all(s.state_dir().join("threads")).unwrap();
+    std::fs::write(s.state_dir().join("threads/bad.json"), b"{").unwrap();
+    let mut big = b"{}".to_vec();
+    big.resize(12 * 1024 * 1024 + 10, b' ');
+    type Case = (u16, &'static str, &'static str, Vec<u8>, &'static str, bool);
+    let j = |v: Value| v.to_string().into_bytes();
+    let cases: Vec<Case> = vec![
+        (
+            401,
+            "UNAUTHORIZED",
+            "A valid bearer token is required.",
+            j(json!({})),
+            "application/json",
+            false,
+        ),
+        (
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            "Content-Type must be application/json.",
+            j(json!({})),
+            "text/plain",
+            true,
+        ),
+        (
+            413,
+            "REQUEST_TOO_LARGE",
+            "The AG-UI request body is too large.",
+            big,
+            "application/json",
+            true,
+        ),
+        (
+            400,
+            "INVALID_JSON",
+            "The request body is not valid JSON.",
+            b"{".to_vec(),
+            "application/json",
+            true,
+        ),
+        (
+            400,
+            "INVALID_INPUT",
+            "RunAgentInput must be a JSON object.",
+            b"[]".to_vec(),
+            "application/json",
+            true,
+        ),
+        (
+            400,
+            "INVALID_INPUT",
+            "Invalid AG-UI RunAgentInput envelope.",
+            j(json!({"threadId": "t"})),
+            "application/json",
+            true,
+        ),
+        (
+            409,
+            "DUPLICATE_RUN_ID",
+            "The AG-UI run id has already been used.",
+            j(body("tp", "r1", "x", &ws, json!({}))),
+            "application/json",
+            true,
+        ),
+        (
+            409,
+            "RUN_ID_CONFLICT",
+            "The AG-UI run id has already been used.",
+            j(body("tp", "r1", "y", &ws, json!({}))),
+            "application/json",
+            true,
+        ),
+        (
+            409,
+            "THREAD_BUSY",
+            "The AG-UI thread already has an active run.",
+            j(body("tb", "r2", "x", &ws, json!({}))),
+            "application/json",
+            true,
+        ),
+        (
+            409,
+            "THREAD_BINDING_CONFLICT",
+            "The AG-UI thread is already bound to another workspace or caller.",
+            j(body("tp", "r2", "x", &ws, json!({"userId": "u"}))),
+            "application/json",
+            true,
+        ),
+        (
+            409,
+            "RESUME_REQUIRED",
+            "The AG-UI thread is waiting for interrupt responses.",
+            j(body("tp", "r3", "x", &ws, json!({}))),
+            "application/json",
+            true,
+        ),
+        (
+            409,
+            "EXECUTION_LOST",
+            "The execution to resume is no longer available.",
+            j(resume_body("nothread", "r1", &ws, "inv-1", json!([]))),
+            "application/json",
+            true,
+        ),
+        (
+            409,
+            "EXECUTION_LOST",
+            "The resume request does not match the interrupted run.",
+            j(resume_body("tp", "r4", &ws, "other", json!([]))),
+            "application/json",
+            true,
+        ),
+        (
+            503,
+            "STATE_UNAVAILABLE",
+            "The AG-UI adapter state is unavailable.",
+            j(body("bad", "r1", "x", &ws, json!({}))),
+            "application/json",
+            true,
+        ),
+    ];
+    for (status, code, english, bytes, ct, with_auth) in cases {
+        for lang in [Lang::En, Lang::Es] {
+            let mut h = vec![("accept-language", lang.code())];
+            if with_auth {
+                h.push(auth);
+            }
+            let r = post_raw(&s.url, bytes.clone(), ct, &h).await;
+            assert_eq!(
+                (r.status, r.error_code()),
+                (status, Some(code)),
+                "{english}"
+            );
+            assert_eq!(
+                r.error_message().unwrap(),
+                tr(lang, english),
+                "{code} in {lang:?}"
+            );
+            assert_eq!(r.json.as_ref().unwrap().as_object().unwrap().len(), 1);
+        }
+    }
+    for lang in [Lang::En, Lang::Pt] {
+        let h = [auth, ("accept-language", lang.code())];
+        let r = post(
+            &s.cancel_url("nope"),
+            &json!({"threadId": "tp", "rosInvocationId": "inv-1"}),
+            &h,
+        )
+        .await;
+        assert_eq!(
+            (r.status, r.error_code()),
+            (404, Some("EXECUTION_NOT_FOUND"))
+        );
+        assert_eq!(
+            r.error_message().unwrap(),
+            tr(lang, "The execution was not found.")
+        );
+    }
+}

@@ -162,3 +162,98 @@ fn external_kernel_ready_fast_idle_shutdown_and_sigterm() {
     assert_eq!(status.code(), Some(0));
     assert!(start.elapsed() >= Duration::from_millis(900));
 }
+
+/// Secrets sent in a request never appear in debug logs, SSE output or the state dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_never_reach_debug_logs() {
+    use serde_json::json;
+    use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+    let k = FakeKernel::start().await;
+    let c = iac_code_agui::run::context_id("t1");
+    // The kernel echoes the request metadata (with secrets) in its first task event, like the real one.
+    k.on("SendStreamingMessage", Reply::Sse(vec![
+        Item::Result(json!({"task": {"id": "task-1", "contextId": c, "status": {"state": "TASK_STATE_SUBMITTED"},
+            "history": [{"role": "ROLE_USER", "parts": [{"text": "x"}], "metadata": {"iac_code": {"iac_code_api_key": "SECRET-KEY-1", "alibaba_cloud_access_key_secret": "SECRET-AK-3"}}}]}})),
+        Item::Result(items::text("task-1", &c, "hi", "m", json!({}))),
+        Item::Raw("data: {broken\r\n\r\n".into()),
+    ]));
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let port = free_port();
+    let mut child = Command::new(bin())
+        .args([
+            "--port",
+            &port.to_string(),
+            "--debug",
+            "--a2a-url",
+            &k.url(),
+            "--state-dir",
+        ])
+        .arg(dir.path().join("state"))
+        .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
+        .env("IAC_CODE_AGUI_LOG", "trace")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_health(port, Duration::from_secs(10)).is_some());
+    let body = json!({"threadId":"t1","runId":"r1","state":{},"messages":[{"id":"m","role":"user","content":"x"}],"tools":[],"context":[],
+        "forwardedProps":{"iacCode":{"schemaVersion":1,"rosInvocationId":"i","cwd":ws.join("a"),"llmApiKey":"SECRET-KEY-1",
+        "llmHeaders":{"X-Key":"SECRET-HDR-2"},"alibabaCloud":{"accessKeySecret":"SECRET-AK-3","securityToken":"SECRET-STS-4"}}}});
+    let r = testkit::sse::post(&format!("http://127.0.0.1:{port}/"), &body, &[]).await;
+    assert_eq!(r.status, 200);
+    let mut bad = body.clone();
+    bad["forwardedProps"]["iacCode"]["unknown"] = json!(1);
+    let r2 = testkit::sse::post(&format!("http://127.0.0.1:{port}/"), &bad, &[]).await;
+    assert_eq!(r2.status, 400);
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let out = tokio::task::spawn_blocking(move || {
+        let _ = child.wait();
+        let mut s = String::new();
+        use std::io::Read;
+        child.stderr.take().unwrap().read_to_string(&mut s).unwrap();
+        child.stdout.take().unwrap().read_to_string(&mut s).unwrap();
+        s
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.contains("DEBUG") || out.contains("INFO"),
+        "logging is on: {out}"
+    );
+    let mut files = String::new();
+    for e in walkdir(&dir.path().join("state")) {
+        files.push_str(&String::from_utf8_lossy(&std::fs::read(e).unwrap()));
+    }
+    for secret in [
+        "SECRET-KEY-1",
+        "SECRET-HDR-2",
+        "SECRET-AK-3",
+        "SECRET-STS-4",
+    ] {
+        assert!(!out.contains(secret), "{secret} in logs");
+        assert!(!r.raw.contains(secret), "{secret} in SSE");
+        assert!(!r2.raw.contains(secret), "{secret} in an error body");
+        assert!(!files.contains(secret), "{secret} in state");
+    }
+}
+
+fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![];
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walkdir(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
