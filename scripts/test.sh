@@ -11,6 +11,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== kernel venv"
 IAC_CODE_AGUI_KERNEL_BIN=$(bash scripts/kernel-venv.sh)
 export IAC_CODE_AGUI_KERNEL_BIN
+echo "== conformance clients (@ag-ui/client 1.0.0 and 0.0.58)"
+npm ci --prefix conformance --no-audit --no-fund --loglevel=error \
+  --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
 echo "== tests"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci

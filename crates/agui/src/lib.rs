@@ -66,12 +66,13 @@ pub enum Event {
         outcome: Outcome,
         usage: Option<Vec<Usage>>,
     },
+    /// `RUN_ERROR {message, code, usage?}`. Unlike the Python reference, no `threadId`/`runId`:
+    /// they are not part of the event and `@ag-ui/client` 1.0 strips them with an
+    /// `[ag-ui][enforce]` warning (decisions: output passes both clients with no warning).
     RunError {
         message: String,
         code: String,
         usage: Option<Vec<Usage>>,
-        thread_id: String,
-        run_id: String,
     },
     StepStarted {
         step_name: String,
@@ -215,16 +216,12 @@ impl Event {
                 message,
                 code,
                 usage,
-                thread_id,
-                run_id,
             } => {
                 w.str("message", message);
                 w.str("code", code);
                 if let Some(u) = usage {
                     w.ser("usage", u);
                 }
-                w.str("threadId", thread_id);
-                w.str("runId", run_id);
             }
             Event::StepStarted { step_name } | Event::StepFinished { step_name } => {
                 w.str("stepName", step_name);
@@ -385,12 +382,10 @@ mod tests {
             message: "A new run requires a user message.".into(),
             code: "INVALID_INPUT".into(),
             usage: None,
-            thread_id: "t".into(),
-            run_id: "r".into(),
         };
         assert_eq!(
             enc(&e),
-            "data: {\"type\":\"RUN_ERROR\",\"timestamp\":1795980985782,\"message\":\"A new run requires a user message.\",\"code\":\"INVALID_INPUT\",\"threadId\":\"t\",\"runId\":\"r\"}\n\n"
+            "data: {\"type\":\"RUN_ERROR\",\"timestamp\":1795980985782,\"message\":\"A new run requires a user message.\",\"code\":\"INVALID_INPUT\"}\n\n"
         );
     }
 

@@ -420,8 +420,6 @@ impl Driver {
             message: i18n::tr(self.adm.req.lang, message),
             code: code.as_str().into(),
             usage: self.mapper.usage(),
-            thread_id: self.thread_id().to_owned(),
-            run_id: self.run_id().to_owned(),
         });
         let _ = self.emit_all(events).await;
     }

@@ -1,5 +1,6 @@
 //! Integration tests of the gateway (one test binary).
 
+mod conformance;
 mod fake_kernel_runs;
 mod http_surface;
 mod process;

@@ -1,0 +1,150 @@
+// AG-UI client conformance runner.
+//
+// Drives the gateway with the official TypeScript client (`HttpAgent`, real HTTP, real SSE parsing)
+// and fails on anything the client rejects or silently repairs:
+//   * a rejected runAgent() (AGUIError / ZodError / HTTP error),
+//   * any console line starting with "[ag-ui][enforce]" or "[ag-ui][compat]",
+//   * a stream without exactly one terminal event as its last event,
+//   * events whose threadId/runId differ from the request,
+//   * RUN_ERROR where success was expected (and the wrong outcome in general).
+//
+// Usage: node run.mjs < plan.json
+//   {"client": "1" | "0058", "url": "http://127.0.0.1:8000/", "threadId": "t1", "headers": {},
+//    "forwardedProps": {...}, "steps": [
+//      {"message": "text", "expect": "success"},
+//      {"message": "run a tool", "expect": "interrupt"},
+//      {"resume": "allow_once" | "deny" | "cancelled", "expect": "success"},
+//      {"message": "slow", "cancel": true, "expect": "error", "code": "CANCELLED"}]}
+// Prints a JSON report on stdout; exit status 0 only when every check passed.
+
+import { randomUUID } from "node:crypto";
+
+const problems = [];
+const captured = [];
+for (const level of ["log", "info", "warn", "error", "debug"]) {
+  const original = console[level].bind(console);
+  console[level] = (...args) => {
+    const line = args.map((a) => (typeof a === "string" ? a : String(a?.message ?? a))).join(" ");
+    captured.push(line);
+    if (line.startsWith("[ag-ui][enforce]") || line.startsWith("[ag-ui][compat]")) {
+      problems.push(`client warning: ${line}`);
+    }
+    original(...args);
+  };
+}
+
+async function readStdin() {
+  const chunks = [];
+  for await (const c of process.stdin) chunks.push(c);
+  return JSON.parse(Buffer.concat(chunks).toString("utf8"));
+}
+
+const plan = await readStdin();
+const mod = plan.client === "0058" ? await import("agui-client-0058") : await import("agui-client-1");
+const { HttpAgent } = mod;
+
+const agent = new HttpAgent({ url: plan.url, threadId: plan.threadId, headers: plan.headers ?? {} });
+const report = { client: plan.client, threadId: plan.threadId, steps: [] };
+
+function addUserMessage(text) {
+  const msg = { id: randomUUID(), role: "user", content: text };
+  if (typeof agent.addMessage === "function") agent.addMessage(msg);
+  else agent.messages.push(msg);
+}
+
+function checkStream(step, events, runId) {
+  const where = `step ${step.index}`;
+  if (events.length === 0) {
+    problems.push(`${where}: no events`);
+    return null;
+  }
+  if (events[0].type !== "RUN_STARTED") problems.push(`${where}: first event is ${events[0].type}`);
+  const terminals = events
+    .map((e, i) => [e.type, i])
+    .filter(([t]) => t === "RUN_FINISHED" || t === "RUN_ERROR");
+  if (terminals.length !== 1 || terminals[0][1] !== events.length - 1) {
+    problems.push(`${where}: expected exactly one terminal event as the last event, got ${JSON.stringify(terminals)}`);
+  }
+  for (const e of events) {
+    const carriesIds = e.type === "RUN_STARTED" || e.type === "RUN_FINISHED" ||
+      (e.type === "RUN_ERROR" && (e.threadId !== undefined || e.runId !== undefined));
+    if (carriesIds && (e.threadId !== plan.threadId || e.runId !== runId)) {
+      problems.push(`${where}: ${e.type} carries threadId=${e.threadId} runId=${e.runId}, expected ${plan.threadId}/${runId}`);
+    }
+    if (!Number.isInteger(e.timestamp)) problems.push(`${where}: ${e.type} without an integer timestamp`);
+  }
+  return events[events.length - 1];
+}
+
+async function cancelWhenStreaming(events, done) {
+  // Waits for the session event and some content, then calls the cancellation extension.
+  for (let i = 0; i < 600 && !done.value; i++) {
+    const session = [...events].reverse().find((e) => e.type === "CUSTOM" && e.name === "iac-code.session.v1" && e.value?.taskId);
+    const content = events.some((e) => e.type === "TEXT_MESSAGE_CONTENT");
+    if (session && content) {
+      const url = new URL(`extensions/iac-code/v1/executions/${session.value.executionId}/cancel`, plan.url);
+      const r = await fetch(url, {
+        method: "POST",
+        headers: { "content-type": "application/json", ...(plan.headers ?? {}) },
+        body: JSON.stringify({ threadId: plan.threadId, rosInvocationId: session.value.rosInvocationId }),
+      });
+      return await r.json();
+    }
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  problems.push("cancel: no session event with a task id and content arrived");
+  return null;
+}
+
+let index = 0;
+for (const step of plan.steps) {
+  step.index = index++;
+  const runId = randomUUID();
+  const events = [];
+  const params = { runId, forwardedProps: plan.forwardedProps ?? {} };
+  if (step.message !== undefined) addUserMessage(step.message);
+  if (step.resume !== undefined) {
+    const pending = agent.pendingInterrupts ?? [];
+    if (pending.length === 0) problems.push(`step ${step.index}: the client has no pending interrupts to resume`);
+    params.resume = pending.map((i) =>
+      step.resume === "cancelled"
+        ? { interruptId: i.id, status: "cancelled" }
+        : { interruptId: i.id, status: "resolved", payload: { decision: step.resume } },
+    );
+  }
+  const done = { value: false };
+  let cancelResult = null;
+  const subscriber = { onEvent: ({ event }) => { events.push(event); } };
+  const running = agent.runAgent(params, subscriber);
+  if (step.cancel) cancelResult = cancelWhenStreaming(events, done);
+  let error = null;
+  try {
+    await running;
+  } catch (e) {
+    error = e;
+    problems.push(`step ${step.index}: runAgent rejected: ${e?.name}: ${e?.message}`);
+  }
+  done.value = true;
+  if (cancelResult) cancelResult = await cancelResult;
+  const last = checkStream(step, events, runId);
+  const outcome = last?.type === "RUN_ERROR" ? "error" : last?.outcome?.type ?? (last?.type === "RUN_FINISHED" ? "success" : "none");
+  if (outcome !== step.expect) problems.push(`step ${step.index}: expected ${step.expect}, got ${outcome} (${last?.code ?? ""} ${last?.message ?? ""})`);
+  if (step.expect === "error" && step.code && last?.code !== step.code) {
+    problems.push(`step ${step.index}: expected RUN_ERROR ${step.code}, got ${last?.code}`);
+  }
+  if (outcome === "interrupt") {
+    for (const i of last.outcome.interrupts ?? []) {
+      if (!i.id || !i.reason || typeof i.responseSchema !== "object" || Array.isArray(i.responseSchema)) {
+        problems.push(`step ${step.index}: malformed interrupt ${JSON.stringify(i)}`);
+      }
+    }
+    if ((agent.pendingInterrupts ?? []).length === 0) problems.push(`step ${step.index}: client did not record the interrupts`);
+  }
+  if (step.cancel && cancelResult?.status !== "cancelled") problems.push(`step ${step.index}: cancel answered ${JSON.stringify(cancelResult)}`);
+  report.steps.push({ expect: step.expect, outcome, types: events.map((e) => e.type), error: error ? String(error) : null });
+}
+
+report.ok = problems.length === 0;
+report.problems = problems;
+process.stdout.write(JSON.stringify(report) + "\n");
+process.exit(report.ok ? 0 : 1);

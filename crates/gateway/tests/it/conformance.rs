@@ -1,0 +1,248 @@
+//! AG-UI client conformance: `@ag-ui/client` 1.0.0 and 0.0.58 (Node, `conformance/run.mjs`)
+//! consume the gateway's streams, against the real kernel and the fake kernel. The runner fails on
+//! any client error or `[ag-ui][enforce]`/`[ag-ui][compat]` warning, on a stream without exactly
+//! one terminal event, on foreign thread/run ids, and on unexpected outcomes.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::post as axum_post;
+use serde_json::{json, Value};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::real_kernel::KernelEnv;
+use tokio::io::AsyncWriteExt;
+
+use crate::support::{ctx, Builder};
+
+const CLIENTS: [&str; 2] = ["1", "0058"];
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../conformance")
+}
+
+/// Runs the Node runner with `plan`; returns (passed, report).
+async fn runner(plan: Value) -> (bool, Value) {
+    let d = dir();
+    assert!(
+        d.join("node_modules/agui-client-1").is_dir() && d.join("node_modules/agui-client-0058").is_dir(),
+        "conformance clients are not installed: run `npm ci --prefix conformance` (scripts/test.sh does)"
+    );
+    let mut child = tokio::process::Command::new("node")
+        .arg(d.join("run.mjs"))
+        .current_dir(&d)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("node");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(plan.to_string().as_bytes())
+        .await
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+        .await
+        .expect("runner finished")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
+        .unwrap_or_else(|_| {
+            panic!(
+                "runner output: {stdout}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (out.status.success(), report)
+}
+
+fn plan(client: &str, url: &str, thread: &str, cwd: &str, steps: Value) -> Value {
+    json!({"client": client, "url": url, "threadId": thread,
+           "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": format!("inv-{thread}"), "cwd": cwd}},
+           "steps": steps})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_clients_consume_real_kernel_streams() {
+    let env = KernelEnv::new().await;
+    let kernel =
+        iac_code_agui::run::kernel::Kernel::managed(iac_code_agui::run::kernel::ChildSpec {
+            command: env.command(),
+            env: env.vars(),
+            ready_timeout: Duration::from_secs(60),
+        });
+    kernel.wait_ready(Duration::from_secs(90)).await;
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel)
+        .start()
+        .await;
+    for client in CLIENTS {
+        let cwd = |t: &str| env.ws().join(t).display().to_string();
+        let t = |name: &str| format!("{name}-{client}");
+        let plans = vec![
+            plan(
+                client,
+                &s.url,
+                &t("plain"),
+                &cwd(&t("plain")),
+                json!([
+                {"message": "Hello. scenario:text", "expect": "success"},
+                {"message": "Think. scenario:think", "expect": "success"},
+                {"message": "List. scenario:bashro", "expect": "success"},
+                {"message": "Fail. scenario:error", "expect": "error", "code": "A2A_EXECUTION_FAILED"}]),
+            ),
+            plan(
+                client,
+                &s.url,
+                &t("allow"),
+                &cwd(&t("allow")),
+                json!([
+                {"message": "Run. scenario:bash", "expect": "interrupt"},
+                {"resume": "allow_once", "expect": "success"},
+                {"message": "Two. scenario:bash2", "expect": "interrupt"},
+                {"resume": "allow_once", "expect": "interrupt"},
+                {"resume": "allow_once", "expect": "success"}]),
+            ),
+            plan(
+                client,
+                &s.url,
+                &t("deny"),
+                &cwd(&t("deny")),
+                json!([
+                {"message": "Run. scenario:bash", "expect": "interrupt"},
+                {"resume": "deny", "expect": "success"},
+                {"message": "Write. scenario:write", "expect": "interrupt"},
+                {"resume": "cancelled", "expect": "success"}]),
+            ),
+            plan(
+                client,
+                &s.url,
+                &t("cancel"),
+                &cwd(&t("cancel")),
+                json!([
+                {"message": "Slow. scenario:slow", "cancel": true, "expect": "error", "code": "CANCELLED"},
+                {"message": "Again. scenario:text", "expect": "success"}]),
+            ),
+        ];
+        let results = futures_util::future::join_all(plans.into_iter().map(runner)).await;
+        for (ok, report) in results {
+            assert!(ok, "client {client}: {report:#}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_clients_consume_fake_kernel_streams() {
+    let k = FakeKernel::start().await;
+    let s = Builder::new().a2a(&k.url(), None).start().await;
+    for client in CLIENTS {
+        let thread = format!("rich-{client}");
+        let c = ctx(&thread);
+        let step = |seq: u64, t: &str| {
+            json!({"schemaVersion":"1.0","eventId":format!("e{seq}"),"sequence":seq,"eventType":t,
+            "scope":"step","step":{"id":"s1"},"data":{}})
+        };
+        k.on("SendStreamingMessage", Reply::Sse(vec![
+            Item::Result(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({"iacCodeSessionId": "sess"}))),
+            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipeline": step(1, "step_started")}))),
+            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))),
+            Item::Result(items::text("task-1", &c, "Hello", "m", json!({}))),
+            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "started", "toolUseId": "tu1", "name": "bash"}}))),
+            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "progress", "toolUseId": "tu1", "name": "bash"}}))),
+            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}))),
+            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}))),
+            Item::Result(items::artifact("task-1", &c, json!({"artifactId": "a1", "name": "f"}))),
+            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipeline": step(2, "stack_progress")}))),
+            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"usage": {"inputTokens": 1.0, "outputTokens": 2.0, "totalTokens": 3.0}}))),
+            Item::Result(items::status("task-1", &c, "TASK_STATE_INPUT_REQUIRED", json!({}))),
+        ]));
+        k.on(
+            "SendStreamingMessage",
+            Reply::Sse(vec![
+                Item::Result(items::task("task-2", &c, "TASK_STATE_WORKING", json!({}))),
+                Item::Result(items::text("task-2", &c, "partial", "m2", json!({}))),
+                Item::Sleep(Duration::from_millis(100)),
+                Item::Cut,
+            ]),
+        );
+        k.on(
+            "SendStreamingMessage",
+            Reply::Sse(vec![
+                Item::Result(items::task("task-3", &c, "TASK_STATE_WORKING", json!({}))),
+                Item::Result(items::status(
+                    "task-3",
+                    "foreign-context",
+                    "TASK_STATE_WORKING",
+                    json!({}),
+                )),
+            ]),
+        );
+        let p = plan(
+            client,
+            &s.url,
+            &thread,
+            &s.ws(&thread),
+            json!([
+            {"message": "rich", "expect": "success"},
+            {"message": "cut", "expect": "error", "code": "A2A_UNAVAILABLE"},
+            {"message": "identity", "expect": "error", "code": "A2A_PROTOCOL_ERROR"}]),
+        );
+        let (ok, report) = runner(p).await;
+        assert!(ok, "client {client}: {report:#}");
+        let types = report["steps"][0]["types"].to_string();
+        for t in [
+            "STEP_STARTED",
+            "REASONING_START",
+            "TOOL_CALL_RESULT",
+            "CUSTOM",
+            "STEP_FINISHED",
+        ] {
+            assert!(types.contains(t), "{t} missing: {types}");
+        }
+    }
+}
+
+/// The runner itself fails on a broken stream (unbalanced span, no terminal event), for both clients.
+#[tokio::test]
+async fn runner_fails_on_a_broken_stream() {
+    let app = axum::Router::new().route(
+        "/",
+        axum_post(|body: axum::body::Bytes| async move {
+            let v: Value = serde_json::from_slice(&body).unwrap();
+            let (t, r) = (v["threadId"].as_str().unwrap().to_owned(), v["runId"].as_str().unwrap().to_owned());
+            let sse = format!(
+                "data: {}\n\ndata: {}\n\ndata: {}\n\n",
+                json!({"type":"RUN_STARTED","timestamp":1,"threadId":t,"runId":r}),
+                json!({"type":"TEXT_MESSAGE_START","timestamp":2,"messageId":"m1","role":"assistant"}),
+                json!({"type":"TEXT_MESSAGE_CONTENT","timestamp":3,"messageId":"m1","delta":"x"})
+            );
+            axum::response::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(Body::from(sse))
+                .unwrap()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    for client in CLIENTS {
+        let (ok, report) = runner(plan(
+            client,
+            &url,
+            "t",
+            "/tmp",
+            json!([{"message": "x", "expect": "success"}]),
+        ))
+        .await;
+        assert!(!ok, "client {client} accepted a broken stream: {report:#}");
+        let problems = report["problems"].to_string();
+        assert!(problems.contains("terminal"), "{problems}");
+    }
+}
