@@ -471,19 +471,14 @@ impl Driver {
         }
         let mut persist = None;
         if let Some(doc) = st.doc.as_mut() {
-            if doc.execution.execution_id == self.adm.execution_id {
-                // A disconnected run whose task id never became known cannot be cancelled later.
-                let unfinished_unknown =
-                    self.disconnected && !self.sink.terminal_sent() && self.task_id.is_none();
-                if !self.paused && doc.execution.pending.is_empty() && !unfinished_unknown {
-                    mark_terminal(doc);
-                    persist = Some(doc.clone());
-                } else if self.paused {
-                    // Keep the pipeline position and digests of the interrupted execution.
-                } else if unfinished_unknown {
-                    mark_terminal(doc);
-                    persist = Some(doc.clone());
-                }
+            // An execution that did not end in an interrupt becomes terminal (its task finished,
+            // failed, or was cancelled on error/disconnect).
+            if doc.execution.execution_id == self.adm.execution_id
+                && !self.paused
+                && doc.execution.pending.is_empty()
+            {
+                mark_terminal(doc);
+                persist = Some(doc.clone());
             }
         }
         if let Some(doc) = persist {

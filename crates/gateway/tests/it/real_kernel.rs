@@ -613,3 +613,55 @@ async fn external_kernel_via_a2a_url() {
     let _ = kernel.kill();
     let _ = kernel.wait();
 }
+
+/// The managed kernel dies mid-run: the run ends with A2A_UNAVAILABLE, the kernel is restarted
+/// with back-off, `/health` reports it, and the next turn works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managed_kernel_crash_is_reported_and_restarted() {
+    let env = KernelEnv::new().await;
+    let kernel = managed(&env).await;
+    let s = server(&env, kernel.clone()).await;
+    let w = ws(&env, "k1");
+    let url = s.url.clone();
+    let b = body("k1", "r1", "Slow. scenario:slow", &w, json!({}));
+    let run = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let start = Instant::now();
+    while !std::fs::read(s.thread_file("k1"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .is_some_and(|d| d["execution"]["taskId"].is_string())
+    {
+        assert!(start.elapsed() < Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = kernel.health()["pid"].as_u64().unwrap() as i32;
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall on the kernel's process group.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+    }
+    let r = run.await.unwrap();
+    assert_valid_run(&r, "k1", "r1");
+    assert_eq!(r.last()["code"], "A2A_UNAVAILABLE", "{}", r.raw);
+    let start = Instant::now();
+    loop {
+        let h = kernel.health();
+        if h["state"] == "ready" && h["restarts"].as_u64() >= Some(1) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "kernel not restarted: {h}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let r = post(
+        &s.url,
+        &body("k1", "r2", "Hi. scenario:text", &w, json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "k1", "r2");
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+}
