@@ -106,6 +106,16 @@ fn kernel_error(e: &a2a::Error) -> Stop {
     }
 }
 
+/// What is left of an answer's stream after its acceptance.
+enum After {
+    /// The run ended (an interrupt was emitted).
+    Ended,
+    /// The stream reached a stopping state.
+    Closed,
+    /// The stream goes on.
+    Open(a2a::EventStream),
+}
+
 enum Step {
     Continue,
     /// A final state (or input-required without new input): stop reading.
@@ -130,6 +140,8 @@ struct Driver {
     /// Interrupt ids applied in this resume (not re-interrupted when the kernel repeats them).
     applied_now: Vec<String>,
     kernel_cancel_sent: bool,
+    /// The session event after the first accepted answer of a resume was emitted.
+    accepted_once: bool,
 }
 
 impl Driver {
@@ -152,6 +164,7 @@ impl Driver {
             answered_questions: Vec::new(),
             applied_now: Vec::new(),
             kernel_cancel_sent: false,
+            accepted_once: false,
         }
     }
 
@@ -1126,7 +1139,9 @@ impl Driver {
     ) -> Result<(), Stop> {
         let all_sideband = answers.iter().all(|(_, p)| is_permission(p) && p.sideband);
         let mut last_stream: Option<a2a::EventStream> = None;
-        for (entry, pending) in answers {
+        let count = answers.len();
+        for (idx, (entry, pending)) in answers.into_iter().enumerate() {
+            let remaining = count - idx - 1;
             let id = entry.interrupt_id.clone();
             let digest = resume_digest(&entry);
             if is_permission(&pending) {
@@ -1176,7 +1191,7 @@ impl Driver {
                         vec![part],
                         Some(task_id),
                     );
-                    let mut stream = self.open_stream(client.send_streaming_message(message)).await.map_err(|s| match s {
+                    let stream = self.open_stream(client.send_streaming_message(message)).await.map_err(|s| match s {
                         Stop::Fail { code: Code::A2aUnavailable, .. } => Stop::Fail {
                             code: Code::A2aUnavailable,
                             message: Cow::Borrowed("The local A2A execution service rejected the interrupt response."),
@@ -1184,25 +1199,24 @@ impl Driver {
                         },
                         other => other,
                     })?;
-                    let first = stream.next().await;
-                    match first {
-                        Ok(Some(item)) => {
-                            self.commit_answer(&id, &digest).await?;
-                            let e = self.session_event();
-                            self.emit(e).await?;
-                            match self.process(&item, true).await? {
-                                Step::Interrupted => return Ok(()),
-                                Step::Break => return self.finish().await,
-                                Step::Continue => last_stream = Some(stream),
+                    match self
+                        .accept(
+                            stream,
+                            &id,
+                            &digest,
+                            "The A2A permission response was not accepted.",
+                        )
+                        .await?
+                    {
+                        After::Ended => return Ok(()),
+                        After::Closed if remaining == 0 => return self.finish().await,
+                        After::Closed => {}
+                        After::Open(s) if remaining == 0 => last_stream = Some(s),
+                        After::Open(s) => {
+                            if self.drain(s).await? {
+                                return Ok(());
                             }
                         }
-                        Ok(None) => {
-                            return Err(fail(
-                                Code::A2aUnavailable,
-                                "The A2A permission response was not accepted.",
-                            ))
-                        }
-                        Err(e) => return Err(no_cancel_stop(kernel_error(&e))),
                     }
                 }
             } else {
@@ -1238,27 +1252,27 @@ impl Driver {
                     vec![json!({"text": answer})],
                     Some(task_id),
                 );
-                let mut stream = self
+                let stream = self
                     .open_stream(client.send_streaming_message(message))
                     .await?;
-                match stream.next().await {
-                    Ok(Some(item)) => {
-                        self.commit_answer(&id, &digest).await?;
-                        let e = self.session_event();
-                        self.emit(e).await?;
-                        match self.process(&item, true).await? {
-                            Step::Interrupted => return Ok(()),
-                            Step::Break => return self.finish().await,
-                            Step::Continue => last_stream = Some(stream),
+                match self
+                    .accept(
+                        stream,
+                        &id,
+                        &digest,
+                        "The A2A interrupt response was not accepted.",
+                    )
+                    .await?
+                {
+                    After::Ended => return Ok(()),
+                    After::Closed if remaining == 0 => return self.finish().await,
+                    After::Closed => {}
+                    After::Open(s) if remaining == 0 => last_stream = Some(s),
+                    After::Open(s) => {
+                        if self.drain(s).await? {
+                            return Ok(());
                         }
                     }
-                    Ok(None) => {
-                        return Err(fail(
-                            Code::A2aUnavailable,
-                            "The A2A interrupt response was not accepted.",
-                        ))
-                    }
-                    Err(e) => return Err(no_cancel_stop(kernel_error(&e))),
                 }
             }
         }
@@ -1295,6 +1309,50 @@ impl Driver {
                 Ok(s) => self.consume(s, true).await,
                 Err(_) => self.finish().await,
             },
+        }
+    }
+
+    /// Reads the first item of an answer's stream: acceptance. Commits the answer before anything
+    /// else happens, then maps the item.
+    async fn accept(
+        &mut self,
+        mut stream: a2a::EventStream,
+        id: &str,
+        digest: &str,
+        not_accepted: &'static str,
+    ) -> Result<After, Stop> {
+        match stream.next().await {
+            Ok(Some(item)) => {
+                self.commit_answer(id, digest).await?;
+                if !self.accepted_once {
+                    self.accepted_once = true;
+                    let e = self.session_event();
+                    self.emit(e).await?;
+                }
+                Ok(match self.process(&item, true).await? {
+                    Step::Interrupted => After::Ended,
+                    Step::Break => After::Closed,
+                    Step::Continue => After::Open(stream),
+                })
+            }
+            Ok(None) => Err(fail(Code::A2aUnavailable, not_accepted)),
+            Err(e) => Err(no_cancel_stop(kernel_error(&e))),
+        }
+    }
+
+    /// Reads an answer's stream to its end before the next answer is sent (D-17). Returns true
+    /// when the run ended with an interrupt.
+    async fn drain(&mut self, mut stream: a2a::EventStream) -> Result<bool, Stop> {
+        loop {
+            match stream.next().await {
+                Ok(Some(item)) => match self.process(&item, true).await? {
+                    Step::Interrupted => return Ok(true),
+                    Step::Break => return Ok(false),
+                    Step::Continue => {}
+                },
+                Ok(None) => return Ok(false),
+                Err(e) => return Err(kernel_error(&e)),
+            }
         }
     }
 

@@ -951,3 +951,448 @@ async fn slow_client_backpressure_bounds_memory() {
     );
     assert_eq!(events.last().unwrap()["type"], "RUN_FINISHED");
 }
+
+fn perm_sb(id: &str) -> Value {
+    json!({"schemaVersion":1,"kind":"permission","requestTaskId":"task-1","contextId":ctx("t1"),"inputId":id,"toolUseId":format!("tu-{id}"),
+        "scope":"candidate","subPipelineId":"c1","required":true})
+}
+
+fn get_task(meta: Value) -> Reply {
+    Reply::Json(
+        200,
+        items::bare_task("task-1", &ctx("t1"), "TASK_STATE_INPUT_REQUIRED", meta),
+    )
+}
+
+#[tokio::test]
+async fn a_resume_delivers_every_answer_in_order() {
+    let (s, k) = setup().await;
+    let q = json!({"kind": "ask_user_question", "inputId": "q-1", "toolUseId": "tu-q", "prompt": "Region?", "required": true});
+    let p = perm("perm-1", "tu1", "t1");
+    let c = ctx("t1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "s"}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": q.clone(), "pendingPermissions": [p.clone()]}),
+            )),
+        ]),
+    );
+    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_eq!(
+        res.last()["outcome"]["interrupts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    k.on(
+        "GetTask",
+        get_task(json!({"input": q, "pendingPermissions": [p]})),
+    );
+    // Answer 1 (the permission): accepted, its stream ends; answer 2 (the question) completes.
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ran"}}),
+            )),
+        ]),
+    );
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}},
+                         {"interruptId": "q-1", "status": "resolved", "payload": {"freeText": "Hangzhou"}}]);
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+    let calls = k.calls("SendStreamingMessage");
+    assert_eq!(calls.len(), 3);
+    assert_eq!(
+        calls[1].body["params"]["message"]["parts"][0]["data"]["decision"],
+        "allow_once"
+    );
+    assert_eq!(
+        calls[2].body["params"]["message"]["parts"],
+        json!([{"text": "Hangzhou"}])
+    );
+    let results: Vec<&Value> = res.of("TOOL_CALL_RESULT");
+    assert!(results
+        .iter()
+        .any(|e| e["toolCallId"] == "tu-q" && e["content"] == "Hangzhou"));
+    assert!(results.iter().any(|e| e["toolCallId"] == "tu1"));
+    let doc = s.thread_doc("t1");
+    assert_eq!(doc["appliedResumeDigests"].as_array().unwrap().len(), 2);
+    assert_eq!(doc["execution"]["pending"], json!({}));
+}
+
+#[tokio::test]
+async fn a_failed_answer_commit_stops_before_the_next_answer() {
+    let k = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .store(Arc::new(store))
+        .start()
+        .await;
+    let q = json!({"kind": "ask_user_question", "inputId": "q-1", "prompt": "Region?", "required": true});
+    let p = perm("perm-1", "tu1", "t1");
+    let c = ctx("t1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "s"}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": q.clone(), "pendingPermissions": [p.clone()]}),
+            )),
+        ]),
+    );
+    post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    k.on(
+        "GetTask",
+        get_task(json!({"input": q, "pendingPermissions": [p]})),
+    );
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![r(items::status(
+            "task-1",
+            &c,
+            "TASK_STATE_WORKING",
+            json!({}),
+        ))]),
+    );
+    // Saves of the resume: admission, preparation, first commit (fails).
+    switch.fail_saves(2, 1);
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}},
+                         {"interruptId": "q-1", "status": "resolved", "payload": {"freeText": "x"}}]);
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "STATE_PERSISTENCE_FAILED");
+    assert_eq!(
+        res.last()["message"],
+        "The accepted interrupt response could not be committed."
+    );
+    assert_eq!(
+        k.calls("SendStreamingMessage").len(),
+        2,
+        "the second answer must not be sent"
+    );
+    assert_eq!(
+        k.wait_calls("CancelTask", 1, Duration::from_secs(5))
+            .await
+            .len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn failed_resume_preparation_write_fails_closed() {
+    let k = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .store(Arc::new(store))
+        .start()
+        .await;
+    interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    k.on(
+        "GetTask",
+        get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
+    );
+    switch.fail_saves(1, 1);
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "STATE_PERSISTENCE_FAILED");
+    assert_eq!(
+        res.last()["message"],
+        "The interrupted execution state could not be committed."
+    );
+    assert_eq!(
+        k.calls("SendStreamingMessage").len(),
+        1,
+        "nothing delivered"
+    );
+}
+
+#[tokio::test]
+async fn cancelling_a_paused_execution_clears_pending() {
+    let (s, k) = setup().await;
+    interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    let exec = s.thread_doc("t1")["execution"]["executionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let c = post(
+        &s.cancel_url(&exec),
+        &json!({"threadId": "t1", "rosInvocationId": "inv-1"}),
+        &[],
+    )
+    .await;
+    assert_eq!(c.json.unwrap()["status"], "cancelled");
+    assert_eq!(k.calls("CancelTask")[0].body["params"]["id"], "task-1");
+    assert_eq!(s.thread_doc("t1")["execution"]["pending"], json!({}));
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "EXECUTION_LOST");
+    assert_eq!(
+        res.last()["message"],
+        "The A2A task to resume is unavailable."
+    );
+}
+
+#[tokio::test]
+async fn newly_discovered_pending_interrupts_end_the_resume_with_all_of_them() {
+    let (s, k) = setup().await;
+    interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    k.on("GetTask", get_task(json!({"pendingPermissions": [perm("perm-1", "tu1", "t1"), perm("perm-2", "tu2", "t1")]})));
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    let ids: Vec<&str> = res.last()["outcome"]["interrupts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["perm-1", "perm-2"]);
+    assert_eq!(
+        k.calls("SendStreamingMessage").len(),
+        1,
+        "no answer delivered"
+    );
+}
+
+#[tokio::test]
+async fn sideband_permission_answers() {
+    let (s, k) = setup().await;
+    let c = ctx("t1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"iacCodeSessionId": "s"}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
+            )),
+        ]),
+    );
+    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_eq!(
+        res.last()["outcome"]["interrupts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        s.thread_doc("t1")["execution"]["pending"]["p1"]["sideband"],
+        true
+    );
+    let both = json!([{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}},
+                      {"interruptId": "p2", "status": "cancelled"}]);
+    // Backup not ready on the first send: retryable, pending kept.
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
+            ),
+        ),
+    );
+    k.on("SendMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "x", "data": {"code": "SESSION_BACKUP_NOT_READY", "retryable": true}}})));
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", both.clone()),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "SESSION_BACKUP_NOT_READY");
+    assert_eq!(
+        res.last()["message"],
+        "Session backup is still synchronizing. Retry after 3 seconds."
+    );
+    assert!(s.thread_doc("t1")["execution"]["pending"]["p1"].is_object());
+    // Now both are accepted: two unary sends, then GetTask / SubscribeToTask follow-up.
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
+            ),
+        ),
+    );
+    k.on(
+        "SendMessage",
+        Reply::Json(
+            200,
+            json!({"message": {"messageId": "ack-1", "role": "ROLE_AGENT", "parts": []}}),
+        ),
+    );
+    k.on(
+        "SendMessage",
+        Reply::Json(
+            200,
+            json!({"message": {"messageId": "ack-2", "role": "ROLE_AGENT", "parts": []}}),
+        ),
+    );
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
+        ),
+    );
+    k.on(
+        "SubscribeToTask",
+        Reply::Sse(vec![
+            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
+            r(items::text("task-1", &c, "continuing", "m", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r3", &s.ws("w"), "inv-1", both),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r3");
+    assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+    let sends = k.calls("SendMessage");
+    assert_eq!(sends.len(), 3);
+    assert_eq!(
+        sends[1].body["params"]["message"]["messageId"],
+        "agui-resume-p1"
+    );
+    assert_eq!(
+        sends[2].body["params"]["message"]["messageId"],
+        "agui-resume-p2"
+    );
+    assert_eq!(
+        sends[2].body["params"]["message"]["parts"][0]["data"]["decision"],
+        "deny"
+    );
+    assert_eq!(k.calls("SubscribeToTask").len(), 1);
+    assert_eq!(s.thread_doc("t1")["execution"]["pending"], json!({}));
+}
+
+#[tokio::test]
+async fn an_answer_the_kernel_does_not_accept_stays_retryable() {
+    let (s, k) = setup().await;
+    interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    k.on(
+        "GetTask",
+        get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
+    );
+    k.on("SendStreamingMessage", Reply::Sse(vec![]));
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries.clone()),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
+    assert_eq!(
+        res.last()["message"],
+        "The A2A permission response was not accepted."
+    );
+    assert!(s.thread_doc("t1")["execution"]["pending"]["perm-1"].is_object());
+    assert!(k.calls("CancelTask").is_empty());
+    // A stale answer (JSON-RPC error instead of a stream) is not accepted either.
+    k.on(
+        "GetTask",
+        get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
+    );
+    k.on("SendStreamingMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "permission_resume_invalid: pending permission is not active."}})));
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r3", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
+    assert!(s.thread_doc("t1")["execution"]["pending"]["perm-1"].is_object());
+}
