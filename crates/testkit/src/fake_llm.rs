@@ -210,6 +210,47 @@ impl FakeLlm {
     }
 }
 
+/// The selling pipeline's intent step: ask_user_question first, then complete_step with
+/// `is_infra_intent: false` (an early, successful exit of the pipeline).
+fn pipeline_plan(messages: &[Value], tools: &[String]) -> Plan {
+    let calls: Vec<(String, String)> = messages
+        .iter()
+        .flat_map(|m| m["tool_calls"].as_array().cloned().unwrap_or_default())
+        .map(|tc| {
+            (
+                tc["id"].as_str().unwrap_or("").to_owned(),
+                tc["function"]["name"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    let last_tool = messages
+        .last()
+        .filter(|m| m["role"] == "tool")
+        .and_then(|m| m["tool_call_id"].as_str())
+        .and_then(|id| calls.iter().find(|(cid, _)| cid == id))
+        .map(|(_, name)| name.clone());
+    let asked = calls.iter().any(|(_, n)| n == "ask_user_question");
+    if tools.iter().any(|t| t == "ask_user_question") && !asked {
+        return Plan::tool(
+            "I need one clarification.",
+            "ask_user_question",
+            json!({"question": "Which cloud target should be used?",
+                   "options": [{"id": "alibaba", "label": "Alibaba Cloud"}, {"id": "none", "label": "Not a deployment request"}],
+                   "allow_free_text": true}),
+        );
+    }
+    if tools.iter().any(|t| t == "complete_step") && last_tool.as_deref() != Some("complete_step") {
+        return Plan::tool(
+            "Concluding the step.",
+            "complete_step",
+            json!({"conclusion": {"is_infra_intent": false, "category": "chat", "confidence": "high",
+                   "rejection_reason": "The user confirmed this is not a deployment request.",
+                   "user_message_summary": "greeting", "clarification_choice": "none"}}),
+        );
+    }
+    Plan::text(&["Pipeline step finished."])
+}
+
 fn chunk(id: &str, delta: Value, finish: Option<&str>) -> Bytes {
     let v = json!({"id": id, "object": "chat.completion.chunk", "created": 0, "model": "fake-model",
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
@@ -242,7 +283,18 @@ async fn completions(
                 .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
                 .collect(),
         });
-        if after_tool {
+        let tool_names: Vec<String> = body
+            .get("tools")
+            .and_then(Value::as_array)
+            .map(|t| {
+                t.iter()
+                    .filter_map(|x| x["function"]["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if scenario == "pipeline" || tool_names.iter().any(|n| n == "complete_step") {
+            pipeline_plan(&messages, &tool_names)
+        } else if after_tool {
             let result = messages
                 .last()
                 .map(|m| content_text(m.get("content").unwrap_or(&Value::Null)))

@@ -665,3 +665,183 @@ async fn managed_kernel_crash_is_reported_and_restarted() {
     assert_valid_run(&r, "k1", "r2");
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
 }
+
+fn pipeline_props() -> Value {
+    json!({"runMode": "pipeline", "pipelineName": "selling"})
+}
+
+/// A pipeline resume: the same per-request options as the run it answers.
+fn pipeline_resume(thread: &str, run: &str, cwd: &str, entries: Value) -> Value {
+    let mut b = resume_body(thread, run, cwd, "inv-1", entries);
+    b["forwardedProps"]["iacCode"]["runMode"] = json!("pipeline");
+    b["forwardedProps"]["iacCode"]["pipelineName"] = json!("selling");
+    b
+}
+
+/// A pipeline run asks a question (interrupt with options), is resumed with an option, with free
+/// text, after a gateway restart (ACTIVITY_SNAPSHOT and the re-opened step), and cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipeline_question_interrupts_and_resumes() {
+    let env = KernelEnv::new().await;
+    let s = server(&env, managed(&env).await).await;
+    let start_run = |thread: &'static str| {
+        let url = s.url.clone();
+        let w = ws(&env, thread);
+        async move {
+            post(
+                &url,
+                &body(
+                    thread,
+                    "r1",
+                    "Hello there. scenario:pipeline",
+                    &w,
+                    pipeline_props(),
+                ),
+                &[],
+            )
+            .await
+        }
+    };
+    // (a) selected option.
+    let r1 = start_run("pl1").await;
+    assert_valid_run(&r1, "pl1", "r1");
+    assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
+    let t = r1.types();
+    assert!(
+        t.contains(&"CUSTOM(iac-code.pipeline.v1)".to_owned()),
+        "{t:?}"
+    );
+    assert!(t.iter().any(|x| x.starts_with("STEP_STARTED(")), "{t:?}");
+    let i = &r1.last()["outcome"]["interrupts"][0];
+    assert_eq!(i["reason"], "input_required");
+    assert_eq!(i["metadata"]["kind"], "ask_user_question");
+    let consts: Vec<&str> = i["responseSchema"]["oneOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["properties"]["selectedId"]["const"].as_str())
+        .collect();
+    assert_eq!(consts, ["alibaba", "none"]);
+    assert!(i["message"]
+        .as_str()
+        .unwrap()
+        .contains("- none: Not a deployment request"));
+    let id = i["id"].as_str().unwrap().to_owned();
+    let resume =
+        json!([{"interruptId": id, "status": "resolved", "payload": {"selectedId": "none"}}]);
+    let r2 = post(
+        &s.url,
+        &pipeline_resume("pl1", "r2", &ws(&env, "pl1"), resume),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "pl1", "r2");
+    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
+    let t2 = r2.types();
+    assert!(
+        t2.iter().any(|x| x.starts_with("STEP_STARTED(")),
+        "re-opened step: {t2:?}"
+    );
+    assert!(t2.contains(&"ACTIVITY_SNAPSHOT".to_owned()), "{t2:?}");
+    assert!(
+        r2.of("TOOL_CALL_RESULT")
+            .iter()
+            .any(|e| e["content"] == "Not a deployment request"),
+        "{}",
+        r2.raw
+    );
+    let customs: Vec<&Value> = r2
+        .events
+        .iter()
+        .filter(|e| e["name"] == "iac-code.pipeline.v1")
+        .collect();
+    assert!(
+        customs
+            .iter()
+            .any(|e| e["value"]["eventType"] == "pipeline_completed"),
+        "{}",
+        r2.raw
+    );
+    // The kernel received the option's label as the answer.
+    let asked = env
+        .llm
+        .requests()
+        .into_iter()
+        .filter(|r| r.body.to_string().contains("Not a deployment request"))
+        .count();
+    assert!(asked > 0);
+
+    // (b) free text, after a gateway restart (its managed kernel restarts too).
+    let r3 = start_run("pl2").await;
+    assert_eq!(r3.last()["outcome"]["type"], "interrupt", "{}", r3.raw);
+    let id = r3.last()["outcome"]["interrupts"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let dir = s.stop().await;
+    let s = Builder::new()
+        .dir(dir)
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(managed(&env).await)
+        .start()
+        .await;
+    let resume = json!([{"interruptId": id, "status": "resolved", "payload": {"freeText": "Just saying hi"}}]);
+    let r4 = post(
+        &s.url,
+        &pipeline_resume("pl2", "r2", &ws(&env, "pl2"), resume),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r4, "pl2", "r2");
+    assert_eq!(
+        r4.events[1]["type"], "STEP_STARTED",
+        "the durable step re-opens first: {}",
+        r4.raw
+    );
+    assert!(
+        r4.types().contains(&"ACTIVITY_SNAPSHOT".to_owned()),
+        "{}",
+        r4.raw
+    );
+    let snap = &r4.of("ACTIVITY_SNAPSHOT")[0];
+    assert_eq!(snap["activityType"], "iac-code.pipeline.v1");
+    assert_eq!(snap["replace"], true);
+    assert!(snap["content"]["snapshot"].is_object());
+    assert_eq!(r4.last()["outcome"]["type"], "success", "{}", r4.raw);
+
+    // (c) cancelled question → the task is cancelled.
+    let url = s.url.clone();
+    let w3 = ws(&env, "pl3");
+    let r5 = post(
+        &url,
+        &body(
+            "pl3",
+            "r1",
+            "Hello there. scenario:pipeline",
+            &w3,
+            pipeline_props(),
+        ),
+        &[],
+    )
+    .await;
+    let id = r5.last()["outcome"]["interrupts"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r6 = post(
+        &url,
+        &pipeline_resume(
+            "pl3",
+            "r2",
+            &w3,
+            json!([{"interruptId": id, "status": "cancelled"}]),
+        ),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r6, "pl3", "r2");
+    assert_eq!(r6.last()["code"], "CANCELLED", "{}", r6.raw);
+}
