@@ -13,7 +13,7 @@
 //    "forwardedProps": {...}, "steps": [
 //      {"message": "text", "expect": "success"},
 //      {"message": "run a tool", "expect": "interrupt"},
-//      {"resume": "allow_once" | "deny" | "cancelled", "expect": "success"},
+//      {"resume": "allow_once" | "deny" | "cancelled" | {payload object}, "expect": "success"},
 //      {"message": "slow", "cancel": true, "expect": "error", "code": "CANCELLED"}]}
 // Prints a JSON report on stdout; exit status 0 only when every check passed.
 
@@ -106,10 +106,12 @@ for (const step of plan.steps) {
   if (step.resume !== undefined) {
     const pending = agent.pendingInterrupts ?? [];
     if (pending.length === 0) problems.push(`step ${step.index}: the client has no pending interrupts to resume`);
+    // "cancelled", a permission decision ("allow_once"/"deny"), or a payload object.
     params.resume = pending.map((i) =>
       step.resume === "cancelled"
         ? { interruptId: i.id, status: "cancelled" }
-        : { interruptId: i.id, status: "resolved", payload: { decision: step.resume } },
+        : { interruptId: i.id, status: "resolved",
+            payload: typeof step.resume === "object" ? step.resume : { decision: step.resume } },
     );
   }
   const done = { value: false };

@@ -131,6 +131,19 @@ async fn official_clients_consume_real_kernel_streams() {
                 {"message": "Again. scenario:text", "expect": "success"}]),
             ),
         ];
+        let mut pipeline = plan(
+            client,
+            &s.url,
+            &t("pipeline"),
+            &cwd(&t("pipeline")),
+            json!([
+            {"message": "Hello there. scenario:pipeline", "expect": "interrupt"},
+            {"resume": {"selectedId": "none"}, "expect": "success"}]),
+        );
+        pipeline["forwardedProps"]["iacCode"]["runMode"] = json!("pipeline");
+        pipeline["forwardedProps"]["iacCode"]["pipelineName"] = json!("selling");
+        let mut plans = plans;
+        plans.push(pipeline);
         let results = futures_util::future::join_all(plans.into_iter().map(runner)).await;
         for (ok, report) in results {
             assert!(ok, "client {client}: {report:#}");
