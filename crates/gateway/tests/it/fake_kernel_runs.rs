@@ -1396,3 +1396,240 @@ async fn an_answer_the_kernel_does_not_accept_stays_retryable() {
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
     assert!(s.thread_doc("t1")["execution"]["pending"]["perm-1"].is_object());
 }
+
+/// Guidance (§13): a user message injected into the running pipeline task while another run is
+/// active; admission rules and errors.
+#[tokio::test]
+async fn guidance_runs() {
+    let (s, k) = setup().await;
+    let c = ctx("t1");
+    let pipeline = json!({"runMode": "pipeline"});
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"iacCodeSessionId": "s"}),
+            )),
+            Item::Sleep(Duration::from_millis(1500)),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+    let url = s.url.clone();
+    let b = body("t1", "r1", "deploy", &s.ws("w"), pipeline.clone());
+    let main = tokio::spawn(async move { post(&url, &b, &[]).await });
+    k.wait_calls("SendStreamingMessage", 1, Duration::from_secs(5))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![r(items::status(
+            "task-1",
+            &c,
+            "TASK_STATE_WORKING",
+            json!({}),
+        ))]),
+    );
+    let g = body(
+        "t1",
+        "g1",
+        "use region cn-shanghai",
+        &s.ws("w"),
+        json!({"runMode": "pipeline", "activeGuidance": true}),
+    );
+    let res = post(&s.url, &g, &[]).await;
+    assert_valid_run(&res, "t1", "g1");
+    assert_eq!(
+        res.types(),
+        ["RUN_STARTED", "CUSTOM(iac-code.session.v1)", "RUN_FINISHED"]
+    );
+    let sent = &k.calls("SendStreamingMessage")[1].body["params"]["message"];
+    assert_eq!(sent["taskId"], "task-1");
+    assert_eq!(sent["parts"], json!([{"text": "use region cn-shanghai"}]));
+    // Idempotency applies to guidance runs too.
+    assert_eq!(
+        post(&s.url, &g, &[]).await.error_code(),
+        Some("DUPLICATE_RUN_ID")
+    );
+    // A guidance run with resume, or without pipeline mode, is refused.
+    let mut bad = body("t1", "g2", "x", &s.ws("w"), json!({"activeGuidance": true}));
+    assert_eq!(
+        post(&s.url, &bad, &[]).await.error_code(),
+        Some("EXECUTION_LOST")
+    );
+    bad["forwardedProps"]["iacCode"]["runMode"] = json!("pipeline");
+    bad["resume"] = json!([]);
+    assert_eq!(
+        post(&s.url, &bad, &[]).await.error_code(),
+        Some("EXECUTION_LOST")
+    );
+    // A kernel error on a guidance message is a RUN_ERROR and never cancels the task.
+    k.on(
+        "SendStreamingMessage",
+        Reply::Json(200, json!({"error": {"code": -32602, "message": "bad"}})),
+    );
+    let g3 = body(
+        "t1",
+        "g3",
+        "x",
+        &s.ws("w"),
+        json!({"runMode": "pipeline", "activeGuidance": true}),
+    );
+    let res = post(&s.url, &g3, &[]).await;
+    assert_valid_run(&res, "t1", "g3");
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
+    let main = main.await.unwrap();
+    assert_valid_run(&main, "t1", "r1");
+    assert_eq!(
+        main.last()["outcome"]["type"],
+        "success",
+        "the main run is unaffected"
+    );
+    assert!(k.calls("CancelTask").is_empty());
+}
+
+/// Pipeline steps across runs: a step closed at an interrupt re-opens in the resume run, the
+/// catch-up snapshot and missed events arrive, and a client deduping by (name, eventId) sees each
+/// pipeline event once.
+#[tokio::test]
+async fn pipeline_steps_and_recovery_across_runs() {
+    let (s, k) = setup().await;
+    let c = ctx("t1");
+    let env = |seq: u64, t: &str, extra: Value| {
+        let mut e = json!({"schemaVersion":"1.0","eventId":format!("evt-{seq}"),"sequence":seq as f64,"eventType":t,"scope":"step",
+            "pipelineRunId":c,"iacCodeSessionId":"s","data":{}});
+        for (k2, v) in extra.as_object().unwrap() {
+            e[k2] = v.clone();
+        }
+        e
+    };
+    let q = json!({"kind":"ask_user_question","inputId":"ask-1","toolUseId":"call-ask","prompt":"Which?","options":[{"id":"a","label":"A"}],"allowFreeText":true,"required":true,"requestTaskId":"task-1"});
+    k.on("SendStreamingMessage", Reply::Sse(vec![
+        r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({}))),
+        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipeline": env(1, "pipeline_started", json!({"scope":"pipeline"}))}))),
+        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipelineBatch": {"events": [
+            env(2, "step_started", json!({"step": {"id": "intent"}})),
+            env(3, "candidate_step_started", json!({"candidate": {"id": "c1"}, "candidateStep": {"id": "gen"}})),
+            env(4, "candidate_step_started", json!({"candidate": {"id": "c2"}, "candidateStep": {"id": "gen"}})),
+            env(5, "candidate_step_failed", json!({"candidate": {"id": "c2"}, "candidateStep": {"id": "gen"}})),
+            env(4, "stack_progress", json!({})),
+        ]}}))),
+        r(items::status("task-1", &c, "TASK_STATE_INPUT_REQUIRED", json!({"pipeline": env(6, "input_required", json!({"step": {"id": "intent"}})), "input": q.clone()}))),
+    ]));
+    let r1 = post(
+        &s.url,
+        &body("t1", "r1", "go", &s.ws("w"), json!({"runMode": "pipeline"})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r1, "t1", "r1");
+    assert_eq!(
+        r1.types(),
+        [
+            "RUN_STARTED",
+            "CUSTOM(iac-code.session.v1)",
+            "CUSTOM(iac-code.session.v1)",
+            "CUSTOM(iac-code.session.v1)",
+            "CUSTOM(iac-code.pipeline.v1)",
+            "STEP_STARTED(intent)",
+            "STEP_STARTED(candidate:c1:gen)",
+            "STEP_STARTED(candidate:c2:gen)",
+            "STEP_FINISHED(candidate:c2:gen)",
+            "CUSTOM(iac-code.pipeline.v1)",
+            "STEP_FINISHED(candidate:c1:gen)",
+            "STEP_FINISHED(intent)",
+            "RUN_FINISHED",
+        ]
+    );
+    let doc = s.thread_doc("t1");
+    assert_eq!(
+        doc["execution"]["pipelineOpenSteps"],
+        json!(["candidate:c1:gen", "step:intent"])
+    );
+    assert_eq!(doc["execution"]["pipelineSequence"], 6);
+    // Resume: re-opened steps, the catch-up snapshot (replaying evt-1 and a missed evt-7).
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": q}),
+            ),
+        ),
+    );
+    k.on("pipeline-state", Reply::Json(200, json!({"snapshot": {"pipelineRunId": c, "lastSequence": 7, "status": "waiting_input"},
+        "events": [env(1, "pipeline_started", json!({"scope":"pipeline"})), env(7, "stack_progress", json!({}))]})));
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"pipeline": env(8, "input_received", json!({"step": {"id": "intent"}}))}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"pipeline": env(9, "step_completed", json!({"step": {"id": "intent"}}))}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({"pipeline": env(10, "pipeline_completed", json!({"scope":"pipeline"}))}),
+            )),
+        ]),
+    );
+    let res = post(
+        &s.url,
+        &resume_body(
+            "t1",
+            "r2",
+            &s.ws("w"),
+            "inv-1",
+            json!([{"interruptId":"ask-1","status":"resolved","payload":{"selectedId":"a"}}]),
+        ),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    let t = res.types();
+    assert_eq!(
+        t[1..3],
+        [
+            "STEP_STARTED(candidate:c1:gen)".to_owned(),
+            "STEP_STARTED(intent)".to_owned()
+        ]
+    );
+    assert!(t.contains(&"ACTIVITY_SNAPSHOT".to_owned()));
+    let q = &k
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/iac-code/pipeline/state")
+        .unwrap();
+    assert_eq!(q.query.as_deref(), Some("taskId=task-1&afterSequence=6"));
+    assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+    // Dedupe across runs by (name, eventId): every pipeline event once.
+    let mut seen = std::collections::BTreeSet::new();
+    for e in r1.events.iter().chain(res.events.iter()) {
+        if e["name"] == "iac-code.pipeline.v1" {
+            seen.insert(e["value"]["eventId"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["evt-1", "evt-10", "evt-5", "evt-7"]
+    );
+}
