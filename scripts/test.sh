@@ -18,3 +18,6 @@ echo "== tests"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci
 cargo nextest run --workspace --locked --profile "$profile"
+echo "== benchmark smoke (small sizes; no timing assertion)"
+cargo build --locked -p agui-bench -p iac-code-agui
+./target/debug/agui-bench --smoke --gateway ./target/debug/iac-code-agui

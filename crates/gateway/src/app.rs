@@ -135,6 +135,11 @@ pub async fn serve(
         rt2.draining.store(true, Ordering::SeqCst);
         rt2.drain.notify_waiters();
     };
+    // Events are small writes: disable Nagle so they leave at once (no delayed-ACK stalls).
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
     let timeout = Duration::from_secs_f64(rt.cfg.shutdown_timeout_secs) + Duration::from_secs(2);
     let mut stop_rx2 = stop_tx.subscribe();

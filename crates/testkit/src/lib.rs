@@ -5,3 +5,4 @@ pub mod fake_kernel;
 pub mod fake_llm;
 pub mod real_kernel;
 pub mod sse;
+pub mod synthetic_kernel;

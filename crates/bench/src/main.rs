@@ -1,0 +1,477 @@
+//! `agui-bench`: starts the gateway (release build) in front of a synthetic A2A kernel and
+//! measures throughput, fan-in, added latency, parked streams and start-up; optionally the same
+//! load against the Python reference (`iac-code agui` from the pinned kernel venv), with ratios.
+//!
+//!   cargo run --release -p agui-bench -- [--smoke] [--python] [--gateway PATH]
+//!                                         [--lat-streams N] [--parked N]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use futures_util::StreamExt;
+use serde_json::json;
+use testkit::synthetic_kernel::{now_micros, SyntheticKernel};
+
+#[derive(Clone, Copy)]
+struct Sizes {
+    throughput: u64,
+    fan_runs: usize,
+    fan_deltas: u64,
+    parked: usize,
+    lat_streams: usize,
+    lat_rate: u64,
+    lat_secs: u64,
+}
+
+const FULL: Sizes = Sizes {
+    throughput: 50_000,
+    fan_runs: 32,
+    fan_deltas: 2_000,
+    parked: 9_000,
+    lat_streams: 100,
+    lat_rate: 1_000,
+    lat_secs: 3,
+};
+
+const SMOKE: Sizes = Sizes {
+    throughput: 2_000,
+    fan_runs: 4,
+    fan_deltas: 200,
+    parked: 50,
+    lat_streams: 5,
+    lat_rate: 200,
+    lat_secs: 1,
+};
+
+#[derive(Debug, Default, Clone)]
+struct Report {
+    ready_ms: f64,
+    throughput_eps: f64,
+    fan_in_s: f64,
+    lat_p50_us: f64,
+    lat_p99_us: f64,
+    parked_admitted: usize,
+    parked_rss_kib_per_stream: f64,
+    admission_rps: f64,
+}
+
+enum Target {
+    Rust(PathBuf),
+    Python(PathBuf),
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[allow(unsafe_code)]
+fn raise_fd_limit() {
+    // SAFETY: getrlimit/setrlimit with a valid struct pointer.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+struct Gateway {
+    child: Child,
+    url: String,
+    ready: Duration,
+    ws: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start(target: &Target, kernel: &SyntheticKernel) -> Result<Gateway> {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().canonicalize()?.join("ws");
+    std::fs::create_dir_all(&ws)?;
+    let port = free_port();
+    let mut cmd = match target {
+        Target::Rust(bin) => {
+            let mut c = Command::new(bin);
+            c.args(["--port", &port.to_string(), "--a2a-url", &kernel.url()]);
+            c
+        }
+        Target::Python(iac) => {
+            let mut c = Command::new(iac);
+            c.args([
+                "agui",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--a2a-url",
+                &kernel.url(),
+            ]);
+            c
+        }
+    };
+    let began = Instant::now();
+    let child = cmd
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
+        .env("HOME", dir.path())
+        .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start the gateway")?;
+    let url = format!("http://127.0.0.1:{port}/");
+    loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut b = [0u8; 12];
+            if s.read_exact(&mut b).is_ok() && &b[9..12] == b"200" {
+                break;
+            }
+        }
+        if began.elapsed() > Duration::from_secs(60) {
+            bail!("the gateway did not become ready");
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    Ok(Gateway {
+        child,
+        url,
+        ready: began.elapsed(),
+        ws,
+        _dir: dir,
+    })
+}
+
+fn body(ws: &std::path::Path, thread: &str, text: &str) -> String {
+    json!({"threadId": thread, "runId": "r1", "state": {}, "messages": [{"id": "m", "role": "user", "content": text}],
+           "tools": [], "context": [], "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "bench", "cwd": ws}}})
+    .to_string()
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client")
+}
+
+/// Posts a run and counts the events of its stream; calls `on_event` with each event's JSON text.
+async fn run(
+    c: &reqwest::Client,
+    g: &Gateway,
+    thread: &str,
+    text: &str,
+    mut on_event: impl FnMut(&[u8]),
+) -> Result<usize> {
+    let resp = c
+        .post(&g.url)
+        .header("content-type", "application/json")
+        .body(body(&g.ws, thread, text))
+        .send()
+        .await?;
+    if !resp.status().is_success() {
+        bail!("HTTP {}", resp.status());
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut events = 0;
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk?);
+        let mut start = 0;
+        while let Some(p) = buf[start..].windows(2).position(|w| w == b"\n\n") {
+            let rec = &buf[start..start + p];
+            if let Some(json) = rec.strip_prefix(b"data: ") {
+                events += 1;
+                on_event(json);
+            }
+            start += p + 2;
+        }
+        buf.drain(..start);
+    }
+    Ok(events)
+}
+
+async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<Report> {
+    let mut rep = Report::default();
+    let g = start(target, kernel).await?;
+    rep.ready_ms = g.ready.as_secs_f64() * 1000.0;
+    let c = client();
+
+    // Throughput: one run.
+    let t = Instant::now();
+    let n = run(&c, &g, "tp", &format!("deltas:{}", z.throughput), |_| {}).await?;
+    rep.throughput_eps = n as f64 / t.elapsed().as_secs_f64();
+
+    // Fan-in.
+    let t = Instant::now();
+    let g = Arc::new(g);
+    let mut tasks = vec![];
+    for i in 0..z.fan_runs {
+        let (c, g) = (c.clone(), g.clone());
+        let text = format!("deltas:{}", z.fan_deltas);
+        tasks.push(tokio::spawn(async move {
+            run(&c, &g, &format!("fan-{i}"), &text, |_| {}).await
+        }));
+    }
+    for t in tasks {
+        let n = t.await??;
+        if n < z.fan_deltas as usize {
+            bail!("fan-in run lost events: {n}");
+        }
+    }
+    rep.fan_in_s = t.elapsed().as_secs_f64();
+
+    // Added latency: kernel send time (in the delta) → client read.
+    let mut tasks = vec![];
+    let per = z.lat_rate * z.lat_secs;
+    let interval = 1_000_000 / z.lat_rate;
+    for i in 0..z.lat_streams {
+        let (c, g) = (c.clone(), g.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per as usize);
+            // Steady state: the first 100 deltas of a run wait for the run's durable start (task
+            // id and session written with fsync before anything is announced) and are not counted.
+            let mut seen = 0u64;
+            run(
+                &c,
+                &g,
+                &format!("lat-{i}"),
+                &format!("paced:{per}:{interval}"),
+                |ev| {
+                    if let Some(p) = ev.windows(9).position(|w| w == b"\"delta\":\"") {
+                        seen += 1;
+                        if seen <= 100 {
+                            return;
+                        }
+                        let rest = &ev[p + 9..];
+                        let end = rest.iter().position(|b| *b == b'"').unwrap_or(0);
+                        if let Some(ts) = std::str::from_utf8(&rest[..end])
+                            .ok()
+                            .and_then(|s| s.parse::<u64>().ok())
+                        {
+                            lat.push(now_micros().saturating_sub(ts));
+                        }
+                    }
+                },
+            )
+            .await
+            .map(|_| lat)
+        }));
+    }
+    let mut all: Vec<u64> = vec![];
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    all.sort_unstable();
+    if !all.is_empty() {
+        rep.lat_p50_us = all[all.len() / 2] as f64;
+        rep.lat_p99_us = all[(all.len() * 99 / 100).min(all.len() - 1)] as f64;
+    }
+
+    // Parked streams: all admitted, RSS growth, admission rate.
+    let pid = g.child.id();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rss_kib(pid);
+    let t = Instant::now();
+    let sem = Arc::new(tokio::sync::Semaphore::new(256));
+    let admitted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = vec![];
+    for i in 0..z.parked {
+        let (c, g, sem, mut hold) = (c.clone(), g.clone(), sem.clone(), hold_rx.clone());
+        let (admitted, failed) = (admitted.clone(), failed.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = sem.acquire_owned().await.expect("semaphore");
+            let resp = c
+                .post(&g.url)
+                .header("content-type", "application/json")
+                .body(body(&g.ws, &format!("park-{i}"), "park:600000"))
+                .send()
+                .await;
+            let mut s = match resp {
+                Ok(r) if r.status().is_success() => r.bytes_stream(),
+                _ => {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
+            };
+            match s.next().await {
+                Some(Ok(b)) if b.windows(11).any(|w| w == b"RUN_STARTED") => {
+                    admitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                _ => {
+                    failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
+            }
+            drop(permit);
+            let _ = hold.wait_for(|v| *v).await;
+            drop(s);
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while admitted.load(std::sync::atomic::Ordering::SeqCst)
+        + failed.load(std::sync::atomic::Ordering::SeqCst)
+        < z.parked
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let admit_elapsed = t.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss_kib(pid);
+    let _ = hold_tx.send(true);
+    for task in tasks {
+        let _ = task.await;
+    }
+    rep.parked_admitted = admitted.load(std::sync::atomic::Ordering::SeqCst);
+    rep.parked_rss_kib_per_stream =
+        after.saturating_sub(before) as f64 / rep.parked_admitted.max(1) as f64;
+    rep.admission_rps = rep.parked_admitted as f64 / admit_elapsed.as_secs_f64().max(1e-6);
+    Ok(rep)
+}
+
+fn print(name: &str, r: &Report, z: Sizes) {
+    println!("== {name}");
+    println!(
+        "  ready (start → /health 200)        {:>10.1} ms",
+        r.ready_ms
+    );
+    println!(
+        "  throughput ({} deltas, 1 run)   {:>10.0} events/s",
+        z.throughput, r.throughput_eps
+    );
+    println!(
+        "  fan-in ({} × {})                  {:>10.3} s",
+        z.fan_runs, z.fan_deltas, r.fan_in_s
+    );
+    println!(
+        "  added latency ({} × {}/s) p50/p99  {:>8.0} / {:.0} µs",
+        z.lat_streams, z.lat_rate, r.lat_p50_us, r.lat_p99_us
+    );
+    println!(
+        "  parked streams admitted           {:>10} of {}",
+        r.parked_admitted, z.parked
+    );
+    println!(
+        "  RSS growth per parked stream      {:>10.1} KiB",
+        r.parked_rss_kib_per_stream
+    );
+    println!(
+        "  admission rate (fsync included)   {:>10.0} runs/s",
+        r.admission_rps
+    );
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let python = args.iter().any(|a| a == "--python");
+    let gateway = args
+        .iter()
+        .position(|a| a == "--gateway")
+        .and_then(|i| args.get(i + 1))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let exe = std::env::current_exe().expect("exe");
+            exe.parent().expect("dir").join("iac-code-agui")
+        });
+    if !gateway.is_file() {
+        bail!(
+            "gateway binary not found at {} (build it with cargo build --release)",
+            gateway.display()
+        );
+    }
+    raise_fd_limit();
+    let mut z = if smoke { SMOKE } else { FULL };
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    if let Some(n) = flag("--lat-streams") {
+        z.lat_streams = n as usize;
+    }
+    if let Some(n) = flag("--parked") {
+        z.parked = n as usize;
+    }
+    let kernel = SyntheticKernel::start().await;
+    let rust = measure(&Target::Rust(gateway), &kernel, z).await?;
+    print("iac-code-agui (Rust)", &rust, z);
+    if python {
+        let bin = std::env::var("IAC_CODE_AGUI_KERNEL_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| {
+                PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                    .join(".cache/iac-code-agui/kernel-venv/bin")
+            });
+        let py_sizes = Sizes {
+            parked: z.parked.min(1_000),
+            ..z
+        };
+        let py = measure(&Target::Python(bin.join("iac-code")), &kernel, py_sizes).await?;
+        print("iac-code agui (Python reference)", &py, py_sizes);
+        println!("== ratios (Rust vs Python; > 1 means Rust is better)");
+        println!("  ready            {:>8.1}×", py.ready_ms / rust.ready_ms);
+        println!(
+            "  throughput       {:>8.1}×",
+            rust.throughput_eps / py.throughput_eps
+        );
+        println!("  fan-in           {:>8.1}×", py.fan_in_s / rust.fan_in_s);
+        println!(
+            "  latency p50/p99  {:>8.1}× / {:.1}×",
+            py.lat_p50_us / rust.lat_p50_us.max(1.0),
+            py.lat_p99_us / rust.lat_p99_us.max(1.0)
+        );
+        println!(
+            "  RSS per stream   {:>8.1}×",
+            py.parked_rss_kib_per_stream / rust.parked_rss_kib_per_stream.max(0.1)
+        );
+        println!(
+            "  admission rate   {:>8.1}×",
+            rust.admission_rps / py.admission_rps
+        );
+    }
+    if rust.parked_admitted != z.parked {
+        bail!(
+            "only {} of {} parked streams were admitted",
+            rust.parked_admitted,
+            z.parked
+        );
+    }
+    Ok(())
+}
