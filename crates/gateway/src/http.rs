@@ -155,28 +155,63 @@ fn parse_json(bytes: &[u8]) -> Option<Value> {
     serde_json::from_slice(bytes).ok()
 }
 
-async fn run(State(s): State<AppState>, req: Request) -> Response {
+/// The messages of one POST route's body checks.
+struct BodyRules {
+    limit: usize,
+    too_large: &'static str,
+    invalid_json: &'static str,
+    not_object: &'static str,
+}
+
+const RUN_RULES: BodyRules = BodyRules {
+    limit: RUN_BODY_LIMIT,
+    too_large: msg::RUN_TOO_LARGE,
+    invalid_json: msg::RUN_INVALID_JSON,
+    not_object: msg::RUN_NOT_OBJECT,
+};
+
+const CANCEL_RULES: BodyRules = BodyRules {
+    limit: CANCEL_BODY_LIMIT,
+    too_large: msg::CANCEL_TOO_LARGE,
+    invalid_json: msg::CANCEL_INVALID_JSON,
+    not_object: msg::CANCEL_NOT_OBJECT,
+};
+
+/// The checks every POST route shares, in order: method, bearer token, Content-Type, size, JSON
+/// object. Returns the header language, the raw body and the object, or the error response.
+async fn json_object(
+    rt: &Runtime,
+    req: Request,
+    rules: &BodyRules,
+) -> Result<(Lang, Bytes, Map<String, Value>), Response> {
     if req.method() != Method::POST {
-        return method_not_allowed("POST");
+        return Err(method_not_allowed("POST"));
     }
-    let rt = s.rt.clone();
-    let hl = header_lang(&rt, req.headers());
-    if !authorized(&rt, req.headers()) {
-        return ApiError::new(Code::Unauthorized, msg::UNAUTHORIZED).into_response_in(hl);
+    let hl = header_lang(rt, req.headers());
+    let err = |code: Code, m: &'static str| Err(ApiError::new(code, m).into_response_in(hl));
+    if !authorized(rt, req.headers()) {
+        return err(Code::Unauthorized, msg::UNAUTHORIZED);
     }
     if !is_json(req.headers()) {
-        return ApiError::new(Code::UnsupportedMediaType, msg::UNSUPPORTED_MEDIA_TYPE)
-            .into_response_in(hl);
+        return err(Code::UnsupportedMediaType, msg::UNSUPPORTED_MEDIA_TYPE);
     }
-    let Ok(body) = read_body(req, RUN_BODY_LIMIT).await else {
-        return ApiError::new(Code::RequestTooLarge, msg::RUN_TOO_LARGE).into_response_in(hl);
+    let Ok(body) = read_body(req, rules.limit).await else {
+        return err(Code::RequestTooLarge, rules.too_large);
     };
-    let Some(value) = parse_json(&body) else {
-        return ApiError::new(Code::InvalidJson, msg::RUN_INVALID_JSON).into_response_in(hl);
+    match parse_json(&body) {
+        None => err(Code::InvalidJson, rules.invalid_json),
+        Some(Value::Object(obj)) => Ok((hl, body, obj)),
+        Some(_) => err(Code::InvalidInput, rules.not_object),
+    }
+}
+
+async fn run(State(s): State<AppState>, req: Request) -> Response {
+    let rt = s.rt.clone();
+    let (hl, body, obj) = match json_object(&rt, req, &RUN_RULES).await {
+        Ok(x) => x,
+        Err(r) => return r,
     };
-    let Some(obj) = value.as_object() else {
-        return ApiError::new(Code::InvalidInput, msg::RUN_NOT_OBJECT).into_response_in(hl);
-    };
+    let obj = &obj;
     let lang = props::raw_preferred_language(obj)
         .and_then(Lang::from_tag)
         .unwrap_or(hl);
@@ -261,26 +296,10 @@ async fn cancel_route(
     if execution_id.is_empty() {
         return not_found().await;
     }
-    if req.method() != Method::POST {
-        return method_not_allowed("POST");
-    }
     let rt = s.rt.clone();
-    let hl = header_lang(&rt, req.headers());
-    if !authorized(&rt, req.headers()) {
-        return ApiError::new(Code::Unauthorized, msg::UNAUTHORIZED).into_response_in(hl);
-    }
-    if !is_json(req.headers()) {
-        return ApiError::new(Code::UnsupportedMediaType, msg::UNSUPPORTED_MEDIA_TYPE)
-            .into_response_in(hl);
-    }
-    let Ok(body) = read_body(req, CANCEL_BODY_LIMIT).await else {
-        return ApiError::new(Code::RequestTooLarge, msg::CANCEL_TOO_LARGE).into_response_in(hl);
-    };
-    let Some(value) = parse_json(&body) else {
-        return ApiError::new(Code::InvalidJson, msg::CANCEL_INVALID_JSON).into_response_in(hl);
-    };
-    let Some(obj) = value.as_object() else {
-        return ApiError::new(Code::InvalidInput, msg::CANCEL_NOT_OBJECT).into_response_in(hl);
+    let (hl, _, obj) = match json_object(&rt, req, &CANCEL_RULES).await {
+        Ok(x) => x,
+        Err(r) => return r,
     };
     let field = |k: &str| obj.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
     let (Some(thread_id), Some(ros)) = (field("threadId"), field("rosInvocationId")) else {

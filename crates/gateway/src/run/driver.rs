@@ -116,6 +116,13 @@ enum After {
     Open(a2a::EventStream),
 }
 
+/// The outcome of [`Driver::settle`].
+enum Settled {
+    Ended,
+    Next,
+    Last(a2a::EventStream),
+}
+
 enum Step {
     Continue,
     /// A final state (or input-required without new input): stop reading.
@@ -142,6 +149,8 @@ struct Driver {
     kernel_cancel_sent: bool,
     /// The session event after the first accepted answer of a resume was emitted.
     accepted_once: bool,
+    /// Sideband answers were sent: catch up on pipeline events before the run ends (§12.4).
+    deferred_catchup: Option<String>,
 }
 
 impl Driver {
@@ -165,6 +174,7 @@ impl Driver {
             applied_now: Vec::new(),
             kernel_cancel_sent: false,
             accepted_once: false,
+            deferred_catchup: None,
         }
     }
 
@@ -658,7 +668,29 @@ impl Driver {
             return Err(Stop::Persist(msg::INTERRUPT_NOT_COMMITTED));
         }
         self.paused = true;
+        self.catch_up_deferred().await?;
         self.finish_with_interrupt().await
+    }
+
+    /// The deferred pipeline catch-up after sideband answers: missed envelopes (after the stored
+    /// sequence) are mapped before the run ends.
+    async fn catch_up_deferred(&mut self) -> Result<(), Stop> {
+        let Some(task) = self.deferred_catchup.take() else {
+            return Ok(());
+        };
+        let after = self.mapper.pipeline_sequence();
+        if after == 0 {
+            return Ok(());
+        }
+        let Some(client) = self.rt.kernel.client() else {
+            return Ok(());
+        };
+        if let Ok(Some(state)) = client.pipeline_state(&task, after).await {
+            let mut out = Vec::new();
+            self.mapper.map_recovery(&state, &mut out);
+            self.emit_all(out).await?;
+        }
+        Ok(())
     }
 
     async fn finish_with_interrupt(&mut self) -> Result<(), Stop> {
@@ -744,6 +776,7 @@ impl Driver {
 
     /// Ends a run whose stream stopped without an interrupt.
     async fn finish(&mut self) -> Result<(), Stop> {
+        self.catch_up_deferred().await?;
         let cancelled = self.adm.control.is_cancel_requested();
         match self.last_state {
             Some(TaskState::Completed) | Some(TaskState::InputRequired) if !cancelled => {
@@ -1199,24 +1232,18 @@ impl Driver {
                         },
                         other => other,
                     })?;
-                    match self
+                    let after = self
                         .accept(
                             stream,
                             &id,
                             &digest,
                             "The A2A permission response was not accepted.",
                         )
-                        .await?
-                    {
-                        After::Ended => return Ok(()),
-                        After::Closed if remaining == 0 => return self.finish().await,
-                        After::Closed => {}
-                        After::Open(s) if remaining == 0 => last_stream = Some(s),
-                        After::Open(s) => {
-                            if self.drain(s).await? {
-                                return Ok(());
-                            }
-                        }
+                        .await?;
+                    match self.settle(after, remaining).await? {
+                        Settled::Ended => return Ok(()),
+                        Settled::Next => {}
+                        Settled::Last(stream) => last_stream = Some(stream),
                     }
                 }
             } else {
@@ -1255,28 +1282,23 @@ impl Driver {
                 let stream = self
                     .open_stream(client.send_streaming_message(message))
                     .await?;
-                match self
+                let after = self
                     .accept(
                         stream,
                         &id,
                         &digest,
                         "The A2A interrupt response was not accepted.",
                     )
-                    .await?
-                {
-                    After::Ended => return Ok(()),
-                    After::Closed if remaining == 0 => return self.finish().await,
-                    After::Closed => {}
-                    After::Open(s) if remaining == 0 => last_stream = Some(s),
-                    After::Open(s) => {
-                        if self.drain(s).await? {
-                            return Ok(());
-                        }
-                    }
+                    .await?;
+                match self.settle(after, remaining).await? {
+                    Settled::Ended => return Ok(()),
+                    Settled::Next => {}
+                    Settled::Last(stream) => last_stream = Some(stream),
                 }
             }
         }
         if all_sideband {
+            self.deferred_catchup = Some(task_id.to_owned());
             let e = self.session_event();
             self.emit(e).await?;
             let task = client
@@ -1338,6 +1360,28 @@ impl Driver {
             Ok(None) => Err(fail(Code::A2aUnavailable, not_accepted)),
             Err(e) => Err(no_cancel_stop(kernel_error(&e))),
         }
+    }
+
+    /// What happens after an answer was accepted: the run ended (interrupt, or the last answer's
+    /// stream stopped), the next answer goes out (this stream drained first, D-17), or the last
+    /// answer's stream is read to the end of the run.
+    async fn settle(&mut self, after: After, remaining: usize) -> Result<Settled, Stop> {
+        Ok(match after {
+            After::Ended => Settled::Ended,
+            After::Closed if remaining == 0 => {
+                self.finish().await?;
+                Settled::Ended
+            }
+            After::Closed => Settled::Next,
+            After::Open(s) if remaining == 0 => Settled::Last(s),
+            After::Open(s) => {
+                if self.drain(s).await? {
+                    Settled::Ended
+                } else {
+                    Settled::Next
+                }
+            }
+        })
     }
 
     /// Reads an answer's stream to its end before the next answer is sent (D-17). Returns true

@@ -91,6 +91,22 @@ pub struct Slot {
     pub state: tokio::sync::Mutex<SlotState>,
 }
 
+impl Slot {
+    /// Locked, running, or waiting for interrupt responses.
+    fn in_use(&self) -> bool {
+        match self.state.try_lock() {
+            Ok(st) => {
+                st.active.is_some()
+                    || st
+                        .doc
+                        .as_ref()
+                        .is_some_and(|d| !d.execution.pending.is_empty())
+            }
+            Err(_) => true,
+        }
+    }
+}
+
 /// Thread registry: a short std mutex for lookup/creation, never held across `.await`.
 pub struct Threads {
     pub store: Arc<dyn ThreadStore>,
@@ -131,21 +147,7 @@ impl Threads {
     /// Drops idle threads from memory (their state is on disk): not referenced elsewhere, not
     /// locked, no active run, no pending interrupt.
     fn evict_idle(map: &mut HashMap<String, Arc<Slot>>) {
-        map.retain(|_, slot| {
-            if Arc::strong_count(slot) > 1 {
-                return true;
-            }
-            match slot.state.try_lock() {
-                Ok(st) => {
-                    st.active.is_some()
-                        || st
-                            .doc
-                            .as_ref()
-                            .is_some_and(|d| !d.execution.pending.is_empty())
-                }
-                Err(_) => true,
-            }
-        });
+        map.retain(|_, slot| Arc::strong_count(slot) > 1 || slot.in_use());
     }
 
     /// Number of threads in memory.
@@ -166,16 +168,7 @@ impl Threads {
             .values()
             .cloned()
             .collect();
-        slots.iter().any(|s| match s.state.try_lock() {
-            Ok(st) => {
-                st.active.is_some()
-                    || st
-                        .doc
-                        .as_ref()
-                        .is_some_and(|d| !d.execution.pending.is_empty())
-            }
-            Err(_) => true,
-        })
+        slots.iter().any(|s| s.in_use())
     }
 
     /// Loads the thread into `st` if needed (blocking pool). A failed load leaves it unloaded.

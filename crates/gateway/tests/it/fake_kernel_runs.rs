@@ -988,6 +988,7 @@ async fn a_resume_delivers_every_answer_in_order() {
         ]),
     );
     let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_eq!(s.thread_doc("t1")["execution"]["pipelineSequence"], 3);
     assert_eq!(
         res.last()["outcome"]["interrupts"]
             .as_array()
@@ -1235,6 +1236,7 @@ async fn sideband_permission_answers() {
                 "TASK_STATE_WORKING",
                 json!({"iacCodeSessionId": "s"}),
             )),
+            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipeline": {"eventId": "evt-3", "sequence": 3.0, "eventType": "candidate_started", "data": {}}}))),
             r(items::status(
                 "task-1",
                 &c,
@@ -1318,6 +1320,13 @@ async fn sideband_permission_answers() {
             items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
         ),
     );
+    // Preparation finds no catch-up; after the sideband answers the deferred catch-up does.
+    k.on(
+        "pipeline-state",
+        Reply::Json(404, json!({"error": "A2A pipeline state not found"})),
+    );
+    k.on("pipeline-state", Reply::Json(200, json!({"snapshot": {"pipelineRunId": c, "lastSequence": 5},
+        "events": [{"eventId": "evt-5", "sequence": 5, "eventType": "candidate_completed", "data": {}}]})));
     k.on(
         "SubscribeToTask",
         Reply::Sse(vec![
@@ -1355,6 +1364,131 @@ async fn sideband_permission_answers() {
     );
     assert_eq!(k.calls("SubscribeToTask").len(), 1);
     assert_eq!(s.thread_doc("t1")["execution"]["pending"], json!({}));
+    let t = res.types();
+    assert!(
+        t.contains(&"ACTIVITY_SNAPSHOT".to_owned()),
+        "deferred catch-up: {t:?}"
+    );
+    let catchups: Vec<String> = k
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/iac-code/pipeline/state")
+        .filter_map(|r| r.query)
+        .collect();
+    assert_eq!(catchups.last().unwrap(), "taskId=task-1&afterSequence=3");
+    assert!(res.events.iter().any(|e| e["value"]["eventId"] == "evt-5"));
+}
+
+#[tokio::test]
+async fn sideband_answer_rejected_by_the_kernel() {
+    let (s, k) = setup().await;
+    let c = ctx("t1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"iacCodeSessionId": "s"}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"pendingPermissions": [perm_sb("p1")]}),
+            )),
+        ]),
+    );
+    post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"pendingPermissions": [perm_sb("p1")]}),
+            ),
+        ),
+    );
+    k.on("SendMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "input_response_mismatch: permission correlation does not match."}})));
+    let entries =
+        json!([{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
+    assert_eq!(
+        res.last()["message"],
+        "The local A2A execution service rejected the interrupt response."
+    );
+    assert!(s.thread_doc("t1")["execution"]["pending"]["p1"].is_object());
+}
+
+#[tokio::test]
+async fn resume_task_identity_mismatch() {
+    let (s, k) = setup().await;
+    interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task("task-9", &ctx("t1"), "TASK_STATE_INPUT_REQUIRED", json!({})),
+        ),
+    );
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let res = post(
+        &s.url,
+        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "A2A_PROTOCOL_ERROR");
+    assert_eq!(
+        res.last()["message"],
+        "The A2A task identity does not match the interrupted run."
+    );
+    assert!(
+        s.thread_doc("t1")["execution"]["pending"]["perm-1"].is_object(),
+        "still retryable"
+    );
+}
+
+#[tokio::test]
+async fn failed_session_id_write_fails_closed() {
+    let k = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .store(Arc::new(store))
+        .start()
+        .await;
+    // Saves: admission, task id, session id (fails).
+    switch.fail_saves(2, 1);
+    let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    assert_eq!(res.last()["code"], "STATE_PERSISTENCE_FAILED");
+    assert_eq!(
+        res.last()["message"],
+        "The execution session mapping could not be committed."
+    );
+    assert!(
+        res.sessions().iter().all(|v| v["sessionId"].is_null()),
+        "an undurable session id was announced"
+    );
+    assert_eq!(
+        k.wait_calls("CancelTask", 1, Duration::from_secs(5))
+            .await
+            .len(),
+        1
+    );
 }
 
 #[tokio::test]
