@@ -257,3 +257,177 @@ fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// SIGTERM with 100 open streams: every stream ends with one terminal event within the drain
+/// deadline, a paused interrupt stays durable, and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_drains_open_streams() {
+    use serde_json::json;
+    use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+    let k = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().canonicalize().unwrap().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let port = free_port();
+    let mut child = Command::new(bin())
+        .args([
+            "--port",
+            &port.to_string(),
+            "--a2a-url",
+            &k.url(),
+            "--shutdown-timeout",
+            "5",
+            "--state-dir",
+        ])
+        .arg(dir.path().join("state"))
+        .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_health(port, Duration::from_secs(10)).is_some());
+    let url = format!("http://127.0.0.1:{port}/");
+    let body = |t: &str| {
+        json!({"threadId": t, "runId": "r1", "state": {}, "messages": [{"id": "m", "role": "user", "content": "x"}],
+        "tools": [], "context": [], "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "i", "cwd": ws}}})
+    };
+    // One paused execution (an interrupt) that must survive the shutdown.
+    let ctx = iac_code_agui::run::context_id("paused");
+    k.on("SendStreamingMessage", Reply::Sse(vec![
+        Item::Result(items::task("task-p", &ctx, "TASK_STATE_SUBMITTED", json!({}))),
+        Item::Result(items::status("task-p", &ctx, "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": {"kind": "permission", "inputId": "perm-1", "requestTaskId": "task-p", "required": true}}))),
+    ]));
+    let r = testkit::sse::post(&url, &body("paused"), &[]).await;
+    assert_eq!(r.last()["outcome"]["type"], "interrupt");
+    let mut streams = vec![];
+    for i in 0..100 {
+        let t = format!("s{i}");
+        let c = iac_code_agui::run::context_id(&t);
+        k.on(
+            "SendStreamingMessage",
+            Reply::Sse(vec![
+                Item::Result(items::task(
+                    &format!("task-{i}"),
+                    &c,
+                    "TASK_STATE_WORKING",
+                    json!({}),
+                )),
+                Item::Result(items::text(
+                    &format!("task-{i}"),
+                    &c,
+                    "working",
+                    "m",
+                    json!({}),
+                )),
+                Item::Stall,
+            ]),
+        );
+        let (url, b) = (url.clone(), body(&t));
+        streams.push(tokio::spawn(async move {
+            testkit::sse::post(&url, &b, &[]).await
+        }));
+        k.wait_calls("SendStreamingMessage", i + 2, Duration::from_secs(10))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    for (i, s) in streams.into_iter().enumerate() {
+        let r = s.await.unwrap();
+        testkit::sse::assert_valid_run(&r, &format!("s{i}"), "r1");
+        assert_eq!(r.last()["type"], "RUN_ERROR");
+        assert_eq!(
+            r.last()["message"],
+            "The execution service is shutting down."
+        );
+    }
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "drain took {:?}",
+        started.elapsed()
+    );
+    // The running tasks were cancelled; the paused one was not, and its interrupt is durable.
+    assert_eq!(k.calls("CancelTask").len(), 100);
+    let doc: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("state/threads/paused.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(doc["execution"]["pending"]["perm-1"].is_object());
+}
+
+/// No route but /health is reachable without the token, whatever the path spelling.
+#[tokio::test]
+async fn auth_hardening_path_variants_and_headers() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = Command::new(bin())
+        .args([
+            "--port",
+            &port.to_string(),
+            "--a2a-url",
+            "http://127.0.0.1:9/",
+            "--state-dir",
+        ])
+        .arg(dir.path().join("state"))
+        .env("IAC_CODE_AGUI_AUTH_TOKEN", "tok")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_health(port, Duration::from_secs(10)).is_some());
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    for path in [
+        "/",
+        "//",
+        "/./",
+        "/%2F",
+        "/%2e/",
+        "/?x=1",
+        "/extensions/iac-code/v1/executions/e/cancel",
+        "/extensions/iac-code/v1/executions/e/cancel/",
+        "//extensions/iac-code/v1/executions/e/cancel",
+        "/extensions/iac-code/v1/executions/e%2Fx/cancel",
+        "/EXTENSIONS/iac-code/v1/executions/e/cancel",
+        "/health/../",
+    ] {
+        let r = c
+            .post(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        assert!(matches!(s, 401 | 404 | 405), "{path}: {s}");
+    }
+    let huge = format!("Bearer {}", "x".repeat(60_000));
+    let r = c
+        .post(format!("{base}/"))
+        .header("authorization", huge)
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await;
+    if let Ok(r) = r {
+        assert!(matches!(r.status().as_u16(), 401 | 431), "{}", r.status());
+    }
+    let r = c
+        .post(format!("{base}/"))
+        .header("authorization", "Bearer tok")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400, "the right token passes");
+    let _ = child.kill();
+    let _ = child.wait();
+}
