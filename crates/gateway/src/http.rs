@@ -179,6 +179,7 @@ const CANCEL_RULES: BodyRules = BodyRules {
 
 /// The checks every POST route shares, in order: method, bearer token, Content-Type, size, JSON
 /// object. Returns the header language, the raw body and the object, or the error response.
+#[allow(clippy::result_large_err)]
 async fn json_object(
     rt: &Runtime,
     req: Request,

@@ -988,7 +988,6 @@ async fn a_resume_delivers_every_answer_in_order() {
         ]),
     );
     let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
-    assert_eq!(s.thread_doc("t1")["execution"]["pipelineSequence"], 3);
     assert_eq!(
         res.last()["outcome"]["interrupts"]
             .as_array()
@@ -1246,6 +1245,7 @@ async fn sideband_permission_answers() {
         ]),
     );
     let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_eq!(s.thread_doc("t1")["execution"]["pipelineSequence"], 3);
     assert_eq!(
         res.last()["outcome"]["interrupts"]
             .as_array()
@@ -1766,4 +1766,66 @@ async fn pipeline_steps_and_recovery_across_runs() {
         seen.into_iter().collect::<Vec<_>>(),
         ["evt-1", "evt-10", "evt-5", "evt-7"]
     );
+}
+
+/// Every allow-listed `iac-code.pipeline.v1` type reaches the client unchanged; a non-listed
+/// one does not; a failed step closes its span and is reported.
+#[tokio::test]
+async fn pipeline_custom_allow_list_through_the_gateway() {
+    let (s, k) = setup().await;
+    let c = ctx("t1");
+    let mut events: Vec<Value> = iac_code_agui::mapping::ALLOW_LIST
+        .iter()
+        .enumerate()
+        .map(|(i, t)| json!({"schemaVersion": "1.0", "eventId": format!("e{i}"), "sequence": (i + 1) as f64, "eventType": t, "data": {"n": i}}))
+        .collect();
+    let n = events.len() as f64;
+    events.push(
+        json!({"eventId": "x1", "sequence": n + 1.0, "eventType": "backup_committed", "data": {}}),
+    );
+    events.push(json!({"eventId": "x2", "sequence": n + 2.0, "eventType": "step_started", "step": {"id": "s9"}, "data": {}}));
+    events.push(json!({"eventId": "x3", "sequence": n + 3.0, "eventType": "step_failed", "step": {"id": "s9"}, "data": {"error": "boom"}}));
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"pipelineBatch": {"events": events}}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+    let res = post(
+        &s.url,
+        &body("t1", "r1", "x", &s.ws("w"), json!({"runMode": "pipeline"})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, "t1", "r1");
+    let customs: Vec<&Value> = res
+        .events
+        .iter()
+        .filter(|e| e["name"] == "iac-code.pipeline.v1")
+        .map(|e| &e["value"])
+        .collect();
+    let types: Vec<&str> = customs
+        .iter()
+        .map(|v| v["eventType"].as_str().unwrap())
+        .collect();
+    let mut expected: Vec<&str> = iac_code_agui::mapping::ALLOW_LIST.to_vec();
+    expected.push("step_failed");
+    assert_eq!(types, expected);
+    assert_eq!(customs[0]["data"]["n"], 0, "envelopes pass unchanged");
+    assert_eq!(customs[0]["schemaVersion"], "1.0");
+    let t = res.types();
+    let started = t.iter().position(|x| x == "STEP_STARTED(s9)").unwrap();
+    assert_eq!(t[started + 1], "STEP_FINISHED(s9)");
 }
