@@ -2,6 +2,7 @@
 
 mod conformance;
 mod fake_kernel_runs;
+mod fuzz;
 mod http_surface;
 mod process;
 mod real_kernel;

@@ -1,0 +1,171 @@
+//! Property-based fuzzing (proptest; cargo-fuzz needs a nightly toolchain, which this project does
+//! not use) of the parsers that face untrusted input: the RunAgentInput validators, the kernel SSE
+//! decoder, canonical JSON, the state-file loader and the image path. None may panic; the decoder
+//! must not depend on how bytes are split; canonical JSON must agree with serde_json's parse.
+//!
+//! CI runs the default number of cases; the long form is
+//! `PROPTEST_CASES=200000 cargo nextest run -p iac-code-agui --test it -E 'test(/fuzz::/)'`.
+
+use iac_code_agui::canonical;
+use iac_code_agui::store::ThreadDoc;
+use iac_code_agui::validate::{content, envelope, props};
+use proptest::prelude::*;
+use serde_json::{json, Map, Value};
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|i| json!(i)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
+        "\\PC{0,12}".prop_map(Value::String),
+        prop_oneof![
+            Just("threadId"),
+            Just("runId"),
+            Just("iacCode"),
+            Just("user"),
+            Just("text"),
+            Just("image")
+        ]
+        .prop_map(|s| Value::String(s.to_owned())),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec(
+                (
+                    prop_oneof![
+                        "\\PC{0,8}",
+                        Just("threadId".to_owned()),
+                        Just("runId".to_owned()),
+                        Just("role".to_owned()),
+                        Just("content".to_owned()),
+                        Just("type".to_owned()),
+                        Just("schemaVersion".to_owned()),
+                        Just("cwd".to_owned()),
+                        Just("source".to_owned()),
+                    ],
+                    inner
+                ),
+                0..6
+            )
+            .prop_map(|kv| Value::Object(kv.into_iter().collect::<Map<String, Value>>())),
+        ]
+    })
+}
+
+/// A RunAgentInput-shaped value with random parts (more likely to reach deep validation).
+fn run_input() -> impl Strategy<Value = Value> {
+    (json_value(), json_value(), json_value(), json_value()).prop_map(|(msg, props, resume, extra)| {
+        json!({"threadId": "t", "runId": "r", "state": {}, "messages": [{"id": "m", "role": "user", "content": [msg]}],
+               "tools": [], "context": [], "forwardedProps": {"iacCode": props}, "resume": resume, "x": extra})
+    })
+}
+
+proptest! {
+    #[test]
+    fn fuzz_validators_never_panic(v in prop_oneof![json_value(), run_input()]) {
+        if let Some(obj) = v.as_object() {
+            let _ = envelope::parse(obj);
+            let _ = props::parse(obj.get("forwardedProps"));
+            if let Some(m) = obj.get("messages").and_then(Value::as_array) {
+                let _ = content::latest_user_message(m, content::ImageLimits::default());
+            }
+        }
+        let _ = props::parse(Some(&v));
+    }
+
+    #[test]
+    fn fuzz_canonical_json_agrees_with_serde(v in json_value()) {
+        let text = serde_json::to_string(&v).unwrap();
+        let canon = canonical::canonical_bytes(text.as_bytes()).unwrap();
+        prop_assert_eq!(std::str::from_utf8(&canon).unwrap(), canonical::canonical_value(&v));
+        // Canonical JSON is JSON, and canonicalising it again changes nothing.
+        let back: Value = serde_json::from_slice(&canon).unwrap();
+        prop_assert_eq!(canonical::canonical_bytes(&canon).unwrap(), canon.clone());
+        prop_assert_eq!(canonical::canonical_value(&back), String::from_utf8(canon).unwrap());
+    }
+
+    #[test]
+    fn fuzz_canonical_json_never_panics_on_bytes(b in prop::collection::vec(any::<u8>(), 0..256)) {
+        let parsed = serde_json::from_slice::<Value>(&b).is_ok();
+        let canon = canonical::canonical_bytes(&b);
+        // Everything serde_json accepts (strict JSON) is canonicalisable.
+        if parsed {
+            prop_assert!(canon.is_ok());
+        }
+    }
+
+    #[test]
+    fn fuzz_sse_decoder_is_split_independent(
+        frames in prop::collection::vec(("[a-z]{0,5}", "\\PC{0,40}"), 0..8),
+        crlf in any::<bool>(),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+        noise in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let nl = if crlf { "\r\n" } else { "\n" };
+        let mut input = String::new();
+        for (event, data) in &frames {
+            if !event.is_empty() {
+                input.push_str(&format!("event: {event}{nl}"));
+            }
+            input.push_str(&format!(": comment{nl}data: {}{nl}{nl}", data.replace(['\r', '\n'], " ")));
+        }
+        let decode = |chunks: Vec<&[u8]>| {
+            let mut d = a2a::sse::Decoder::default();
+            let mut out = vec![];
+            for c in chunks {
+                d.push(c);
+                while let Ok(Some(f)) = d.next_frame() {
+                    out.push(f);
+                }
+            }
+            if let Ok(Some(f)) = d.finish() {
+                out.push(f);
+            }
+            out
+        };
+        let bytes = input.as_bytes();
+        let whole = decode(vec![bytes]);
+        prop_assert_eq!(whole.len(), frames.len());
+        let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+        points.sort_unstable();
+        let mut chunks = vec![];
+        let mut last = 0;
+        for p in points {
+            chunks.push(&bytes[last..p]);
+            last = p;
+        }
+        chunks.push(&bytes[last..]);
+        prop_assert_eq!(decode(chunks), whole);
+        // Garbage never panics.
+        let _ = decode(vec![&noise]);
+    }
+
+    #[test]
+    fn fuzz_state_loader_never_panics(v in json_value(), b in prop::collection::vec(any::<u8>(), 0..128)) {
+        let _ = ThreadDoc::from_json(&b, "t");
+        let text = serde_json::to_vec(&v).unwrap();
+        let _ = ThreadDoc::from_json(&text, "t");
+        // A mutated valid document either loads or is refused; never a panic.
+        let mut doc: Value = serde_json::from_str(include_str!("../data/reference-state/S03_after_interrupt.thread-s3.json")).unwrap();
+        if let (Some(o), Some(m)) = (doc.as_object_mut(), v.as_object()) {
+            for (k, x) in m {
+                o.insert(k.clone(), x.clone());
+            }
+        }
+        let _ = ThreadDoc::from_json(&serde_json::to_vec(&doc).unwrap(), "thread-s3");
+    }
+
+    #[test]
+    fn fuzz_image_path_never_panics(b in prop::collection::vec(any::<u8>(), 0..512), prefix in 0usize..4) {
+        // Valid magic numbers in front of garbage reach the decoders.
+        let magic: [&[u8]; 4] = [b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF89a", b"RIFF\0\0\0\0WEBP"];
+        let mut bytes = magic[prefix].to_vec();
+        bytes.extend_from_slice(&b);
+        let _ = content::normalise_image(&bytes);
+        let _ = content::decode_base64(&String::from_utf8_lossy(&b));
+    }
+}
