@@ -1086,3 +1086,85 @@ async fn every_pre_sse_error_in_two_languages() {
         );
     }
 }
+
+/// D-21: after a crash mid-run (the reference's state file of a run whose task kept running), the
+/// next turn first cancels the orphaned kernel task, then starts.
+#[tokio::test]
+async fn orphaned_execution_is_cancelled_before_a_new_turn() {
+    let k = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap().keep().canonicalize().unwrap();
+    let threads = dir.join("state/threads");
+    std::fs::create_dir_all(&threads).unwrap();
+    let mut orphan: Value = serde_json::from_slice(
+        &std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/reference-state/S06b_2s_after_disconnect.thread-s6b.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let cwd = dir.join("ws/thread-s6b").display().to_string();
+    orphan["cwd"] = json!(cwd);
+    std::fs::write(
+        threads.join("thread-s6b.json"),
+        serde_json::to_vec_pretty(&orphan).unwrap(),
+    )
+    .unwrap();
+    let s = Builder::new()
+        .dir(dir.clone())
+        .a2a(&k.url(), None)
+        .start()
+        .await;
+    let c = ctx("thread-s6b");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::task(
+                "task-new",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": orphan["iacCodeSessionId"]}),
+            )),
+            Item::Result(items::status(
+                "task-new",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({}),
+            )),
+        ]),
+    );
+    let r = post(
+        &s.url,
+        &body(
+            "thread-s6b",
+            "run-2",
+            "again",
+            &cwd,
+            json!({"rosInvocationId": "ros-s6b-2"}),
+        ),
+        &[],
+    )
+    .await;
+    sse::assert_valid_run(&r, "thread-s6b", "run-2");
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let methods: Vec<String> = k.requests().into_iter().filter_map(|q| q.method).collect();
+    let cancel = methods
+        .iter()
+        .position(|m| m == "CancelTask")
+        .expect("the orphan is cancelled");
+    let send = methods
+        .iter()
+        .position(|m| m == "SendStreamingMessage")
+        .unwrap();
+    assert!(cancel < send, "{methods:?}");
+    assert_eq!(
+        k.calls("CancelTask")[0].body["params"]["id"],
+        "f37309be-afec-491f-8944-b02112ebd732"
+    );
+    let doc = s.thread_doc("thread-s6b");
+    assert!(doc["terminalExecutionIds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e == "99b26448-45d9-478e-b29a-21724fefb8e7"));
+}
