@@ -11,7 +11,7 @@ fn err(m: &'static str) -> ApiError {
 }
 
 /// The allowed roots that currently exist as directories.
-pub fn allowed_roots(cfg: &Config, env: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
+pub fn allowed_roots(cfg: &Config) -> Vec<PathBuf> {
     let candidates: Vec<PathBuf> = match cfg.allowed_cwds.as_deref() {
         Some(list) => list
             .split(':')
@@ -21,7 +21,6 @@ pub fn allowed_roots(cfg: &Config, env: &dyn Fn(&str) -> Option<String>) -> Vec<
             .collect(),
         None => vec![cfg.process_cwd.clone(), cfg.temp_dir.clone()],
     };
-    let _ = env;
     candidates
         .into_iter()
         .filter_map(|p| paths::resolve(&p).ok())
@@ -45,7 +44,7 @@ pub fn resolve(
     }
     let logical = paths::normalize(Path::new(&paths::expand_vars(&user, env)));
     let resolved = paths::resolve(&logical).map_err(|_| err(msg::CWD_INVALID))?;
-    let roots = allowed_roots(cfg, env);
+    let roots = allowed_roots(cfg);
     if !roots.iter().any(|r| resolved.starts_with(r)) {
         return Err(err(msg::CWD_OUTSIDE_ROOTS));
     }

@@ -13,7 +13,7 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::real_kernel::KernelEnv;
 use tokio::io::AsyncWriteExt;
 
-use crate::support::{ctx, Builder};
+use crate::support::{ctx, managed, server, Builder};
 
 const CLIENTS: [&str; 2] = ["1", "0058"];
 
@@ -67,22 +67,7 @@ fn plan(client: &str, url: &str, thread: &str, cwd: &str, steps: Value) -> Value
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_clients_consume_real_kernel_streams() {
     let env = KernelEnv::new().await;
-    let kernel =
-        iac_code_agui::run::kernel::Kernel::managed(iac_code_agui::run::kernel::ChildSpec {
-            command: env.command(),
-            env: env.vars(),
-            ready_timeout: Duration::from_secs(60),
-        });
-    kernel.wait_ready(Duration::from_secs(90)).await;
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
-        .kernel(kernel)
-        .start()
-        .await;
+    let s = server(&env, managed(&env).await).await;
     for client in CLIENTS {
         let cwd = |t: &str| env.ws().join(t).display().to_string();
         let t = |name: &str| format!("{name}-{client}");

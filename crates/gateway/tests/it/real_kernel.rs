@@ -2,39 +2,15 @@
 //! These tests never skip: a missing kernel is a failure (run `scripts/kernel-venv.sh`).
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iac_code_agui::run::kernel::{ChildSpec, Kernel, KernelState};
+use iac_code_agui::run::kernel::Kernel;
 use serde_json::{json, Value};
 use testkit::fake_llm::Plan;
 use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, resume_body, Builder, TestServer};
-
-async fn managed(env: &KernelEnv) -> Arc<Kernel> {
-    let k = Kernel::managed(ChildSpec {
-        command: env.command(),
-        env: env.vars(),
-        ready_timeout: Duration::from_secs(60),
-    });
-    let state = k.wait_ready(Duration::from_secs(90)).await;
-    assert_eq!(state, KernelState::Ready, "{:?}", k.health());
-    k
-}
-
-async fn server(env: &KernelEnv, kernel: Arc<Kernel>) -> TestServer {
-    Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
-        .kernel(kernel)
-        .start()
-        .await
-}
+use crate::support::{body, managed, resume_body, server, Builder};
 
 fn ws(env: &KernelEnv, name: &str) -> String {
     env.ws().join(name).display().to_string()
@@ -290,17 +266,9 @@ async fn permission_allow_deny_cancelled_and_replay() {
     .await;
     assert_eq!(r9.last()["outcome"]["type"], "interrupt", "{}", r9.raw);
     // Gateway restart; its managed kernel restarts too (the wait is durable in the kernel).
-    let dir = s.stop().await;
+    s.stop().await;
     let kernel = managed(&env).await;
-    let s = Builder::new()
-        .dir(dir)
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
-        .kernel(kernel)
-        .start()
-        .await;
+    let s = server(&env, kernel).await;
     let r10 = post(
         &s.url,
         &resume_body("p5", "r2", &w5, "inv-1", answer(&r9, "allow_once")),
@@ -778,16 +746,8 @@ async fn pipeline_question_interrupts_and_resumes() {
         .as_str()
         .unwrap()
         .to_owned();
-    let dir = s.stop().await;
-    let s = Builder::new()
-        .dir(dir)
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
-        .kernel(managed(&env).await)
-        .start()
-        .await;
+    s.stop().await;
+    let s = server(&env, managed(&env).await).await;
     let resume = json!([{"interruptId": id, "status": "resolved", "payload": {"freeText": "Just saying hi"}}]);
     let r4 = post(
         &s.url,

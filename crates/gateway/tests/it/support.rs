@@ -8,10 +8,11 @@ use std::time::Duration;
 use iac_code_agui::app::{self, Options};
 use iac_code_agui::config::Config;
 use iac_code_agui::http::AppState;
-use iac_code_agui::run::kernel::Kernel;
+use iac_code_agui::run::kernel::{ChildSpec, Kernel, KernelState};
 use iac_code_agui::run::{Clock, Env};
 use iac_code_agui::store::ThreadStore;
 use serde_json::{json, Value};
+use testkit::real_kernel::KernelEnv;
 use tokio::sync::oneshot;
 
 pub struct Builder {
@@ -229,4 +230,28 @@ pub fn resume_body(thread: &str, run: &str, cwd: &str, ros: &str, entries: Value
 /// `agui-` + sha256(thread)[..40]
 pub fn ctx(thread: &str) -> String {
     iac_code_agui::run::context_id(thread)
+}
+
+/// A managed real kernel for `env`, ready (or the test fails).
+pub async fn managed(env: &KernelEnv) -> Arc<Kernel> {
+    let k = Kernel::managed(ChildSpec {
+        command: env.command(),
+        env: env.vars(),
+        ready_timeout: Duration::from_secs(60),
+    });
+    let state = k.wait_ready(Duration::from_secs(90)).await;
+    assert_eq!(state, KernelState::Ready, "{:?}", k.health());
+    k
+}
+
+pub async fn server(env: &KernelEnv, kernel: Arc<Kernel>) -> TestServer {
+    Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel)
+        .start()
+        .await
 }
