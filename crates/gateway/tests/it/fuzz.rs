@@ -3,13 +3,18 @@
 //! decoder, canonical JSON, the state-file loader and the image path. None may panic; the decoder
 //! must not depend on how bytes are split; canonical JSON must agree with serde_json's parse.
 //!
-//! CI runs the default number of cases; the long form is
-//! `PROPTEST_CASES=200000 cargo nextest run -p iac-code-agui --test it -E 'test(/fuzz::/)'`.
+//! CI runs 256 cases per target (`PROPTEST_CASES` overrides). The long form runs every target for
+//! a wall-clock time and prints how many cases it executed:
+//! `FUZZ_SECONDS=600 cargo test -p iac-code-agui --test it -- fuzz:: --test-threads=1 --nocapture`
+//! (plain `cargo test`: nextest's slow-test timeout would stop a ten-minute target).
+
+use std::time::{Duration, Instant};
 
 use iac_code_agui::canonical;
 use iac_code_agui::store::ThreadDoc;
 use iac_code_agui::validate::{content, envelope, props};
 use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
 
 fn json_value() -> impl Strategy<Value = Value> {
@@ -17,9 +22,7 @@ fn json_value() -> impl Strategy<Value = Value> {
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(|i| json!(i)),
-        any::<f64>()
-            .prop_filter("finite", |f| f.is_finite())
-            .prop_map(|f| json!(f)),
+        any::<f64>().prop_map(|f| if f.is_finite() { json!(f) } else { json!(0.5) }),
         "\\PC{0,12}".prop_map(Value::String),
         prop_oneof![
             Just("threadId"),
@@ -64,108 +67,202 @@ fn run_input() -> impl Strategy<Value = Value> {
     })
 }
 
-proptest! {
-    #[test]
-    fn fuzz_validators_never_panic(v in prop_oneof![json_value(), run_input()]) {
-        if let Some(obj) = v.as_object() {
-            let _ = envelope::parse(obj);
-            let _ = props::parse(obj.get("forwardedProps"));
-            if let Some(m) = obj.get("messages").and_then(Value::as_array) {
-                let _ = content::latest_user_message(m, content::ImageLimits::default());
-            }
+/// Runs `check` on values of `strategy`: `PROPTEST_CASES` cases (default 256), or, with
+/// `FUZZ_SECONDS`, batches of fresh random cases until that much time has passed. A failure is
+/// shrunk to a minimal input and reported with it.
+fn fuzz<S: Strategy>(name: &str, strategy: S, check: impl Fn(S::Value) -> Result<(), TestCaseError>)
+where
+    S::Value: std::fmt::Debug,
+{
+    let budget = std::env::var("FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let cases = match budget {
+        Some(_) => 20_000,
+        None => std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(256),
+    };
+    let start = Instant::now();
+    let mut total: u64 = 0;
+    loop {
+        let mut runner = TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            max_shrink_iters: 100_000,
+            ..Config::default()
+        });
+        if let Err(e) = runner.run(&strategy, &check) {
+            panic!("{name}: {e} (after {total} earlier cases)");
         }
-        let _ = props::parse(Some(&v));
+        total += u64::from(cases);
+        if budget.is_none_or(|b| start.elapsed() >= b) {
+            break;
+        }
     }
+    eprintln!(
+        "fuzz {name}: {total} cases in {:.0?}, no failure",
+        start.elapsed()
+    );
+}
 
-    #[test]
-    fn fuzz_canonical_json_agrees_with_serde(v in json_value()) {
+#[test]
+fn fuzz_validators_never_panic() {
+    fuzz(
+        "fuzz_validators_never_panic",
+        prop_oneof![json_value(), run_input()],
+        |v| {
+            if let Some(obj) = v.as_object() {
+                let _ = envelope::parse(obj);
+                let _ = props::parse(obj.get("forwardedProps"));
+                if let Some(m) = obj.get("messages").and_then(Value::as_array) {
+                    let _ = content::latest_user_message(m, content::ImageLimits::default());
+                }
+            }
+            let _ = props::parse(Some(&v));
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn fuzz_canonical_json_agrees_with_serde() {
+    fuzz("fuzz_canonical_json_agrees_with_serde", json_value(), |v| {
         let text = serde_json::to_string(&v).unwrap();
         let canon = canonical::canonical_bytes(text.as_bytes()).unwrap();
-        prop_assert_eq!(std::str::from_utf8(&canon).unwrap(), canonical::canonical_value(&v));
+        prop_assert_eq!(
+            std::str::from_utf8(&canon).unwrap(),
+            canonical::canonical_value(&v)
+        );
         // Canonical JSON is JSON, and canonicalising it again changes nothing.
         let back: Value = serde_json::from_slice(&canon).unwrap();
         prop_assert_eq!(canonical::canonical_bytes(&canon).unwrap(), canon.clone());
-        prop_assert_eq!(canonical::canonical_value(&back), String::from_utf8(canon).unwrap());
-    }
+        prop_assert_eq!(
+            canonical::canonical_value(&back),
+            String::from_utf8(canon).unwrap()
+        );
+        Ok(())
+    });
+}
 
-    #[test]
-    fn fuzz_canonical_json_never_panics_on_bytes(b in prop::collection::vec(any::<u8>(), 0..256)) {
-        let parsed = serde_json::from_slice::<Value>(&b).is_ok();
-        let canon = canonical::canonical_bytes(&b);
-        // Everything serde_json accepts (strict JSON) is canonicalisable.
-        if parsed {
-            prop_assert!(canon.is_ok());
-        }
-    }
-
-    #[test]
-    fn fuzz_sse_decoder_is_split_independent(
-        frames in prop::collection::vec(("[a-z]{0,5}", "\\PC{0,40}"), 0..8),
-        crlf in any::<bool>(),
-        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
-        noise in prop::collection::vec(any::<u8>(), 0..64),
-    ) {
-        let nl = if crlf { "\r\n" } else { "\n" };
-        let mut input = String::new();
-        for (event, data) in &frames {
-            if !event.is_empty() {
-                input.push_str(&format!("event: {event}{nl}"));
+#[test]
+fn fuzz_canonical_json_never_panics_on_bytes() {
+    fuzz(
+        "fuzz_canonical_json_never_panics_on_bytes",
+        prop::collection::vec(any::<u8>(), 0..256),
+        |b| {
+            let parsed = serde_json::from_slice::<Value>(&b).is_ok();
+            let canon = canonical::canonical_bytes(&b);
+            // Everything serde_json accepts (strict JSON) is canonicalisable.
+            if parsed {
+                prop_assert!(canon.is_ok());
             }
-            input.push_str(&format!(": comment{nl}data: {}{nl}{nl}", data.replace(['\r', '\n'], " ")));
-        }
-        let decode = |chunks: Vec<&[u8]>| {
-            let mut d = a2a::sse::Decoder::default();
-            let mut out = vec![];
-            for c in chunks {
-                d.push(c);
-                while let Ok(Some(f)) = d.next_frame() {
+            Ok(())
+        },
+    );
+}
+
+#[test]
+fn fuzz_sse_decoder_is_split_independent() {
+    fuzz(
+        "fuzz_sse_decoder_is_split_independent",
+        (
+            prop::collection::vec(("[a-z]{0,5}", "\\PC{0,40}"), 0..8),
+            any::<bool>(),
+            prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+            prop::collection::vec(any::<u8>(), 0..64),
+        ),
+        |(frames, crlf, cuts, noise)| {
+            let nl = if crlf { "\r\n" } else { "\n" };
+            let mut input = String::new();
+            for (event, data) in &frames {
+                if !event.is_empty() {
+                    input.push_str(&format!("event: {event}{nl}"));
+                }
+                input.push_str(&format!(
+                    ": comment{nl}data: {}{nl}{nl}",
+                    data.replace(['\r', '\n'], " ")
+                ));
+            }
+            let decode = |chunks: Vec<&[u8]>| {
+                let mut d = a2a::sse::Decoder::default();
+                let mut out = vec![];
+                for c in chunks {
+                    d.push(c);
+                    while let Ok(Some(f)) = d.next_frame() {
+                        out.push(f);
+                    }
+                }
+                if let Ok(Some(f)) = d.finish() {
                     out.push(f);
                 }
+                out
+            };
+            let bytes = input.as_bytes();
+            let whole = decode(vec![bytes]);
+            prop_assert_eq!(whole.len(), frames.len());
+            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            points.sort_unstable();
+            let mut chunks = vec![];
+            let mut last = 0;
+            for p in points {
+                chunks.push(&bytes[last..p]);
+                last = p;
             }
-            if let Ok(Some(f)) = d.finish() {
-                out.push(f);
-            }
-            out
-        };
-        let bytes = input.as_bytes();
-        let whole = decode(vec![bytes]);
-        prop_assert_eq!(whole.len(), frames.len());
-        let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
-        points.sort_unstable();
-        let mut chunks = vec![];
-        let mut last = 0;
-        for p in points {
-            chunks.push(&bytes[last..p]);
-            last = p;
-        }
-        chunks.push(&bytes[last..]);
-        prop_assert_eq!(decode(chunks), whole);
-        // Garbage never panics.
-        let _ = decode(vec![&noise]);
-    }
+            chunks.push(&bytes[last..]);
+            prop_assert_eq!(decode(chunks), whole);
+            // Garbage never panics.
+            let _ = decode(vec![&noise]);
+            Ok(())
+        },
+    );
+}
 
-    #[test]
-    fn fuzz_state_loader_never_panics(v in json_value(), b in prop::collection::vec(any::<u8>(), 0..128)) {
-        let _ = ThreadDoc::from_json(&b, "t");
-        let text = serde_json::to_vec(&v).unwrap();
-        let _ = ThreadDoc::from_json(&text, "t");
-        // A mutated valid document either loads or is refused; never a panic.
-        let mut doc: Value = serde_json::from_str(include_str!("../data/reference-state/S03_after_interrupt.thread-s3.json")).unwrap();
-        if let (Some(o), Some(m)) = (doc.as_object_mut(), v.as_object()) {
-            for (k, x) in m {
-                o.insert(k.clone(), x.clone());
+#[test]
+fn fuzz_state_loader_never_panics() {
+    fuzz(
+        "fuzz_state_loader_never_panics",
+        (json_value(), prop::collection::vec(any::<u8>(), 0..128)),
+        |(v, b)| {
+            let _ = ThreadDoc::from_json(&b, "t");
+            let text = serde_json::to_vec(&v).unwrap();
+            let _ = ThreadDoc::from_json(&text, "t");
+            // A mutated valid document either loads or is refused; never a panic.
+            let mut doc: Value = serde_json::from_str(include_str!(
+                "../data/reference-state/S03_after_interrupt.thread-s3.json"
+            ))
+            .unwrap();
+            if let (Some(o), Some(m)) = (doc.as_object_mut(), v.as_object()) {
+                for (k, x) in m {
+                    o.insert(k.clone(), x.clone());
+                }
             }
-        }
-        let _ = ThreadDoc::from_json(&serde_json::to_vec(&doc).unwrap(), "thread-s3");
-    }
+            let _ = ThreadDoc::from_json(&serde_json::to_vec(&doc).unwrap(), "thread-s3");
+            Ok(())
+        },
+    );
+}
 
-    #[test]
-    fn fuzz_image_path_never_panics(b in prop::collection::vec(any::<u8>(), 0..512), prefix in 0usize..4) {
-        // Valid magic numbers in front of garbage reach the decoders.
-        let magic: [&[u8]; 4] = [b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF89a", b"RIFF\0\0\0\0WEBP"];
-        let mut bytes = magic[prefix].to_vec();
-        bytes.extend_from_slice(&b);
-        let _ = content::normalise_image(&bytes);
-        let _ = content::decode_base64(&String::from_utf8_lossy(&b));
-    }
+#[test]
+fn fuzz_image_path_never_panics() {
+    fuzz(
+        "fuzz_image_path_never_panics",
+        (prop::collection::vec(any::<u8>(), 0..512), 0usize..4),
+        |(b, prefix)| {
+            // Valid magic numbers in front of garbage reach the decoders.
+            let magic: [&[u8]; 4] = [
+                b"\x89PNG\r\n\x1a\n",
+                b"\xff\xd8\xff",
+                b"GIF89a",
+                b"RIFF\0\0\0\0WEBP",
+            ];
+            let mut bytes = magic[prefix].to_vec();
+            bytes.extend_from_slice(&b);
+            let _ = content::normalise_image(&bytes);
+            let _ = content::decode_base64(&String::from_utf8_lossy(&b));
+            Ok(())
+        },
+    );
 }
