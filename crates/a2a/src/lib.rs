@@ -16,6 +16,9 @@ use serde_json::{json, Value};
 
 pub use item::{ItemView, TaskState};
 
+/// Idle kernel connections kept for reuse.
+pub const POOL_IDLE_PER_KERNEL: usize = 32;
+
 /// Timeouts of the client.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
@@ -25,6 +28,9 @@ pub struct Timeouts {
     pub unary: Duration,
     /// From sending a streaming request to its response headers.
     pub stream_open: Duration,
+    /// Longest silence (no byte at all, pings included) inside an open stream before it is
+    /// abandoned as a transport error; zero waits forever. The kernel pings every 15 s.
+    pub stream_idle: Duration,
 }
 
 impl Default for Timeouts {
@@ -35,6 +41,7 @@ impl Default for Timeouts {
             unary: Duration::from_secs(60),
             // The kernel pulls the first event before it answers with headers.
             stream_open: Duration::from_secs(120),
+            stream_idle: Duration::from_secs(60),
         }
     }
 }
@@ -130,6 +137,8 @@ impl Client {
             .tcp_nodelay(true)
             .no_proxy()
             .pool_idle_timeout(Duration::from_secs(30))
+            // After a burst of concurrent runs, keep a few warm connections, not one per run.
+            .pool_max_idle_per_host(POOL_IDLE_PER_KERNEL)
             .build()
             .expect("reqwest client builds");
         Client {
@@ -242,6 +251,7 @@ impl Client {
                 body: Box::pin(resp.bytes_stream()),
                 decoder: sse::Decoder::new(self.limits),
                 done: false,
+                idle: Idle::new(self.timeouts.stream_idle),
             },
         })
     }
@@ -400,7 +410,57 @@ enum StreamInner {
         body: ByteStream,
         decoder: sse::Decoder,
         done: bool,
+        idle: Idle,
     },
+}
+
+/// The silence watchdog of a stream. One timer per idle period, not one per chunk: a chunk only
+/// records the time; when the timer fires early it is moved to `last + limit`.
+struct Idle {
+    limit: Duration,
+    last: tokio::time::Instant,
+    timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Idle {
+    fn new(limit: Duration) -> Idle {
+        Idle {
+            limit,
+            last: tokio::time::Instant::now(),
+            timer: None,
+        }
+    }
+
+    /// Waits for the next chunk of `body`, or fails after `limit` without any.
+    async fn next(
+        &mut self,
+        body: &mut ByteStream,
+    ) -> Result<Option<reqwest::Result<bytes::Bytes>>, Error> {
+        if self.limit.is_zero() {
+            return Ok(body.next().await);
+        }
+        let limit = self.limit;
+        let last = self.last;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(last + limit)));
+        loop {
+            tokio::select! {
+                biased;
+                chunk = body.next() => {
+                    self.last = tokio::time::Instant::now();
+                    return Ok(chunk);
+                }
+                () = timer.as_mut() => {
+                    let due = self.last + limit;
+                    if due <= tokio::time::Instant::now() {
+                        return Err(Error::Transport("idle stream".into()));
+                    }
+                    timer.as_mut().reset(due);
+                }
+            }
+        }
+    }
 }
 
 /// The items of a kernel stream: each is the JSON-RPC `result` object of one SSE event.
@@ -424,6 +484,7 @@ impl EventStream {
                 body,
                 decoder,
                 done,
+                idle,
             } => loop {
                 match decoder.next_frame() {
                     Ok(Some(frame)) => return parse_frame(&frame.data),
@@ -437,7 +498,7 @@ impl EventStream {
                         Err(e) => Err(Error::Protocol(e.to_string())),
                     };
                 }
-                match body.next().await {
+                match idle.next(body).await? {
                     Some(Ok(chunk)) => decoder.push(&chunk),
                     Some(Err(e)) => return Err(e.into()),
                     None => *done = true,

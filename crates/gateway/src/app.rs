@@ -41,7 +41,7 @@ impl Options {
 /// The kernel of a configuration: external URL, or a managed child.
 pub fn kernel_for(cfg: &Config, env: &Env) -> Arc<Kernel> {
     match &cfg.a2a_url {
-        Some(url) => Kernel::external(url, cfg.a2a_token.clone()),
+        Some(url) => Kernel::external(url, cfg.a2a_token.clone(), cfg.kernel_timeouts()),
         None => {
             let mut child_env = Vec::new();
             if let Some(v) = env("IAC_CODE_AGUI_ALLOWED_CWDS").filter(|v| !v.is_empty()) {
@@ -56,6 +56,7 @@ pub fn kernel_for(cfg: &Config, env: &Env) -> Arc<Kernel> {
                 command: cfg.a2a_command.clone(),
                 env: child_env,
                 ready_timeout: Duration::from_secs(20),
+                timeouts: cfg.kernel_timeouts(),
             })
         }
     }

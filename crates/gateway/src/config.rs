@@ -17,8 +17,8 @@ use crate::paths;
 #[command(name = "iac-code-agui", version, about, long_about = None)]
 pub struct Cli {
     /// YAML configuration file (keys: host, port, a2a_url, debug, log_stdout, state_dir,
-    /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout; dashes or
-    /// underscores).
+    /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
+    /// kernel_idle_timeout; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [env: IAC_CODE_AGUI_HOST] [default: 127.0.0.1].
@@ -59,6 +59,11 @@ pub struct Cli {
     /// [default: 10].
     #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
     pub shutdown_timeout: Option<String>,
+    /// Seconds a kernel stream may stay silent (no event, no ping) before the run fails with
+    /// A2A_UNAVAILABLE and its task is cancelled; 0 waits forever
+    /// [env: IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT] [default: 60].
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    pub kernel_idle_timeout: Option<String>,
 }
 
 /// The validated configuration.
@@ -80,6 +85,8 @@ pub struct Config {
     pub interrupt_ttl_secs: u64,
     pub a2a_command: String,
     pub shutdown_timeout_secs: f64,
+    /// Longest silence of a kernel stream; 0 ⇒ none.
+    pub kernel_idle_timeout_secs: f64,
     /// Raw allowed-cwds list: `IAC_CODE_AGUI_ALLOWED_CWDS`, else `IACCODE_A2A_ALLOWED_CWDS`.
     pub allowed_cwds: Option<String>,
     /// `HOME` (for `~` expansion).
@@ -296,6 +303,14 @@ impl Config {
             "--shutdown-timeout must be a non-negative number.",
         )?;
 
+        let kernel_idle_timeout_secs = number(
+            cli.kernel_idle_timeout,
+            Some("IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT"),
+            "kernel_idle_timeout",
+            60.0,
+            "--kernel-idle-timeout must be a non-negative number.",
+        )?;
+
         let a2a_command = match cli
             .a2a_command
             .filter(|c| !c.is_empty())
@@ -370,6 +385,7 @@ impl Config {
             interrupt_ttl_secs: ttl as u64,
             a2a_command,
             shutdown_timeout_secs,
+            kernel_idle_timeout_secs,
             allowed_cwds,
             home,
             process_cwd,
@@ -385,6 +401,14 @@ impl Config {
         c.state_dir = state_dir;
         c.state_dir_is_default = false;
         c
+    }
+
+    /// Timeouts of the kernel client.
+    pub fn kernel_timeouts(&self) -> a2a::Timeouts {
+        a2a::Timeouts {
+            stream_idle: std::time::Duration::from_secs_f64(self.kernel_idle_timeout_secs.min(1e9)),
+            ..a2a::Timeouts::default()
+        }
     }
 }
 

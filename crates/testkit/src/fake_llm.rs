@@ -183,7 +183,18 @@ impl FakeLlm {
                     Json(json!({"object":"list","data":[{"id":"fake-model","object":"model"}]}))
                 }),
             )
-            .with_state(inner.clone());
+            .with_state(inner.clone())
+            // No keep-alive: the kernel's idle LLM connections would otherwise count as sockets
+            // and tasks of the test process (the load tests count those for leaks).
+            .layer(axum::middleware::map_response(
+                |mut r: axum::response::Response| async move {
+                    r.headers_mut().insert(
+                        axum::http::header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                    r
+                },
+            ));
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });

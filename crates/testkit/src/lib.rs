@@ -1,8 +1,35 @@
 //! Test kit: a scriptable fake A2A kernel, a scripted fake LLM for the real kernel, an SSE client
 //! with stream invariants, and helpers to locate and configure the pinned real kernel.
 
+pub mod chaos;
 pub mod fake_kernel;
 pub mod fake_llm;
 pub mod real_kernel;
 pub mod sse;
 pub mod synthetic_kernel;
+
+/// Raises this process's soft open-file limit to its hard limit (load tests hold thousands of
+/// sockets); returns the new soft limit.
+#[allow(unsafe_code)]
+pub fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit with a valid struct pointer.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 0;
+        }
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        r.rlim_cur
+    }
+}
+
+/// Open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}

@@ -105,3 +105,134 @@ impl KernelEnv {
         ]
     }
 }
+
+/// A real kernel run by the test itself (`iac-code a2a` on a fixed loopback port and token), so a
+/// proxy can sit in front of it and the test can kill and restart it.
+pub struct KernelProcess {
+    child: std::process::Child,
+    pub port: u16,
+    pub token: String,
+}
+
+impl KernelProcess {
+    /// Starts the kernel of `env` and waits (up to 90 s) until `/health` answers 200.
+    pub async fn start(env: &KernelEnv) -> KernelProcess {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let token = format!("test-{}", uuid::Uuid::new_v4().simple());
+        let child = spawn(env, port, &token);
+        let k = KernelProcess { child, port, token };
+        k.wait_ready().await;
+        k
+    }
+
+    /// `http://127.0.0.1:<port>/`
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    async fn wait_ready(&self) {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+        loop {
+            let ok = http
+                .get(format!("{}health", self.url()))
+                .bearer_auth(&self.token)
+                .timeout(std::time::Duration::from_millis(500))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200);
+            if ok {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the real kernel did not become ready"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// SIGKILL to the kernel's whole process group, then reap it.
+    pub fn kill(&mut self) {
+        kill_group(self.child.id());
+        let _ = self.child.wait();
+    }
+
+    /// Kills the kernel and starts a new one of `env` on a new port with the same token.
+    pub async fn restart(&mut self, env: &KernelEnv) {
+        self.kill();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        self.child = spawn(env, port, &self.token);
+        self.port = port;
+        self.wait_ready().await;
+    }
+}
+
+impl Drop for KernelProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// True while a process with this pid exists (and is not a zombie of ours).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
+
+#[allow(unsafe_code)]
+fn kill_group(pid: u32) {
+    // SAFETY: plain syscall with integer arguments; a negative pid names the process group.
+    unsafe {
+        libc::kill(-(pid as i32), libc::SIGKILL);
+    }
+}
+
+#[allow(unsafe_code)]
+fn spawn(env: &KernelEnv, port: u16, token: &str) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(env.command());
+    cmd.args([
+        "a2a",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--thinking-exposure",
+        "all",
+    ])
+    .env("IACCODE_A2A_HTTP_TOKEN", token)
+    .envs(env.vars())
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null())
+    .process_group(0);
+    // SAFETY: only async-signal-safe calls between fork and exec: the kernel dies with the test.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().expect("spawn the real kernel")
+}

@@ -792,7 +792,16 @@ impl Driver {
             }
             Some(TaskState::Canceled) => Err(fail(Code::Cancelled, msg::CANCELLED)),
             _ if cancelled => Err(fail(Code::Cancelled, msg::CANCELLED)),
-            _ => Err(fail(Code::A2aExecutionFailed, msg::A2A_FAILED)),
+            Some(TaskState::Failed) | Some(TaskState::Rejected) => {
+                Err(fail(Code::A2aExecutionFailed, msg::A2A_FAILED))
+            }
+            // The stream ended while the task was still live (or its state is unknown): the
+            // task may go on running in the kernel, so it is cancelled.
+            _ => Err(Stop::Fail {
+                code: Code::A2aExecutionFailed,
+                message: Cow::Borrowed(msg::A2A_FAILED),
+                cancel: true,
+            }),
         }
     }
 

@@ -64,6 +64,8 @@ pub struct ChildSpec {
     /// Extra environment for the child (on top of the gateway's).
     pub env: Vec<(String, String)>,
     pub ready_timeout: Duration,
+    /// Timeouts of the client talking to it.
+    pub timeouts: a2a::Timeouts,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -79,10 +81,10 @@ fn random_token() -> String {
 
 impl Kernel {
     /// An external kernel at a validated loopback URL.
-    pub fn external(url: &str, token: Option<String>) -> Arc<Kernel> {
+    pub fn external(url: &str, token: Option<String>, timeouts: a2a::Timeouts) -> Arc<Kernel> {
         Arc::new(Kernel {
             inner: Mutex::new(Inner {
-                client: Some(a2a::Client::new(url, token, a2a::Timeouts::default())),
+                client: Some(a2a::Client::new(url, token, timeouts)),
                 state: KernelState::External,
                 pid: None,
                 generation: 0,
@@ -306,11 +308,7 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
             let mut g = k.inner.lock().expect("kernel lock");
             g.pid = Some(child.id());
             g.generation += 1;
-            g.client = Some(a2a::Client::new(
-                &url,
-                Some(token.clone()),
-                a2a::Timeouts::default(),
-            ));
+            g.client = Some(a2a::Client::new(&url, Some(token.clone()), spec.timeouts));
         }
         tracing::info!(pid = child.id(), port, "managed kernel started");
         // Readiness.

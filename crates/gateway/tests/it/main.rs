@@ -1,9 +1,11 @@
 //! Integration tests of the gateway (one test binary).
 
+mod chaos;
 mod conformance;
 mod fake_kernel_runs;
 mod fuzz;
 mod http_surface;
+mod load;
 mod process;
 mod real_kernel;
 mod support;

@@ -10,7 +10,7 @@ use testkit::fake_llm::Plan;
 use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, managed, resume_body, server, Builder};
+use crate::support::{body, managed, managed_with, resume_body, server, Builder};
 
 fn ws(env: &KernelEnv, name: &str) -> String {
     env.ws().join(name).display().to_string()
@@ -292,7 +292,16 @@ async fn task_state(kernel: &Kernel, task: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_endpoint_disconnect_and_heartbeat() {
     let env = KernelEnv::new().await;
-    let kernel = managed(&env).await;
+    // The stream watchdog (16 s) is shorter than the LLM's 17 s stall: only the kernel's
+    // 15 s pings keep the stream alive, so this also proves they reset the watchdog.
+    let kernel = managed_with(
+        &env,
+        a2a::Timeouts {
+            stream_idle: Duration::from_secs(16),
+            ..a2a::Timeouts::default()
+        },
+    )
+    .await;
     let s = server(&env, kernel.clone()).await;
     let w = ws(&env, "c1");
     // Cancel endpoint during a slow run.

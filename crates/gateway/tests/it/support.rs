@@ -26,6 +26,7 @@ pub struct Builder {
     pub ttl: Option<u64>,
     pub dir: Option<PathBuf>,
     pub channel_capacity: usize,
+    pub kernel_idle: Option<Duration>,
 }
 
 pub struct TestServer {
@@ -50,6 +51,7 @@ impl Builder {
             ttl: None,
             dir: None,
             channel_capacity: 64,
+            kernel_idle: None,
         }
     }
     pub fn auth(mut self, t: &str) -> Self {
@@ -87,6 +89,11 @@ impl Builder {
     /// Reuse a directory (state in `<dir>/state`, workspaces in `<dir>/ws`): restarts.
     pub fn dir(mut self, d: PathBuf) -> Self {
         self.dir = Some(d);
+        self
+    }
+    /// `--kernel-idle-timeout` (for a kernel given with [`Builder::a2a`]).
+    pub fn kernel_idle(mut self, d: Duration) -> Self {
+        self.kernel_idle = Some(d);
         self
     }
     pub fn channel_capacity(mut self, n: usize) -> Self {
@@ -129,6 +136,9 @@ impl Builder {
         if let Some((url, token)) = &self.a2a {
             cfg.a2a_url = Some(iac_code_agui::config::validate_a2a_url(url).expect("loopback url"));
             cfg.a2a_token = token.clone();
+        }
+        if let Some(d) = self.kernel_idle {
+            cfg.kernel_idle_timeout_secs = d.as_secs_f64();
         }
         if let Some(t) = self.ttl {
             cfg.interrupt_ttl_secs = t;
@@ -234,10 +244,16 @@ pub fn ctx(thread: &str) -> String {
 
 /// A managed real kernel for `env`, ready (or the test fails).
 pub async fn managed(env: &KernelEnv) -> Arc<Kernel> {
+    managed_with(env, a2a::Timeouts::default()).await
+}
+
+/// [`managed`] with the kernel client's timeouts.
+pub async fn managed_with(env: &KernelEnv, timeouts: a2a::Timeouts) -> Arc<Kernel> {
     let k = Kernel::managed(ChildSpec {
         command: env.command(),
         env: env.vars(),
         ready_timeout: Duration::from_secs(60),
+        timeouts,
     });
     let state = k.wait_ready(Duration::from_secs(90)).await;
     assert_eq!(state, KernelState::Ready, "{:?}", k.health());

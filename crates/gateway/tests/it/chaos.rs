@@ -1,0 +1,423 @@
+//! Kernel chaos: the test kit's proxy sits between the gateway and a fake or real kernel and cuts,
+//! stalls, delays, truncates, corrupts, errors or restarts it. Whatever happens, every stream ends
+//! with exactly one terminal event and balanced spans within a bound, the thread is released (a
+//! next run on it works), no kernel task is left running and no kernel connection is left open.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use testkit::chaos::{ChaosProxy, Fault, Match};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::real_kernel::{alive, KernelEnv, KernelProcess};
+use testkit::sse::{assert_valid_run, post, RunResult};
+
+use crate::support::{body, ctx, Builder, TestServer};
+
+/// The kernel watchdog of these tests (`--kernel-idle-timeout`).
+const IDLE: Duration = Duration::from_secs(1);
+
+fn r(v: Value) -> Item {
+    Item::Result(v)
+}
+
+/// A normal turn of 8 frames: task, six text deltas (paced), input-required.
+fn turn(thread: &str) -> Vec<Item> {
+    let c = ctx(thread);
+    let mut v = vec![r(items::task(
+        "task-1",
+        &c,
+        "TASK_STATE_SUBMITTED",
+        json!({"iacCodeSessionId": "sess-1"}),
+    ))];
+    for i in 0..6 {
+        v.push(Item::Sleep(Duration::from_millis(20)));
+        v.push(r(items::text(
+            "task-1",
+            &c,
+            &format!("d{i} "),
+            "m1",
+            json!({}),
+        )));
+    }
+    v.push(r(items::status(
+        "task-1",
+        &c,
+        "TASK_STATE_INPUT_REQUIRED",
+        json!({}),
+    )));
+    v
+}
+
+struct Rig {
+    kernel: FakeKernel,
+    proxy: ChaosProxy,
+    server: TestServer,
+}
+
+async fn rig() -> Rig {
+    let kernel = FakeKernel::start().await;
+    let proxy = ChaosProxy::start(&kernel.url()).await;
+    let server = Builder::new()
+        .a2a(&proxy.url(), Some("a2a-secret"))
+        .kernel_idle(IDLE)
+        .start()
+        .await;
+    Rig {
+        kernel,
+        proxy,
+        server,
+    }
+}
+
+async fn run(s: &TestServer, thread: &str, run_id: &str) -> (RunResult, Duration) {
+    let t = Instant::now();
+    let res = post(
+        &s.url,
+        &body(thread, run_id, "x", &s.ws("w"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&res, thread, run_id);
+    (res, t.elapsed())
+}
+
+/// No response is left open in the proxy (the gateway closed every kernel stream).
+async fn assert_no_open_kernel_stream(p: &ChaosProxy) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while p.open_responses() > 0 {
+        assert!(Instant::now() < deadline, "a kernel stream was left open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_fault_ends_the_run_once_and_releases_the_thread() {
+    let garbage = b"data: \xff\xfe{\"jsonrpc\r\n\r\n".to_vec();
+    let stream_fault = |f: Fault| (Match::method("SendStreamingMessage"), f);
+    // (fault, expected terminal code or "success", task reached the kernel and must be cancelled)
+    let cases: Vec<(&str, (Match, Fault), &str, bool)> = vec![
+        (
+            "cut",
+            stream_fault(Fault::Cut { after: 3 }),
+            "A2A_UNAVAILABLE",
+            true,
+        ),
+        (
+            "cut before any event",
+            stream_fault(Fault::Cut { after: 0 }),
+            "A2A_UNAVAILABLE",
+            false,
+        ),
+        (
+            "stall",
+            stream_fault(Fault::Stall { after: 3 }),
+            "A2A_UNAVAILABLE",
+            true,
+        ),
+        (
+            "stall before any event",
+            stream_fault(Fault::Stall { after: 0 }),
+            "A2A_UNAVAILABLE",
+            false,
+        ),
+        (
+            "delay",
+            stream_fault(Fault::Delay(Duration::from_millis(40))),
+            "success",
+            false,
+        ),
+        (
+            "truncated frame",
+            stream_fault(Fault::Truncate { after: 3 }),
+            "A2A_UNAVAILABLE",
+            true,
+        ),
+        (
+            "clean end mid-task",
+            stream_fault(Fault::End { after: 3 }),
+            "A2A_EXECUTION_FAILED",
+            true,
+        ),
+        (
+            "garbage frame",
+            stream_fault(Fault::Garbage {
+                after: 3,
+                bytes: garbage,
+            }),
+            "A2A_UNAVAILABLE",
+            true,
+        ),
+        (
+            "JSON-RPC error in the stream",
+            stream_fault(Fault::StreamRpcError {
+                after: 3,
+                code: -32603,
+                message: "boom".into(),
+            }),
+            "A2A_UNAVAILABLE",
+            true,
+        ),
+        (
+            "JSON-RPC error instead of the stream",
+            stream_fault(Fault::RpcError {
+                code: -32603,
+                message: "boom".into(),
+            }),
+            "A2A_UNAVAILABLE",
+            false,
+        ),
+        (
+            "HTTP 503",
+            stream_fault(Fault::Status(503)),
+            "A2A_UNAVAILABLE",
+            false,
+        ),
+    ];
+    for (what, (m, fault), expect, cancels) in cases {
+        let rig = rig().await;
+        let forwarded = !matches!(fault, Fault::RpcError { .. } | Fault::Status(_));
+        if forwarded {
+            rig.kernel
+                .on("SendStreamingMessage", Reply::Sse(turn("t1")));
+        }
+        rig.proxy.inject(m, fault, 1);
+        let (res, took) = run(&rig.server, "t1", "r1").await;
+        let got = if res.last()["type"] == "RUN_FINISHED" {
+            res.last()["outcome"]["type"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        } else {
+            res.last()["code"].as_str().unwrap_or("").to_owned()
+        };
+        assert_eq!(got, expect, "{what}: {}", res.raw);
+        assert!(
+            took < IDLE + Duration::from_secs(4),
+            "{what}: took {took:?}"
+        );
+        let cancelled = rig
+            .kernel
+            .wait_calls(
+                "CancelTask",
+                1,
+                Duration::from_secs(if cancels { 5 } else { 0 }),
+            )
+            .await;
+        if cancels {
+            assert_eq!(cancelled.len(), 1, "{what}: the task is cancelled");
+            assert_eq!(cancelled[0].body["params"]["id"], "task-1", "{what}");
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(
+                rig.kernel.calls("CancelTask").is_empty(),
+                "{what}: nothing to cancel"
+            );
+        }
+        assert_no_open_kernel_stream(&rig.proxy).await;
+        // The thread is released: the next run on it goes through.
+        rig.kernel
+            .on("SendStreamingMessage", Reply::Sse(turn("t1")));
+        let (next, _) = run(&rig.server, "t1", "r2").await;
+        assert_eq!(
+            next.last()["outcome"]["type"],
+            "success",
+            "{what}: {}",
+            next.raw
+        );
+        assert_eq!(next.of("TEXT_MESSAGE_CONTENT").len(), 6, "{what}");
+    }
+}
+
+#[tokio::test]
+async fn a_kernel_restart_mid_run_ends_it_and_the_new_kernel_serves_the_next_turn() {
+    let rig = rig().await;
+    let c = ctx("t1");
+    rig.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "sess-1"}),
+            )),
+            r(items::text("task-1", &c, "partial ", "m1", json!({}))),
+            Item::Stall,
+        ]),
+    );
+    let url = rig.server.url.clone();
+    let ws = rig.server.ws("w");
+    let pending =
+        tokio::spawn(async move { post(&url, &body("t1", "r1", "x", &ws, json!({})), &[]).await });
+    while rig.kernel.items_written() < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The kernel "restarts" on a new address: open streams are cut, requests go to the new one.
+    let fresh = FakeKernel::start().await;
+    let t = Instant::now();
+    rig.proxy.restart(&fresh.url());
+    let res = tokio::time::timeout(Duration::from_secs(10), pending)
+        .await
+        .expect("run ends")
+        .unwrap();
+    assert_valid_run(&res, "t1", "r1");
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
+    assert!(t.elapsed() < Duration::from_secs(3));
+    // The gateway tries to cancel the task where the kernel now is (nothing is left running).
+    let cancels = fresh
+        .wait_calls("CancelTask", 1, Duration::from_secs(5))
+        .await;
+    assert_eq!(cancels[0].body["params"]["id"], "task-1");
+    assert_no_open_kernel_stream(&rig.proxy).await;
+    fresh.on("SendStreamingMessage", Reply::Sse(turn("t1")));
+    let (next, _) = run(&rig.server, "t1", "r2").await;
+    assert_eq!(next.last()["outcome"]["type"], "success", "{}", next.raw);
+}
+
+#[tokio::test]
+async fn a_kernel_that_is_down_fails_runs_fast_and_they_work_again_once_it_is_up() {
+    let rig = rig().await;
+    rig.proxy.down();
+    for i in 0..3 {
+        let (res, took) = run(&rig.server, "t1", &format!("r{i}")).await;
+        assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
+        assert!(took < Duration::from_secs(3), "{took:?}");
+    }
+    rig.proxy.up(&rig.kernel.url());
+    rig.kernel
+        .on("SendStreamingMessage", Reply::Sse(turn("t1")));
+    let (res, _) = run(&rig.server, "t1", "r9").await;
+    assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+}
+
+// ------------------------------------------------------------------ the real kernel
+
+/// The task id a run's session events reported.
+fn task_of(res: &RunResult) -> String {
+    res.sessions()
+        .iter()
+        .rev()
+        .find_map(|s| s["taskId"].as_str())
+        .unwrap_or_else(|| panic!("no task id: {}", res.raw))
+        .to_owned()
+}
+
+/// Polls the kernel (directly, not through the proxy) until `task` is in a terminal state.
+async fn wait_terminal(kernel: &a2a::Client, task: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let state = kernel
+            .get_task(task, 0)
+            .await
+            .map(|t| t["status"]["state"].as_str().unwrap_or("").to_owned())
+            .unwrap_or_default();
+        if matches!(
+            state.as_str(),
+            "TASK_STATE_CANCELED" | "TASK_STATE_COMPLETED" | "TASK_STATE_FAILED"
+        ) {
+            return state;
+        }
+        assert!(Instant::now() < deadline, "task {task} still {state}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kernel_cut_stall_and_restart() {
+    let env = KernelEnv::new().await;
+    let mut kp = KernelProcess::start(&env).await;
+    let proxy = ChaosProxy::start(&kp.url()).await;
+    // Well above the kernel's slow first turn (≈ 4 s of silence before its first ping).
+    let idle = Duration::from_secs(10);
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .a2a(&proxy.url(), Some(&kp.token))
+        .kernel_idle(idle)
+        .start()
+        .await;
+    let w = env.ws().join("w");
+    std::fs::create_dir_all(&w).unwrap();
+    let w = w.display().to_string();
+    let direct = |kp: &KernelProcess| {
+        a2a::Client::new(&kp.url(), Some(kp.token.clone()), a2a::Timeouts::default())
+    };
+    let turn = |run: &str, text: &str| body("k1", run, text, &w, json!({}));
+
+    // A first, clean turn.
+    let res = post(&s.url, &turn("r0", "Hi. scenario:text"), &[]).await;
+    assert_valid_run(&res, "k1", "r0");
+    assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+
+    // Cut: the stream breaks after a few events of a long answer.
+    proxy.inject(
+        Match::method("SendStreamingMessage"),
+        Fault::Cut { after: 4 },
+        1,
+    );
+    let t = Instant::now();
+    let res = post(&s.url, &turn("r1", "Slow. scenario:slow"), &[]).await;
+    assert_valid_run(&res, "k1", "r1");
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    let task = task_of(&res);
+    assert_eq!(
+        wait_terminal(&direct(&kp), &task).await,
+        "TASK_STATE_CANCELED"
+    );
+    assert_no_open_kernel_stream(&proxy).await;
+
+    // Stall: the kernel stream goes silent (no events, no pings); the watchdog ends the run.
+    proxy.inject(
+        Match::method("SendStreamingMessage"),
+        Fault::Stall { after: 4 },
+        1,
+    );
+    let t = Instant::now();
+    let res = post(&s.url, &turn("r2", "Slow. scenario:slow"), &[]).await;
+    assert_valid_run(&res, "k1", "r2");
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
+    assert!(
+        t.elapsed() < idle + Duration::from_secs(15),
+        "{:?}",
+        t.elapsed()
+    );
+    let task = task_of(&res);
+    assert_eq!(
+        wait_terminal(&direct(&kp), &task).await,
+        "TASK_STATE_CANCELED"
+    );
+    assert_no_open_kernel_stream(&proxy).await;
+
+    // The thread still works.
+    let res = post(&s.url, &turn("r3", "Again. scenario:text"), &[]).await;
+    assert_valid_run(&res, "k1", "r3");
+    assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+
+    // Kernel restart (SIGKILL) mid-run: the run ends, and the new kernel serves the thread.
+    let url = s.url.clone();
+    let b = turn("r4", "Slow. scenario:slow");
+    let pending = tokio::spawn(async move { post(&url, &b, &[]).await });
+    proxy
+        .wait_calls("SendStreamingMessage", 4, Duration::from_secs(20))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let old = kp.pid();
+    proxy.down();
+    kp.restart(&env).await;
+    assert!(!alive(old), "the killed kernel is gone");
+    proxy.up(&kp.url());
+    let res = tokio::time::timeout(Duration::from_secs(30), pending)
+        .await
+        .expect("the run ends")
+        .unwrap();
+    assert_valid_run(&res, "k1", "r4");
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
+    assert_no_open_kernel_stream(&proxy).await;
+    let res = post(&s.url, &turn("r5", "After restart. scenario:text"), &[]).await;
+    assert_valid_run(&res, "k1", "r5");
+    assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+}
