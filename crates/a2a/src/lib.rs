@@ -183,6 +183,11 @@ impl Client {
 
     /// A unary JSON-RPC call: returns `result`, or the JSON-RPC error.
     pub async fn call(&self, method: &str, params: Value) -> Result<Value, Error> {
+        tracing::debug!(
+            method,
+            task = params.get("id").and_then(serde_json::Value::as_str),
+            "kernel call"
+        );
         let fut = async {
             let resp = self
                 .request(reqwest::Method::POST, &self.base)
@@ -209,6 +214,7 @@ impl Client {
 
     /// A streaming JSON-RPC call (`SendStreamingMessage`, `SubscribeToTask`).
     pub async fn stream(&self, method: &str, params: Value) -> Result<EventStream, Error> {
+        tracing::debug!(method, "kernel stream");
         let fut = self
             .request(reqwest::Method::POST, &self.base)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -274,6 +280,26 @@ impl Client {
             json!({"id": id, "historyLength": history_length}),
         )
         .await
+    }
+
+    /// `ListTasks {contextId, status, pageSize, historyLength: 0}`: the first page of the
+    /// context's tasks in that state (bare Task objects).
+    pub async fn list_tasks(
+        &self,
+        context_id: &str,
+        status: &str,
+        page_size: u32,
+    ) -> Result<Vec<Value>, Error> {
+        let r = self
+            .call(
+                "ListTasks",
+                json!({"contextId": context_id, "status": status, "pageSize": page_size, "historyLength": 0}),
+            )
+            .await?;
+        Ok(r.get("tasks")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default())
     }
 
     /// `SubscribeToTask {id}`.

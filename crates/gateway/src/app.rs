@@ -64,9 +64,17 @@ pub fn kernel_for(cfg: &Config, env: &Env) -> Arc<Kernel> {
 
 /// Builds the runtime and router state.
 pub fn build(opts: Options) -> AppState {
-    let store = opts
-        .store
-        .unwrap_or_else(|| Arc::new(FileStore::new(opts.cfg.state_dir.clone())));
+    let store = opts.store.unwrap_or_else(|| {
+        let fs = FileStore::new(opts.cfg.state_dir.clone());
+        let swept = fs.sweep_temp_files();
+        if swept > 0 {
+            tracing::info!(
+                files = swept,
+                "removed temporary state files of interrupted writes"
+            );
+        }
+        Arc::new(fs)
+    });
     let kernel = opts
         .kernel
         .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env));

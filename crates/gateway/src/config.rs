@@ -429,6 +429,36 @@ mod tests {
         })
     }
 
+    #[test]
+    fn kernel_idle_timeout_flag_env_yaml_and_errors() {
+        assert_eq!(load(&[], &[]).unwrap().kernel_idle_timeout_secs, 60.0);
+        assert_eq!(
+            load(&[], &[]).unwrap().kernel_timeouts().stream_idle,
+            std::time::Duration::from_secs(60)
+        );
+        let env = [("IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT", "5")];
+        assert_eq!(load(&[], &env).unwrap().kernel_idle_timeout_secs, 5.0);
+        let c = load(&["--kernel-idle-timeout", "2.5"], &env).unwrap();
+        assert_eq!(
+            c.kernel_timeouts().stream_idle,
+            std::time::Duration::from_millis(2500)
+        );
+        assert!(load(&["--kernel-idle-timeout", "0"], &[])
+            .unwrap()
+            .kernel_timeouts()
+            .stream_idle
+            .is_zero());
+        let f = yaml("kernel-idle-timeout: 7\n");
+        let c = load(&["--config", f.path().to_str().unwrap()], &[]).unwrap();
+        assert_eq!(c.kernel_idle_timeout_secs, 7.0);
+        for bad in ["-1", "x", "nan"] {
+            assert_eq!(
+                load(&["--kernel-idle-timeout", bad], &[]).unwrap_err(),
+                "--kernel-idle-timeout must be a non-negative number."
+            );
+        }
+    }
+
     fn yaml(text: &str) -> tempfile::NamedTempFile {
         use std::io::Write;
         let mut f = tempfile::NamedTempFile::new().unwrap();

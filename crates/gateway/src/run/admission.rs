@@ -44,7 +44,7 @@ pub struct Admitted {
     pub execution_id: String,
     pub context_id: String,
     /// D-21: an orphaned kernel task to cancel before the new turn starts.
-    pub orphan_task: Option<String>,
+    pub orphan_task: Option<Orphan>,
     /// D-4: a task whose interrupts expired, to cancel (best effort).
     pub expired_task: Option<String>,
 }
@@ -59,6 +59,15 @@ fn new_execution(ros: &str) -> Execution {
         text_snapshot_digests: BTreeSet::new(),
         pending: Vec::new(),
     }
+}
+
+/// D-21: the kernel task a crashed run left behind.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Orphan {
+    /// Its id was stored.
+    Task(String),
+    /// The run died before the kernel's first item: look the task up by context.
+    Unknown,
 }
 
 /// Marks the current execution terminal (task id cleared, pending cleared).
@@ -201,12 +210,16 @@ pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> 
             }
             if !created {
                 // D-21: a running execution owned by no run of this process is orphaned.
-                if doc.execution.task_id.is_some()
-                    && !doc
-                        .terminal_execution_ids
-                        .contains(&doc.execution.execution_id)
+                if !doc
+                    .terminal_execution_ids
+                    .contains(&doc.execution.execution_id)
                 {
-                    orphan_task = doc.execution.task_id.clone();
+                    // A crash before the task id was stored leaves a task whose id only the
+                    // kernel knows (found by context).
+                    orphan_task = Some(match &doc.execution.task_id {
+                        Some(t) => Orphan::Task(t.clone()),
+                        None => Orphan::Unknown,
+                    });
                 }
                 // Rotation (§8.3).
                 doc.terminal_execution_ids

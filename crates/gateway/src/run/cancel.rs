@@ -73,6 +73,12 @@ pub async fn cancel(
         {
             return Err(not_found());
         }
+        // The run learns of the cancellation first, under the thread lock: it ends CANCELLED
+        // even when the kernel is slow to confirm (its CancelTask drains for up to 30 s), so the
+        // answer below and the run's terminal event always agree.
+        if let Some(c) = &active_control {
+            c.request_cancel();
+        }
         (doc.execution.task_id.clone(), active_control)
     };
 
@@ -86,9 +92,13 @@ pub async fn cancel(
         match client.cancel_task(task).await {
             Ok(_) => {}
             // TASK_NOT_CANCELABLE / TASK_NOT_FOUND: the task is no longer running.
-            Err(a2a::Error::Rpc(r)) if r.code == -32002 || r.code == -32001 => {
+            // The kernel's turn ended just now; a live run still ends CANCELLED (requested above).
+            Err(a2a::Error::Rpc(r))
+                if (r.code == -32002 || r.code == -32001) && control.is_none() =>
+            {
                 outcome = CancelOutcome::AlreadyTerminal;
             }
+            Err(a2a::Error::Rpc(r)) if r.code == -32002 || r.code == -32001 => {}
             Err(_) => return Err(ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
         }
     }

@@ -24,7 +24,7 @@ use crate::store::{AppliedDigest, PendingEntry, ThreadDoc};
 use crate::validate::props::CandidatePresentation;
 use crate::validate::{ResumeEntry, ResumeStatus, RunMode};
 
-use super::admission::{mark_terminal, Admitted, Mode};
+use super::admission::{mark_terminal, Admitted, Mode, Orphan};
 use super::sink::{Disconnected, Sink};
 use super::Runtime;
 
@@ -32,6 +32,8 @@ use super::Runtime;
 const KERNEL_WAIT: Duration = Duration::from_secs(60);
 /// Bound on best-effort cancellations.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
+/// How long an answer the kernel only acknowledged is followed by polling its task.
+const ACK_FOLLOW: Duration = Duration::from_secs(5);
 
 /// Starts the driver of an admitted run; returns the receiving end of its SSE bytes.
 pub fn spawn_run(rt: Arc<Runtime>, adm: Admitted) -> mpsc::Receiver<Bytes> {
@@ -106,6 +108,16 @@ fn kernel_error(e: &a2a::Error) -> Stop {
     }
 }
 
+/// Outcome of [`Driver::reattach`].
+enum Reattach {
+    /// Follow the task on this stream.
+    Stream(a2a::EventStream),
+    /// The task waits for input: the run ended with an interrupt.
+    Interrupted,
+    /// End the run from what is known.
+    No,
+}
+
 /// What is left of an answer's stream after its acceptance.
 enum After {
     /// The run ended (an interrupt was emitted).
@@ -146,6 +158,11 @@ struct Driver {
     answered_questions: Vec<(String, String)>,
     /// Interrupt ids applied in this resume (not re-interrupted when the kernel repeats them).
     applied_now: Vec<String>,
+    /// An answer's stream acknowledged it without carrying the continuation (see `reattach`).
+    acknowledged_only: bool,
+    /// The kernel reported FAILED during this run (a provider error: the stream may go on with
+    /// WORKING and stop; the run failed all the same, and is not re-attached).
+    failed_seen: bool,
     kernel_cancel_sent: bool,
     /// The session event after the first accepted answer of a resume was emitted.
     accepted_once: bool,
@@ -172,6 +189,8 @@ impl Driver {
             disconnected: false,
             answered_questions: Vec::new(),
             applied_now: Vec::new(),
+            acknowledged_only: false,
+            failed_seen: false,
             kernel_cancel_sent: false,
             accepted_once: false,
             deferred_catchup: None,
@@ -537,6 +556,20 @@ impl Driver {
             }
         }
         let meta = view.meta();
+        if resume {
+            if let Some(m) = meta {
+                // The kernel had this answer already (a run that crashed delivered it) or runs its
+                // continuation on another stream: this stream will not carry the continuation.
+                let duplicate = m
+                    .get("inputReceived")
+                    .and_then(|r| r.get("duplicate"))
+                    .and_then(Value::as_bool)
+                    == Some(true);
+                if duplicate || m.contains_key("permissionAck") {
+                    self.acknowledged_only = true;
+                }
+            }
+        }
         if let Some(s) = meta.and_then(mapping::session_id) {
             match &self.session_id {
                 None => {
@@ -603,6 +636,10 @@ impl Driver {
         }
         let state = view.state();
         if let Some(s) = &state {
+            tracing::trace!(state = ?s, "kernel item");
+            if *s == TaskState::Failed {
+                self.failed_seen = true;
+            }
             self.last_state = Some(s.clone());
             if s.is_final() || *s == TaskState::InputRequired {
                 return Ok(Step::Break);
@@ -717,6 +754,7 @@ impl Driver {
     /// Reads a kernel stream to its end (or a stopping state), then ends the run.
     async fn consume(&mut self, mut stream: a2a::EventStream, resume: bool) -> Result<(), Stop> {
         let mut cancel_deadline: Option<tokio::time::Instant> = None;
+        let mut reattach_budget: u8 = 2;
         loop {
             if self.rt.draining.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(Stop::Fail {
@@ -741,6 +779,8 @@ impl Driver {
                 _ = self.adm.control.notify.notified(), if cancel_deadline.is_none() => continue,
                 _ = self.rt.drain.notified() => continue,
                 _ = sleep_until_opt(cancel_deadline) => {
+                    // The kernel did not confirm in time: ask it once more (nothing left running).
+                    self.cancel_task_best_effort().await;
                     self.last_state = Some(TaskState::Canceled);
                     break;
                 }
@@ -761,7 +801,11 @@ impl Driver {
                     }
                     Err(e) => return Err(e),
                 },
-                Ok(None) => break,
+                Ok(None) => match self.reattach(resume, &mut reattach_budget).await? {
+                    Reattach::Stream(s) => stream = s,
+                    Reattach::Interrupted => return Ok(()),
+                    Reattach::No => break,
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "kernel stream failed");
                     return Err(kernel_error(&e));
@@ -772,6 +816,91 @@ impl Driver {
             return Err(Stop::Disconnected);
         }
         self.finish().await
+    }
+
+    /// An answer the kernel acknowledged without its continuation: it had it already, from a run
+    /// that crashed after delivering it (the tool is not run again). The task is polled
+    /// (bounded, [`ACK_FOLLOW`]) until it leaves the working state, and the run ends from that
+    /// snapshot (success, failure or the next interrupt). A task still "working" then is not
+    /// followed: the kernel can leave the state at WORKING after a duplicate answer, and a
+    /// subscription to it stays silent. The run ends with `RESUME_ALREADY_APPLIED`, which is
+    /// what the kernel reported; the next turn cancels the task if it still runs (D-21).
+    async fn settle_acknowledged(
+        &mut self,
+        client: &a2a::Client,
+        task: &str,
+        resume: bool,
+    ) -> Result<Reattach, Stop> {
+        let deadline = tokio::time::Instant::now() + ACK_FOLLOW;
+        loop {
+            if let Ok(Ok(snapshot)) =
+                tokio::time::timeout(CANCEL_WAIT, client.get_task(task, 0)).await
+            {
+                let working = matches!(
+                    ItemView::new(&snapshot).state(),
+                    Some(TaskState::Working | TaskState::Submitted)
+                );
+                if !working {
+                    return Ok(match self.process(&snapshot, resume).await? {
+                        Step::Interrupted => Reattach::Interrupted,
+                        Step::Break | Step::Continue => Reattach::No,
+                    });
+                }
+            }
+            if tokio::time::Instant::now() >= deadline
+                || self.adm.control.is_cancel_requested()
+                || self.sink.is_closed()
+            {
+                return Err(fail(
+                    Code::ResumeAlreadyApplied,
+                    "The interrupt response has already been applied.",
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// A stream that closed while its task was still live. The kernel's reply may go on
+    /// elsewhere: an answer delivered twice (the first time by a run that crashed before it could
+    /// record it) gets a one-event `inputReceived {duplicate: true}` stream; a pipeline reply can
+    /// re-enter on a separate stream. The task is looked at (GetTask): an interrupt or an end
+    /// state ends the run as usual, a live task is followed (SubscribeToTask). Bounded by
+    /// `budget`; anything that fails leaves the run to end as it would have.
+    async fn reattach(&mut self, resume: bool, budget: &mut u8) -> Result<Reattach, Stop> {
+        let live = matches!(
+            self.last_state,
+            None | Some(TaskState::Working) | Some(TaskState::Submitted)
+        );
+        if *budget == 0
+            || !live
+            || self.failed_seen
+            || self.disconnected
+            || self.adm.control.is_cancel_requested()
+        {
+            return Ok(Reattach::No);
+        }
+        let (Some(task), Some(client)) = (self.task_id.clone(), self.rt.kernel.client()) else {
+            return Ok(Reattach::No);
+        };
+        *budget -= 1;
+        if self.acknowledged_only {
+            return self.settle_acknowledged(&client, &task, resume).await;
+        }
+        let Ok(Ok(snapshot)) = tokio::time::timeout(CANCEL_WAIT, client.get_task(&task, 0)).await
+        else {
+            return Ok(Reattach::No);
+        };
+        match self.process(&snapshot, resume).await? {
+            Step::Interrupted => Ok(Reattach::Interrupted),
+            Step::Break => Ok(Reattach::No),
+            Step::Continue => match client.subscribe_to_task(&task).await {
+                Ok(s) => {
+                    tracing::debug!(task = %task, "kernel stream closed early; following the task");
+                    Ok(Reattach::Stream(s))
+                }
+                Err(_) => Ok(Reattach::No),
+            },
+        }
     }
 
     /// Ends a run whose stream stopped without an interrupt.
@@ -828,8 +957,14 @@ impl Driver {
         let client = self.client().await?;
         if let Some(orphan) = self.adm.orphan_task.take() {
             // D-21: the kernel would refuse a new turn while the orphaned task still runs.
-            let _ = tokio::time::timeout(CANCEL_WAIT, client.cancel_task(&orphan)).await;
-            wait_not_active(&client, &orphan).await;
+            let tasks = match orphan {
+                Orphan::Task(t) => vec![t],
+                Orphan::Unknown => orphans_of_context(&client, &self.adm.context_id).await,
+            };
+            for t in tasks {
+                let _ = tokio::time::timeout(CANCEL_WAIT, client.cancel_task(&t)).await;
+                wait_not_active(&client, &t).await;
+            }
         }
         let um = self
             .adm
@@ -1524,6 +1659,40 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
+}
+
+/// D-21 for a run that crashed before it learnt its task id: the context's submitted and working
+/// tasks, and its most recent input-required one (a permission or question wait; when it is a
+/// finished turn instead, cancelling it is refused and changes nothing). Bounded: one page each.
+async fn orphans_of_context(client: &a2a::Client, context_id: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for state in ["TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"] {
+        if let Ok(Ok(tasks)) =
+            tokio::time::timeout(CANCEL_WAIT, client.list_tasks(context_id, state, 20)).await
+        {
+            out.extend(
+                tasks
+                    .iter()
+                    .filter_map(|t| t["id"].as_str().map(str::to_owned)),
+            );
+        }
+    }
+    if let Ok(Ok(tasks)) = tokio::time::timeout(
+        CANCEL_WAIT,
+        client.list_tasks(context_id, "TASK_STATE_INPUT_REQUIRED", 100),
+    )
+    .await
+    {
+        // RFC 3339 UTC timestamps of one writer compare as strings.
+        if let Some(latest) = tasks
+            .iter()
+            .max_by_key(|t| t["status"]["timestamp"].as_str().unwrap_or("").to_owned())
+            .and_then(|t| t["id"].as_str())
+        {
+            out.push(latest.to_owned());
+        }
+    }
+    out
 }
 
 /// D-21: waits (bounded) until the kernel reports the orphaned task as no longer working.

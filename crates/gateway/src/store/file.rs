@@ -64,6 +64,27 @@ impl FileStore {
         self.root.join("threads")
     }
 
+    /// Removes the temporary files of writes a crash interrupted (`.<stem>.json.<id>.tmp`;
+    /// never a thread file, never a symlink's target). Called once at start-up, before any write.
+    pub fn sweep_temp_files(&self) -> usize {
+        let Ok(entries) = fs::read_dir(self.threads_dir()) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let is_tmp = name.starts_with('.') && name.ends_with(".tmp") && name.contains(".json.");
+            if is_tmp
+                && e.file_type().is_ok_and(|t| t.is_file())
+                && fs::remove_file(e.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// The path of a thread's file.
     pub fn path_of(&self, thread_id: &str) -> Option<PathBuf> {
         file_stem(thread_id).map(|s| self.threads_dir().join(format!("{s}.json")))
@@ -209,6 +230,27 @@ mod tests {
             terminal_execution_ids: Default::default(),
             expired_interrupts: Default::default(),
         }
+    }
+
+    #[test]
+    fn sweep_removes_only_interrupted_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStore::new(dir.path());
+        assert_eq!(s.sweep_temp_files(), 0, "no threads dir yet");
+        s.save(&doc("t1")).unwrap();
+        let t = s.threads_dir();
+        fs::write(t.join(".t1.json.0123abcd.tmp"), b"{partial").unwrap();
+        fs::write(t.join(".t2.json.ffff.tmp"), b"").unwrap();
+        fs::write(t.join("notes.tmp"), b"x").unwrap();
+        std::os::unix::fs::symlink(t.join("t1.json"), t.join(".t3.json.link.tmp")).unwrap();
+        assert_eq!(s.sweep_temp_files(), 2);
+        let mut left: Vec<String> = fs::read_dir(&t)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, [".t3.json.link.tmp", "notes.tmp", "t1.json"]);
+        assert!(s.load("t1").unwrap().is_some());
     }
 
     #[test]

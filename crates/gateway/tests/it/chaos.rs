@@ -327,8 +327,9 @@ async fn real_kernel_cut_stall_and_restart() {
     let env = KernelEnv::new().await;
     let mut kp = KernelProcess::start(&env).await;
     let proxy = ChaosProxy::start(&kp.url()).await;
-    // Well above the kernel's slow first turn (≈ 4 s of silence before its first ping).
-    let idle = Duration::from_secs(10);
+    // Above the kernel's 15 s ping interval: a slow first turn on a loaded machine is silent
+    // until its first ping.
+    let idle = Duration::from_secs(20);
     let s = Builder::new()
         .dir(env.dir.path().canonicalize().unwrap())
         .env(
@@ -420,4 +421,176 @@ async fn real_kernel_cut_stall_and_restart() {
     let res = post(&s.url, &turn("r5", "After restart. scenario:text"), &[]).await;
     assert_valid_run(&res, "k1", "r5");
     assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+}
+
+// ------------------------------------------------ answers delivered twice (crash recovery)
+
+fn perm_input(thread: &str) -> Value {
+    json!({"schemaVersion": 1.0, "kind": "permission", "requestTaskId": "task-1", "contextId": ctx(thread),
+        "inputId": "perm-1", "toolUseId": "tu1", "toolName": "bash", "prompt": "Run bash?", "required": true})
+}
+
+/// A first run that ends in the permission interrupt `perm-1`.
+async fn interrupted(rig: &Rig, thread: &str) {
+    let c = ctx(thread);
+    rig.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "sess-1"}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm_input(thread)}),
+            )),
+        ]),
+    );
+    let (res, _) = run(&rig.server, thread, "r1").await;
+    assert_eq!(res.last()["outcome"]["type"], "interrupt", "{}", res.raw);
+}
+
+fn task_reply(thread: &str, state: &str, meta: Value) -> Reply {
+    Reply::Json(200, items::bare_task("task-1", &ctx(thread), state, meta))
+}
+
+async fn resume(rig: &Rig, thread: &str, run_id: &str) -> RunResult {
+    let b = crate::support::resume_body(
+        thread,
+        run_id,
+        &rig.server.ws("w"),
+        "inv-1",
+        json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]),
+    );
+    let res = post(&rig.server.url, &b, &[]).await;
+    assert_valid_run(&res, thread, run_id);
+    res
+}
+
+#[tokio::test]
+async fn an_answer_the_kernel_already_had_is_settled_from_the_task() {
+    let rig = rig().await;
+    // The kernel acknowledges the answer as a duplicate (a crashed run delivered it) and closes
+    // the stream; the task had finished its turn: the run succeeds, the tool is not re-run.
+    interrupted(&rig, "t1").await;
+    let c = ctx("t1");
+    rig.kernel.on(
+        "GetTask",
+        task_reply(
+            "t1",
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm_input("t1")}),
+        ),
+    );
+    rig.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![r(items::status("task-1", &c, "TASK_STATE_WORKING",
+            json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "recovered": true, "duplicate": true}})))]),
+    );
+    // The stale projection still shows the answered permission: it is not raised again.
+    rig.kernel.on(
+        "GetTask",
+        task_reply(
+            "t1",
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm_input("t1")}),
+        ),
+    );
+    let res = resume(&rig, "t1", "r2").await;
+    assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+    assert!(rig.server.thread_doc("t1")["execution"]["pending"]
+        .as_object()
+        .is_none_or(|p| p.is_empty()));
+    assert!(rig.kernel.calls("SubscribeToTask").is_empty());
+
+    // The task stays "working" (the kernel can leave that state behind a duplicate): the run
+    // ends, bounded, with RESUME_ALREADY_APPLIED; the answer stays applied; a new turn works.
+    interrupted(&rig, "t2").await;
+    let c2 = ctx("t2");
+    rig.kernel.on(
+        "GetTask",
+        task_reply(
+            "t2",
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm_input("t2")}),
+        ),
+    );
+    rig.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![r(items::status("task-1", &c2, "TASK_STATE_WORKING",
+            json!({"permissionAck": {"schemaVersion": 1, "kind": "permission_ack", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "accepted": true}})))]),
+    );
+    for _ in 0..40 {
+        rig.kernel
+            .on("GetTask", task_reply("t2", "TASK_STATE_WORKING", json!({})));
+    }
+    let t = Instant::now();
+    let res = resume(&rig, "t2", "r2").await;
+    assert_eq!(res.last()["code"], "RESUME_ALREADY_APPLIED", "{}", res.raw);
+    assert!(t.elapsed() < Duration::from_secs(9), "{:?}", t.elapsed());
+    assert!(rig.server.thread_doc("t2")["execution"]["pending"]
+        .as_object()
+        .is_none_or(|p| p.is_empty()));
+    let res = resume(&rig, "t2", "r3").await;
+    assert_eq!(
+        res.last()["code"],
+        "RESUME_ALREADY_APPLIED",
+        "a replay is refused: {}",
+        res.raw
+    );
+    rig.kernel
+        .on("SendStreamingMessage", Reply::Sse(turn("t2")));
+    let (next, _) = run(&rig.server, "t2", "r4").await;
+    assert_eq!(next.last()["outcome"]["type"], "success", "{}", next.raw);
+}
+
+#[tokio::test]
+async fn a_stream_that_closes_while_its_task_works_is_followed() {
+    let rig = rig().await;
+    interrupted(&rig, "t1").await;
+    let c = ctx("t1");
+    rig.kernel.on(
+        "GetTask",
+        task_reply(
+            "t1",
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm_input("t1")}),
+        ),
+    );
+    rig.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::status("task-1", &c, "TASK_STATE_WORKING",
+                json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once"}}))),
+            r(items::text("task-1", &c, "Running ", "m2", json!({}))),
+        ]),
+    );
+    rig.kernel
+        .on("GetTask", task_reply("t1", "TASK_STATE_WORKING", json!({})));
+    rig.kernel.on(
+        "SubscribeToTask",
+        Reply::Sse(vec![
+            r(items::text("task-1", &c, "done.", "m2", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({}),
+            )),
+        ]),
+    );
+    let res = resume(&rig, "t1", "r2").await;
+    assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
+    let text: String = res
+        .of("TEXT_MESSAGE_CONTENT")
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(text, "Running done.");
+    assert_eq!(rig.kernel.calls("SubscribeToTask").len(), 1);
+    assert!(rig.kernel.calls("CancelTask").is_empty());
 }

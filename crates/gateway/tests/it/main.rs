@@ -2,6 +2,7 @@
 
 mod chaos;
 mod conformance;
+mod crash;
 mod fake_kernel_runs;
 mod fuzz;
 mod http_surface;

@@ -64,6 +64,8 @@ fn help_documents_every_option() {
         "--interrupt-ttl",
         "--a2a-command",
         "--shutdown-timeout",
+        "--kernel-idle-timeout",
+        "IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT",
         "IAC_CODE_AGUI_A2A_TOKEN",
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");

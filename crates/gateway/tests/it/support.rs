@@ -102,6 +102,13 @@ impl Builder {
     }
 
     pub async fn start(self) -> TestServer {
+        // `AGUI_TEST_LOG=iac_code_agui=debug,a2a=debug` shows the gateway's logs in a test.
+        if let Ok(filter) = std::env::var("AGUI_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
         let (tmp, dir) = match self.dir {
             Some(d) => (None, d),
             None => {
