@@ -32,6 +32,8 @@ use super::Runtime;
 const KERNEL_WAIT: Duration = Duration::from_secs(60);
 /// Bound on best-effort cancellations.
 const CANCEL_WAIT: Duration = Duration::from_secs(10);
+/// How long a task that refused an answer is watched for an earlier delivery of it starting.
+const EARLIER_DELIVERY_WAIT: Duration = Duration::from_secs(2);
 /// How long an answer the kernel only acknowledged is followed by polling its task.
 const ACK_FOLLOW: Duration = Duration::from_secs(5);
 
@@ -122,6 +124,8 @@ enum Reattach {
 enum After {
     /// The run ended (an interrupt was emitted).
     Ended,
+    /// The kernel had the answer already and is working on it (see `Driver::accept`).
+    Acknowledged,
     /// The stream reached a stopping state.
     Closed,
     /// The stream goes on.
@@ -418,10 +422,20 @@ impl Driver {
         &mut self,
         fut: impl std::future::Future<Output = Result<a2a::EventStream, a2a::Error>>,
     ) -> Result<a2a::EventStream, Stop> {
+        self.open_stream_raw(fut)
+            .await
+            .map_err(|e| kernel_error(&e))
+    }
+
+    /// [`Driver::open_stream`] with the kernel's error as it is.
+    async fn open_stream_raw(
+        &mut self,
+        fut: impl std::future::Future<Output = Result<a2a::EventStream, a2a::Error>>,
+    ) -> Result<a2a::EventStream, a2a::Error> {
         tokio::pin!(fut);
         loop {
             tokio::select! {
-                r = &mut fut => return r.map_err(|e| kernel_error(&e)),
+                r = &mut fut => return r,
                 _ = self.sink.closed(), if !self.disconnected => {
                     // Keep the request going: the task id may still be needed for cancellation.
                     self.disconnected = true;
@@ -1368,22 +1382,40 @@ impl Driver {
                         vec![part],
                         Some(task_id),
                     );
-                    let stream = self.open_stream(client.send_streaming_message(message)).await.map_err(|s| match s {
-                        Stop::Fail { code: Code::A2aUnavailable, .. } => Stop::Fail {
-                            code: Code::A2aUnavailable,
-                            message: Cow::Borrowed("The local A2A execution service rejected the interrupt response."),
-                            cancel: false,
-                        },
-                        other => other,
-                    })?;
-                    let after = self
-                        .accept(
-                            stream,
-                            &id,
-                            &digest,
-                            "The A2A permission response was not accepted.",
-                        )
-                        .await?;
+                    let opened = self
+                        .open_stream_raw(client.send_streaming_message(message))
+                        .await;
+                    let after = match opened {
+                        Ok(stream) => {
+                            self.accept(
+                                stream,
+                                &id,
+                                &digest,
+                                "The A2A permission response was not accepted.",
+                            )
+                            .await?
+                        }
+                        // "pending permission is not active" while the task works: an earlier
+                        // delivery of this answer is being carried out (see `accept`).
+                        Err(a2a::Error::Rpc(r))
+                            if r.message.starts_with("permission_resume_invalid")
+                                && self.busy_with_earlier_delivery().await =>
+                        {
+                            self.commit_answer(&id, &digest).await?;
+                            self.acknowledged_only = true;
+                            After::Acknowledged
+                        }
+                        Err(e) => {
+                            return Err(match kernel_error(&e) {
+                                Stop::Fail { code: Code::A2aUnavailable, .. } => Stop::Fail {
+                                    code: Code::A2aUnavailable,
+                                    message: Cow::Borrowed("The local A2A execution service rejected the interrupt response."),
+                                    cancel: false,
+                                },
+                                other => other,
+                            })
+                        }
+                    };
                     match self.settle(after, remaining).await? {
                         Settled::Ended => return Ok(()),
                         Settled::Next => {}
@@ -1501,8 +1533,45 @@ impl Driver {
                     Step::Continue => After::Open(stream),
                 })
             }
-            Ok(None) => Err(fail(Code::A2aUnavailable, not_accepted)),
+            Ok(None) => {
+                if self.busy_with_earlier_delivery().await {
+                    self.commit_answer(id, digest).await?;
+                    self.acknowledged_only = true;
+                    return Ok(After::Acknowledged);
+                }
+                Err(fail(Code::A2aUnavailable, not_accepted))
+            }
             Err(e) => Err(no_cancel_stop(kernel_error(&e))),
+        }
+    }
+
+    /// The kernel refused an answer to a pending interrupt (empty stream, or "pending permission
+    /// is not active") while its task is working: an earlier delivery of the same answer, by a
+    /// run that crashed before it could record it, is being carried out. A task waiting for
+    /// input or finished is not: the answer was then really not accepted, and stays pending.
+    /// The earlier delivery may still be on its way into the task, so a waiting task is looked
+    /// at again for a short while ([`EARLIER_DELIVERY_WAIT`]).
+    async fn busy_with_earlier_delivery(&mut self) -> bool {
+        let (Some(task), Some(client)) = (self.task_id.clone(), self.rt.kernel.client()) else {
+            return false;
+        };
+        let deadline = tokio::time::Instant::now() + EARLIER_DELIVERY_WAIT;
+        loop {
+            match tokio::time::timeout(CANCEL_WAIT, client.get_task(&task, 0)).await {
+                Ok(Ok(t)) => {
+                    if matches!(
+                        ItemView::new(&t).state(),
+                        Some(TaskState::Working | TaskState::Submitted)
+                    ) {
+                        return true;
+                    }
+                }
+                _ => return false,
+            }
+            if tokio::time::Instant::now() >= deadline || self.sink.is_closed() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
@@ -1512,6 +1581,17 @@ impl Driver {
     async fn settle(&mut self, after: After, remaining: usize) -> Result<Settled, Stop> {
         Ok(match after {
             After::Ended => Settled::Ended,
+            After::Acknowledged if remaining == 0 => {
+                let (Some(task), Some(client)) = (self.task_id.clone(), self.rt.kernel.client())
+                else {
+                    return Err(fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE));
+                };
+                if let Reattach::No = self.settle_acknowledged(&client, &task, true).await? {
+                    self.finish().await?;
+                }
+                Settled::Ended
+            }
+            After::Acknowledged => Settled::Next,
             After::Closed if remaining == 0 => {
                 self.finish().await?;
                 Settled::Ended

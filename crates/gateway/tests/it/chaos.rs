@@ -594,3 +594,87 @@ async fn a_stream_that_closes_while_its_task_works_is_followed() {
     assert_eq!(rig.kernel.calls("SubscribeToTask").len(), 1);
     assert!(rig.kernel.calls("CancelTask").is_empty());
 }
+
+#[tokio::test]
+async fn an_answer_refused_while_its_earlier_delivery_runs_is_settled() {
+    let rig = rig().await;
+    // (thread, how the kernel refuses the repeated answer)
+    let refusals = [
+        ("t1", Reply::Sse(vec![])),
+        (
+            "t2",
+            Reply::Json(
+                200,
+                json!({"error": {"code": -32602, "message": "permission_resume_invalid: pending permission is not active."}}),
+            ),
+        ),
+    ];
+    for (thread, refusal) in refusals {
+        interrupted(&rig, thread).await;
+        rig.kernel.on(
+            "GetTask",
+            task_reply(
+                thread,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm_input(thread)}),
+            ),
+        );
+        rig.kernel.on("SendStreamingMessage", refusal);
+        // The task works on the earlier delivery, then finishes its turn.
+        rig.kernel.on(
+            "GetTask",
+            task_reply(thread, "TASK_STATE_WORKING", json!({})),
+        );
+        rig.kernel.on(
+            "GetTask",
+            task_reply(thread, "TASK_STATE_WORKING", json!({})),
+        );
+        rig.kernel.on(
+            "GetTask",
+            task_reply(
+                thread,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm_input(thread)}),
+            ),
+        );
+        let res = resume(&rig, thread, "r2").await;
+        assert_eq!(
+            res.last()["outcome"]["type"],
+            "success",
+            "{thread}: {}",
+            res.raw
+        );
+        assert!(rig.server.thread_doc(thread)["execution"]["pending"]
+            .as_object()
+            .is_none_or(|p| p.is_empty()));
+        let res = resume(&rig, thread, "r3").await;
+        assert_eq!(
+            res.last()["code"],
+            "RESUME_ALREADY_APPLIED",
+            "{thread}: {}",
+            res.raw
+        );
+    }
+    // Refused while the task waits for input: really not accepted, the interrupt stays pending.
+    interrupted(&rig, "t3").await;
+    rig.kernel.on(
+        "GetTask",
+        task_reply(
+            "t3",
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm_input("t3")}),
+        ),
+    );
+    rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
+    rig.kernel.on(
+        "GetTask",
+        task_reply(
+            "t3",
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm_input("t3")}),
+        ),
+    );
+    let res = resume(&rig, "t3", "r2").await;
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
+    assert!(rig.server.thread_doc("t3")["execution"]["pending"]["perm-1"].is_object());
+}
