@@ -500,12 +500,36 @@ impl std::fmt::Debug for EventStream {
     }
 }
 
+/// One item of [`EventStream::next_with`].
+#[derive(Debug)]
+pub enum Next<T> {
+    /// The caller's fast parser understood the frame.
+    Fast(T),
+    /// The frame's JSON-RPC `result` object.
+    Item(Value),
+}
+
 impl EventStream {
     /// The next `result` object; `Ok(None)` at the end of the stream. A JSON-RPC error item is
     /// returned as [`Error::Rpc`] (D-16), malformed frames as [`Error::Protocol`].
     pub async fn next(&mut self) -> Result<Option<Value>, Error> {
-        match &mut self.inner {
-            StreamInner::Single(v) => Ok(v.take()),
+        Ok(self
+            .next_with(|_| None::<std::convert::Infallible>)
+            .await?
+            .map(|n| match n {
+                Next::Item(v) => v,
+                Next::Fast(never) => match never {},
+            }))
+    }
+
+    /// Like [`EventStream::next`], but each SSE frame's data is first offered to `fast`; when it
+    /// returns `Some`, that is the item and the generic JSON tree is never built.
+    pub async fn next_with<T>(
+        &mut self,
+        fast: impl FnOnce(&[u8]) -> Option<T>,
+    ) -> Result<Option<Next<T>>, Error> {
+        let data = match &mut self.inner {
+            StreamInner::Single(v) => return Ok(v.take().map(Next::Item)),
             StreamInner::Sse {
                 body,
                 decoder,
@@ -513,16 +537,16 @@ impl EventStream {
                 idle,
             } => loop {
                 match decoder.next_frame() {
-                    Ok(Some(frame)) => return parse_frame(&frame.data),
+                    Ok(Some(frame)) => break frame.data,
                     Ok(None) => {}
                     Err(e) => return Err(Error::Protocol(e.to_string())),
                 }
                 if *done {
-                    return match decoder.finish() {
-                        Ok(Some(frame)) => parse_frame(&frame.data),
-                        Ok(None) => Ok(None),
-                        Err(e) => Err(Error::Protocol(e.to_string())),
-                    };
+                    match decoder.finish() {
+                        Ok(Some(frame)) => break frame.data,
+                        Ok(None) => return Ok(None),
+                        Err(e) => return Err(Error::Protocol(e.to_string())),
+                    }
                 }
                 match idle.next(body).await? {
                     Some(Ok(chunk)) => decoder.push(&chunk),
@@ -530,7 +554,11 @@ impl EventStream {
                     None => *done = true,
                 }
             },
+        };
+        if let Some(t) = fast(&data) {
+            return Ok(Some(Next::Fast(t)));
         }
+        Ok(parse_frame(&data)?.map(Next::Item))
     }
 }
 

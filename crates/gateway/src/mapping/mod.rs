@@ -4,6 +4,7 @@
 //! usage, pipeline dedupe state and text snapshot digests. The run driver feeds it unwrapped kernel
 //! items and forwards the events it appends. [`Mapper::close_all`] balances spans (§10.9, D-5).
 
+pub mod fast;
 pub mod interrupt;
 mod pipeline;
 
@@ -342,21 +343,30 @@ impl Mapper {
                 }
             }
         }
-        if text.is_empty() {
-            return;
-        }
         let final_dup = meta
             .and_then(|m| m.get("assistantFinal"))
             .and_then(|f| f.get("complete"))
             .and_then(Value::as_bool)
             == Some(true);
-        if final_dup && self.text_emitted {
+        self.status_text(id, &text, final_dup, out);
+    }
+
+    /// The text of a status message (`id`: its message id); `final_dup`: the turn's final
+    /// message, which repeats text already streamed.
+    pub fn status_text(
+        &mut self,
+        id: Option<String>,
+        text: &str,
+        final_dup: bool,
+        out: &mut Vec<Event>,
+    ) {
+        if text.is_empty() || (final_dup && self.text_emitted) {
             return;
         }
         let id = id
             .or_else(|| self.current_text.clone())
             .unwrap_or_else(|| format!("assistant-{}", (self.gen)()));
-        self.emit_text(&id, &text, true, out);
+        self.emit_text(&id, text, true, out);
     }
 
     /// Emits agent text. `exclusive`: status text (closes the current message when another

@@ -497,3 +497,198 @@ fn session_id_sources() {
     let m = json!({"iacCodeSessionId":"S1","pipeline":{"iacCodeSessionId":"S3"}});
     assert_eq!(session_id(m.as_object().unwrap()), Some("S1"));
 }
+
+mod fast_path {
+    use super::*;
+    use crate::mapping::fast::{text_delta, Known, TextDelta};
+    use proptest::prelude::*;
+
+    const KNOWN: Known<'static> = Known {
+        task_id: "task-1",
+        context_id: "C",
+        session_id: Some("sess-1"),
+    };
+
+    /// A text delta frame as the real kernel writes it.
+    fn frame(text: &str, message_id: &str) -> Value {
+        json!({"result": {"statusUpdate": {"taskId": "task-1", "contextId": "C",
+            "status": {"state": "TASK_STATE_WORKING", "message": {"messageId": message_id, "contextId": "C",
+                "taskId": "task-1", "role": "ROLE_AGENT", "parts": [{"text": text}]}, "timestamp": "2026-11-29T23:14:29.627814Z"},
+            "metadata": {"iac_code": {"iacCodeSessionId": "sess-1"}}}}, "id": "rpc-1", "jsonrpc": "2.0"})
+    }
+
+    fn fast(v: &Value) -> Option<TextDelta> {
+        text_delta(serde_json::to_string(v).unwrap().as_bytes(), KNOWN)
+    }
+
+    #[test]
+    fn the_kernel_text_frame_is_fast_with_escapes_and_several_parts() {
+        let d = fast(&frame("tick \"1\"\n é 🚀", "task-1-message")).unwrap();
+        assert_eq!(d.text, "tick \"1\"\n é 🚀");
+        assert_eq!(d.message_id, "task-1-message");
+        let mut v = frame("a", "m");
+        v["result"]["statusUpdate"]["status"]["message"]["parts"] =
+            json!([{"text": "a"}, {"text": "b"}]);
+        assert_eq!(fast(&v).unwrap().text, "ab");
+        // Without metadata, or with a null session, too.
+        let mut v = frame("a", "m");
+        v["result"]["statusUpdate"]
+            .as_object_mut()
+            .unwrap()
+            .remove("metadata");
+        assert!(fast(&v).is_some());
+    }
+
+    #[test]
+    fn anything_else_takes_the_generic_path() {
+        type Edit = Box<dyn Fn(&mut Value)>;
+        let edits: Vec<(&str, Edit)> = vec![
+            (
+                "extra top-level key",
+                Box::new(|v| v["error"] = json!(null)),
+            ),
+            (
+                "no id",
+                Box::new(|v| {
+                    v.as_object_mut().unwrap().remove("id");
+                }),
+            ),
+            (
+                "extra result key",
+                Box::new(|v| v["result"]["task"] = json!({})),
+            ),
+            (
+                "extra update key",
+                Box::new(|v| v["result"]["statusUpdate"]["final"] = json!(false)),
+            ),
+            (
+                "other task",
+                Box::new(|v| v["result"]["statusUpdate"]["taskId"] = json!("task-2")),
+            ),
+            (
+                "other context",
+                Box::new(|v| v["result"]["statusUpdate"]["contextId"] = json!("D")),
+            ),
+            (
+                "other state",
+                Box::new(|v| {
+                    v["result"]["statusUpdate"]["status"]["state"] =
+                        json!("TASK_STATE_INPUT_REQUIRED")
+                }),
+            ),
+            (
+                "lower-case state",
+                Box::new(|v| v["result"]["statusUpdate"]["status"]["state"] = json!("working")),
+            ),
+            (
+                "extra status key",
+                Box::new(|v| v["result"]["statusUpdate"]["status"]["x"] = json!(1)),
+            ),
+            (
+                "user role",
+                Box::new(|v| {
+                    v["result"]["statusUpdate"]["status"]["message"]["role"] = json!("ROLE_USER")
+                }),
+            ),
+            (
+                "data part",
+                Box::new(|v| {
+                    v["result"]["statusUpdate"]["status"]["message"]["parts"] =
+                        json!([{"data": {}}])
+                }),
+            ),
+            (
+                "no parts",
+                Box::new(|v| v["result"]["statusUpdate"]["status"]["message"]["parts"] = json!([])),
+            ),
+            (
+                "empty text",
+                Box::new(|v| {
+                    v["result"]["statusUpdate"]["status"]["message"]["parts"] =
+                        json!([{"text": ""}])
+                }),
+            ),
+            (
+                "empty message id",
+                Box::new(|v| {
+                    v["result"]["statusUpdate"]["status"]["message"]["messageId"] = json!("")
+                }),
+            ),
+            (
+                "message metadata",
+                Box::new(|v| {
+                    v["result"]["statusUpdate"]["status"]["message"]["metadata"] = json!({})
+                }),
+            ),
+            (
+                "other session",
+                Box::new(|v| {
+                    v["result"]["statusUpdate"]["metadata"]["iac_code"]["iacCodeSessionId"] =
+                        json!("sess-2")
+                }),
+            ),
+            (
+                "more metadata",
+                Box::new(|v| {
+                    v["result"]["statusUpdate"]["metadata"]["iac_code"]["usage"] = json!({})
+                }),
+            ),
+            (
+                "assistant final",
+                Box::new(|v| {
+                    v["result"]["statusUpdate"]["metadata"]["iac_code"]["assistantFinal"] =
+                        json!({"complete": true})
+                }),
+            ),
+            (
+                "other metadata namespace",
+                Box::new(|v| v["result"]["statusUpdate"]["metadata"]["x"] = json!({})),
+            ),
+        ];
+        for (what, edit) in edits {
+            let mut v = frame("hello", "m1");
+            edit(&mut v);
+            assert!(fast(&v).is_none(), "{what}");
+        }
+        assert!(text_delta(b"{not json", KNOWN).is_none());
+        // A session the run does not know yet is recorded by the generic path.
+        let unknown_session = Known {
+            session_id: None,
+            ..KNOWN
+        };
+        let v = serde_json::to_string(&frame("a", "m")).unwrap();
+        assert!(text_delta(v.as_bytes(), unknown_session).is_none());
+    }
+
+    proptest! {
+        /// The fast path and the generic path emit the same events for any sequence of deltas.
+        #[test]
+        fn fast_and_generic_paths_emit_the_same_events(
+            deltas in prop::collection::vec(("\\PC{1,12}", 0usize..3), 1..12),
+        ) {
+            let mut generic = mapper();
+            let mut quick = mapper();
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for (text, msg) in &deltas {
+                let id = format!("task-1-m{msg}");
+                let v = frame(text, &id);
+                let d = fast(&v).expect("a fast frame");
+                let item = a2a::ItemView::new(&v["result"]).obj.clone();
+                generic.map_item(&item, &mut a);
+                quick.status_text(Some(d.message_id), &d.text, false, &mut b);
+            }
+            generic.close_all(&mut a);
+            quick.close_all(&mut b);
+            let enc = |e: &Vec<Event>| {
+                e.iter()
+                    .map(|x| {
+                        let mut out = Vec::new();
+                        x.encode_json(0, &mut out);
+                        out
+                    })
+                    .collect::<Vec<_>>()
+            };
+            prop_assert_eq!(enc(&a), enc(&b));
+        }
+    }
+}

@@ -19,7 +19,7 @@ use crate::canonical;
 use crate::error::{msg, Code};
 use crate::i18n;
 use crate::mapping::interrupt::{self, RequiredInput};
-use crate::mapping::{self, Mapper};
+use crate::mapping::{self, fast, Mapper};
 use crate::store::{AppliedDigest, PendingEntry, ThreadDoc};
 use crate::validate::props::CandidatePresentation;
 use crate::validate::{ResumeEntry, ResumeStatus, RunMode};
@@ -780,8 +780,17 @@ impl Driver {
             if self.adm.control.is_cancel_requested() && cancel_deadline.is_none() {
                 cancel_deadline = Some(tokio::time::Instant::now() + CANCEL_WAIT);
             }
+            // Text deltas of the known task skip the generic JSON tree (see `mapping::fast`).
+            let known = match (&self.task_id, self.answered_questions.is_empty()) {
+                (Some(t), true) => Some(fast::Known {
+                    task_id: t,
+                    context_id: &self.adm.context_id,
+                    session_id: self.session_id.as_deref(),
+                }),
+                _ => None,
+            };
             let next = tokio::select! {
-                r = stream.next() => r,
+                r = stream.next_with(move |d| known.and_then(|k| fast::text_delta(d, k))) => r,
                 _ = self.sink.closed(), if !self.disconnected => {
                     self.disconnected = true;
                     if self.task_id.is_some() {
@@ -799,24 +808,14 @@ impl Driver {
                     break;
                 }
             };
-            match next {
-                Ok(Some(result)) => match self.process(&result, resume).await {
-                    Ok(Step::Continue) => {
-                        if self.disconnected && self.task_id.is_some() {
-                            return Err(Stop::Disconnected);
-                        }
-                    }
-                    Ok(Step::Break) => break,
-                    Ok(Step::Interrupted) => return Ok(()),
-                    Err(Stop::Disconnected) => {
-                        if self.task_id.is_some() || self.paused {
-                            return Err(Stop::Disconnected);
-                        }
-                    }
-                    Err(e) => return Err(e),
-                },
+            let processed = match next {
+                Ok(Some(a2a::Next::Fast(delta))) => self.apply_text_delta(delta).await,
+                Ok(Some(a2a::Next::Item(result))) => self.process(&result, resume).await,
                 Ok(None) => match self.reattach(resume, &mut reattach_budget).await? {
-                    Reattach::Stream(s) => stream = s,
+                    Reattach::Stream(s) => {
+                        stream = s;
+                        continue;
+                    }
                     Reattach::Interrupted => return Ok(()),
                     Reattach::No => break,
                 },
@@ -824,6 +823,21 @@ impl Driver {
                     tracing::warn!(error = %e, "kernel stream failed");
                     return Err(kernel_error(&e));
                 }
+            };
+            match processed {
+                Ok(Step::Continue) => {
+                    if self.disconnected && self.task_id.is_some() {
+                        return Err(Stop::Disconnected);
+                    }
+                }
+                Ok(Step::Break) => break,
+                Ok(Step::Interrupted) => return Ok(()),
+                Err(Stop::Disconnected) => {
+                    if self.task_id.is_some() || self.paused {
+                        return Err(Stop::Disconnected);
+                    }
+                }
+                Err(e) => return Err(e),
             }
         }
         if self.disconnected {
@@ -872,6 +886,22 @@ impl Driver {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// [`Driver::process`] for a fast text delta (`mapping::fast`): what `process` does with such
+    /// an item — no id or session change, no metadata — is the cancellation check, the status
+    /// text and the WORKING state.
+    async fn apply_text_delta(&mut self, d: fast::TextDelta) -> Result<Step, Stop> {
+        if self.adm.control.is_cancel_requested() && !self.kernel_cancel_sent {
+            self.cancel_task_best_effort().await;
+        }
+        let mut events = Vec::new();
+        self.mapper
+            .status_text(Some(d.message_id), &d.text, false, &mut events);
+        self.emit_all(events).await?;
+        tracing::trace!(state = ?TaskState::Working, "kernel item");
+        self.last_state = Some(TaskState::Working);
+        Ok(Step::Continue)
     }
 
     /// A stream that closed while its task was still live. The kernel's reply may go on
