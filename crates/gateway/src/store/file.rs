@@ -5,6 +5,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 
 use sha2::{Digest, Sha256};
 
@@ -53,11 +54,75 @@ pub fn file_stem(thread_id: &str) -> Option<String> {
 #[derive(Debug, Clone)]
 pub struct FileStore {
     root: PathBuf,
+    dir_sync: Arc<DirSync>,
+}
+
+/// Group commit of the threads directory: one `fsync` of the directory makes every rename done
+/// before it started durable, so concurrent writers share it instead of queueing one each.
+#[derive(Debug, Default)]
+struct DirSync {
+    state: Mutex<SyncState>,
+    done: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct SyncState {
+    /// Requests so far (each made after its rename).
+    requested: u64,
+    /// Requests covered by a completed fsync.
+    covered: u64,
+    running: bool,
+    /// Directory fsyncs run so far.
+    syncs: u64,
+}
+
+impl DirSync {
+    /// Returns once an fsync of `dir` that started after this call has completed (or fails with
+    /// the error of the one this caller ran).
+    fn sync(&self, dir: &Path) -> std::io::Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.requested += 1;
+        let mine = st.requested;
+        loop {
+            if st.covered >= mine {
+                return Ok(());
+            }
+            if st.running {
+                st = self.done.wait(st).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            st.running = true;
+            let target = st.requested;
+            drop(st);
+            let result = File::open(dir).and_then(|f| f.sync_all());
+            st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.running = false;
+            st.syncs += 1;
+            if result.is_ok() {
+                st.covered = st.covered.max(target);
+            }
+            self.done.notify_all();
+            // On failure the others stay uncovered and one of them tries again for itself.
+            result?;
+        }
+    }
 }
 
 impl FileStore {
     pub fn new(root: impl Into<PathBuf>) -> FileStore {
-        FileStore { root: root.into() }
+        FileStore {
+            root: root.into(),
+            dir_sync: Arc::default(),
+        }
+    }
+
+    /// Directory fsyncs run so far (group commit makes this smaller than the number of writes).
+    pub fn dir_syncs(&self) -> u64 {
+        self.dir_sync
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .syncs
     }
 
     pub fn threads_dir(&self) -> PathBuf {
@@ -167,7 +232,7 @@ impl ThreadStore for FileStore {
             f.sync_all()?;
             drop(f);
             fs::rename(&tmp, &target)?;
-            File::open(&dir)?.sync_all()?;
+            self.dir_sync.sync(&dir)?;
             Ok(())
         };
         write().map_err(|e| {
@@ -230,6 +295,30 @@ mod tests {
             terminal_execution_ids: Default::default(),
             expired_interrupts: Default::default(),
         }
+    }
+
+    #[test]
+    fn concurrent_writes_share_directory_fsyncs_and_all_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStore::new(dir.path());
+        s.save(&doc("warm")).unwrap();
+        let n = 64;
+        let barrier = std::sync::Barrier::new(n);
+        std::thread::scope(|scope| {
+            for i in 0..n {
+                let (s, barrier) = (&s, &barrier);
+                scope.spawn(move || {
+                    barrier.wait();
+                    s.save(&doc(&format!("t{i}"))).unwrap();
+                });
+            }
+        });
+        for i in 0..n {
+            assert!(s.load(&format!("t{i}")).unwrap().is_some());
+        }
+        let syncs = s.dir_syncs();
+        eprintln!("{} writes, {syncs} directory fsyncs", n + 1);
+        assert!(syncs >= 1 && syncs <= n as u64 + 1);
     }
 
     #[test]
