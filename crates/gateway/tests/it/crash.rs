@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use testkit::fake_llm::Plan;
 use testkit::real_kernel::{KernelEnv, KernelProcess};
 
-use crate::support::{body, resume_body};
+use crate::support::{body, free_port, resume_body, wait_health};
 
 struct Gateway {
     child: Child,
@@ -27,11 +27,7 @@ struct Gateway {
 }
 
 fn start_gateway(env: &KernelEnv, kp: &KernelProcess, state: &Path, log: &Path) -> Gateway {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -58,23 +54,11 @@ fn start_gateway(env: &KernelEnv, kp: &KernelProcess, state: &Path, log: &Path) 
         .spawn()
         .unwrap();
     let g = Gateway { child, port };
-    let start = Instant::now();
-    loop {
-        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            use std::io::{Read, Write};
-            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-            let mut buf = String::new();
-            let _ = s.read_to_string(&mut buf);
-            if buf.starts_with("HTTP/1.1 200") {
-                return g;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "gateway not ready"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    assert!(
+        wait_health(port, Duration::from_secs(10)).is_some(),
+        "gateway not ready"
+    );
+    g
 }
 
 impl Gateway {
@@ -233,7 +217,7 @@ async fn sigkill_at_random_moments_loses_nothing_and_runs_no_tool_twice() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
     let env = KernelEnv::new().await;
-    let mut kp = KernelProcess::start(&env).await;
+    let kp = KernelProcess::start(&env).await;
     let state: PathBuf = env.dir.path().join("state");
     let threads = state.join("threads");
     let log = env.dir.path().join("gateway.log");
@@ -426,8 +410,6 @@ async fn sigkill_at_random_moments_loses_nothing_and_runs_no_tool_twice() {
         if second.as_ref().is_some_and(|s| s.outcome() == "success") {
             must_be_once.push(i);
         }
-        // Keep the kernel healthy between iterations (it may still be finishing a cut turn).
-        let _ = &mut kp;
     }
     // No tool ran twice; every acknowledged answer ran its tool exactly once.
     tokio::time::sleep(Duration::from_millis(500)).await;

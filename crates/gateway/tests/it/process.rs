@@ -3,6 +3,8 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::{free_port, wait_health};
+
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_iac-code-agui")
 }
@@ -70,31 +72,6 @@ fn help_documents_every_option() {
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_health(port: u16, limit: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
-            use std::io::{Read, Write};
-            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-            let mut buf = String::new();
-            let _ = s.read_to_string(&mut buf);
-            if buf.starts_with("HTTP/1.1 200") {
-                return Some(start.elapsed());
-            }
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    None
 }
 
 #[test]

@@ -10,7 +10,7 @@ use testkit::fake_llm::Plan;
 use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, managed, managed_with, resume_body, server, Builder};
+use crate::support::{body, free_port, managed, managed_with, resume_body, server, Builder};
 
 fn ws(env: &KernelEnv, name: &str) -> String {
     env.ws().join(name).display().to_string()
@@ -393,14 +393,6 @@ async fn cancel_endpoint_disconnect_and_heartbeat() {
     assert_valid_run(&r, "c1", "r3");
     assert!(r.heartbeats >= 1, "{}", r.raw);
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn descendants(pid: u32) -> Vec<u32> {

@@ -278,3 +278,30 @@ pub async fn server(env: &KernelEnv, kernel: Arc<Kernel>) -> TestServer {
         .start()
         .await
 }
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `GET /health` on a gateway process until it answers 200; how long that took.
+pub fn wait_health(port: u16, limit: Duration) -> Option<Duration> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut buf = String::new();
+            let _ = s.read_to_string(&mut buf);
+            if buf.starts_with("HTTP/1.1 200") {
+                return Some(start.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
