@@ -266,3 +266,69 @@ fn fuzz_image_path_never_panics() {
         },
     );
 }
+
+/// A kernel text-delta frame with random parts: sometimes exact, often mutated.
+fn kernel_frame() -> impl Strategy<Value = Value> {
+    (
+        "\\PC{0,16}",
+        prop_oneof![Just("m1".to_owned()), "\\PC{0,4}"],
+        prop_oneof![Just("task-1".to_owned()), "\\PC{0,6}"],
+        prop_oneof![Just("TASK_STATE_WORKING".to_owned()), Just("TASK_STATE_INPUT_REQUIRED".to_owned()), "\\PC{0,6}"],
+        prop_oneof![Just(None), Just(Some(json!("sess-1"))), json_value().prop_map(Some)],
+        prop::option::of(("\\PC{0,8}", json_value())),
+    )
+        .prop_map(|(text, mid, task, state, session, extra)| {
+            let mut v = json!({"result": {"statusUpdate": {"taskId": task, "contextId": "C",
+                "status": {"state": state, "message": {"messageId": mid, "role": "ROLE_AGENT", "parts": [{"text": text}]}},
+                "metadata": {"iac_code": {}}}}, "id": "r", "jsonrpc": "2.0"});
+            if let Some(s) = session {
+                v["result"]["statusUpdate"]["metadata"]["iac_code"]["iacCodeSessionId"] = s;
+            }
+            if let Some((k, x)) = extra {
+                v["result"]["statusUpdate"][k] = x;
+            }
+            v
+        })
+}
+
+#[test]
+fn fuzz_fast_text_path_agrees_with_the_generic_path() {
+    use iac_code_agui::mapping::fast::{text_delta, Known};
+    let known = Known {
+        task_id: "task-1",
+        context_id: "C",
+        session_id: Some("sess-1"),
+    };
+    fuzz(
+        "fuzz_fast_text_path_agrees_with_the_generic_path",
+        (kernel_frame(), prop::collection::vec(any::<u8>(), 0..128)),
+        |(v, noise)| {
+            // Garbage never panics and is never a fast frame.
+            let _ = text_delta(&noise, known);
+            let bytes = serde_json::to_vec(&v).unwrap();
+            if let Some(d) = text_delta(&bytes, known) {
+                // Whatever the fast parser accepts is exactly what the generic path sees.
+                let item = &v["result"]["statusUpdate"];
+                prop_assert_eq!(item["taskId"].as_str(), Some("task-1"));
+                prop_assert_eq!(item["status"]["state"].as_str(), Some("TASK_STATE_WORKING"));
+                prop_assert_eq!(
+                    item["status"]["message"]["messageId"].as_str(),
+                    Some(d.message_id.as_str())
+                );
+                prop_assert_eq!(
+                    item["status"]["message"]["parts"][0]["text"].as_str(),
+                    Some(d.text.as_str())
+                );
+                let meta = item["metadata"]["iac_code"].as_object().unwrap();
+                prop_assert!(meta.keys().all(|k| k == "iacCodeSessionId"));
+                prop_assert!(
+                    matches!(meta.get("iacCodeSessionId"), None | Some(Value::Null))
+                        || meta["iacCodeSessionId"] == "sess-1"
+                        || meta["iacCodeSessionId"] == ""
+                );
+                prop_assert_eq!(item.as_object().unwrap().len(), 4);
+            }
+            Ok(())
+        },
+    );
+}
