@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod item;
+mod raw;
 pub mod sse;
 
 use std::time::Duration;
@@ -127,6 +128,8 @@ pub struct Client {
     bearer: Option<String>,
     timeouts: Timeouts,
     limits: sse::Limits,
+    /// Streaming calls go over their own lean connection when the URL is plain `http://`.
+    raw: Option<raw::Target>,
 }
 
 impl Client {
@@ -141,9 +144,11 @@ impl Client {
             .pool_max_idle_per_host(POOL_IDLE_PER_KERNEL)
             .build()
             .expect("reqwest client builds");
+        let base = format!("{}/", base_url.trim_end_matches('/'));
         Client {
             http,
-            base: format!("{}/", base_url.trim_end_matches('/')),
+            raw: raw::Target::parse(&base),
+            base,
             bearer: token
                 .filter(|t| !t.is_empty())
                 .map(|t| format!("Bearer {t}")),
@@ -183,6 +188,11 @@ impl Client {
 
     /// A unary JSON-RPC call: returns `result`, or the JSON-RPC error.
     pub async fn call(&self, method: &str, params: Value) -> Result<Value, Error> {
+        // Boxed, like `stream`: callers' futures stay small.
+        Box::pin(self.call_inner(method, params)).await
+    }
+
+    async fn call_inner(&self, method: &str, params: Value) -> Result<Value, Error> {
         tracing::debug!(
             method,
             task = params.get("id").and_then(serde_json::Value::as_str),
@@ -214,38 +224,66 @@ impl Client {
 
     /// A streaming JSON-RPC call (`SendStreamingMessage`, `SubscribeToTask`).
     pub async fn stream(&self, method: &str, params: Value) -> Result<EventStream, Error> {
+        // Boxed: the opening's state (request, head buffer, connect) lives only while it runs
+        // instead of inside every caller's future for the whole stream.
+        Box::pin(self.open_stream(method, params)).await
+    }
+
+    async fn open_stream(&self, method: &str, params: Value) -> Result<EventStream, Error> {
         tracing::debug!(method, "kernel stream");
-        let fut = self
-            .request(reqwest::Method::POST, &self.base)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(Self::rpc_body(method, params))
-            .send();
-        let resp = tokio::time::timeout(self.timeouts.stream_open, fut)
-            .await
-            .map_err(|_| Error::Transport("timeout".into()))??;
-        let status = resp.status();
-        let is_sse = resp
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| {
-                v.trim_start()
-                    .to_ascii_lowercase()
-                    .starts_with("text/event-stream")
-            })
-            .unwrap_or(false);
-        if !status.is_success() || !is_sse {
-            // D-16: a JSON body where a stream was expected is an error (or, rarely, one result).
-            let bytes = tokio::time::timeout(self.timeouts.unary, resp.bytes())
+        let timeout = |_| Error::Transport("timeout".into());
+        let (status, is_sse, body): (u16, bool, ByteStream) = match &self.raw {
+            Some(target) => {
+                let mut headers =
+                    vec![("a2a-version", "1.0"), ("content-type", "application/json")];
+                if let Some(b) = &self.bearer {
+                    headers.push(("authorization", b));
+                }
+                let request = Self::rpc_body(method, params);
+                let (head, body) = tokio::time::timeout(
+                    self.timeouts.stream_open,
+                    raw::send(target, &headers, &request, self.timeouts.connect),
+                )
                 .await
-                .map_err(|_| Error::Transport("timeout".into()))??;
+                .map_err(timeout)??;
+                (head.status, head.event_stream, Box::pin(body))
+            }
+            None => {
+                let fut = self
+                    .request(reqwest::Method::POST, &self.base)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(Self::rpc_body(method, params))
+                    .send();
+                let resp = tokio::time::timeout(self.timeouts.stream_open, fut)
+                    .await
+                    .map_err(timeout)??;
+                let is_sse = resp
+                    .headers()
+                    .get(reqwest::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|v| {
+                        v.trim_start()
+                            .to_ascii_lowercase()
+                            .starts_with("text/event-stream")
+                    })
+                    .unwrap_or(false);
+                (
+                    resp.status().as_u16(),
+                    is_sse,
+                    Box::pin(resp.bytes_stream().map(|r| r.map_err(Error::from))),
+                )
+            }
+        };
+        let success = (200..300).contains(&status);
+        if !success || !is_sse {
+            // D-16: a JSON body where a stream was expected is an error (or, rarely, one result).
+            let bytes = tokio::time::timeout(self.timeouts.unary, read_all(body))
+                .await
+                .map_err(timeout)??;
             let body: Value = serde_json::from_slice(&bytes)
                 .map_err(|_| Error::Protocol("response is not JSON".into()))?;
-            if !status.is_success() {
-                return Err(Error::Status {
-                    status: status.as_u16(),
-                    body,
-                });
+            if !success {
+                return Err(Error::Status { status, body });
             }
             let result = rpc_result(body)?;
             return Ok(EventStream {
@@ -254,7 +292,7 @@ impl Client {
         }
         Ok(EventStream {
             inner: StreamInner::Sse {
-                body: Box::pin(resp.bytes_stream()),
+                body,
                 decoder: sse::Decoder::new(self.limits),
                 done: false,
                 idle: Idle::new(self.timeouts.stream_idle),
@@ -428,7 +466,22 @@ fn rpc_result(mut body: Value) -> Result<Value, Error> {
 }
 
 type ByteStream =
-    std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<bytes::Bytes, Error>> + Send>>;
+
+/// Largest non-stream body read where a stream was expected.
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// Reads a whole (bounded) body.
+async fn read_all(mut body: ByteStream) -> Result<Vec<u8>, Error> {
+    let mut all = Vec::new();
+    while let Some(part) = body.next().await {
+        all.extend_from_slice(&part?);
+        if all.len() > MAX_BODY {
+            return Err(Error::Protocol("response body too large".into()));
+        }
+    }
+    Ok(all)
+}
 
 enum StreamInner {
     Single(Option<Value>),
@@ -461,7 +514,7 @@ impl Idle {
     async fn next(
         &mut self,
         body: &mut ByteStream,
-    ) -> Result<Option<reqwest::Result<bytes::Bytes>>, Error> {
+    ) -> Result<Option<Result<bytes::Bytes, Error>>, Error> {
         if self.limit.is_zero() {
             return Ok(body.next().await);
         }
@@ -550,7 +603,7 @@ impl EventStream {
                 }
                 match idle.next(body).await? {
                     Some(Ok(chunk)) => decoder.push(&chunk),
-                    Some(Err(e)) => return Err(e.into()),
+                    Some(Err(e)) => return Err(e),
                     None => *done = true,
                 }
             },

@@ -4,6 +4,10 @@
 //!
 //!   cargo run --release -p agui-bench -- [--smoke] [--python] [--gateway PATH]
 //!                                         [--lat-streams N] [--parked N]
+//!
+//! The latency test also runs once straight from the synthetic kernel to the client (no gateway):
+//! that floor is what the generator, the client and the loopback cost on this machine, and the
+//! gateway's own share is the difference.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -186,13 +190,107 @@ fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// Reads an SSE body whose events end with `sep`; calls `on_event` with each event's data.
+async fn read_events(
+    resp: reqwest::Response,
+    sep: &[u8],
+    mut on_event: impl FnMut(&[u8]),
+) -> Result<usize> {
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut events = 0;
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk?);
+        let mut start = 0;
+        while let Some(p) = buf[start..].windows(sep.len()).position(|w| w == sep) {
+            let rec = &buf[start..start + p];
+            if let Some(json) = rec.strip_prefix(b"data: ") {
+                events += 1;
+                on_event(json);
+            }
+            start += p + sep.len();
+        }
+        buf.drain(..start);
+    }
+    Ok(events)
+}
+
+/// Latency samples (µs) from events whose `key` string value is a send time in µs; the first
+/// `skip` events of a stream are not counted (start-up).
+fn latency_probe<'a>(key: &'a [u8], skip: u64, lat: &'a mut Vec<u64>) -> impl FnMut(&[u8]) + 'a {
+    let mut seen = 0u64;
+    move |ev: &[u8]| {
+        if let Some(p) = ev.windows(key.len()).position(|w| w == key) {
+            seen += 1;
+            if seen <= skip {
+                return;
+            }
+            let rest = &ev[p + key.len()..];
+            let end = rest.iter().position(|b| *b == b'"').unwrap_or(0);
+            if let Some(ts) = std::str::from_utf8(&rest[..end])
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+            {
+                lat.push(now_micros().saturating_sub(ts));
+            }
+        }
+    }
+}
+
+/// p50 and p99 of samples.
+fn percentiles(mut all: Vec<u64>) -> (f64, f64) {
+    all.sort_unstable();
+    if all.is_empty() {
+        return (0.0, 0.0);
+    }
+    (
+        all[all.len() / 2] as f64,
+        all[(all.len() * 99 / 100).min(all.len() - 1)] as f64,
+    )
+}
+
+/// The latency test straight from the synthetic kernel to the client (no gateway).
+async fn direct_latency(kernel: &SyntheticKernel, z: Sizes) -> Result<(f64, f64)> {
+    let c = client();
+    let per = z.lat_rate * z.lat_secs;
+    let interval = 1_000_000 / z.lat_rate;
+    let mut tasks = vec![];
+    for i in 0..z.lat_streams {
+        let (c, url) = (c.clone(), kernel.url());
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"jsonrpc": "2.0", "id": i, "method": "SendStreamingMessage",
+                "params": {"message": {"contextId": format!("direct-{i}"), "role": "ROLE_USER",
+                "parts": [{"text": format!("paced:{per}:{interval}")}]}}});
+            let resp = c
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await?;
+            let mut lat = Vec::with_capacity(per as usize);
+            read_events(
+                resp,
+                b"\r\n\r\n",
+                latency_probe(b"\"text\":\"", 100, &mut lat),
+            )
+            .await?;
+            anyhow::Ok(lat)
+        }));
+    }
+    let mut all = vec![];
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok(percentiles(all))
+}
+
 /// Posts a run and counts the events of its stream; calls `on_event` with each event's JSON text.
 async fn run(
     c: &reqwest::Client,
     g: &Gateway,
     thread: &str,
     text: &str,
-    mut on_event: impl FnMut(&[u8]),
+    on_event: impl FnMut(&[u8]),
 ) -> Result<usize> {
     let resp = c
         .post(&g.url)
@@ -203,23 +301,7 @@ async fn run(
     if !resp.status().is_success() {
         bail!("HTTP {}", resp.status());
     }
-    let mut stream = resp.bytes_stream();
-    let mut buf: Vec<u8> = Vec::new();
-    let mut events = 0;
-    while let Some(chunk) = stream.next().await {
-        buf.extend_from_slice(&chunk?);
-        let mut start = 0;
-        while let Some(p) = buf[start..].windows(2).position(|w| w == b"\n\n") {
-            let rec = &buf[start..start + p];
-            if let Some(json) = rec.strip_prefix(b"data: ") {
-                events += 1;
-                on_event(json);
-            }
-            start += p + 2;
-        }
-        buf.drain(..start);
-    }
-    Ok(events)
+    read_events(resp, b"\n\n", on_event).await
 }
 
 async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<Report> {
@@ -262,28 +344,12 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
             let mut lat = Vec::with_capacity(per as usize);
             // Steady state: the first 100 deltas of a run wait for the run's durable start (task
             // id and session written with fsync before anything is announced) and are not counted.
-            let mut seen = 0u64;
             run(
                 &c,
                 &g,
                 &format!("lat-{i}"),
                 &format!("paced:{per}:{interval}"),
-                |ev| {
-                    if let Some(p) = ev.windows(9).position(|w| w == b"\"delta\":\"") {
-                        seen += 1;
-                        if seen <= 100 {
-                            return;
-                        }
-                        let rest = &ev[p + 9..];
-                        let end = rest.iter().position(|b| *b == b'"').unwrap_or(0);
-                        if let Some(ts) = std::str::from_utf8(&rest[..end])
-                            .ok()
-                            .and_then(|s| s.parse::<u64>().ok())
-                        {
-                            lat.push(now_micros().saturating_sub(ts));
-                        }
-                    }
-                },
+                latency_probe(b"\"delta\":\"", 100, &mut lat),
             )
             .await
             .map(|_| lat)
@@ -293,11 +359,7 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     for t in tasks {
         all.extend(t.await??);
     }
-    all.sort_unstable();
-    if !all.is_empty() {
-        rep.lat_p50_us = all[all.len() / 2] as f64;
-        rep.lat_p99_us = all[(all.len() * 99 / 100).min(all.len() - 1)] as f64;
-    }
+    (rep.lat_p50_us, rep.lat_p99_us) = percentiles(all);
 
     // Parked streams: all admitted, RSS growth, admission rate.
     let pid = g.child.id();
@@ -432,6 +494,12 @@ async fn main() -> Result<()> {
     let kernel = SyntheticKernel::start().await;
     let rust = measure(&Target::Rust(gateway), &kernel, z).await?;
     print("iac-code-agui (Rust)", &rust, z);
+    let (p50, p99) = direct_latency(&kernel, z).await?;
+    println!("== floor: the latency test without a gateway (kernel → client directly)");
+    println!(
+        "  latency ({} × {}/s) p50/p99        {:>8.0} / {:.0} µs",
+        z.lat_streams, z.lat_rate, p50, p99
+    );
     if python {
         let bin = std::env::var("IAC_CODE_AGUI_KERNEL_BIN")
             .map(PathBuf::from)

@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::http::{self, AppState};
 use crate::run::kernel::{ChildSpec, Kernel};
 use crate::run::{Activity, Clock, Env, Runtime, SystemClock, Threads};
-use crate::store::{FileStore, ThreadStore};
+use crate::store::{FileStore, StoreError, ThreadStore, Unavailable};
 
 /// Options for building a runtime (tests inject the store, clock and kernel).
 pub struct Options {
@@ -62,19 +62,21 @@ pub fn kernel_for(cfg: &Config, env: &Env) -> Arc<Kernel> {
     }
 }
 
+/// Opens the gateway's thread store: sweeps temporary files of interrupted writes and replays the
+/// state journal a previous process left.
+pub fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, StoreError> {
+    Ok(Arc::new(FileStore::open(cfg.state_dir.clone())?))
+}
+
 /// Builds the runtime and router state.
 pub fn build(opts: Options) -> AppState {
-    let store = opts.store.unwrap_or_else(|| {
-        let fs = FileStore::new(opts.cfg.state_dir.clone());
-        let swept = fs.sweep_temp_files();
-        if swept > 0 {
-            tracing::info!(
-                files = swept,
-                "removed temporary state files of interrupted writes"
-            );
-        }
-        Arc::new(fs)
-    });
+    let store = match opts.store {
+        Some(s) => s,
+        None => open_store(&opts.cfg).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "the state directory cannot be opened");
+            Arc::new(Unavailable(e.to_string()))
+        }),
+    };
     let kernel = opts
         .kernel
         .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env));
@@ -149,7 +151,9 @@ pub async fn serve(
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+    // `into_make_service`: a connection clones the router (an `Arc`) instead of rebuilding its
+    // route table, as serving a bare `Router` does.
+    let server = axum::serve(listener, app.into_make_service()).with_graceful_shutdown(graceful);
     let timeout = Duration::from_secs_f64(rt.cfg.shutdown_timeout_secs) + Duration::from_secs(2);
     let mut stop_rx2 = stop_tx.subscribe();
     let result = tokio::select! {
@@ -163,5 +167,11 @@ pub async fn serve(
         }
     };
     rt.kernel.stop().await;
+    let store = rt.threads.store.clone();
+    match tokio::task::spawn_blocking(move || store.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "state journal checkpoint at shutdown failed"),
+        Err(e) => tracing::warn!(error = %e, "state journal checkpoint at shutdown failed"),
+    }
     result
 }

@@ -71,7 +71,19 @@ fn main() {
                 return 1;
             }
         };
-        let state = app::build(app::Options::new(cfg, env));
+        let store = match app::open_store(&cfg) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!(
+                    "Unable to open the state directory {}: {e}",
+                    cfg.state_dir.display()
+                );
+                return 1;
+            }
+        };
+        let mut opts = app::Options::new(cfg, env);
+        opts.store = Some(store);
+        let state = app::build(opts);
         tracing::info!(%addr, "iac-code-agui listening");
         match app::serve(listener, state, shutdown_signal()).await {
             Ok(()) => 0,

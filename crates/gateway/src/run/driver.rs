@@ -248,8 +248,10 @@ impl Driver {
             Err(s) => Err(s),
             Ok(()) => match self.adm.mode.clone() {
                 Mode::NewTurn => self.new_turn().await,
-                Mode::Resume(entries) => self.resume(entries).await,
-                Mode::Guidance => self.guidance().await,
+                // Boxed: a run holds its driver's future for its whole life (hours when parked);
+                // the larger resume state then costs only the runs that resume.
+                Mode::Resume(entries) => Box::pin(self.resume(entries)).await,
+                Mode::Guidance => Box::pin(self.guidance()).await,
             },
         };
         match result {

@@ -1,5 +1,7 @@
 //! The file store: `<root>/threads/<stem>.json`, 0700 directories (when created by us, D-19),
-//! 0600 files, atomic replace with fsync of file and directory, no-follow reads.
+//! 0600 files, atomic replace, no-follow reads. Durability comes either from the write-ahead
+//! journal ([`FileStore::open`], the gateway's store: group commit) or from an fsync of the file
+//! and of its directory on every save ([`FileStore::new`]).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -9,6 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use sha2::{Digest, Sha256};
 
+use super::journal::{Journal, Logged};
 use super::{StoreError, ThreadDoc, ThreadStore};
 use crate::validate::content::is_reserved_windows_name;
 
@@ -51,10 +54,20 @@ pub fn file_stem(thread_id: &str) -> Option<String> {
 }
 
 /// Thread documents under `<root>/threads/`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct FileStore {
     root: PathBuf,
     dir_sync: Arc<DirSync>,
+    journal: Option<Arc<Journal>>,
+}
+
+impl std::fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore")
+            .field("root", &self.root)
+            .field("journal", &self.journal.is_some())
+            .finish()
+    }
 }
 
 /// Group commit of the threads directory: one `fsync` of the directory makes every rename done
@@ -109,10 +122,99 @@ impl DirSync {
 }
 
 impl FileStore {
+    /// A store whose every save fsyncs its file and directory (no journal).
     pub fn new(root: impl Into<PathBuf>) -> FileStore {
         FileStore {
             root: root.into(),
             dir_sync: Arc::default(),
+            journal: None,
+        }
+    }
+
+    /// The gateway's store: removes temporary files of interrupted writes, replays the journal a
+    /// previous process left (each thread's newest record, written durably to its file) and
+    /// journals every save from now on. Nothing is created until the first save.
+    pub fn open(root: impl Into<PathBuf>) -> Result<FileStore, StoreError> {
+        Self::open_with(root, true)
+    }
+
+    /// [`FileStore::open`]; without `background`, files are written only by [`ThreadStore::flush`].
+    pub(super) fn open_with(
+        root: impl Into<PathBuf>,
+        background: bool,
+    ) -> Result<FileStore, StoreError> {
+        let mut store = FileStore::new(root);
+        let swept = store.sweep_temp_files();
+        if swept > 0 {
+            tracing::info!(
+                files = swept,
+                "removed temporary state files of interrupted writes"
+            );
+        }
+        let direct = store.clone();
+        let writer = store.clone();
+        let (j, replayed) = Journal::open(
+            &store.root,
+            move |id, bytes| {
+                let stem =
+                    file_stem(id).ok_or_else(|| StoreError::Invalid("empty thread id".into()))?;
+                direct
+                    .replace(&stem, bytes, true)
+                    .map(|_| ())
+                    .map_err(StoreError::Io)
+            },
+            Box::new(move |id, bytes| {
+                let stem = file_stem(id).ok_or_else(|| std::io::Error::other("empty thread id"))?;
+                writer.replace(&stem, bytes, false)
+            }),
+            background,
+        )?;
+        if replayed > 0 {
+            tracing::info!(threads = replayed, "replayed the state journal");
+        }
+        store.journal = Some(j);
+        Ok(store)
+    }
+
+    /// Journal syncs so far (group commit makes this smaller than the number of saves).
+    pub fn journal_syncs(&self) -> u64 {
+        self.journal.as_ref().map_or(0, |j| j.batches())
+    }
+
+    /// Replaces a thread file (temporary file + rename); with `durable`, fsyncs the file before
+    /// and the directory after. Returns the file's path.
+    fn replace(&self, stem: &str, bytes: &[u8], durable: bool) -> std::io::Result<PathBuf> {
+        let dir = self.threads_dir();
+        ensure_dir(&dir)?;
+        let target = dir.join(format!("{stem}.json"));
+        let tmp = dir.join(format!(
+            ".{stem}.json.{}.tmp",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let write = || -> std::io::Result<()> {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(&tmp)?;
+            f.write_all(bytes)?;
+            if durable {
+                f.sync_all()?;
+            }
+            drop(f);
+            fs::rename(&tmp, &target)?;
+            if durable {
+                self.dir_sync.sync(&dir)?;
+            }
+            Ok(())
+        };
+        match write() {
+            Ok(()) => Ok(target),
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                Err(e)
+            }
         }
     }
 
@@ -154,28 +256,32 @@ impl FileStore {
     pub fn path_of(&self, thread_id: &str) -> Option<PathBuf> {
         file_stem(thread_id).map(|s| self.threads_dir().join(format!("{s}.json")))
     }
+}
 
-    fn ensure_dir(dir: &Path) -> std::io::Result<()> {
-        match fs::metadata(dir) {
-            Ok(m) if m.is_dir() => Ok(()),
-            Ok(_) => Err(std::io::Error::other("state path is not a directory")),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if let Some(parent) = dir.parent() {
-                    Self::ensure_dir(parent)?;
-                }
-                match fs::create_dir(dir) {
-                    Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o700)),
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-                    Err(e) => Err(e),
-                }
+/// Creates a directory and missing parents, 0700 (D-19); an existing one is left as it is.
+pub(super) fn ensure_dir(dir: &Path) -> std::io::Result<()> {
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(std::io::Error::other("state path is not a directory")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent() {
+                ensure_dir(parent)?;
             }
-            Err(e) => Err(e),
+            match fs::create_dir(dir) {
+                Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o700)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+                Err(e) => Err(e),
+            }
         }
+        Err(e) => Err(e),
     }
 }
 
 impl ThreadStore for FileStore {
     fn load(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError> {
+        if let Some(bytes) = self.journal.as_ref().and_then(|j| j.newest(thread_id)) {
+            return ThreadDoc::from_json(&bytes, thread_id).map(Some);
+        }
         let path = self
             .path_of(thread_id)
             .ok_or_else(|| StoreError::Invalid("empty thread id".into()))?;
@@ -213,32 +319,28 @@ impl ThreadStore for FileStore {
     fn save(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
         let stem = file_stem(&doc.thread_id)
             .ok_or_else(|| StoreError::Invalid("empty thread id".into()))?;
-        let dir = self.threads_dir();
-        Self::ensure_dir(&dir)?;
-        let target = dir.join(format!("{stem}.json"));
-        let tmp = dir.join(format!(
-            ".{stem}.json.{}.tmp",
-            uuid::Uuid::new_v4().simple()
-        ));
         let bytes = doc.to_json();
-        let write = || -> std::io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            drop(f);
-            fs::rename(&tmp, &target)?;
-            self.dir_sync.sync(&dir)?;
-            Ok(())
+        let bytes = match &self.journal {
+            Some(j) => {
+                // The file store's own directory is created on the first save, as before.
+                ensure_dir(&self.threads_dir())?;
+                match j.log(&doc.thread_id, bytes)? {
+                    Logged::Journaled => return Ok(()),
+                    Logged::Direct => doc.to_json(),
+                }
+            }
+            None => bytes,
         };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            StoreError::Io(e)
-        })
+        self.replace(&stem, &bytes, true)
+            .map(|_| ())
+            .map_err(StoreError::Io)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        if let Some(j) = &self.journal {
+            j.checkpoint()?;
+        }
+        Ok(())
     }
 }
 
@@ -376,5 +478,177 @@ mod tests {
         fs::set_permissions(&pre, fs::Permissions::from_mode(0o755)).unwrap();
         FileStore::new(&pre).save(&doc("t1")).unwrap();
         assert_eq!(mode(&pre), 0o755);
+    }
+}
+
+#[cfg(test)]
+mod journal_tests {
+    use super::*;
+    use crate::store::{Execution, ThreadDoc};
+
+    fn doc(thread: &str, task: Option<&str>) -> ThreadDoc {
+        ThreadDoc {
+            thread_id: thread.into(),
+            context_id: "agui-x".into(),
+            cwd: "/w".into(),
+            user_id: None,
+            session_id: None,
+            execution: Execution {
+                execution_id: "e".into(),
+                ros_invocation_id: "r".into(),
+                task_id: task.map(str::to_owned),
+                pipeline_sequence: 0,
+                pipeline_open_steps: Default::default(),
+                text_snapshot_digests: Default::default(),
+                pending: vec![],
+            },
+            run_digests: Default::default(),
+            applied_resume_digests: Default::default(),
+            terminal_execution_ids: Default::default(),
+            expired_interrupts: Default::default(),
+        }
+    }
+
+    fn burst(s: &FileStore, threads: usize, per: usize) -> std::time::Duration {
+        let t = std::time::Instant::now();
+        std::thread::scope(|scope| {
+            for i in 0..threads {
+                scope.spawn(move || {
+                    for k in 0..per {
+                        s.save(&doc(&format!("t{i}-{k}"), Some("task"))).unwrap();
+                    }
+                });
+            }
+        });
+        t.elapsed()
+    }
+
+    #[test]
+    fn journaled_saves_share_syncs_and_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStore::open(dir.path()).unwrap();
+        let took = burst(&s, 64, 20);
+        let syncs = s.journal_syncs();
+        eprintln!("1280 journaled saves in {took:?}, {syncs} journal syncs");
+        assert!((1..1280).contains(&syncs), "{syncs}");
+        for i in 0..64 {
+            for k in 0..20 {
+                assert!(s.load(&format!("t{i}-{k}")).unwrap().is_some());
+            }
+        }
+        let d = FileStore::new(dir.path().join("direct"));
+        eprintln!("1280 direct saves in {:?}", burst(&d, 64, 20));
+    }
+
+    fn journal_logs(root: &Path) -> Vec<String> {
+        match fs::read_dir(root.join("journal")) {
+            Ok(e) => e
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".log"))
+                .collect(),
+            Err(_) => vec![],
+        }
+    }
+
+    #[test]
+    fn saves_are_read_back_at_once_and_flush_leaves_only_thread_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let s = FileStore::open_with(&root, false).unwrap();
+        assert!(!root.exists(), "opening creates nothing");
+        s.save(&doc("t", Some("task-1"))).unwrap();
+        assert_eq!(s.load("t").unwrap().unwrap(), doc("t", Some("task-1")));
+        assert_eq!(journal_logs(&root).len(), 1);
+        assert!(
+            !root.join("threads/t.json").exists(),
+            "not written before a checkpoint"
+        );
+        s.flush().unwrap();
+        assert!(journal_logs(&root).is_empty());
+        assert_eq!(
+            fs::read(root.join("threads/t.json")).unwrap(),
+            doc("t", Some("task-1")).to_json()
+        );
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&root.join("journal")), 0o700);
+        assert_eq!(mode(&root.join("threads/t.json")), 0o600);
+        // A later save is served at once, and a copy of the directory taken now (a crash before
+        // the checkpoint) comes back with it.
+        s.save(&doc("t", Some("task-2"))).unwrap();
+        s.save(&doc("u", None)).unwrap();
+        assert_eq!(s.load("t").unwrap().unwrap(), doc("t", Some("task-2")));
+        let copy = dir.path().join("copy");
+        fs::create_dir(&copy).unwrap();
+        for sub in ["threads", "journal"] {
+            fs::create_dir(copy.join(sub)).unwrap();
+            for e in fs::read_dir(root.join(sub)).unwrap() {
+                let e = e.unwrap();
+                fs::copy(e.path(), copy.join(sub).join(e.file_name())).unwrap();
+            }
+        }
+        assert_eq!(
+            fs::read(copy.join("threads/t.json")).unwrap(),
+            doc("t", Some("task-1")).to_json(),
+            "the file lags; the journal has the newer document"
+        );
+        assert!(!copy.join("threads/u.json").exists());
+        let c = FileStore::open(&copy).unwrap();
+        assert!(journal_logs(&copy).is_empty(), "replayed and deleted");
+        assert_eq!(
+            fs::read(copy.join("threads/t.json")).unwrap(),
+            doc("t", Some("task-2")).to_json()
+        );
+        assert_eq!(c.load("u").unwrap().unwrap(), doc("u", None));
+    }
+
+    #[test]
+    fn replay_takes_each_threads_newest_whole_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        FileStore::new(&root).save(&doc("a", None)).unwrap();
+        fs::create_dir(root.join("journal")).unwrap();
+        let mut log = vec![];
+        for d in [doc("a", Some("1")), doc("b", None), doc("a", Some("2"))] {
+            log.extend(crate::store::journal::encode(&d.thread_id, &d.to_json()));
+        }
+        let torn = crate::store::journal::encode("a", &doc("a", Some("3")).to_json());
+        log.extend(&torn[..torn.len() / 2]);
+        fs::write(root.join("journal/00000000000000000007.log"), &log).unwrap();
+        // An older generation, replayed first.
+        let old = crate::store::journal::encode("b", &doc("b", Some("old")).to_json());
+        fs::write(root.join("journal/00000000000000000006.log"), old).unwrap();
+        let s = FileStore::open(&root).unwrap();
+        assert!(journal_logs(&root).is_empty());
+        assert_eq!(s.load("a").unwrap().unwrap(), doc("a", Some("2")));
+        assert_eq!(s.load("b").unwrap().unwrap(), doc("b", None));
+        // A record whose document is not the thread's refuses to start (nothing applied blindly).
+        let bad = dir.path().join("bad");
+        fs::create_dir_all(bad.join("journal")).unwrap();
+        fs::write(
+            bad.join("journal/00000000000000000001.log"),
+            crate::store::journal::encode("x", &doc("y", None).to_json()),
+        )
+        .unwrap();
+        assert!(matches!(FileStore::open(&bad), Err(StoreError::Invalid(_))));
+    }
+
+    #[test]
+    fn a_failing_journal_is_retired_and_saves_stay_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        fs::create_dir(&root).unwrap();
+        // The journal cannot be created: a file stands where its directory goes.
+        fs::write(root.join("journal"), b"in the way").unwrap();
+        let s = FileStore::open(&root).unwrap();
+        s.save(&doc("t", Some("1"))).unwrap();
+        s.save(&doc("t", Some("2"))).unwrap();
+        assert_eq!(s.load("t").unwrap().unwrap(), doc("t", Some("2")));
+        assert_eq!(
+            fs::read(root.join("threads/t.json")).unwrap(),
+            doc("t", Some("2")).to_json(),
+            "direct saves write the file itself"
+        );
+        assert!(s.journal_syncs() >= 1, "the journal was tried");
+        assert_eq!(fs::read(root.join("journal")).unwrap(), b"in the way");
     }
 }

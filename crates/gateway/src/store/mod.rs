@@ -6,6 +6,7 @@
 
 mod doc;
 mod file;
+mod journal;
 
 pub use doc::{
     project_input as doc_project_input, AppliedDigest, Execution, PendingEntry, ThreadDoc,
@@ -33,6 +34,23 @@ pub trait ThreadStore: Send + Sync + 'static {
     fn load(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError>;
     /// Atomically replaces the thread's document.
     fn save(&self, doc: &ThreadDoc) -> Result<(), StoreError>;
+    /// Makes every completed save durable in its final place (clean shutdown).
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// The store of a state directory that could not be opened: every load and save fails with the
+/// reason (clear 503s instead of a crash).
+pub struct Unavailable(pub String);
+
+impl ThreadStore for Unavailable {
+    fn load(&self, _: &str) -> Result<Option<ThreadDoc>, StoreError> {
+        Err(StoreError::Io(std::io::Error::other(self.0.clone())))
+    }
+    fn save(&self, _: &ThreadDoc) -> Result<(), StoreError> {
+        Err(StoreError::Io(std::io::Error::other(self.0.clone())))
+    }
 }
 
 /// A store wrapper that fails saves on demand (fault injection for tests of fail-closed paths).
@@ -89,5 +107,8 @@ impl<S: ThreadStore> ThreadStore for FaultyStore<S> {
             }
         }
         self.inner.save(doc)
+    }
+    fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush()
     }
 }

@@ -163,22 +163,19 @@ fn answers(ids: &[String]) -> Value {
     )
 }
 
-/// A fingerprint of the threads directory (names, sizes, modification times).
-fn fingerprint(dir: &Path) -> Vec<(String, u64, Option<SystemTime>)> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| {
-                    let m = e.metadata().ok()?;
-                    Some((
-                        e.file_name().to_string_lossy().into_owned(),
-                        m.len(),
-                        m.modified().ok(),
-                    ))
-                })
-                .collect()
+/// A fingerprint of the state directory's thread files and journal (names, sizes, modification
+/// times): it changes with every durable write (a journal append) and every checkpoint.
+fn fingerprint(state: &Path) -> Vec<(String, u64, Option<SystemTime>)> {
+    let mut v: Vec<_> = ["threads", "journal"]
+        .iter()
+        .filter_map(|sub| std::fs::read_dir(state.join(sub)).ok())
+        .flat_map(|d| {
+            d.flatten().filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((e.path().display().to_string(), m.len(), m.modified().ok()))
+            })
         })
-        .unwrap_or_default();
+        .collect();
     v.sort();
     v
 }
@@ -288,12 +285,12 @@ async fn sigkill_at_random_moments_loses_nothing_and_runs_no_tool_twice() {
         let at = span.mul_f64(rng.gen_range(0.0..0.95));
         let in_resume = resume_span.mul_f64(rng.gen_range(0.0..0.95));
         let mut seen_writes = 0;
-        let mut last = fingerprint(&threads);
+        let mut last = fingerprint(&state);
         let killed = loop {
             if sequence.is_finished() {
                 break false;
             }
-            let now = fingerprint(&threads);
+            let now = fingerprint(&state);
             if now != last {
                 seen_writes += 1;
                 last = now;

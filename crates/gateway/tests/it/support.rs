@@ -187,7 +187,15 @@ impl TestServer {
     pub fn state_dir(&self) -> PathBuf {
         self.dir.join("state")
     }
+    /// The thread's state file, with every save so far written to it (the store journals saves
+    /// and writes the files at checkpoints).
     pub fn thread_file(&self, thread: &str) -> PathBuf {
+        self.state
+            .rt
+            .threads
+            .store
+            .flush()
+            .expect("state checkpoint");
         let stem = iac_code_agui::store::file_stem(thread).expect("stem");
         self.state_dir()
             .join("threads")

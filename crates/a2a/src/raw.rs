@@ -1,0 +1,481 @@
+//! A minimal HTTP/1.1 client for the kernel's streaming calls.
+//!
+//! A streaming call holds its connection for the whole turn — or for hours, when the turn waits.
+//! Through the general-purpose client each such connection carried two 8 KiB buffers, a request
+//! dispatch channel (~9 KiB) and a connection task; here an open stream is a socket and a few
+//! words of state, and bytes are read through a stack buffer, so a quiet stream holds no buffer at
+//! all. One request per connection (`Connection: close`); unary calls keep the pooled client.
+//!
+//! Supported responses: chunked, `Content-Length` and close-delimited bodies. Any malformed
+//! response head or chunk framing is a transport error, never data.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::Error;
+
+/// Largest response head accepted.
+const MAX_HEAD: usize = 64 * 1024;
+/// Bytes read per poll (on the stack).
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Where streaming requests go: parsed from a plain `http://host[:port]/path` base URL.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    /// `host:port` to connect to (IPv6 hosts bracketed).
+    connect: String,
+    /// The `Host` header.
+    host_header: String,
+    /// Request target (path and query).
+    path: String,
+}
+
+impl Target {
+    /// `None` for anything but a plain `http://` URL without credentials (those use the general
+    /// client).
+    pub(crate) fn parse(base: &str) -> Option<Target> {
+        let rest = base.strip_prefix("http://")?;
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if authority.is_empty() || authority.contains('@') || path.contains('#') {
+            return None;
+        }
+        let path = if path.starts_with('?') {
+            format!("/{path}")
+        } else {
+            path.to_owned()
+        };
+        let has_port = match authority.rfind(']') {
+            Some(end) => authority[end..].contains(':'),
+            None => authority.contains(':'),
+        };
+        let connect = if has_port {
+            authority.to_owned()
+        } else {
+            format!("{authority}:80")
+        };
+        Some(Target {
+            connect,
+            host_header: authority.to_owned(),
+            path,
+        })
+    }
+}
+
+/// A response head.
+pub(crate) struct Head {
+    pub status: u16,
+    pub event_stream: bool,
+    framing: Framing,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Framing {
+    Chunked,
+    Length(u64),
+    Close,
+}
+
+/// Sends one request and reads the response head (within the caller's timeout).
+pub(crate) async fn send(
+    target: &Target,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    connect_timeout: Duration,
+) -> Result<(Head, Body), Error> {
+    let mut tcp = tokio::time::timeout(connect_timeout, TcpStream::connect(&target.connect))
+        .await
+        .map_err(|_| Error::Transport("connect".into()))?
+        .map_err(|_| Error::Transport("connect".into()))?;
+    let _ = tcp.set_nodelay(true);
+    let mut req = Vec::with_capacity(256 + body.len());
+    req.extend_from_slice(b"POST ");
+    req.extend_from_slice(target.path.as_bytes());
+    req.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    req.extend_from_slice(target.host_header.as_bytes());
+    req.extend_from_slice(b"\r\naccept: */*\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        if v.bytes().any(|b| b == b'\r' || b == b'\n') {
+            return Err(Error::Transport("request".into()));
+        }
+        req.extend_from_slice(k.as_bytes());
+        req.extend_from_slice(b": ");
+        req.extend_from_slice(v.as_bytes());
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+    req.extend_from_slice(body);
+    tcp.write_all(&req)
+        .await
+        .map_err(|_| Error::Transport("request".into()))?;
+    drop(req);
+
+    let mut buf = Vec::with_capacity(1024);
+    let (head, used) = loop {
+        let mut chunk = [0u8; 4096];
+        let n = tcp
+            .read(&mut chunk)
+            .await
+            .map_err(|_| Error::Transport("request".into()))?;
+        if n == 0 {
+            return Err(Error::Transport("request".into()));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(parsed) = parse_head(&buf)? {
+            break parsed;
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(Error::Protocol("response head too large".into()));
+        }
+    };
+    let mut body = Body::new(tcp, head.framing);
+    let early = body.feed(&buf[used..])?;
+    body.early = early;
+    Ok((head, body))
+}
+
+/// Parses a complete head: `Ok(None)` while incomplete.
+fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, Error> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut resp = httparse::Response::new(&mut headers);
+    let used = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(Error::Protocol("malformed response head".into())),
+    };
+    let status = resp.code.unwrap_or(0);
+    let mut event_stream = false;
+    let mut chunked = false;
+    let mut length: Option<u64> = None;
+    for h in resp.headers.iter() {
+        let value = std::str::from_utf8(h.value).unwrap_or("").trim();
+        if h.name.eq_ignore_ascii_case("content-type") {
+            event_stream = value.to_ascii_lowercase().starts_with("text/event-stream");
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value
+                .rsplit(',')
+                .next()
+                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            if !chunked {
+                return Err(Error::Protocol("unsupported transfer encoding".into()));
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            let n: u64 = value
+                .parse()
+                .map_err(|_| Error::Protocol("malformed content-length".into()))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Error::Protocol("conflicting content-length".into()));
+            }
+            length = Some(n);
+        }
+    }
+    // 1xx informational heads are not expected from the kernel: treat as malformed.
+    if !(200..600).contains(&status) {
+        return Err(Error::Protocol("unexpected status".into()));
+    }
+    let framing = if chunked {
+        Framing::Chunked
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else if status == 204 || status == 304 {
+        Framing::Length(0)
+    } else {
+        Framing::Close
+    };
+    Ok(Some((
+        Head {
+            status,
+            event_stream,
+            framing,
+        },
+        used,
+    )))
+}
+
+/// Chunked-framing decoder state.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Chunk {
+    /// Reading the hex size (`size`, digits so far).
+    Size(u64, u8),
+    /// Skipping a chunk extension up to the line end.
+    Ext(u64),
+    /// Expecting the `\n` of the size line.
+    SizeLf(u64),
+    /// Inside a chunk's data.
+    Data(u64),
+    /// Expecting the `\r\n` after data (`false`: the `\r`).
+    DataEnd(bool),
+    /// Trailer section: at the start of a line (`true`) or inside one.
+    Trailer(bool),
+    /// Expecting the `\n` ending a trailer line (`true`: it was an empty line: the end).
+    TrailerLf(bool),
+    Done,
+}
+
+/// Chunked-framing decoder.
+#[derive(Debug)]
+struct Dechunker {
+    chunk: Chunk,
+    done: bool,
+}
+
+impl Default for Dechunker {
+    fn default() -> Self {
+        Dechunker {
+            chunk: Chunk::Size(0, 0),
+            done: false,
+        }
+    }
+}
+
+impl Dechunker {
+    /// Appends the data bytes of `raw` to `out`; `done` once the last chunk and trailers ended.
+    fn feed(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+        let bad = || Error::Protocol("malformed chunked body".into());
+        let mut i = 0;
+        while i < raw.len() {
+            let b = raw[i];
+            self.chunk = match self.chunk {
+                Chunk::Size(n, digits) => match b {
+                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
+                        if digits >= 15 {
+                            return Err(bad());
+                        }
+                        let d = (b as char).to_digit(16).expect("hex digit") as u64;
+                        Chunk::Size(n * 16 + d, digits + 1)
+                    }
+                    b';' | b' ' | b'\t' if digits > 0 => Chunk::Ext(n),
+                    b'\r' if digits > 0 => Chunk::SizeLf(n),
+                    _ => return Err(bad()),
+                },
+                Chunk::Ext(n) => match b {
+                    b'\r' => Chunk::SizeLf(n),
+                    b'\n' => return Err(bad()),
+                    _ => Chunk::Ext(n),
+                },
+                Chunk::SizeLf(n) => match (b, n) {
+                    (b'\n', 0) => Chunk::Trailer(true),
+                    (b'\n', n) => Chunk::Data(n),
+                    _ => return Err(bad()),
+                },
+                Chunk::Data(n) => {
+                    let take = (n.min((raw.len() - i) as u64)) as usize;
+                    out.extend_from_slice(&raw[i..i + take]);
+                    i += take;
+                    let left = n - take as u64;
+                    self.chunk = if left == 0 {
+                        Chunk::DataEnd(false)
+                    } else {
+                        Chunk::Data(left)
+                    };
+                    continue;
+                }
+                Chunk::DataEnd(false) if b == b'\r' => Chunk::DataEnd(true),
+                Chunk::DataEnd(true) if b == b'\n' => Chunk::Size(0, 0),
+                Chunk::DataEnd(_) => return Err(bad()),
+                Chunk::Trailer(at_start) => match b {
+                    b'\r' => Chunk::TrailerLf(at_start),
+                    _ => Chunk::Trailer(false),
+                },
+                Chunk::TrailerLf(empty) => match b {
+                    b'\n' if empty => {
+                        self.done = true;
+                        Chunk::Done
+                    }
+                    b'\n' => Chunk::Trailer(true),
+                    _ => return Err(bad()),
+                },
+                Chunk::Done => return Ok(()),
+            };
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// A response body read from the socket.
+pub(crate) struct Body {
+    tcp: TcpStream,
+    framing: Framing,
+    chunks: Dechunker,
+    /// Bytes left of a `Content-Length` body.
+    left: u64,
+    /// Body bytes that arrived with the head.
+    early: Option<Bytes>,
+    done: bool,
+}
+
+impl Body {
+    fn new(tcp: TcpStream, framing: Framing) -> Body {
+        let left = match framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        };
+        Body {
+            tcp,
+            framing,
+            chunks: Dechunker::default(),
+            left,
+            early: None,
+            done: matches!(framing, Framing::Length(0)),
+        }
+    }
+
+    /// Decodes raw bytes into body bytes (`None`: nothing of the body in them).
+    fn feed(&mut self, raw: &[u8]) -> Result<Option<Bytes>, Error> {
+        if raw.is_empty() || self.done {
+            return Ok(None);
+        }
+        let out = match self.framing {
+            Framing::Close => raw.to_vec(),
+            Framing::Length(_) => {
+                let take = (self.left.min(raw.len() as u64)) as usize;
+                self.left -= take as u64;
+                if self.left == 0 {
+                    self.done = true;
+                }
+                raw[..take].to_vec()
+            }
+            Framing::Chunked => {
+                let mut out = Vec::new();
+                self.chunks.feed(raw, &mut out)?;
+                self.done = self.chunks.done;
+                out
+            }
+        };
+        Ok((!out.is_empty()).then(|| Bytes::from(out)))
+    }
+}
+
+impl futures_util::Stream for Body {
+    type Item = Result<Bytes, Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if let Some(early) = this.early.take() {
+            return Poll::Ready(Some(Ok(early)));
+        }
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let mut stack = [0u8; READ_CHUNK];
+            let mut rb = ReadBuf::new(&mut stack);
+            match Pin::new(&mut this.tcp).poll_read(cx, &mut rb) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(_)) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(Error::Transport("body".into()))));
+                }
+                Poll::Ready(Ok(())) => {
+                    let n = rb.filled().len();
+                    if n == 0 {
+                        this.done = true;
+                        // Only a close-delimited body may end at EOF.
+                        if this.framing == Framing::Close {
+                            return Poll::Ready(None);
+                        }
+                        return Poll::Ready(Some(Err(Error::Transport("body".into()))));
+                    }
+                    match this.feed(&stack[..n]) {
+                        Ok(Some(bytes)) => return Poll::Ready(Some(Ok(bytes))),
+                        Ok(None) => continue,
+                        Err(e) => {
+                            this.done = true;
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        let t = Target::parse("http://127.0.0.1:8080/").unwrap();
+        assert_eq!(
+            (t.connect.as_str(), t.path.as_str()),
+            ("127.0.0.1:8080", "/")
+        );
+        let t = Target::parse("http://localhost/a2a/").unwrap();
+        assert_eq!(
+            (t.connect.as_str(), t.host_header.as_str()),
+            ("localhost:80", "localhost")
+        );
+        assert_eq!(t.path, "/a2a/");
+        let t = Target::parse("http://[::1]:9/").unwrap();
+        assert_eq!(t.connect, "[::1]:9");
+        assert_eq!(Target::parse("http://[::1]/").unwrap().connect, "[::1]:80");
+        assert!(Target::parse("https://127.0.0.1/").is_none());
+        assert!(Target::parse("http://u:p@127.0.0.1/").is_none());
+    }
+
+    fn dechunk_all(parts: &[&[u8]]) -> Result<(Vec<u8>, bool), Error> {
+        let mut d = Dechunker::default();
+        let mut out = Vec::new();
+        for p in parts {
+            d.feed(p, &mut out)?;
+        }
+        Ok((out, d.done))
+    }
+
+    #[test]
+    fn chunked_bodies_decode_however_they_are_split() {
+        let wire: &[u8] = b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
+        for cut in 0..wire.len() {
+            let (out, done) = dechunk_all(&[&wire[..cut], &wire[cut..]]).unwrap();
+            assert_eq!(out, b"hello, world", "cut at {cut}");
+            assert!(done);
+        }
+        let (out, done) = dechunk_all(&[b"3\r\nabc\r\n"]).unwrap();
+        assert_eq!((out.as_slice(), done), (&b"abc"[..], false));
+        for bad in [
+            &b"x\r\n"[..],
+            b"\r\n",
+            b"3\r\nabcX\r\n",
+            b"3\nabc",
+            b"1234567890123456\r\n",
+        ] {
+            assert!(
+                dechunk_all(&[bad]).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn heads() {
+        let wire: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\nrest";
+        let (h, used) = parse_head(wire).unwrap().unwrap();
+        assert!(h.event_stream && h.status == 200 && h.framing == Framing::Chunked);
+        assert_eq!(&wire[used..], b"rest");
+        let (h, _) = parse_head(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 12\r\ncontent-type: application/json\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.event_stream && h.status == 401 && h.framing == Framing::Length(12));
+        assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-le")
+            .unwrap()
+            .is_none());
+        assert!(parse_head(b"garbage\r\n\r\n").is_err());
+        assert!(parse_head(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n").is_err());
+        assert!(
+            parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n")
+                .is_err()
+        );
+        let (h, _) = parse_head(b"HTTP/1.0 200 OK\r\n\r\n").unwrap().unwrap();
+        assert_eq!(h.framing, Framing::Close);
+    }
+}
