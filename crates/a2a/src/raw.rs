@@ -22,7 +22,7 @@ use crate::Error;
 /// Largest response head accepted.
 const MAX_HEAD: usize = 64 * 1024;
 /// Bytes read per poll (on the stack).
-const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK: usize = 32 * 1024;
 
 /// Where streaming requests go: parsed from a plain `http://host[:port]/path` base URL.
 #[derive(Debug, Clone)]
@@ -366,8 +366,9 @@ impl futures_util::Stream for Body {
             if this.done {
                 return Poll::Ready(None);
             }
-            let mut stack = [0u8; READ_CHUNK];
-            let mut rb = ReadBuf::new(&mut stack);
+            // Not zeroed: only the bytes the socket filled are read back.
+            let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); READ_CHUNK];
+            let mut rb = ReadBuf::uninit(&mut stack);
             match Pin::new(&mut this.tcp).poll_read(cx, &mut rb) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Err(_)) => {
@@ -375,7 +376,8 @@ impl futures_util::Stream for Body {
                     return Poll::Ready(Some(Err(Error::Transport("body".into()))));
                 }
                 Poll::Ready(Ok(())) => {
-                    let n = rb.filled().len();
+                    let filled = rb.filled();
+                    let n = filled.len();
                     if n == 0 {
                         this.done = true;
                         // Only a close-delimited body may end at EOF.
@@ -384,7 +386,7 @@ impl futures_util::Stream for Body {
                         }
                         return Poll::Ready(Some(Err(Error::Transport("body".into()))));
                     }
-                    match this.feed(&stack[..n]) {
+                    match this.feed(filled) {
                         Ok(Some(bytes)) => return Poll::Ready(Some(Ok(bytes))),
                         Ok(None) => continue,
                         Err(e) => {

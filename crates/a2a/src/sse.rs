@@ -85,74 +85,110 @@ impl Decoder {
 
     /// Returns the next complete frame, `Ok(None)` when more bytes are needed.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, SseError> {
-        loop {
-            if self.skip_lf && !self.buf.is_empty() {
-                if self.buf[0] == b'\n' {
-                    self.buf.advance(1);
+        // Lines are read in place (`pos`) and the consumed prefix is dropped once per call.
+        let mut pos = 0;
+        let result = loop {
+            if self.skip_lf && pos < self.buf.len() {
+                if self.buf[pos] == b'\n' {
+                    pos += 1;
                 }
                 self.skip_lf = false;
             }
-            let hay = &self.buf[self.scanned..];
-            let Some(rel) = hay.iter().position(|&b| b == b'\n' || b == b'\r') else {
-                self.scanned = self.buf.len();
-                if self.buf.len() > self.limits.max_line {
-                    return Err(SseError::LineTooLong(self.limits.max_line));
+            let from = (pos + self.scanned).min(self.buf.len());
+            let Some(rel) = memchr::memchr2(b'\n', b'\r', &self.buf[from..]) else {
+                self.scanned = self.buf.len() - pos;
+                if self.buf.len() - pos > self.limits.max_line {
+                    break Err(SseError::LineTooLong(self.limits.max_line));
                 }
-                return Ok(None);
+                break Ok(None);
             };
-            let end = self.scanned + rel;
-            if end > self.limits.max_line {
-                return Err(SseError::LineTooLong(self.limits.max_line));
+            let end = from + rel;
+            if end - pos > self.limits.max_line {
+                break Err(SseError::LineTooLong(self.limits.max_line));
             }
             let term = self.buf[end];
-            let line = self.buf.split_to(end);
+            let line_start = pos;
             // Drop the terminator; a CR may be followed by an LF (possibly in the next chunk).
-            self.buf.advance(1);
+            pos = end + 1;
             if term == b'\r' {
-                if self.buf.is_empty() {
+                if pos == self.buf.len() {
                     self.skip_lf = true;
-                } else if self.buf[0] == b'\n' {
-                    self.buf.advance(1);
+                } else if self.buf[pos] == b'\n' {
+                    pos += 1;
                 }
             }
             self.scanned = 0;
-            if let Some(frame) = self.line(&line)? {
-                return Ok(Some(frame));
+            let mut line = Line {
+                limits: &self.limits,
+                data: &mut self.data,
+                has_data: &mut self.has_data,
+                event: &mut self.event,
+            };
+            match line.feed(&self.buf[line_start..end]) {
+                Ok(Some(frame)) => break Ok(Some(frame)),
+                Ok(None) => {}
+                Err(e) => break Err(e),
             }
-        }
+        };
+        self.buf.advance(pos);
+        result
     }
 
     /// The stream ended: returns a last frame that lacked its blank line, if any.
     pub fn finish(&mut self) -> Result<Option<Frame>, SseError> {
         if !self.buf.is_empty() {
-            let line = self.buf.split();
-            if let Some(frame) = self.line(&line)? {
+            let rest = self.buf.split();
+            let mut line = Line {
+                limits: &self.limits,
+                data: &mut self.data,
+                has_data: &mut self.has_data,
+                event: &mut self.event,
+            };
+            if let Some(frame) = line.feed(&rest)? {
                 return Ok(Some(frame));
             }
         }
-        Ok(self.take_frame())
+        Ok(Line {
+            limits: &self.limits,
+            data: &mut self.data,
+            has_data: &mut self.has_data,
+            event: &mut self.event,
+        }
+        .take_frame())
     }
+}
 
+/// The frame being assembled, borrowed from the decoder while one of its lines is read.
+struct Line<'a> {
+    limits: &'a Limits,
+    data: &'a mut Vec<u8>,
+    has_data: &'a mut bool,
+    event: &'a mut Option<String>,
+}
+
+impl Line<'_> {
     fn take_frame(&mut self) -> Option<Frame> {
-        if !self.has_data {
-            self.event = None;
+        if !*self.has_data {
+            *self.event = None;
             return None;
         }
-        self.has_data = false;
+        *self.has_data = false;
+        // The next frame is likely the same size: one allocation instead of a growth series.
+        let next = Vec::with_capacity(self.data.len());
         Some(Frame {
             event: self.event.take(),
-            data: std::mem::take(&mut self.data),
+            data: std::mem::replace(self.data, next),
         })
     }
 
-    fn line(&mut self, line: &[u8]) -> Result<Option<Frame>, SseError> {
+    fn feed(&mut self, line: &[u8]) -> Result<Option<Frame>, SseError> {
         if line.is_empty() {
             return Ok(self.take_frame());
         }
         if line[0] == b':' {
             return Ok(None);
         }
-        let (field, value) = match line.iter().position(|&b| b == b':') {
+        let (field, value) = match memchr::memchr(b':', line) {
             Some(i) => {
                 let v = &line[i + 1..];
                 (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
@@ -161,17 +197,17 @@ impl Decoder {
         };
         match field {
             b"data" => {
-                let add = value.len() + usize::from(self.has_data);
+                let add = value.len() + usize::from(*self.has_data);
                 if self.data.len() + add > self.limits.max_frame {
                     return Err(SseError::FrameTooLarge(self.limits.max_frame));
                 }
-                if self.has_data {
+                if *self.has_data {
                     self.data.push(b'\n');
                 }
                 self.data.extend_from_slice(value);
-                self.has_data = true;
+                *self.has_data = true;
             }
-            b"event" => self.event = Some(String::from_utf8_lossy(value).into_owned()),
+            b"event" => *self.event = Some(String::from_utf8_lossy(value).into_owned()),
             _ => {}
         }
         Ok(None)

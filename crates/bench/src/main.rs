@@ -3,7 +3,7 @@
 //! load against the Python reference (`iac-code agui` from the pinned kernel venv), with ratios.
 //!
 //!   cargo run --release -p agui-bench -- [--smoke] [--python] [--gateway PATH]
-//!                                         [--lat-streams N] [--parked N]
+//!                                         [--lat-streams N] [--parked N] [--throughput N]
 //!
 //! The latency test also runs once straight from the synthetic kernel to the client (no gateway):
 //! that floor is what the generator, the client and the loopback cost on this machine, and the
@@ -490,6 +490,9 @@ async fn main() -> Result<()> {
     }
     if let Some(n) = flag("--parked") {
         z.parked = n as usize;
+    }
+    if let Some(n) = flag("--throughput") {
+        z.throughput = n;
     }
     let kernel = SyntheticKernel::start().await;
     let rust = measure(&Target::Rust(gateway), &kernel, z).await?;

@@ -380,7 +380,9 @@ impl Mapper {
     ) {
         self.close_reasoning(out);
         let mut text = text;
-        let first_sight = self.seen_messages.insert(id.to_owned());
+        // Per-delta hot path: look up before allocating a key.
+        let first_sight =
+            !self.seen_messages.contains(id) && self.seen_messages.insert(id.to_owned());
         let mut accumulated_prefix = String::new();
         if first_sight && !self.text_digests.is_empty() {
             // Resume replay trimming: skip the longest prefix whose digest was recorded.
@@ -397,10 +399,12 @@ impl Mapper {
             accumulated_prefix = text[..best].to_owned();
             text = &text[best..];
         }
-        self.accumulated
-            .entry(id.to_owned())
-            .or_default()
-            .push_str(&accumulated_prefix);
+        if first_sight {
+            self.accumulated
+                .entry(id.to_owned())
+                .or_default()
+                .push_str(&accumulated_prefix);
+        }
         if text.is_empty() {
             return;
         }
@@ -418,13 +422,15 @@ impl Mapper {
                 message_id: id.to_owned(),
             });
         }
-        if exclusive || self.current_text.is_none() {
+        if (exclusive || self.current_text.is_none()) && self.current_text.as_deref() != Some(id) {
             self.current_text = Some(id.to_owned());
         }
-        self.accumulated
-            .entry(id.to_owned())
-            .or_default()
-            .push_str(text);
+        match self.accumulated.get_mut(id) {
+            Some(acc) => acc.push_str(text),
+            None => {
+                self.accumulated.insert(id.to_owned(), text.to_owned());
+            }
+        }
         self.text_emitted = true;
         out.push(Event::TextMessageContent {
             message_id: id.to_owned(),

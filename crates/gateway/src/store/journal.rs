@@ -7,7 +7,7 @@
 //! in one directory serialises on the directory's lock, so doing it per save (three per run) was
 //! what bounded the admission rate, not the syncs.
 //!
-//! A background checkpoint (every second, or after 8 MiB) moves to a new generation, writes each
+//! A background checkpoint (every 2 s, or after 8 MiB) moves to a new generation, writes each
 //! thread's newest document to its file (temporary file + rename), makes the files durable (fsync
 //! of each, or one `syncfs` for many) and only then deletes the older generations. Start-up
 //! replays what is left — the newest record of each thread, written durably to its file — and
@@ -40,7 +40,7 @@ const HEADER: usize = 12;
 /// A generation is checkpointed once it holds this much…
 const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
 /// …or once its first record is this old.
-const ROTATE_AGE: Duration = Duration::from_millis(1000);
+const ROTATE_AGE: Duration = Duration::from_millis(2000);
 /// How often the checkpoint thread looks.
 const TICK: Duration = Duration::from_millis(200);
 /// Up to this many dirty files are fsynced one by one at a checkpoint; above it, `syncfs`.

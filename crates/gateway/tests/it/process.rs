@@ -339,6 +339,15 @@ async fn graceful_shutdown_drains_open_streams() {
         &std::fs::read(dir.path().join("state/threads/paused.json")).unwrap(),
     )
     .unwrap();
+    // The clean stop checkpointed the journal: only thread files are left.
+    let journal_logs = std::fs::read_dir(dir.path().join("state/journal"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(journal_logs, 0, "the journal was not checkpointed at shutdown");
     assert!(doc["execution"]["pending"]["perm-1"].is_object());
 }
 
