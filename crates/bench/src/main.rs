@@ -60,6 +60,9 @@ struct Report {
     parked_admitted: usize,
     parked_rss_kib_per_stream: f64,
     admission_rps: f64,
+    /// Request → `RUN_STARTED` of one admission.
+    admit_p50_us: f64,
+    admit_p99_us: f64,
 }
 
 enum Target {
@@ -369,13 +372,15 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     let sem = Arc::new(tokio::sync::Semaphore::new(256));
     let admitted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let admit_us = Arc::new(std::sync::Mutex::new(Vec::with_capacity(z.parked)));
     let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
     let mut tasks = vec![];
     for i in 0..z.parked {
         let (c, g, sem, mut hold) = (c.clone(), g.clone(), sem.clone(), hold_rx.clone());
-        let (admitted, failed) = (admitted.clone(), failed.clone());
+        let (admitted, failed, admit_us) = (admitted.clone(), failed.clone(), admit_us.clone());
         tasks.push(tokio::spawn(async move {
             let permit = sem.acquire_owned().await.expect("semaphore");
+            let began = Instant::now();
             let resp = c
                 .post(&g.url)
                 .header("content-type", "application/json")
@@ -392,6 +397,10 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
             match s.next().await {
                 Some(Ok(b)) if b.windows(11).any(|w| w == b"RUN_STARTED") => {
                     admitted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    admit_us
+                        .lock()
+                        .expect("samples")
+                        .push(began.elapsed().as_micros() as u64);
                 }
                 _ => {
                     failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -422,6 +431,8 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     rep.parked_rss_kib_per_stream =
         after.saturating_sub(before) as f64 / rep.parked_admitted.max(1) as f64;
     rep.admission_rps = rep.parked_admitted as f64 / admit_elapsed.as_secs_f64().max(1e-6);
+    let samples = std::mem::take(&mut *admit_us.lock().expect("samples"));
+    (rep.admit_p50_us, rep.admit_p99_us) = percentiles(samples);
     Ok(rep)
 }
 
@@ -454,6 +465,11 @@ fn print(name: &str, r: &Report, z: Sizes) {
     println!(
         "  admission rate (fsync included)   {:>10.0} runs/s",
         r.admission_rps
+    );
+    println!(
+        "  admission latency p50/p99        {:>8.1} / {:.1} ms",
+        r.admit_p50_us / 1000.0,
+        r.admit_p99_us / 1000.0
     );
 }
 

@@ -62,6 +62,26 @@ pub fn kernel_for(cfg: &Config, env: &Env) -> Arc<Kernel> {
     }
 }
 
+/// Binds the listening socket with a deep accept queue: a burst of new streams must not overflow
+/// it (an overflowed SYN is retried by the client only after a second). The kernel caps the depth
+/// at `net.core.somaxconn`.
+pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a).and_then(|()| socket.listen(4096)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no address to listen on")))
+}
+
 /// Opens the gateway's thread store: sweeps temporary files of interrupted writes and replays the
 /// state journal a previous process left.
 pub fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, StoreError> {

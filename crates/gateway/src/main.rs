@@ -64,7 +64,7 @@ fn main() {
         .expect("tokio runtime");
     let code = rt.block_on(async move {
         let addr = format!("{}:{}", cfg.host, cfg.port);
-        let listener = match tokio::net::TcpListener::bind(&addr).await {
+        let listener = match app::bind(&addr).await {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("Unable to listen on {addr}: {e}");

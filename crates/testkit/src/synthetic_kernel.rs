@@ -144,9 +144,12 @@ async fn rpc(body: Bytes) -> Response {
 impl SyntheticKernel {
     pub async fn start() -> SyntheticKernel {
         use axum::serve::ListenerExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
+        // A deep accept queue: bursts of streams must not wait for SYN retries.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("addr"))
             .expect("bind");
+        let listener = socket.listen(4096).expect("listen");
         let addr = listener.local_addr().expect("addr");
         // Like uvicorn: TCP_NODELAY, so paced frames are not held back by Nagle.
         let listener = listener.tap_io(|tcp| {

@@ -190,8 +190,12 @@ impl Threads {
         Ok(())
     }
 
-    /// Persists a document (blocking pool).
+    /// Persists a document: through the store's queued path when it has one (no blocking thread
+    /// waits for the sync), else on the blocking pool.
     pub async fn persist(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
+        if let Some(saving) = self.store.save_queued(doc) {
+            return saving.await;
+        }
         let store = self.store.clone();
         let doc = doc.clone();
         tokio::task::spawn_blocking(move || store.save(&doc))

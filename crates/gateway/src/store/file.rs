@@ -11,8 +11,8 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use sha2::{Digest, Sha256};
 
-use super::journal::{Journal, Logged};
-use super::{StoreError, ThreadDoc, ThreadStore};
+use super::journal::Journal;
+use super::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
 use crate::validate::content::is_reserved_windows_name;
 
 /// Largest accepted state file (a thread document is small; this only guards against garbage).
@@ -319,21 +319,51 @@ impl ThreadStore for FileStore {
     fn save(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
         let stem = file_stem(&doc.thread_id)
             .ok_or_else(|| StoreError::Invalid("empty thread id".into()))?;
-        let bytes = doc.to_json();
-        let bytes = match &self.journal {
-            Some(j) => {
-                // The file store's own directory is created on the first save, as before.
-                ensure_dir(&self.threads_dir())?;
-                match j.log(&doc.thread_id, bytes)? {
-                    Logged::Journaled => return Ok(()),
-                    Logged::Direct => doc.to_json(),
-                }
+        let bytes = Arc::new(doc.to_json());
+        if let Some(j) = &self.journal {
+            // The file store's own directory is created on the first save, as before.
+            ensure_dir(&self.threads_dir())?;
+            let durable = j
+                .submit(&doc.thread_id, bytes.clone())
+                .is_some_and(|rx| rx.blocking_recv() == Ok(true));
+            if durable {
+                return Ok(());
             }
-            None => bytes,
-        };
+            j.settle()?;
+        }
         self.replace(&stem, &bytes, true)
             .map(|_| ())
             .map_err(StoreError::Io)
+    }
+
+    fn save_queued(&self, doc: &ThreadDoc) -> Option<BoxFuture<'static, Result<(), StoreError>>> {
+        let j = self.journal.as_ref()?;
+        let stem = file_stem(&doc.thread_id)?;
+        if ensure_dir(&self.threads_dir()).is_err() {
+            return None;
+        }
+        let bytes = Arc::new(doc.to_json());
+        let rx = j.submit(&doc.thread_id, bytes.clone())?;
+        let (store, j) = (self.clone(), j.clone());
+        Some(Box::pin(async move {
+            if rx.await == Ok(true) {
+                return Ok(());
+            }
+            // The journal failed: retire it and write the file durably (blocking pool).
+            tokio::task::spawn_blocking(move || {
+                j.settle()?;
+                store
+                    .replace(&stem, &bytes, true)
+                    .map(|_| ())
+                    .map_err(StoreError::Io)
+            })
+            .await
+            .map_err(|e| StoreError::Io(std::io::Error::other(e.to_string())))?
+        }))
+    }
+
+    fn queues(&self) -> bool {
+        self.journal.is_some()
     }
 
     fn flush(&self) -> Result<(), StoreError> {

@@ -1,8 +1,9 @@
 //! Write-ahead journal in front of the thread files: group commit of durable writes.
 //!
-//! A save appends the whole new document to `<root>/journal/<generation>.log` and returns once an
-//! `fdatasync` of the journal that started after the append has completed; concurrent saves share
-//! that one sync (the first waiter writes and syncs everyone's records). The document is then
+//! A save queues the whole new document for `<root>/journal/<generation>.log` and completes once
+//! an `fdatasync` of the journal that started after it was queued has completed: one writer thread
+//! writes and syncs everything queued at once (group commit), so concurrent saves share a sync and
+//! an async caller waits on a channel instead of holding a blocking thread. The document is then
 //! served from memory until a checkpoint writes it to its thread file: creating and renaming files
 //! in one directory serialises on the directory's lock, so doing it per save (three per run) was
 //! what bounded the admission rate, not the syncs.
@@ -32,6 +33,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
 
 use super::{StoreError, ThreadDoc};
 
@@ -189,6 +192,9 @@ struct St {
     rotate_requested: bool,
     /// Durable in the journal, not yet known durable in the thread file: newest per thread.
     overlay: HashMap<String, Doc>,
+    /// Senders of the saves whose records are in `pending`.
+    waiters: Vec<oneshot::Sender<bool>>,
+    writer_thread: bool,
     checkpoint_thread: bool,
     batches: u64,
 }
@@ -213,14 +219,6 @@ pub(super) struct Journal {
     write_file: WriteFile,
     st: Mutex<St>,
     cv: Condvar,
-}
-
-/// Outcome of the journal part of a save.
-pub(super) enum Logged {
-    /// Durable in the journal (and served from memory until checkpointed).
-    Journaled,
-    /// The journal is retired: write the file durably yourself.
-    Direct,
 }
 
 impl Journal {
@@ -274,6 +272,8 @@ impl Journal {
                 rotate_requested: false,
                 overlay: HashMap::new(),
                 // Without the background thread, only `checkpoint` calls write files (tests).
+                waiters: Vec::new(),
+                writer_thread: false,
                 checkpoint_thread: !background,
                 batches: 0,
             }),
@@ -300,93 +300,123 @@ impl Journal {
         self.lock().overlay.get(thread_id).map(|(_, d)| d.clone())
     }
 
-    /// Appends a thread's document and waits until it is durable (or the journal is retired).
-    pub(super) fn log(
+    /// Queues a thread's document for the next group commit. The receiver says `true` once the
+    /// record is durable, `false` when the journal failed (then save through [`Journal::settle`]
+    /// and a direct durable write). `None`: the journal is not in use (failed or retired).
+    pub(super) fn submit(
         self: &Arc<Self>,
         thread_id: &str,
-        doc: Vec<u8>,
-    ) -> Result<Logged, StoreError> {
+        doc: Arc<Vec<u8>>,
+    ) -> Option<oneshot::Receiver<bool>> {
         let record = encode(thread_id, &doc);
         let mut st = self.lock();
-        loop {
-            match &st.mode {
-                Mode::Direct => return Ok(Logged::Direct),
-                Mode::Broken(_) => {
-                    st = self.retire(st)?;
-                    continue;
-                }
-                Mode::Journal => break,
-            }
+        if st.mode != Mode::Journal {
+            return None;
         }
-        if !st.checkpoint_thread {
-            st.checkpoint_thread = true;
-            let weak = Arc::downgrade(self);
-            let spawned = std::thread::Builder::new()
-                .name("state-journal".into())
-                .spawn(move || checkpoint_loop(weak));
-            if spawned.is_err() {
-                st.checkpoint_thread = false;
-            }
-        }
+        self.start_threads(&mut st);
         st.pending.extend_from_slice(&record);
         st.appended += 1;
         let seq = st.appended;
-        st.pending_docs
-            .push((seq, thread_id.to_owned(), Arc::new(doc)));
+        st.pending_docs.push((seq, thread_id.to_owned(), doc));
+        let (tx, rx) = oneshot::channel();
+        st.waiters.push(tx);
         st.gen_since.get_or_insert_with(Instant::now);
+        self.cv.notify_all();
+        Some(rx)
+    }
+
+    /// After a journal failure: retires the journal (blocking) and returns once saves are direct.
+    pub(super) fn settle(&self) -> Result<(), StoreError> {
+        let mut st = self.lock();
         loop {
-            if st.synced >= seq {
-                return Ok(Logged::Journaled);
-            }
-            if st.mode != Mode::Journal {
-                // The batch holding this record failed, or it was appended after: save directly
-                // once the journal is retired.
-                loop {
-                    match &st.mode {
-                        Mode::Direct => return Ok(Logged::Direct),
-                        Mode::Broken(_) => st = self.retire(st)?,
-                        Mode::Journal => unreachable!("a broken journal is never reopened"),
-                    }
+            match &st.mode {
+                Mode::Direct => return Ok(()),
+                Mode::Broken(_) => st = self.retire(st)?,
+                Mode::Journal => {
+                    return Err(StoreError::Io(std::io::Error::other(
+                        "state journal write was not confirmed",
+                    )))
                 }
             }
-            if st.leader {
-                st = self.wait(st);
-                continue;
-            }
-            // Lead: write and sync everything pending.
-            st.leader = true;
-            if st.rotate_requested {
-                st.rotate();
-            }
-            let buf = std::mem::take(&mut st.pending);
-            let docs = std::mem::take(&mut st.pending_docs);
-            let hi = st.appended;
-            let file = st.file.clone();
-            let gen = st.gen;
-            drop(st);
-            let result = self.write_batch(file, gen, &buf);
-            st = self.lock();
-            st.leader = false;
-            st.batches += 1;
-            match result {
-                Ok(file) => {
-                    st.file = Some(file);
-                    st.gen_bytes += buf.len() as u64;
-                    st.synced = hi;
-                    for (seq, id, doc) in docs {
-                        st.overlay.insert(id, (seq, doc));
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "state journal write failed; retiring the journal");
-                    st.mode = Mode::Broken(e.to_string());
-                    st.pending.clear();
-                    st.pending_docs.clear();
-                    st.file = None;
-                }
-            }
-            self.cv.notify_all();
         }
+    }
+
+    fn start_threads(self: &Arc<Self>, st: &mut St) {
+        if !st.writer_thread {
+            let weak = Arc::downgrade(self);
+            st.writer_thread = std::thread::Builder::new()
+                .name("state-journal".into())
+                .spawn(move || writer_loop(weak))
+                .is_ok();
+        }
+        if !st.checkpoint_thread {
+            let weak = Arc::downgrade(self);
+            st.checkpoint_thread = std::thread::Builder::new()
+                .name("state-checkpoint".into())
+                .spawn(move || checkpoint_loop(weak))
+                .is_ok();
+        }
+    }
+
+    /// Writes and syncs everything queued, once (the writer thread's step). Returns false when
+    /// there was nothing to do within `idle`.
+    fn commit_once(&self, idle: Duration) -> bool {
+        let mut st = self.lock();
+        if st.pending.is_empty() {
+            st = self
+                .cv
+                .wait_timeout_while(st, idle, |st| {
+                    st.pending.is_empty() && st.mode == Mode::Journal
+                })
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if st.pending.is_empty() || st.mode != Mode::Journal || st.retiring {
+            return false;
+        }
+        st.leader = true;
+        if st.rotate_requested {
+            st.rotate();
+        }
+        let buf = std::mem::take(&mut st.pending);
+        let docs = std::mem::take(&mut st.pending_docs);
+        let waiters = std::mem::take(&mut st.waiters);
+        let hi = st.appended;
+        let file = st.file.clone();
+        let gen = st.gen;
+        drop(st);
+        let result = self.write_batch(file, gen, &buf);
+        let mut st = self.lock();
+        st.leader = false;
+        st.batches += 1;
+        let ok = match result {
+            Ok(file) => {
+                st.file = Some(file);
+                st.gen_bytes += buf.len() as u64;
+                st.synced = hi;
+                for (seq, id, doc) in docs {
+                    st.overlay.insert(id, (seq, doc));
+                }
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "state journal write failed; retiring the journal");
+                st.mode = Mode::Broken(e.to_string());
+                st.pending.clear();
+                st.pending_docs.clear();
+                st.file = None;
+                for w in std::mem::take(&mut st.waiters) {
+                    let _ = w.send(false);
+                }
+                false
+            }
+        };
+        self.cv.notify_all();
+        drop(st);
+        for w in waiters {
+            let _ = w.send(ok);
+        }
+        true
     }
 
     /// Writes a batch to the generation's file (created on first use) and syncs it.
@@ -505,7 +535,7 @@ impl Journal {
             st = self.wait(st);
         }
         // No batch of an older generation is in flight now, and each one's documents are in
-        // the overlay (the leader puts them there before it lets go).
+        // the overlay (the writer puts them there before it lets go).
         let current = st.gen;
         let snapshot: Vec<(String, Doc)> = st
             .overlay
@@ -542,6 +572,16 @@ impl Journal {
         st.mode == Mode::Journal
             && (st.gen_bytes >= ROTATE_BYTES
                 || st.gen_since.is_some_and(|t| t.elapsed() >= ROTATE_AGE))
+    }
+}
+
+fn writer_loop(weak: Weak<Journal>) {
+    loop {
+        let Some(j) = weak.upgrade() else {
+            return;
+        };
+        // Holding the journal at most `TICK` while idle: it is dropped soon after its store.
+        j.commit_once(TICK);
     }
 }
 

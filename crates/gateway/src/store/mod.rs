@@ -15,6 +15,9 @@ pub use doc::{
 pub use file::{file_stem, FileStore};
 
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A boxed future of a store operation.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 use std::sync::Arc;
 
 /// Store failures.
@@ -34,6 +37,16 @@ pub trait ThreadStore: Send + Sync + 'static {
     fn load(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError>;
     /// Atomically replaces the thread's document.
     fn save(&self, doc: &ThreadDoc) -> Result<(), StoreError>;
+    /// A save awaited without holding a blocking thread while it becomes durable (the journal's
+    /// group commit). `None`: this store has no such path; use [`ThreadStore::save`] on the
+    /// blocking pool.
+    fn save_queued(&self, _doc: &ThreadDoc) -> Option<BoxFuture<'static, Result<(), StoreError>>> {
+        None
+    }
+    /// Whether [`ThreadStore::save_queued`] is available at all.
+    fn queues(&self) -> bool {
+        false
+    }
     /// Makes every completed save durable in its final place (clean shutdown).
     fn flush(&self) -> Result<(), StoreError> {
         Ok(())
@@ -89,11 +102,9 @@ impl<S: ThreadStore> FaultyStore<S> {
     }
 }
 
-impl<S: ThreadStore> ThreadStore for FaultyStore<S> {
-    fn load(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError> {
-        self.inner.load(thread_id)
-    }
-    fn save(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
+impl<S: ThreadStore> FaultyStore<S> {
+    /// The failure to inject into this save, if one is armed.
+    fn injected(&self) -> Option<StoreError> {
         if self.fail_saves.load(Ordering::SeqCst) > 0 {
             let skipped = self
                 .skip_saves
@@ -101,12 +112,37 @@ impl<S: ThreadStore> ThreadStore for FaultyStore<S> {
                 .is_ok();
             if !skipped {
                 self.fail_saves.fetch_sub(1, Ordering::SeqCst);
-                return Err(StoreError::Io(std::io::Error::other(
+                return Some(StoreError::Io(std::io::Error::other(
                     "injected save failure",
                 )));
             }
         }
+        None
+    }
+}
+
+impl<S: ThreadStore> ThreadStore for FaultyStore<S> {
+    fn load(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError> {
+        self.inner.load(thread_id)
+    }
+    fn save(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
+        if let Some(e) = self.injected() {
+            return Err(e);
+        }
         self.inner.save(doc)
+    }
+    fn save_queued(&self, doc: &ThreadDoc) -> Option<BoxFuture<'static, Result<(), StoreError>>> {
+        // Without a queued path below, `save` runs and injects (once per save).
+        if !self.inner.queues() {
+            return None;
+        }
+        if let Some(e) = self.injected() {
+            return Some(Box::pin(std::future::ready(Err(e))));
+        }
+        self.inner.save_queued(doc)
+    }
+    fn queues(&self) -> bool {
+        self.inner.queues()
     }
     fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush()

@@ -873,7 +873,8 @@ async fn failed_recovery_critical_writes_fail_closed() {
     ] {
         let k = FakeKernel::start().await;
         let dir = tempfile::tempdir().unwrap();
-        let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
+        let (store, switch) =
+            FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
         let s = Builder::new()
             .a2a(&k.url(), None)
             .store(Arc::new(store))
@@ -1058,7 +1059,8 @@ async fn a_resume_delivers_every_answer_in_order() {
 async fn a_failed_answer_commit_stops_before_the_next_answer() {
     let k = FakeKernel::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
+    let (store, switch) =
+        FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
     let s = Builder::new()
         .a2a(&k.url(), None)
         .store(Arc::new(store))
@@ -1131,7 +1133,8 @@ async fn a_failed_answer_commit_stops_before_the_next_answer() {
 async fn failed_resume_preparation_write_fails_closed() {
     let k = FakeKernel::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
+    let (store, switch) =
+        FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
     let s = Builder::new()
         .a2a(&k.url(), None)
         .store(Arc::new(store))
@@ -1465,7 +1468,8 @@ async fn resume_task_identity_mismatch() {
 async fn failed_session_id_write_fails_closed() {
     let k = FakeKernel::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
+    let (store, switch) =
+        FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
     let s = Builder::new()
         .a2a(&k.url(), None)
         .store(Arc::new(store))

@@ -347,7 +347,10 @@ async fn graceful_shutdown_drains_open_streams() {
                 .count()
         })
         .unwrap_or(0);
-    assert_eq!(journal_logs, 0, "the journal was not checkpointed at shutdown");
+    assert_eq!(
+        journal_logs, 0,
+        "the journal was not checkpointed at shutdown"
+    );
     assert!(doc["execution"]["pending"]["perm-1"].is_object());
 }
 
