@@ -166,14 +166,10 @@ pub async fn serve(
         rt2.draining.store(true, Ordering::SeqCst);
         rt2.drain.notify_waiters();
     };
-    // Events are small writes: disable Nagle so they leave at once (no delayed-ACK stalls).
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    // `into_make_service`: a connection clones the router (an `Arc`) instead of rebuilding its
-    // route table, as serving a bare `Router` does.
-    let server = axum::serve(listener, app.into_make_service()).with_graceful_shutdown(graceful);
+    let server = async move {
+        crate::server::serve(listener, app, graceful).await;
+        Ok::<(), std::io::Error>(())
+    };
     let timeout = Duration::from_secs_f64(rt.cfg.shutdown_timeout_secs) + Duration::from_secs(2);
     let mut stop_rx2 = stop_tx.subscribe();
     let result = tokio::select! {

@@ -13,5 +13,6 @@ pub mod i18n;
 pub mod mapping;
 pub mod paths;
 pub mod run;
+pub mod server;
 pub mod store;
 pub mod validate;
