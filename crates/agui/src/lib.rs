@@ -173,6 +173,25 @@ impl Event {
         out.extend_from_slice(b"\n\n");
     }
 
+    /// Appends the SSE record of `TEXT_MESSAGE_CONTENT {message_id, delta}` to `out` without
+    /// building the event (the per-delta hot path); the bytes are those of
+    /// [`Event::encode_sse`].
+    pub fn encode_text_content_sse(
+        timestamp_ms: i64,
+        message_id: &str,
+        delta: &str,
+        out: &mut Vec<u8>,
+    ) {
+        out.extend_from_slice(b"data: ");
+        let mut w = ObjWriter::new(out);
+        w.raw_str("type", "TEXT_MESSAGE_CONTENT");
+        w.int("timestamp", timestamp_ms);
+        w.str("messageId", message_id);
+        w.str("delta", delta);
+        w.finish();
+        out.extend_from_slice(b"\n\n");
+    }
+
     /// Appends this event's compact JSON object to `out`.
     pub fn encode_json(&self, timestamp_ms: i64, out: &mut Vec<u8>) {
         let mut w = ObjWriter::new(out);
@@ -361,6 +380,23 @@ mod tests {
         let mut b = Vec::new();
         e.encode_sse(1795980985782, &mut b);
         String::from_utf8(b).unwrap()
+    }
+
+    #[test]
+    fn text_content_hot_path_encodes_the_same_bytes() {
+        for (id, delta) in [
+            ("m1", "hello"),
+            ("msg-\u{7f}\"x", "line\nbreak\t\\ \u{1}\u{2028}中文🙂"),
+            ("", ""),
+        ] {
+            let e = Event::TextMessageContent {
+                message_id: id.into(),
+                delta: delta.into(),
+            };
+            let mut fast = Vec::new();
+            Event::encode_text_content_sse(1795980985782, id, delta, &mut fast);
+            assert_eq!(String::from_utf8(fast).unwrap(), enc(&e));
+        }
     }
 
     #[test]

@@ -369,6 +369,26 @@ impl Mapper {
         self.emit_text(&id, text, true, out);
     }
 
+    /// The per-delta hot path of status text: when `text` continues the message being streamed
+    /// (it is the current one, open, nothing else to close), records it and returns true; the
+    /// caller then emits exactly one `TEXT_MESSAGE_CONTENT {id, text}`, as
+    /// [`Mapper::status_text`] would have. Otherwise changes nothing and returns false.
+    pub fn continue_text(&mut self, id: &str, text: &str) -> bool {
+        if text.is_empty()
+            || !self.open_reasoning.is_empty()
+            || self.current_text.as_deref() != Some(id)
+            || !self.open_text.contains(id)
+        {
+            return false;
+        }
+        let Some(acc) = self.accumulated.get_mut(id) else {
+            return false;
+        };
+        acc.push_str(text);
+        self.text_emitted = true;
+        true
+    }
+
     /// Emits agent text. `exclusive`: status text (closes the current message when another
     /// starts); pipeline messages may be open in parallel.
     pub(crate) fn emit_text(

@@ -661,7 +661,8 @@ mod fast_path {
     }
 
     proptest! {
-        /// The fast path and the generic path emit the same events for any sequence of deltas.
+        /// The fast path (with the continuation shortcut) and the generic path emit the same events
+        /// and record the same text for any sequence of deltas.
         #[test]
         fn fast_and_generic_paths_emit_the_same_events(
             deltas in prop::collection::vec(("\\PC{1,12}", 0usize..3), 1..12),
@@ -675,10 +676,17 @@ mod fast_path {
                 let d = fast(&v).expect("a fast frame");
                 let item = a2a::ItemView::new(&v["result"]).obj.clone();
                 generic.map_item(&item, &mut a);
-                quick.status_text(Some(d.message_id), &d.text, false, &mut b);
+                // As the driver does: a continuation is encoded straight from the frame.
+                if quick.continue_text(&d.message_id, &d.text) {
+                    b.push(Event::TextMessageContent { message_id: d.message_id, delta: d.text });
+                } else {
+                    quick.status_text(Some(d.message_id), &d.text, false, &mut b);
+                }
             }
             generic.close_all(&mut a);
             quick.close_all(&mut b);
+            // The text recorded for resume trimming is the same too.
+            prop_assert_eq!(&generic.text_digests, &quick.text_digests);
             let enc = |e: &Vec<Event>| {
                 e.iter()
                     .map(|x| {

@@ -897,10 +897,24 @@ impl Driver {
         if self.adm.control.is_cancel_requested() && !self.kernel_cancel_sent {
             self.cancel_task_best_effort().await;
         }
-        let mut events = Vec::new();
-        self.mapper
-            .status_text(Some(d.message_id), &d.text, false, &mut events);
-        self.emit_all(events).await?;
+        if self.mapper.continue_text(&d.message_id, &d.text) {
+            // The message being streamed goes on: one event, encoded straight from the frame.
+            if !self.disconnected
+                && self
+                    .sink
+                    .emit_text_content(&d.message_id, &d.text)
+                    .await
+                    .is_err()
+            {
+                self.disconnected = true;
+                return Err(Stop::Disconnected);
+            }
+        } else {
+            let mut events = Vec::new();
+            self.mapper
+                .status_text(Some(d.message_id), &d.text, false, &mut events);
+            self.emit_all(events).await?;
+        }
         tracing::trace!(state = ?TaskState::Working, "kernel item");
         self.last_state = Some(TaskState::Working);
         Ok(Step::Continue)

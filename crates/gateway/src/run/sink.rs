@@ -52,6 +52,19 @@ impl Sink {
         self.tx.send(bytes).await.map_err(|_| Disconnected)
     }
 
+    /// Encodes and sends `TEXT_MESSAGE_CONTENT {message_id, delta}` without building the event.
+    pub async fn emit_text_content(
+        &mut self,
+        message_id: &str,
+        delta: &str,
+    ) -> Result<(), Disconnected> {
+        debug_assert!(!self.terminal_sent, "text after the terminal event");
+        self.buf.clear();
+        Event::encode_text_content_sse(self.clock.now_ms(), message_id, delta, &mut self.buf);
+        let bytes = Bytes::copy_from_slice(&self.buf);
+        self.tx.send(bytes).await.map_err(|_| Disconnected)
+    }
+
     /// Sends several events in order.
     pub async fn emit_all(&mut self, events: &[Event]) -> Result<(), Disconnected> {
         for e in events {
