@@ -480,4 +480,105 @@ mod tests {
         let (h, _) = parse_head(b"HTTP/1.0 200 OK\r\n\r\n").unwrap().unwrap();
         assert_eq!(h.framing, Framing::Close);
     }
+
+    /// Serves one connection: reads the request, then writes `parts` with a pause between them.
+    async fn serve_once(parts: Vec<&'static [u8]>) -> Target {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut req = vec![0u8; 4096];
+            let _ = s.read(&mut req).await.unwrap();
+            for p in parts {
+                s.write_all(p).await.unwrap();
+                s.flush().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        Target::parse(&format!("http://{addr}/")).unwrap()
+    }
+
+    async fn fetch(parts: Vec<&'static [u8]>) -> Result<(u16, bool, Vec<u8>), Error> {
+        use futures_util::StreamExt;
+        let t = serve_once(parts).await;
+        let (head, mut body) =
+            send(&t, &[("a2a-version", "1.0")], b"{}", Duration::from_secs(5)).await?;
+        let mut all = Vec::new();
+        while let Some(part) = body.next().await {
+            all.extend_from_slice(&part?);
+        }
+        Ok((head.status, head.event_stream, all))
+    }
+
+    #[tokio::test]
+    async fn bodies_over_a_socket() {
+        // Chunked, split anywhere, with body bytes arriving together with the head.
+        let (status, sse, body) = fetch(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n6\r\ndata: ",
+            b"\r\n3\r\nx\n\n\r",
+            b"\n0\r\n\r\n",
+        ])
+        .await
+        .unwrap();
+        assert_eq!(
+            (status, sse, body.as_slice()),
+            (200, true, &b"data: x\n\n"[..])
+        );
+        // Content-Length (a JSON-RPC error where a stream was expected).
+        let (status, sse, body) = fetch(vec![
+            b"HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: 9\r\n\r\n{\"a\":",
+            b"\"b\"}",
+        ])
+        .await
+        .unwrap();
+        assert_eq!(
+            (status, sse, body.as_slice()),
+            (401, false, &b"{\"a\":\"b\"}"[..])
+        );
+        // Close-delimited.
+        let (_, _, body) = fetch(vec![b"HTTP/1.0 200 OK\r\n\r\nall ", b"of it"])
+            .await
+            .unwrap();
+        assert_eq!(body, b"all of it");
+        // Cut inside a chunk, or before the last chunk: a transport error, never a clean end.
+        for cut in [
+            &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n10\r\nshort"[..],
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\nx\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort",
+        ] {
+            let leaked: &'static [u8] = Box::leak(cut.to_vec().into_boxed_slice());
+            assert!(matches!(
+                fetch(vec![leaked]).await,
+                Err(Error::Transport(_))
+            ));
+        }
+        // No response at all; a garbage head.
+        assert!(matches!(fetch(vec![]).await, Err(Error::Transport(_))));
+        assert!(matches!(
+            fetch(vec![b"SMTP ready\r\n\r\n"]).await,
+            Err(Error::Protocol(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_transport_error() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let t = Target::parse(&format!("http://{addr}/")).unwrap();
+        assert!(matches!(
+            send(&t, &[], b"{}", Duration::from_secs(5)).await,
+            Err(Error::Transport(_))
+        ));
+        // Header values that would split the request are refused before anything is sent.
+        let t = serve_once(vec![]).await;
+        assert!(send(
+            &t,
+            &[("authorization", "Bearer x\r\nevil: 1")],
+            b"{}",
+            Duration::from_secs(5)
+        )
+        .await
+        .is_err());
+    }
 }
