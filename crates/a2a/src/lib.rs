@@ -10,6 +10,9 @@ pub mod item;
 mod raw;
 pub mod sse;
 
+#[doc(hidden)]
+pub use raw::dechunk_parts;
+
 use std::time::Duration;
 
 use futures_util::StreamExt;

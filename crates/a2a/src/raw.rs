@@ -300,6 +300,18 @@ impl Dechunker {
     }
 }
 
+/// Decodes a chunked body fed in `parts` (fuzzing hook): the data, and whether the last chunk and
+/// the trailers were complete.
+#[doc(hidden)]
+pub fn dechunk_parts(parts: &[&[u8]]) -> Result<(Vec<u8>, bool), Error> {
+    let mut d = Dechunker::default();
+    let mut out = Vec::new();
+    for p in parts {
+        d.feed(p, &mut out)?;
+    }
+    Ok((out, d.done))
+}
+
 /// A response body read from the socket.
 pub(crate) struct Body {
     tcp: TcpStream,

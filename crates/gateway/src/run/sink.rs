@@ -92,30 +92,52 @@ pub fn body_stream(
     rx: mpsc::Receiver<Bytes>,
     heartbeat: Duration,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
-    futures_util::stream::unfold(rx, move |mut rx| async move {
-        match tokio::time::timeout(heartbeat, rx.recv()).await {
-            Ok(Some(first)) => {
-                // Coalesce what is already queued into one write.
-                let mut chunk: Option<BytesMut> = None;
-                while let Ok(next) = rx.try_recv() {
-                    let c = chunk.get_or_insert_with(|| {
-                        let mut b = BytesMut::with_capacity(first.len() * 4);
-                        b.extend_from_slice(&first);
-                        b
-                    });
-                    c.extend_from_slice(&next);
-                    if c.len() > 64 * 1024 {
-                        break;
+    // One timer per quiet period, not one per event: an event only records the time; when the
+    // timer fires early it is moved to `last + heartbeat`.
+    let last = tokio::time::Instant::now();
+    let timer = Box::pin(tokio::time::sleep_until(last + heartbeat));
+    futures_util::stream::unfold(
+        (rx, timer, last),
+        move |(mut rx, mut timer, mut last)| async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    first = rx.recv() => {
+                        let first = first?;
+                        last = tokio::time::Instant::now();
+                        // Coalesce what is already queued into one write.
+                        let mut chunk: Option<BytesMut> = None;
+                        while let Ok(next) = rx.try_recv() {
+                            let c = chunk.get_or_insert_with(|| {
+                                let mut b = BytesMut::with_capacity(first.len() * 4);
+                                b.extend_from_slice(&first);
+                                b
+                            });
+                            c.extend_from_slice(&next);
+                            if c.len() > 64 * 1024 {
+                                break;
+                            }
+                        }
+                        let out = match chunk {
+                            Some(c) => c.freeze(),
+                            None => first,
+                        };
+                        return Some((Ok(out), (rx, timer, last)));
+                    }
+                    () = timer.as_mut() => {
+                        let now = tokio::time::Instant::now();
+                        if last + heartbeat <= now {
+                            last = now;
+                            timer.as_mut().reset(now + heartbeat);
+                            return Some((
+                                Ok(Bytes::from_static(agui::HEARTBEAT)),
+                                (rx, timer, last),
+                            ));
+                        }
+                        timer.as_mut().reset(last + heartbeat);
                     }
                 }
-                let out = match chunk {
-                    Some(c) => c.freeze(),
-                    None => first,
-                };
-                Some((Ok(out), rx))
             }
-            Ok(None) => None,
-            Err(_) => Some((Ok(Bytes::from_static(agui::HEARTBEAT)), rx)),
-        }
-    })
+        },
+    )
 }

@@ -314,6 +314,10 @@ impl Journal {
             return None;
         }
         self.start_threads(&mut st);
+        if !st.writer_thread {
+            // No thread could be started: the save fails (fail closed) instead of waiting forever.
+            return None;
+        }
         st.pending.extend_from_slice(&record);
         st.appended += 1;
         let seq = st.appended;

@@ -220,6 +220,64 @@ fn fuzz_sse_decoder_is_split_independent() {
     );
 }
 
+/// The kernel-stream client's chunked decoder: any chunking of any bytes, cut anywhere, decodes to
+/// those bytes; any input never panics.
+#[test]
+fn fuzz_chunked_decoder_is_split_independent() {
+    fuzz(
+        "fuzz_chunked_decoder_is_split_independent",
+        (
+            prop::collection::vec(prop::collection::vec(any::<u8>(), 1..40), 0..8),
+            any::<bool>(),
+            any::<bool>(),
+            prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+            prop::collection::vec(any::<u8>(), 0..64),
+        ),
+        |(chunks, upper, ext, cuts, noise)| {
+            let mut wire = Vec::new();
+            for c in &chunks {
+                let size = if upper {
+                    format!("{:X}", c.len())
+                } else {
+                    format!("{:x}", c.len())
+                };
+                wire.extend_from_slice(size.as_bytes());
+                if ext {
+                    wire.extend_from_slice(b";name=value");
+                }
+                wire.extend_from_slice(b"\r\n");
+                wire.extend_from_slice(c);
+                wire.extend_from_slice(b"\r\n");
+            }
+            wire.extend_from_slice(b"0\r\nx-trailer: 1\r\n\r\n");
+            let expected: Vec<u8> = chunks.concat();
+            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(wire.len() + 1)).collect();
+            points.sort_unstable();
+            let mut parts = vec![];
+            let mut last = 0;
+            for p in points {
+                parts.push(&wire[last..p]);
+                last = p;
+            }
+            parts.push(&wire[last..]);
+            let (data, done) =
+                a2a::dechunk_parts(&parts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(data, expected);
+            prop_assert!(done);
+            // Cut short: never done, never more data than was sent.
+            if wire.len() > 1 {
+                let (data, done) = a2a::dechunk_parts(&[&wire[..wire.len() - 1]])
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert!(!done);
+                prop_assert!(data.len() <= chunks.concat().len());
+            }
+            // Garbage never panics.
+            let _ = a2a::dechunk_parts(&[&noise]);
+            Ok(())
+        },
+    );
+}
+
 #[test]
 fn fuzz_state_loader_never_panics() {
     fuzz(
