@@ -406,7 +406,8 @@ mod tests {
         assert!(file_stem("").is_none());
     }
 
-    fn doc(thread: &str) -> ThreadDoc {
+    /// A small document of `thread` with an optional task id.
+    pub(super) fn doc_with(thread: &str, task: Option<&str>) -> ThreadDoc {
         ThreadDoc {
             thread_id: thread.into(),
             context_id: "agui-x".into(),
@@ -416,7 +417,7 @@ mod tests {
             execution: Execution {
                 execution_id: "e".into(),
                 ros_invocation_id: "r".into(),
-                task_id: None,
+                task_id: task.map(str::to_owned),
                 pipeline_sequence: 0,
                 pipeline_open_steps: Default::default(),
                 text_snapshot_digests: Default::default(),
@@ -427,6 +428,10 @@ mod tests {
             terminal_execution_ids: Default::default(),
             expired_interrupts: Default::default(),
         }
+    }
+
+    fn doc(thread: &str) -> ThreadDoc {
+        doc_with(thread, None)
     }
 
     #[test]
@@ -514,29 +519,10 @@ mod tests {
 #[cfg(test)]
 mod journal_tests {
     use super::*;
-    use crate::store::{Execution, ThreadDoc};
+    use crate::store::ThreadDoc;
 
     fn doc(thread: &str, task: Option<&str>) -> ThreadDoc {
-        ThreadDoc {
-            thread_id: thread.into(),
-            context_id: "agui-x".into(),
-            cwd: "/w".into(),
-            user_id: None,
-            session_id: None,
-            execution: Execution {
-                execution_id: "e".into(),
-                ros_invocation_id: "r".into(),
-                task_id: task.map(str::to_owned),
-                pipeline_sequence: 0,
-                pipeline_open_steps: Default::default(),
-                text_snapshot_digests: Default::default(),
-                pending: vec![],
-            },
-            run_digests: Default::default(),
-            applied_resume_digests: Default::default(),
-            terminal_execution_ids: Default::default(),
-            expired_interrupts: Default::default(),
-        }
+        super::tests::doc_with(thread, task)
     }
 
     fn burst(s: &FileStore, threads: usize, per: usize) -> std::time::Duration {

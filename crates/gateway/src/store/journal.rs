@@ -449,14 +449,37 @@ impl Journal {
         Ok(file)
     }
 
-    /// Writes the documents held in memory to their files and makes them durable; returns the
-    /// snapshot written (to be dropped from memory once the journal no longer needs them).
-    fn write_out(&self, snapshot: &[(String, Doc)]) -> std::io::Result<()> {
+    /// The documents held in memory, newest per thread.
+    fn snapshot(st: &St) -> Vec<(String, Doc)> {
+        st.overlay
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Writes `snapshot` to the thread files, makes them durable, then deletes the journal
+    /// generations older than `below` (all of them with `u64::MAX`).
+    fn write_out_and_drop_generations(
+        &self,
+        snapshot: &[(String, Doc)],
+        below: u64,
+    ) -> std::io::Result<()> {
         let mut files = HashSet::new();
         for (id, (_, doc)) in snapshot {
             files.insert((self.write_file)(id, doc)?);
         }
-        make_durable(&self.threads, &files)
+        make_durable(&self.threads, &files)?;
+        let mut removed = false;
+        for (g, path) in generations(&self.dir)? {
+            if g < below {
+                fs::remove_file(path)?;
+                removed = true;
+            }
+        }
+        if removed {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
     }
 
     /// Drops from memory the documents written out, unless a newer save replaced them.
@@ -480,23 +503,9 @@ impl Journal {
             _ => return Ok(st),
         };
         st.retiring = true;
-        let snapshot: Vec<(String, Doc)> = st
-            .overlay
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let snapshot = Self::snapshot(&st);
         drop(st);
-        let result = (|| -> std::io::Result<()> {
-            self.write_out(&snapshot)?;
-            let gens = generations(&self.dir)?;
-            for (_, path) in &gens {
-                fs::remove_file(path)?;
-            }
-            if !gens.is_empty() {
-                sync_dir(&self.dir)?;
-            }
-            Ok(())
-        })();
+        let result = self.write_out_and_drop_generations(&snapshot, u64::MAX);
         let mut st = self.lock();
         st.retiring = false;
         self.cv.notify_all();
@@ -541,26 +550,9 @@ impl Journal {
         // No batch of an older generation is in flight now, and each one's documents are in
         // the overlay (the writer puts them there before it lets go).
         let current = st.gen;
-        let snapshot: Vec<(String, Doc)> = st
-            .overlay
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let snapshot = Self::snapshot(&st);
         drop(st);
-        let result = (|| -> std::io::Result<()> {
-            self.write_out(&snapshot)?;
-            let mut removed = false;
-            for (g, path) in generations(&self.dir)? {
-                if g < current {
-                    fs::remove_file(path)?;
-                    removed = true;
-                }
-            }
-            if removed {
-                sync_dir(&self.dir)?;
-            }
-            Ok(())
-        })();
+        let result = self.write_out_and_drop_generations(&snapshot, current);
         let mut st = self.lock();
         st.checkpointing = false;
         if result.is_ok() {
