@@ -151,22 +151,16 @@ impl FileStore {
                 "removed temporary state files of interrupted writes"
             );
         }
-        let direct = store.clone();
-        let writer = store.clone();
+        let (direct, writer) = (store.clone(), store.clone());
         let (j, replayed) = Journal::open(
             &store.root,
             move |id, bytes| {
-                let stem =
-                    file_stem(id).ok_or_else(|| StoreError::Invalid("empty thread id".into()))?;
                 direct
-                    .replace(&stem, bytes, true)
+                    .replace_thread(id, bytes, true)
                     .map(|_| ())
                     .map_err(StoreError::Io)
             },
-            Box::new(move |id, bytes| {
-                let stem = file_stem(id).ok_or_else(|| std::io::Error::other("empty thread id"))?;
-                writer.replace(&stem, bytes, false)
-            }),
+            Box::new(move |id, bytes| writer.replace_thread(id, bytes, false)),
             background,
         )?;
         if replayed > 0 {
@@ -179,6 +173,12 @@ impl FileStore {
     /// Journal syncs so far (group commit makes this smaller than the number of saves).
     pub fn journal_syncs(&self) -> u64 {
         self.journal.as_ref().map_or(0, |j| j.batches())
+    }
+
+    /// [`FileStore::replace`] by thread id.
+    fn replace_thread(&self, id: &str, bytes: &[u8], durable: bool) -> std::io::Result<PathBuf> {
+        let stem = file_stem(id).ok_or_else(|| std::io::Error::other("empty thread id"))?;
+        self.replace(&stem, bytes, durable)
     }
 
     /// Replaces a thread file (temporary file + rename); with `durable`, fsyncs the file before

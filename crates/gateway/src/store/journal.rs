@@ -185,10 +185,10 @@ struct St {
     pending: Vec<u8>,
     /// The saves whose records are in `pending`: (sequence, thread id, document).
     pending_docs: Vec<(u64, String, Arc<Vec<u8>>)>,
-    /// Sequence numbers: last appended, last made durable.
+    /// Sequence number of the last save queued.
     appended: u64,
-    synced: u64,
-    leader: bool,
+    /// The writer thread is writing and syncing a batch.
+    writing: bool,
     rotate_requested: bool,
     /// Durable in the journal, not yet known durable in the thread file: newest per thread.
     overlay: HashMap<String, Doc>,
@@ -267,13 +267,12 @@ impl Journal {
                 pending: Vec::new(),
                 pending_docs: Vec::new(),
                 appended: 0,
-                synced: 0,
-                leader: false,
+                writing: false,
                 rotate_requested: false,
                 overlay: HashMap::new(),
-                // Without the background thread, only `checkpoint` calls write files (tests).
                 waiters: Vec::new(),
                 writer_thread: false,
+                // Without the background thread, only `checkpoint` calls write files (tests).
                 checkpoint_thread: !background,
                 batches: 0,
             }),
@@ -346,19 +345,18 @@ impl Journal {
     }
 
     fn start_threads(self: &Arc<Self>, st: &mut St) {
-        if !st.writer_thread {
+        let spawn = |name: &str, body: fn(Weak<Journal>)| {
             let weak = Arc::downgrade(self);
-            st.writer_thread = std::thread::Builder::new()
-                .name("state-journal".into())
-                .spawn(move || writer_loop(weak))
-                .is_ok();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || body(weak))
+                .is_ok()
+        };
+        if !st.writer_thread {
+            st.writer_thread = spawn("state-journal", writer_loop);
         }
         if !st.checkpoint_thread {
-            let weak = Arc::downgrade(self);
-            st.checkpoint_thread = std::thread::Builder::new()
-                .name("state-checkpoint".into())
-                .spawn(move || checkpoint_loop(weak))
-                .is_ok();
+            st.checkpoint_thread = spawn("state-checkpoint", checkpoint_loop);
         }
     }
 
@@ -378,26 +376,24 @@ impl Journal {
         if st.pending.is_empty() || st.mode != Mode::Journal || st.retiring {
             return false;
         }
-        st.leader = true;
+        st.writing = true;
         if st.rotate_requested {
             st.rotate();
         }
         let buf = std::mem::take(&mut st.pending);
         let docs = std::mem::take(&mut st.pending_docs);
         let waiters = std::mem::take(&mut st.waiters);
-        let hi = st.appended;
         let file = st.file.clone();
         let gen = st.gen;
         drop(st);
         let result = self.write_batch(file, gen, &buf);
         let mut st = self.lock();
-        st.leader = false;
+        st.writing = false;
         st.batches += 1;
         let ok = match result {
             Ok(file) => {
                 st.file = Some(file);
                 st.gen_bytes += buf.len() as u64;
-                st.synced = hi;
                 for (seq, id, doc) in docs {
                     st.overlay.insert(id, (seq, doc));
                 }
@@ -495,7 +491,7 @@ impl Journal {
     /// to their files durably and deletes the journal; then saves are direct. On failure the
     /// journal stays broken and the caller's save fails.
     fn retire<'a>(&'a self, mut st: MutexGuard<'a, St>) -> Result<MutexGuard<'a, St>, StoreError> {
-        if st.retiring || st.checkpointing || st.leader {
+        if st.retiring || st.checkpointing || st.writing {
             return Ok(self.wait(st));
         }
         let msg = match &st.mode {
@@ -541,7 +537,7 @@ impl Journal {
         st.rotate_requested = true;
         let gen_before = st.gen;
         while st.gen == gen_before && st.rotate_requested {
-            if !st.leader && st.pending.is_empty() {
+            if !st.writing && st.pending.is_empty() {
                 st.rotate();
                 break;
             }
@@ -557,6 +553,9 @@ impl Journal {
         st.checkpointing = false;
         if result.is_ok() {
             Self::forget(&mut st, snapshot);
+        } else {
+            // What is still held is due again after `ROTATE_AGE`, saves or not.
+            st.gen_since.get_or_insert_with(Instant::now);
         }
         self.cv.notify_all();
         result.map(|()| true)
@@ -598,6 +597,53 @@ fn checkpoint_loop(weak: Weak<Journal>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_checkpoint_keeps_the_journal_and_is_due_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let threads = dir.path().join("threads");
+        let (j, _) = {
+            let (fail, threads) = (fail.clone(), threads.clone());
+            Journal::open(
+                dir.path(),
+                |_, _| Ok(()),
+                Box::new(move |id: &str, doc: &[u8]| {
+                    if fail.load(std::sync::atomic::Ordering::SeqCst) {
+                        return Err(std::io::Error::other("disk full"));
+                    }
+                    super::super::file::ensure_dir(&threads)?;
+                    let path = threads.join(format!("{id}.json"));
+                    fs::write(&path, doc)?;
+                    Ok(path)
+                }),
+                false,
+            )
+            .unwrap()
+        };
+        let doc = br#"{"schemaVersion": 1}"#.to_vec();
+        let rx = j.submit("t1", Arc::new(doc.clone())).unwrap();
+        assert_eq!(rx.blocking_recv(), Ok(true));
+        let logs = || generations(&dir.path().join("journal")).unwrap().len();
+        assert_eq!(logs(), 1);
+        assert!(j.checkpoint().is_err());
+        assert_eq!(
+            logs(),
+            1,
+            "the journal is kept while its documents are not in files"
+        );
+        assert_eq!(
+            j.newest("t1").as_deref(),
+            Some(&doc),
+            "still served from memory"
+        );
+        assert!(j.lock().gen_since.is_some(), "due again without a new save");
+        fail.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(j.checkpoint().unwrap());
+        assert_eq!(logs(), 0);
+        assert_eq!(fs::read(threads.join("t1.json")).unwrap(), doc);
+        assert!(j.newest("t1").is_none());
+    }
 
     #[test]
     fn records_round_trip_and_reading_stops_at_damage() {

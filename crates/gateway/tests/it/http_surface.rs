@@ -24,6 +24,31 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
+/// A burst of connects larger than a default accept queue (128) is queued, not dropped: a dropped
+/// SYN would make the client retry only after a second.
+#[tokio::test]
+async fn the_listener_queues_a_burst_of_connections() {
+    testkit::raise_fd_limit();
+    let listener = iac_code_agui::app::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().unwrap();
+    // Nothing accepts while the burst connects.
+    let queued = tokio::task::spawn_blocking(move || {
+        let mut open = Vec::new();
+        while open.len() < 600 {
+            // The first connect that is not queued ends the burst.
+            match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(800)) {
+                Ok(c) => open.push(c),
+                Err(_) => break,
+            }
+        }
+        open.len()
+    })
+    .await
+    .unwrap();
+    assert_eq!(queued, 600, "only {queued} of 600 connects were queued");
+    drop(listener);
+}
+
 #[tokio::test]
 async fn health_routes_and_methods() {
     let s = Builder::new()
