@@ -6,12 +6,13 @@
 //! and never mistaken for data. Every call has a timeout except the read of a stream itself.
 #![forbid(unsafe_code)]
 
+pub mod chunked;
 pub mod item;
 mod raw;
 pub mod sse;
 
 #[doc(hidden)]
-pub use raw::dechunk_parts;
+pub use chunked::dechunk_parts;
 
 use std::time::Duration;
 

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::chunked::Dechunker;
 use crate::Error;
 
 /// Largest response head accepted.
@@ -199,119 +200,6 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, Error> {
     )))
 }
 
-/// Chunked-framing decoder state.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Chunk {
-    /// Reading the hex size (`size`, digits so far).
-    Size(u64, u8),
-    /// Skipping a chunk extension up to the line end.
-    Ext(u64),
-    /// Expecting the `\n` of the size line.
-    SizeLf(u64),
-    /// Inside a chunk's data.
-    Data(u64),
-    /// Expecting the `\r\n` after data (`false`: the `\r`).
-    DataEnd(bool),
-    /// Trailer section: at the start of a line (`true`) or inside one.
-    Trailer(bool),
-    /// Expecting the `\n` ending a trailer line (`true`: it was an empty line: the end).
-    TrailerLf(bool),
-    Done,
-}
-
-/// Chunked-framing decoder.
-#[derive(Debug)]
-struct Dechunker {
-    chunk: Chunk,
-    done: bool,
-}
-
-impl Default for Dechunker {
-    fn default() -> Self {
-        Dechunker {
-            chunk: Chunk::Size(0, 0),
-            done: false,
-        }
-    }
-}
-
-impl Dechunker {
-    /// Appends the data bytes of `raw` to `out`; `done` once the last chunk and trailers ended.
-    fn feed(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
-        let bad = || Error::Protocol("malformed chunked body".into());
-        let mut i = 0;
-        while i < raw.len() {
-            let b = raw[i];
-            self.chunk = match self.chunk {
-                Chunk::Size(n, digits) => match b {
-                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
-                        if digits >= 15 {
-                            return Err(bad());
-                        }
-                        let d = (b as char).to_digit(16).expect("hex digit") as u64;
-                        Chunk::Size(n * 16 + d, digits + 1)
-                    }
-                    b';' | b' ' | b'\t' if digits > 0 => Chunk::Ext(n),
-                    b'\r' if digits > 0 => Chunk::SizeLf(n),
-                    _ => return Err(bad()),
-                },
-                Chunk::Ext(n) => match b {
-                    b'\r' => Chunk::SizeLf(n),
-                    b'\n' => return Err(bad()),
-                    _ => Chunk::Ext(n),
-                },
-                Chunk::SizeLf(n) => match (b, n) {
-                    (b'\n', 0) => Chunk::Trailer(true),
-                    (b'\n', n) => Chunk::Data(n),
-                    _ => return Err(bad()),
-                },
-                Chunk::Data(n) => {
-                    let take = (n.min((raw.len() - i) as u64)) as usize;
-                    out.extend_from_slice(&raw[i..i + take]);
-                    i += take;
-                    let left = n - take as u64;
-                    self.chunk = if left == 0 {
-                        Chunk::DataEnd(false)
-                    } else {
-                        Chunk::Data(left)
-                    };
-                    continue;
-                }
-                Chunk::DataEnd(false) if b == b'\r' => Chunk::DataEnd(true),
-                Chunk::DataEnd(true) if b == b'\n' => Chunk::Size(0, 0),
-                Chunk::DataEnd(_) => return Err(bad()),
-                Chunk::Trailer(at_start) => match b {
-                    b'\r' => Chunk::TrailerLf(at_start),
-                    _ => Chunk::Trailer(false),
-                },
-                Chunk::TrailerLf(empty) => match b {
-                    b'\n' if empty => {
-                        self.done = true;
-                        Chunk::Done
-                    }
-                    b'\n' => Chunk::Trailer(true),
-                    _ => return Err(bad()),
-                },
-                Chunk::Done => return Ok(()),
-            };
-            i += 1;
-        }
-        Ok(())
-    }
-}
-
-/// Decodes a chunked body fed in `parts` (fuzzing hook): the data, and whether the last chunk and
-/// the trailers were complete.
-#[doc(hidden)]
-pub fn dechunk_parts(parts: &[&[u8]]) -> Result<(Vec<u8>, bool), Error> {
-    let mut d = Dechunker::default();
-    let mut out = Vec::new();
-    for p in parts {
-        d.feed(p, &mut out)?;
-    }
-    Ok((out, d.done))
-}
-
 /// A response body read from the socket.
 pub(crate) struct Body {
     tcp: TcpStream,
@@ -357,8 +245,10 @@ impl Body {
             }
             Framing::Chunked => {
                 let mut out = Vec::new();
-                self.chunks.feed(raw, &mut out)?;
-                self.done = self.chunks.done;
+                self.chunks
+                    .feed(raw, &mut out)
+                    .map_err(|e| Error::Protocol(e.to_string()))?;
+                self.done = self.chunks.is_done();
                 out
             }
         };
@@ -434,40 +324,6 @@ mod tests {
         assert_eq!(Target::parse("http://[::1]/").unwrap().connect, "[::1]:80");
         assert!(Target::parse("https://127.0.0.1/").is_none());
         assert!(Target::parse("http://u:p@127.0.0.1/").is_none());
-    }
-
-    fn dechunk_all(parts: &[&[u8]]) -> Result<(Vec<u8>, bool), Error> {
-        let mut d = Dechunker::default();
-        let mut out = Vec::new();
-        for p in parts {
-            d.feed(p, &mut out)?;
-        }
-        Ok((out, d.done))
-    }
-
-    #[test]
-    fn chunked_bodies_decode_however_they_are_split() {
-        let wire: &[u8] = b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nx-trailer: 1\r\n\r\n";
-        for cut in 0..wire.len() {
-            let (out, done) = dechunk_all(&[&wire[..cut], &wire[cut..]]).unwrap();
-            assert_eq!(out, b"hello, world", "cut at {cut}");
-            assert!(done);
-        }
-        let (out, done) = dechunk_all(&[b"3\r\nabc\r\n"]).unwrap();
-        assert_eq!((out.as_slice(), done), (&b"abc"[..], false));
-        for bad in [
-            &b"x\r\n"[..],
-            b"\r\n",
-            b"3\r\nabcX\r\n",
-            b"3\nabc",
-            b"1234567890123456\r\n",
-        ] {
-            assert!(
-                dechunk_all(&[bad]).is_err(),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
     }
 
     #[test]

@@ -1,18 +1,18 @@
-//! The accept loop: one hyper HTTP/1.1 connection per client, with graceful shutdown.
+//! The accept loop: one HTTP/1.1 connection task per client (`h1`), with graceful shutdown.
 //!
-//! Served directly rather than through `axum::serve` so the connection can be configured: its
-//! read buffer is capped at hyper's minimum (8 KiB), which is most of what a parked stream costs,
-//! and HTTP/1 is spoken without the version-sniffing wrapper (the gateway has no HTTP/2).
+//! The gateway speaks HTTP/1.1 itself rather than through a general-purpose server: a run's
+//! event stream may stay open for hours, and a general server keeps two 8 KiB buffers per
+//! connection for its whole life — most of what a parked stream would cost.
 
 use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+mod h1;
 
 /// Serves `app` on `listener` until `graceful` resolves; then stops accepting, lets every
 /// connection finish its current response (idle keep-alive connections close) and returns once
@@ -39,22 +39,9 @@ pub async fn serve(listener: TcpListener, app: Router, graceful: impl Future<Out
         };
         // Events are small writes: disable Nagle so they leave at once (no delayed-ACK stalls).
         let _ = tcp.set_nodelay(true);
-        let (app, mut signal, done) = (app.clone(), signal_rx.clone(), done_rx.clone());
+        let (app, signal, done) = (app.clone(), signal_rx.clone(), done_rx.clone());
         tokio::spawn(async move {
-            let service = TowerToHyperService::new(app);
-            let mut builder = hyper::server::conn::http1::Builder::new();
-            builder.max_buf_size(8 * 1024);
-            let mut conn = pin!(builder.serve_connection(TokioIo::new(tcp), service));
-            let mut shutting_down = false;
-            loop {
-                tokio::select! {
-                    _ = conn.as_mut() => break,
-                    _ = signal.changed(), if !shutting_down => {
-                        shutting_down = true;
-                        conn.as_mut().graceful_shutdown();
-                    }
-                }
-            }
+            h1::serve(tcp, app, signal).await;
             drop(done);
         });
     }
@@ -72,4 +59,20 @@ fn is_connection_error(e: &std::io::Error) -> bool {
         e.kind(),
         ConnectionRefused | ConnectionAborted | ConnectionReset | Interrupted
     )
+}
+
+/// Parses a request head (fuzzing hook): method, target and head length, `None` while the head
+/// is incomplete, or the status it is refused with (400, 431).
+#[doc(hidden)]
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<(String, String, usize)>, u16> {
+    match h1::parse_head(buf) {
+        Ok(Some((head, used))) => Ok(Some((
+            head.parts.method.to_string(),
+            head.parts.uri.to_string(),
+            used,
+        ))),
+        Ok(None) => Ok(None),
+        Err(h1::HeadError::Bad) => Err(400),
+        Err(h1::HeadError::TooLarge) => Err(431),
+    }
 }

@@ -1,6 +1,7 @@
 //! Property-based fuzzing (proptest; cargo-fuzz needs a nightly toolchain, which this project does
 //! not use) of the parsers that face untrusted input: the RunAgentInput validators, the kernel SSE
-//! decoder, canonical JSON, the state-file loader and the image path. None may panic; the decoder
+//! decoder, canonical JSON, the state-file loader, the image path and the HTTP request head
+//! parser. None may panic; the decoder
 //! must not depend on how bytes are split; canonical JSON must agree with serde_json's parse.
 //!
 //! CI runs 256 cases per target (`PROPTEST_CASES` overrides). The long form runs every target for
@@ -251,28 +252,87 @@ fn fuzz_chunked_decoder_is_split_independent() {
             }
             wire.extend_from_slice(b"0\r\nx-trailer: 1\r\n\r\n");
             let expected: Vec<u8> = chunks.concat();
-            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(wire.len() + 1)).collect();
+            // What follows the body (the next request on a kept-alive connection) is left over.
+            let mut stream = wire.clone();
+            stream.extend_from_slice(&noise);
+            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(stream.len() + 1)).collect();
             points.sort_unstable();
             let mut parts = vec![];
             let mut last = 0;
             for p in points {
-                parts.push(&wire[last..p]);
+                parts.push(&stream[last..p]);
                 last = p;
             }
-            parts.push(&wire[last..]);
-            let (data, done) =
+            parts.push(&stream[last..]);
+            let (data, done, rest) =
                 a2a::dechunk_parts(&parts).map_err(|e| TestCaseError::fail(e.to_string()))?;
             prop_assert_eq!(data, expected);
             prop_assert!(done);
+            prop_assert_eq!(rest, noise.len());
             // Cut short: never done, never more data than was sent.
             if wire.len() > 1 {
-                let (data, done) = a2a::dechunk_parts(&[&wire[..wire.len() - 1]])
+                let (data, done, _) = a2a::dechunk_parts(&[&wire[..wire.len() - 1]])
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert!(!done);
                 prop_assert!(data.len() <= chunks.concat().len());
             }
             // Garbage never panics.
             let _ = a2a::dechunk_parts(&[&noise]);
+            Ok(())
+        },
+    );
+}
+
+/// A request head: a method, a target and fields of arbitrary (valid) names and values.
+fn request_head() -> impl Strategy<Value = (String, String, Vec<(String, String)>)> {
+    (
+        prop::sample::select(vec!["GET", "HEAD", "POST", "PUT", "OPTIONS", "PATCH"]),
+        "/[a-zA-Z0-9/_.%?=&-]{0,40}",
+        prop::collection::vec(("[a-zA-Z][a-zA-Z0-9-]{0,15}", "[ -~]{0,40}"), 0..12),
+    )
+        .prop_map(|(m, p, h)| (m.to_string(), p, h))
+}
+
+#[test]
+fn fuzz_request_head_parser() {
+    use iac_code_agui::server::parse_request_head;
+    fuzz(
+        "fuzz_request_head_parser",
+        (
+            request_head(),
+            prop::collection::vec(any::<u8>(), 0..200),
+            any::<prop::sample::Index>(),
+        ),
+        |((method, path, fields), noise, cut)| {
+            let mut wire = format!("{method} {path} HTTP/1.1\r\n");
+            for (n, v) in &fields {
+                // Framing fields are checked on their own; keep these heads body-less.
+                if ["content-length", "transfer-encoding"]
+                    .contains(&n.to_ascii_lowercase().as_str())
+                {
+                    continue;
+                }
+                wire.push_str(&format!("{n}: {}\r\n", v.trim()));
+            }
+            wire.push_str("\r\n");
+            let mut bytes = wire.clone().into_bytes();
+            bytes.extend_from_slice(&noise);
+            // Whole: parsed, and exactly the head is consumed (the rest is the next message).
+            let parsed = parse_request_head(&bytes)
+                .map_err(|s| TestCaseError::fail(format!("{s} for {wire:?}")))?;
+            let (m, p, used) = parsed.ok_or_else(|| TestCaseError::fail("incomplete"))?;
+            prop_assert_eq!(m, method);
+            prop_assert_eq!(p, path);
+            prop_assert_eq!(used, wire.len());
+            // Any strict prefix of the head is incomplete, never a different request.
+            let at = cut.index(wire.len());
+            prop_assert_eq!(parse_request_head(&wire.as_bytes()[..at]), Ok(None));
+            // Garbage, alone or after a request line, never panics and never over-consumes.
+            for input in [noise.clone(), [&wire.as_bytes()[..at], &noise[..]].concat()] {
+                if let Ok(Some((_, _, used))) = parse_request_head(&input) {
+                    prop_assert!(used <= input.len());
+                }
+            }
             Ok(())
         },
     );

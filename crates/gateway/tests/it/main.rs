@@ -10,3 +10,4 @@ mod load;
 mod process;
 mod real_kernel;
 mod support;
+mod wire;
