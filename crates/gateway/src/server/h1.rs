@@ -186,7 +186,7 @@ pub(crate) async fn serve(mut tcp: TcpStream, app: Router, mut shutdown: watch::
     let mut buf: Vec<u8> = Vec::new();
     let mut linger = false;
     loop {
-        let head = match read_head(&mut tcp, &mut buf, &mut shutdown).await {
+        let head = match read_head(&mut tcp, &mut buf, &mut shutdown, HEAD_TIMEOUT).await {
             Ok(Some(h)) => h,
             Ok(None) => break,
             Err(e) => {
@@ -217,23 +217,36 @@ async fn read_head(
     tcp: &mut TcpStream,
     buf: &mut Vec<u8>,
     shutdown: &mut watch::Receiver<()>,
+    head_timeout: Duration,
 ) -> Result<Option<Head>, HeadError> {
     let mut deadline = None;
     loop {
-        if !buf.is_empty() {
-            if let Some((head, used)) = parse_head(buf)? {
-                buf.drain(..used);
-                return Ok(Some(head));
+        if buf.is_empty() {
+            // A quiet kept-alive connection holds no buffer: the first bytes are read through the
+            // stack once the socket is readable (readiness may be spurious: then wait again).
+            tokio::select! {
+                r = tcp.readable() => if r.is_err() { return Ok(None) },
+                _ = shutdown.changed() => return Ok(None),
             }
-            deadline.get_or_insert_with(|| tokio::time::Instant::now() + HEAD_TIMEOUT);
+            let mut first = [0u8; 1024];
+            match tcp.try_read(&mut first) {
+                Ok(0) => return Ok(None),
+                Ok(n) => buf.extend_from_slice(&first[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return Ok(None),
+            }
+            continue;
         }
+        if let Some((head, used)) = parse_head(buf)? {
+            buf.drain(..used);
+            return Ok(Some(head));
+        }
+        deadline.get_or_insert_with(|| tokio::time::Instant::now() + head_timeout);
         if buf.capacity() - buf.len() < 256 {
             buf.reserve(buf.len().clamp(1024, MAX_HEAD));
         }
-        let idle = buf.is_empty();
         let read = tokio::select! {
             r = tcp.read_buf(buf) => r,
-            _ = shutdown.changed(), if idle => return Ok(None),
             () = sleep_until(deadline) => return Ok(None),
         };
         match read {
@@ -711,6 +724,60 @@ mod tests {
         );
         let long = format!("GET / HTTP/1.1\r\nx: {}", "a".repeat(MAX_HEAD));
         assert_eq!(head(&long).unwrap_err(), HeadError::TooLarge);
+    }
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        (l.accept().await.unwrap().0, client)
+    }
+
+    #[tokio::test]
+    async fn a_head_must_complete_in_time_but_a_quiet_connection_may_wait() {
+        let limit = Duration::from_millis(200);
+        // Started and not finished: dropped once the head's time is up.
+        let (mut server, mut client) = pair().await;
+        client
+            .write_all(b"GET /health HTTP/1.1\r\nhost")
+            .await
+            .unwrap();
+        let (_tx, mut rx) = watch::channel(());
+        let mut buf = Vec::new();
+        let began = tokio::time::Instant::now();
+        let r = read_head(&mut server, &mut buf, &mut rx, limit).await;
+        assert!(matches!(r, Ok(None)));
+        assert!(began.elapsed() >= limit);
+        // Trickling bytes does not extend it.
+        let (mut server, mut client) = pair().await;
+        let trickle = tokio::spawn(async move {
+            for b in b"GET /health HTTP/1.1\r\nx: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa" {
+                if client.write_all(&[*b]).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        let began = tokio::time::Instant::now();
+        let r = read_head(&mut server, &mut Vec::new(), &mut rx, limit).await;
+        assert!(matches!(r, Ok(None)));
+        assert!(began.elapsed() < limit * 3);
+        trickle.abort();
+        // Quiet (nothing sent): not timed out; it ends when the server shuts down.
+        let (mut server, _client) = pair().await;
+        let (tx, mut rx) = watch::channel(());
+        let mut buf = Vec::new();
+        let r = {
+            let mut wait = std::pin::pin!(read_head(&mut server, &mut buf, &mut rx, limit));
+            assert!(tokio::time::timeout(limit * 2, wait.as_mut())
+                .await
+                .is_err());
+            drop(tx);
+            tokio::time::timeout(limit, wait)
+                .await
+                .expect("ends at shutdown")
+        };
+        assert!(matches!(r, Ok(None)));
+        assert_eq!(buf.capacity(), 0, "a quiet connection holds no buffer");
     }
 
     #[test]
