@@ -7,7 +7,9 @@
 //!
 //! The latency test also runs once straight from the synthetic kernel to the client (no gateway):
 //! that floor is what the generator, the client and the loopback cost on this machine, and the
-//! gateway's own share is the difference.
+//! gateway's own share is the difference. Both ends of the latency test are lean on purpose (one
+//! generator thread for all paced streams, a plain-socket client with a substring search), so
+//! that they leave the shared cores to what is measured.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -218,26 +220,77 @@ async fn read_events(
     Ok(events)
 }
 
-/// Latency samples (µs) from events whose `key` string value is a send time in µs; the first
-/// `skip` events of a stream are not counted (start-up).
-fn latency_probe<'a>(key: &'a [u8], skip: u64, lat: &'a mut Vec<u64>) -> impl FnMut(&[u8]) + 'a {
+/// The latency client: posts `body` to `path` on a plain TCP connection (`Connection: close`) and
+/// returns, for each event after the first `skip`, the read time minus the send time (µs) that
+/// follows `key` in the event. No HTTP client stack: one task, one read per wake-up, a substring
+/// search per read — so that the apparatus costs as little as possible next to what it measures.
+async fn latency_stream(
+    addr: &str,
+    path: &str,
+    body: &str,
+    key: &[u8],
+    skip: u64,
+    expect: usize,
+) -> Result<Vec<u64>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tcp.write_all(req.as_bytes()).await?;
+    let finder = memchr::memmem::Finder::new(key);
+    let mut lat = Vec::with_capacity(expect);
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut chunk = vec![0u8; 64 * 1024];
     let mut seen = 0u64;
-    move |ev: &[u8]| {
-        if let Some(p) = ev.windows(key.len()).position(|w| w == key) {
-            seen += 1;
-            if seen <= skip {
-                return;
-            }
-            let rest = &ev[p + key.len()..];
-            let end = rest.iter().position(|b| *b == b'"').unwrap_or(0);
-            if let Some(ts) = std::str::from_utf8(&rest[..end])
-                .ok()
-                .and_then(|s| s.parse::<u64>().ok())
-            {
-                lat.push(now_micros().saturating_sub(ts));
-            }
+    let mut status_checked = false;
+    loop {
+        let n = tcp.read(&mut chunk).await?;
+        if n == 0 {
+            break;
         }
+        let now = now_micros();
+        buf.extend_from_slice(&chunk[..n]);
+        if !status_checked {
+            if buf.len() < 12 {
+                continue;
+            }
+            if !buf.starts_with(b"HTTP/1.1 200") {
+                bail!("{}", String::from_utf8_lossy(&buf[..buf.len().min(200)]));
+            }
+            status_checked = true;
+        }
+        let mut at = 0;
+        loop {
+            let Some(p) = finder.find(&buf[at..]) else {
+                // Keep what may be the start of a key.
+                at = buf.len().saturating_sub(key.len() - 1).max(at);
+                break;
+            };
+            let start = at + p + key.len();
+            let Some(end) = memchr::memchr(b'"', &buf[start..]) else {
+                at += p;
+                break;
+            };
+            let ts = std::str::from_utf8(&buf[start..start + end])
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok());
+            if let Some(ts) = ts {
+                seen += 1;
+                if seen > skip {
+                    lat.push(now.saturating_sub(ts));
+                }
+            }
+            at = start + end + 1;
+        }
+        buf.drain(..at);
     }
+    if (seen as usize) < expect {
+        bail!("latency stream ended after {seen} of {expect} events");
+    }
+    Ok(lat)
 }
 
 /// p50 and p99 of samples.
@@ -254,30 +307,24 @@ fn percentiles(mut all: Vec<u64>) -> (f64, f64) {
 
 /// The latency test straight from the synthetic kernel to the client (no gateway).
 async fn direct_latency(kernel: &SyntheticKernel, z: Sizes) -> Result<(f64, f64)> {
-    let c = client();
     let per = z.lat_rate * z.lat_secs;
     let interval = 1_000_000 / z.lat_rate;
     let mut tasks = vec![];
     for i in 0..z.lat_streams {
-        let (c, url) = (c.clone(), kernel.url());
+        let addr = kernel.addr.to_string();
         tasks.push(tokio::spawn(async move {
             let body = json!({"jsonrpc": "2.0", "id": i, "method": "SendStreamingMessage",
                 "params": {"message": {"contextId": format!("direct-{i}"), "role": "ROLE_USER",
                 "parts": [{"text": format!("paced:{per}:{interval}")}]}}});
-            let resp = c
-                .post(url)
-                .header("content-type", "application/json")
-                .body(body.to_string())
-                .send()
-                .await?;
-            let mut lat = Vec::with_capacity(per as usize);
-            read_events(
-                resp,
-                b"\r\n\r\n",
-                latency_probe(b"\"text\":\"", 100, &mut lat),
+            latency_stream(
+                &addr,
+                "/",
+                &body.to_string(),
+                b"\"text\":\"",
+                100,
+                per as usize,
             )
-            .await?;
-            anyhow::Ok(lat)
+            .await
         }));
     }
     let mut all = vec![];
@@ -342,20 +389,14 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     let per = z.lat_rate * z.lat_secs;
     let interval = 1_000_000 / z.lat_rate;
     for i in 0..z.lat_streams {
-        let (c, g) = (c.clone(), g.clone());
+        let g = g.clone();
         tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(per as usize);
             // Steady state: the first 100 deltas of a run wait for the run's durable start (task
             // id and session written with fsync before anything is announced) and are not counted.
-            run(
-                &c,
-                &g,
-                &format!("lat-{i}"),
-                &format!("paced:{per}:{interval}"),
-                latency_probe(b"\"delta\":\"", 100, &mut lat),
-            )
-            .await
-            .map(|_| lat)
+            let text = format!("paced:{per}:{interval}");
+            let run = body(&g.ws, &format!("lat-{i}"), &text);
+            let addr = g.url.trim_start_matches("http://").trim_end_matches('/');
+            latency_stream(addr, "/", &run, b"\"delta\":\"", 100, per as usize).await
         }));
     }
     let mut all: Vec<u64> = vec![];
