@@ -6,6 +6,7 @@
 //! is announced; a failed write cancels the kernel task (fail closed).
 
 use std::borrow::Cow;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -771,6 +772,17 @@ impl Driver {
     async fn consume(&mut self, mut stream: a2a::EventStream, resume: bool) -> Result<(), Stop> {
         let mut cancel_deadline: Option<tokio::time::Instant> = None;
         let mut reattach_budget: u8 = 2;
+        // The wake-up sources other than the stream are armed once, not once per event: each
+        // `notified()`/`closed()` future registers with a shared waiter list (the drain one is
+        // shared by every run), which cost a lock and an unlock per event twice over.
+        let (rt, control, tx) = (
+            self.rt.clone(),
+            self.adm.control.clone(),
+            self.sink.sender(),
+        );
+        let mut drain = pin!(rt.drain.notified());
+        let mut cancel_asked = pin!(control.notify.notified());
+        let mut client_gone = pin!(tx.closed());
         loop {
             if self.rt.draining.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(Stop::Fail {
@@ -793,7 +805,7 @@ impl Driver {
             };
             let next = tokio::select! {
                 r = stream.next_with(move |d| known.and_then(|k| fast::text_delta(d, k))) => r,
-                _ = self.sink.closed(), if !self.disconnected => {
+                _ = client_gone.as_mut(), if !self.disconnected => {
                     self.disconnected = true;
                     if self.task_id.is_some() {
                         return Err(Stop::Disconnected);
@@ -801,8 +813,14 @@ impl Driver {
                     // D-6: keep reading until the task id is known, then cancel.
                     continue;
                 }
-                _ = self.adm.control.notify.notified(), if cancel_deadline.is_none() => continue,
-                _ = self.rt.drain.notified() => continue,
+                _ = cancel_asked.as_mut(), if cancel_deadline.is_none() => {
+                    cancel_asked.set(control.notify.notified());
+                    continue;
+                }
+                _ = drain.as_mut() => {
+                    drain.set(rt.drain.notified());
+                    continue;
+                }
                 _ = sleep_until_opt(cancel_deadline) => {
                     // The kernel did not confirm in time: ask it once more (nothing left running).
                     self.cancel_task_best_effort().await;

@@ -77,6 +77,12 @@ impl Sink {
         self.terminal_sent
     }
 
+    /// A handle whose `closed()` resolves when the client has gone away (for a wait armed once
+    /// across many events).
+    pub fn sender(&self) -> mpsc::Sender<Bytes> {
+        self.tx.clone()
+    }
+
     /// Resolves when the client has gone away.
     pub async fn closed(&self) {
         self.tx.closed().await

@@ -509,7 +509,11 @@ async fn write_data(tcp: &mut TcpStream, data: &[u8], chunked: bool) -> io::Resu
 /// meanwhile (a pipelined next request) are kept in `buf`, up to one head's worth.
 async fn client_gone(tcp: &TcpStream, buf: &mut Vec<u8>) {
     loop {
-        if tcp.readable().await.is_err() {
+        // The socket's own read-waker slot (no waiter list to join and leave per event).
+        if std::future::poll_fn(|cx| tcp.poll_read_ready(cx))
+            .await
+            .is_err()
+        {
             return;
         }
         let full = {
