@@ -10,7 +10,7 @@
 //! Supported: `Content-Length` and chunked request bodies, `Expect: 100-continue` (answered when
 //! the handler first reads the body), keep-alive and pipelining (HTTP/1.1 by default, HTTP/1.0
 //! with `Connection: keep-alive`), `Connection: close`, HEAD. Malformed heads get 400, heads over
-//! 64 KiB or with over 64 fields 431, ambiguous framing (both `Content-Length` and
+//! 16 KiB or with over 64 fields 431, ambiguous framing (both `Content-Length` and
 //! `Transfer-Encoding`, a non-chunked transfer coding, conflicting lengths) 400; each closes the
 //! connection.
 
@@ -32,8 +32,9 @@ use tower_service::Service;
 
 use a2a::chunked::Dechunker;
 
-/// Largest request head (request line and fields).
-pub(crate) const MAX_HEAD: usize = 64 * 1024;
+/// Largest request head (request line and fields): 16 KiB, uvicorn's default too. A head still
+/// arriving holds at most this much memory.
+pub(crate) const MAX_HEAD: usize = 16 * 1024;
 /// Most header fields in a request head.
 const MAX_HEADERS: usize = 64;
 /// A request head must be complete this long after its first byte.
