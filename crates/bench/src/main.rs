@@ -61,6 +61,8 @@ struct Report {
     lat_p99_us: f64,
     parked_admitted: usize,
     parked_rss_kib_per_stream: f64,
+    /// Gateway CPU time per admission (µs), all its threads.
+    admission_cpu_us: f64,
     admission_rps: f64,
     /// Request → `RUN_STARTED` of one admission.
     admit_p50_us: f64,
@@ -87,6 +89,20 @@ fn rss_kib(pid: u32) -> u64 {
                 .find(|l| l.starts_with("VmRSS:"))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// CPU time (user + system) the process has used, in ms (`/proc/<pid>/stat`, 100 ticks a second).
+fn cpu_ms(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may hold spaces): state is field 3.
+            let rest = &s[s.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+            Some(ticks * 10)
         })
         .unwrap_or(0)
 }
@@ -409,6 +425,7 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     let pid = g.child.id();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = rss_kib(pid);
+    let cpu_before = cpu_ms(pid);
     let t = Instant::now();
     let sem = Arc::new(tokio::sync::Semaphore::new(256));
     let admitted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -462,6 +479,7 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let admit_elapsed = t.elapsed();
+    let admit_cpu_ms = cpu_ms(pid).saturating_sub(cpu_before);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = rss_kib(pid);
     let _ = hold_tx.send(true);
@@ -472,6 +490,7 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     rep.parked_rss_kib_per_stream =
         after.saturating_sub(before) as f64 / rep.parked_admitted.max(1) as f64;
     rep.admission_rps = rep.parked_admitted as f64 / admit_elapsed.as_secs_f64().max(1e-6);
+    rep.admission_cpu_us = admit_cpu_ms as f64 * 1000.0 / rep.parked_admitted.max(1) as f64;
     let samples = std::mem::take(&mut *admit_us.lock().expect("samples"));
     (rep.admit_p50_us, rep.admit_p99_us) = percentiles(samples);
     Ok(rep)
@@ -506,6 +525,10 @@ fn print(name: &str, r: &Report, z: Sizes) {
     println!(
         "  admission rate (fsync included)   {:>10.0} runs/s",
         r.admission_rps
+    );
+    println!(
+        "  gateway CPU per admission         {:>10.0} µs",
+        r.admission_cpu_us
     );
     println!(
         "  admission latency p50/p99        {:>8.1} / {:.1} ms",

@@ -9,9 +9,11 @@
 //! what bounded the admission rate, not the syncs.
 //!
 //! A background checkpoint (every 2 s, or after 8 MiB) moves to a new generation, writes each
-//! thread's newest document to its file (temporary file + rename), makes the files durable (fsync
-//! of each, or one `syncfs` for many) and only then deletes the older generations. Start-up
-//! replays what is left — the newest record of each thread, written durably to its file — and
+//! thread's newest document to its file (in place: an existing file is overwritten and cut to
+//! length, a new one created), makes the files durable (fsync of each, or one `syncfs` for many)
+//! and only then deletes the older generations, so a file that a crash cut short mid-checkpoint
+//! still has its document in the journal. Start-up replays what is left — the newest record of
+//! each thread, written durably to its file (temporary file + rename) — and
 //! deletes the journal; a clean stop checkpoints everything. So after a stop or a restart the state
 //! directory holds only thread files in the reference layout.
 //!
