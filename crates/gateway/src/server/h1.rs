@@ -42,7 +42,9 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Request body bytes read per socket read.
 const BODY_READ: usize = 16 * 1024;
 /// After answering without reading the whole request body, unread input is discarded for at
-/// most this long before the socket closes, so the client reads the answer instead of a reset.
+/// most this long before the socket closes, so the client reads the answer instead of a reset
+/// (a peer's stack may drop received data on a reset; Linux delivers it first, so the loopback
+/// tests cannot tell the difference).
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 64 * 1024 * 1024;
 
@@ -220,7 +222,7 @@ async fn read_head(
     shutdown: &mut watch::Receiver<()>,
     head_timeout: Duration,
 ) -> Result<Option<Head>, HeadError> {
-    let mut deadline = None;
+    let mut deadline: Option<tokio::time::Instant> = None;
     loop {
         if buf.is_empty() {
             // A quiet kept-alive connection holds no buffer: the first bytes are read through the
@@ -242,25 +244,18 @@ async fn read_head(
             buf.drain(..used);
             return Ok(Some(head));
         }
-        deadline.get_or_insert_with(|| tokio::time::Instant::now() + head_timeout);
+        let deadline = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + head_timeout);
         if buf.capacity() - buf.len() < 256 {
             buf.reserve(buf.len().clamp(1024, MAX_HEAD));
         }
         let read = tokio::select! {
             r = tcp.read_buf(buf) => r,
-            () = sleep_until(deadline) => return Ok(None),
+            () = tokio::time::sleep_until(deadline) => return Ok(None),
         };
         match read {
             Ok(0) | Err(_) => return Ok(None),
             Ok(_) => {}
         }
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -347,11 +342,23 @@ async fn serve_one(
     out.extend_from_slice(b"\r\ndate: ");
     out.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
     out.extend_from_slice(b"\r\n");
+    // The handler's `Connection` field is not copied: the server writes its own, from what it
+    // will do. A handler asking to close is obeyed.
     let mut announced_keep_alive = false;
     let mut has_length = false;
+    for value in parts.headers.get_all(header::CONNECTION) {
+        let close = value
+            .as_bytes()
+            .split(|b| *b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+        if close {
+            keep_alive = false;
+        } else {
+            announced_keep_alive = true;
+        }
+    }
     for (name, value) in parts.headers.iter() {
         if name == header::CONNECTION {
-            announced_keep_alive = true;
             continue;
         }
         // The length is the body's, except for HEAD: the router keeps GET's length there.
@@ -783,6 +790,45 @@ mod tests {
         };
         assert!(matches!(r, Ok(None)));
         assert_eq!(buf.capacity(), 0, "a quiet connection holds no buffer");
+    }
+
+    /// Serves `app` on one accepted connection; returns the client side.
+    async fn served(app: Router) -> TcpStream {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let server = l.accept().await.unwrap().0;
+        let (tx, rx) = watch::channel(());
+        tokio::spawn(async move {
+            serve(server, app, rx).await;
+            drop(tx);
+        });
+        client
+    }
+
+    async fn read_all(mut c: TcpStream) -> String {
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut out))
+            .await
+            .expect("closed within 10 s")
+            .expect("read without a reset");
+        String::from_utf8(out).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_handler_asking_to_close_is_obeyed() {
+        let app = Router::new().route(
+            "/",
+            axum::routing::get(|| async { ([(header::CONNECTION, "close")], "bye") }),
+        );
+        let mut c = served(app).await;
+        c.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let all = read_all(c).await;
+        assert_eq!(all.matches("HTTP/1.1 200").count(), 1, "{all}");
+        assert!(all.contains("connection: close\r\n"), "{all}");
+        assert!(!all.contains("keep-alive"), "{all}");
+        assert!(all.ends_with("\r\n\r\nbye"), "{all}");
     }
 
     #[test]

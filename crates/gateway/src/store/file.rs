@@ -206,11 +206,11 @@ impl FileStore {
                 .open(&target),
             other => other,
         };
-        let mut f = match opened {
-            Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => f,
+        let (mut f, meta) = match opened.and_then(|f| f.metadata().map(|m| (f, m))) {
+            Ok((f, m)) if m.is_file() => (f, m),
             _ => return self.replace(&stem, bytes, false),
         };
-        if f.metadata()?.permissions().mode() & 0o777 != 0o600 {
+        if meta.permissions().mode() & 0o777 != 0o600 {
             f.set_permissions(fs::Permissions::from_mode(0o600))?;
         }
         f.write_all(bytes)?;
