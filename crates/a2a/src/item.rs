@@ -1,58 +1,14 @@
-//! Interpretation of kernel items: unwrapping of `StreamResponse`s, identities and task state.
+//! What the kernel answers: stream items and task snapshots, read through one typed view.
+//!
+//! An item's body stays JSON: its `metadata.iac_code` is the kernel's open-ended extension, and
+//! turning it into AG-UI events is the gateway's mapping. What callers decide on (identities,
+//! state, the kernel's acknowledgements) is read here, once, by name.
 
 use serde_json::{Map, Value};
 
-/// A normalised A2A task state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TaskState {
-    Submitted,
-    Working,
-    InputRequired,
-    Completed,
-    Failed,
-    Canceled,
-    Rejected,
-    AuthRequired,
-    Other(String),
-}
+use crate::TaskState;
 
-impl TaskState {
-    /// Normalises a wire state: lower-case, `task_state_` prefix removed, `_` → `-`
-    /// (`TASK_STATE_INPUT_REQUIRED` → `input-required`).
-    pub fn parse(raw: &str) -> TaskState {
-        let lower = raw.to_ascii_lowercase();
-        let s = lower
-            .strip_prefix("task_state_")
-            .unwrap_or(&lower)
-            .replace('_', "-");
-        match s.as_str() {
-            "submitted" => TaskState::Submitted,
-            "working" => TaskState::Working,
-            "input-required" => TaskState::InputRequired,
-            "completed" => TaskState::Completed,
-            "failed" => TaskState::Failed,
-            "canceled" | "cancelled" => TaskState::Canceled,
-            "rejected" => TaskState::Rejected,
-            "auth-required" => TaskState::AuthRequired,
-            _ => TaskState::Other(s),
-        }
-    }
-
-    /// States after which the gateway stops reading a stream (input-required is decided by the
-    /// caller, depending on whether new inputs are pending).
-    pub fn is_final(&self) -> bool {
-        matches!(
-            self,
-            TaskState::Completed
-                | TaskState::Failed
-                | TaskState::Canceled
-                | TaskState::Rejected
-                | TaskState::AuthRequired
-        )
-    }
-}
-
-/// A view of one kernel item (a JSON-RPC `result`, a bare Task, …) after unwrapping.
+/// A view of one kernel item (a stream `result`, a bare task) after unwrapping.
 #[derive(Debug, Clone, Copy)]
 pub struct ItemView<'a> {
     /// The unwrapped object: `task`, `statusUpdate`, `artifactUpdate` or `message` when present.
@@ -98,6 +54,13 @@ impl<'a> ItemView<'a> {
             .map(TaskState::parse)
     }
 
+    /// `status.timestamp` (RFC 3339).
+    pub fn timestamp(&self) -> Option<&'a str> {
+        self.status()
+            .and_then(|s| s.get("timestamp"))
+            .and_then(Value::as_str)
+    }
+
     /// `metadata.iac_code`, when it is an object.
     pub fn meta(&self) -> Option<&'a Map<String, Value>> {
         self.obj
@@ -110,31 +73,54 @@ impl<'a> ItemView<'a> {
     pub fn artifact(&self) -> Option<&'a Map<String, Value>> {
         self.obj.get("artifact").and_then(Value::as_object)
     }
+
+    /// The kernel only acknowledges an answer here: it had it already (`inputReceived` with
+    /// `duplicate: true`), or it carries the permission's continuation on another stream
+    /// (`permissionAck`). Such a stream does not carry the rest of the turn.
+    pub fn is_acknowledgement(&self) -> bool {
+        let Some(m) = self.meta() else {
+            return false;
+        };
+        let duplicate = m
+            .get("inputReceived")
+            .and_then(|r| r.get("duplicate"))
+            .and_then(Value::as_bool)
+            == Some(true);
+        duplicate || m.contains_key("permissionAck")
+    }
+}
+
+/// A task snapshot (`GetTask`, `CancelTask`, `ListTasks`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task(Value);
+
+impl Task {
+    pub fn new(v: Value) -> Task {
+        Task(v)
+    }
+
+    pub fn view(&self) -> ItemView<'_> {
+        ItemView::new(&self.0)
+    }
+
+    pub fn id(&self) -> Option<&str> {
+        self.view().task_id()
+    }
+
+    pub fn state(&self) -> Option<TaskState> {
+        self.view().state()
+    }
+
+    /// The task as the kernel sent it (for mapping).
+    pub fn as_value(&self) -> &Value {
+        &self.0
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn states_normalise() {
-        assert_eq!(
-            TaskState::parse("TASK_STATE_INPUT_REQUIRED"),
-            TaskState::InputRequired
-        );
-        assert_eq!(TaskState::parse("working"), TaskState::Working);
-        assert_eq!(
-            TaskState::parse("TASK_STATE_AUTH_REQUIRED"),
-            TaskState::AuthRequired
-        );
-        assert_eq!(
-            TaskState::parse("TASK_STATE_UNSPECIFIED"),
-            TaskState::Other("unspecified".into())
-        );
-        assert!(TaskState::Failed.is_final());
-        assert!(!TaskState::InputRequired.is_final());
-    }
 
     #[test]
     fn unwraps_and_reads_identities() {
@@ -145,11 +131,26 @@ mod tests {
         assert_eq!(v.context_id(), Some("C"));
         assert_eq!(v.state(), Some(TaskState::Working));
         assert_eq!(v.meta().unwrap()["iacCodeSessionId"], "S");
+        assert!(!v.is_acknowledgement());
 
-        let bare = json!({"id":"T2","contextId":"C","status":{"state":"TASK_STATE_CANCELED"}});
-        let v = ItemView::new(&bare);
-        assert_eq!(v.task_id(), Some("T2"));
-        assert_eq!(v.state(), Some(TaskState::Canceled));
-        assert!(v.meta().is_none());
+        let bare = Task::new(json!({"id":"T2","contextId":"C",
+            "status":{"state":"TASK_STATE_CANCELED","timestamp":"2026-12-01T00:00:00Z"}}));
+        assert_eq!(bare.id(), Some("T2"));
+        assert_eq!(bare.state(), Some(TaskState::Canceled));
+        assert_eq!(bare.view().timestamp(), Some("2026-12-01T00:00:00Z"));
+        assert!(bare.view().meta().is_none());
+    }
+
+    #[test]
+    fn acknowledgements() {
+        for meta in [
+            json!({"inputReceived": {"duplicate": true}}),
+            json!({"permissionAck": {}}),
+        ] {
+            let r = json!({"statusUpdate": {"taskId": "T", "metadata": {"iac_code": meta}}});
+            assert!(ItemView::new(&r).is_acknowledgement());
+        }
+        let r = json!({"statusUpdate": {"metadata": {"iac_code": {"inputReceived": {"duplicate": false}}}}});
+        assert!(!ItemView::new(&r).is_acknowledgement());
     }
 }

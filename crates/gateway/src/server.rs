@@ -1,26 +1,58 @@
-//! The accept loop: one HTTP/1.1 connection task per client (`h1`), with graceful shutdown.
+//! The accept loop: each connection served by hyper's HTTP/1.1 server, with graceful shutdown.
 //!
-//! The gateway speaks HTTP/1.1 itself rather than through a general-purpose server: a run's
-//! event stream may stay open for hours, and a general server keeps two 8 KiB buffers per
-//! connection for its whole life — most of what a parked stream would cost.
+//! hyper gives keep-alive, pipelining, `Expect: 100-continue` (answered when a route first reads
+//! the body), HEAD (GET's length, no body), `Connection: close`, HTTP/1.0, a bounded request
+//! head (431 above [`MAX_HEAD`] or [`MAX_HEADERS`] fields) and a header-read timeout. A client
+//! that closes its connection while its response streams is noticed at once (hyper watches for
+//! end of input mid-message), which drops the response body and so cancels the run.
 
 use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;
 
 use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
-mod h1;
+/// Largest request head: 16 KiB, as uvicorn's default. hyper's read buffer is bounded by it, so
+/// a head still arriving holds at most this much memory.
+pub const MAX_HEAD: usize = 16 * 1024;
+/// Most header fields in a request head.
+pub const MAX_HEADERS: usize = 64;
+/// A request head must be complete this long after the connection starts waiting for it; an
+/// idle kept-alive connection is closed after as long.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn builder() -> http1::Builder {
+    let mut b = http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(HEAD_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .max_headers(MAX_HEADERS);
+    b
+}
+
+/// Serves one connection on any byte stream until it closes (the accept loop's step; also the
+/// fuzzing hook, which drives it over an in-memory pipe).
+pub async fn serve_connection<IO>(io: IO, app: Router)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = builder().serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    if let Err(e) = conn.await {
+        tracing::trace!(error = %e, "connection ended with an error");
+    }
+}
 
 /// Serves `app` on `listener` until `graceful` resolves; then stops accepting, lets every
-/// connection finish its current response (idle keep-alive connections close) and returns once
-/// all are gone.
+/// connection finish its current response (idle keep-alive connections close at once) and
+/// returns once all are gone.
 pub async fn serve(listener: TcpListener, app: Router, graceful: impl Future<Output = ()>) {
-    // Dropping `signal_tx` asks the connections to shut down; each holds a `done_rx` clone.
-    let (signal_tx, signal_rx) = watch::channel(());
-    let (done_tx, done_rx) = watch::channel(());
+    let builder = builder();
+    let shutdown = GracefulShutdown::new();
     let mut graceful = pin!(graceful);
     loop {
         let accepted = tokio::select! {
@@ -39,17 +71,17 @@ pub async fn serve(listener: TcpListener, app: Router, graceful: impl Future<Out
         };
         // Events are small writes: disable Nagle so they leave at once (no delayed-ACK stalls).
         let _ = tcp.set_nodelay(true);
-        let (app, signal, done) = (app.clone(), signal_rx.clone(), done_rx.clone());
+        let conn =
+            builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+        let conn = shutdown.watch(conn);
         tokio::spawn(async move {
-            h1::serve(tcp, app, signal).await;
-            drop(done);
+            if let Err(e) = conn.await {
+                tracing::trace!(error = %e, "connection ended with an error");
+            }
         });
     }
     drop(listener);
-    drop(signal_tx);
-    drop(signal_rx);
-    drop(done_rx);
-    done_tx.closed().await;
+    shutdown.shutdown().await;
 }
 
 /// Errors of one connection, not of the listener.
@@ -59,20 +91,4 @@ fn is_connection_error(e: &std::io::Error) -> bool {
         e.kind(),
         ConnectionRefused | ConnectionAborted | ConnectionReset | Interrupted
     )
-}
-
-/// Parses a request head (fuzzing hook): method, target and head length, `None` while the head
-/// is incomplete, or the status it is refused with (400, 431).
-#[doc(hidden)]
-pub fn parse_request_head(buf: &[u8]) -> Result<Option<(String, String, usize)>, u16> {
-    match h1::parse_head(buf) {
-        Ok(Some((head, used))) => Ok(Some((
-            head.parts.method.to_string(),
-            head.parts.uri.to_string(),
-            used,
-        ))),
-        Ok(None) => Ok(None),
-        Err(h1::HeadError::Bad) => Err(400),
-        Err(h1::HeadError::TooLarge) => Err(431),
-    }
 }

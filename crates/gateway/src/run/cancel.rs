@@ -93,12 +93,10 @@ pub async fn cancel(
             Ok(_) => {}
             // TASK_NOT_CANCELABLE / TASK_NOT_FOUND: the task is no longer running.
             // The kernel's turn ended just now; a live run still ends CANCELLED (requested above).
-            Err(a2a::Error::Rpc(r))
-                if (r.code == -32002 || r.code == -32001) && control.is_none() =>
-            {
+            Err(e) if e.is_task_gone() && control.is_none() => {
                 outcome = CancelOutcome::AlreadyTerminal;
             }
-            Err(a2a::Error::Rpc(r)) if r.code == -32002 || r.code == -32001 => {}
+            Err(e) if e.is_task_gone() => {}
             Err(_) => return Err(ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
         }
     }

@@ -22,10 +22,10 @@ use crate::i18n;
 use crate::mapping::interrupt::{self, RequiredInput};
 use crate::mapping::{self, fast, Mapper};
 use crate::store::{AppliedDigest, PendingEntry, ThreadDoc};
-use crate::validate::props::CandidatePresentation;
-use crate::validate::{ResumeEntry, ResumeStatus, RunMode};
+use crate::validate::{ResumeEntry, ResumeStatus};
 
 use super::admission::{mark_terminal, Admitted, Mode, Orphan};
+use super::request::Turn;
 use super::sink::{Disconnected, Sink};
 use super::Runtime;
 
@@ -151,6 +151,8 @@ enum Step {
 struct Driver {
     rt: Arc<Runtime>,
     adm: Admitted,
+    /// The resolved workspace, as the kernel is told it.
+    cwd: String,
     sink: Sink,
     mapper: Mapper,
     task_id: Option<String>,
@@ -184,6 +186,7 @@ impl Driver {
         );
         Driver {
             rt,
+            cwd: adm.req.cwd.to_string_lossy().into_owned(),
             adm,
             sink,
             mapper,
@@ -326,127 +329,6 @@ impl Driver {
         }
     }
 
-    /// `metadata.iac_code` of a message (§9.2). Secrets go only here, to the kernel.
-    fn request_metadata(&self) -> Value {
-        let iac = &self.adm.req.iac;
-        let mut m = Map::new();
-        if let Some(u) = &iac.user_id {
-            m.insert("user_id".into(), json!(u));
-        }
-        if let Some(c) = &iac.channel {
-            m.insert("channel".into(), json!(c));
-        }
-        m.insert("preferredLanguage".into(), json!(self.adm.req.lang.code()));
-        if let Some(p) = iac.candidate_presentation {
-            // D-15: the kernel honours only "rich-v1".
-            let v = match p {
-                CandidatePresentation::Standard => "standard",
-                CandidatePresentation::Rich => "rich-v1",
-            };
-            m.insert("candidatePresentation".into(), json!(v));
-        }
-        if let Some(r) = iac.run_mode {
-            let v = match r {
-                RunMode::Normal => "normal",
-                RunMode::Pipeline => "pipeline",
-            };
-            m.insert("run_mode".into(), json!(v));
-        }
-        if let Some(p) = &iac.pipeline_name {
-            m.insert("pipeline_name".into(), json!(p));
-        }
-        m.insert("cleanupOnly".into(), json!(iac.cleanup_only));
-        m.insert("rosInvocationId".into(), json!(iac.ros_invocation_id));
-        if let Some(h) = &iac.llm_headers {
-            let h: Map<String, Value> = h.iter().map(|(k, v)| (k.clone(), json!(v.0))).collect();
-            m.insert("llm_headers".into(), Value::Object(h));
-        }
-        if let Some(a) = &iac.alibaba_cloud {
-            if let Some(v) = &a.access_key_id {
-                m.insert("alibaba_cloud_access_key_id".into(), json!(v));
-            }
-            if let Some(v) = &a.access_key_secret {
-                m.insert("alibaba_cloud_access_key_secret".into(), json!(v.0));
-            }
-            if let Some(v) = &a.security_token {
-                m.insert("alibaba_cloud_security_token".into(), json!(v.0));
-            }
-            if let Some(v) = &a.region_id {
-                m.insert("alibaba_cloud_region_id".into(), json!(v));
-            }
-        }
-        m.insert("cwd".into(), json!(self.adm.req.cwd.to_string_lossy()));
-        if let Some(model) = iac
-            .model
-            .as_deref()
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-        {
-            m.insert("iac_code_model".into(), json!(model));
-        }
-        if let Some(k) = iac
-            .llm_api_key
-            .as_ref()
-            .map(|k| k.0.trim())
-            .filter(|s| !s.is_empty())
-        {
-            m.insert("iac_code_api_key".into(), json!(k));
-        }
-        if let Some(t) = &iac.thinking {
-            let mut th = Map::new();
-            th.insert("enabled".into(), json!(t.enabled));
-            if let Some(e) = t.effort.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
-                th.insert("effort".into(), json!(e));
-            }
-            if let Some(b) = t.budget {
-                th.insert("budget".into(), json!(b));
-            }
-            m.insert("thinking".into(), Value::Object(th));
-        }
-        json!({"iac_code": Value::Object(m)})
-    }
-
-    fn message(&self, message_id: &str, parts: Vec<Value>, task_id: Option<&str>) -> Value {
-        let mut msg = json!({
-            "messageId": message_id,
-            "role": "ROLE_USER",
-            "parts": parts,
-            "metadata": self.request_metadata(),
-            "contextId": self.adm.context_id,
-        });
-        if let Some(t) = task_id {
-            msg["taskId"] = json!(t);
-        }
-        msg
-    }
-
-    /// Opens a kernel stream, noticing a client disconnect meanwhile.
-    async fn open_stream(
-        &mut self,
-        fut: impl std::future::Future<Output = Result<a2a::EventStream, a2a::Error>>,
-    ) -> Result<a2a::EventStream, Stop> {
-        self.open_stream_raw(fut)
-            .await
-            .map_err(|e| kernel_error(&e))
-    }
-
-    /// [`Driver::open_stream`] with the kernel's error as it is.
-    async fn open_stream_raw(
-        &mut self,
-        fut: impl std::future::Future<Output = Result<a2a::EventStream, a2a::Error>>,
-    ) -> Result<a2a::EventStream, a2a::Error> {
-        tokio::pin!(fut);
-        loop {
-            tokio::select! {
-                r = &mut fut => return r,
-                _ = self.sink.closed(), if !self.disconnected => {
-                    // Keep the request going: the task id may still be needed for cancellation.
-                    self.disconnected = true;
-                }
-            }
-        }
-    }
-
     async fn cancel_task_best_effort(&mut self) {
         let Some(task) = self.task_id.clone() else {
             return;
@@ -573,19 +455,10 @@ impl Driver {
             }
         }
         let meta = view.meta();
-        if resume {
-            if let Some(m) = meta {
-                // The kernel had this answer already (a run that crashed delivered it) or runs its
-                // continuation on another stream: this stream will not carry the continuation.
-                let duplicate = m
-                    .get("inputReceived")
-                    .and_then(|r| r.get("duplicate"))
-                    .and_then(Value::as_bool)
-                    == Some(true);
-                if duplicate || m.contains_key("permissionAck") {
-                    self.acknowledged_only = true;
-                }
-            }
+        // The kernel had this answer already (a run that crashed delivered it) or runs its
+        // continuation on another stream: this stream will not carry the continuation.
+        if resume && view.is_acknowledgement() {
+            self.acknowledged_only = true;
         }
         if let Some(s) = meta.and_then(mapping::session_id) {
             match &self.session_id {
@@ -884,12 +757,9 @@ impl Driver {
             if let Ok(Ok(snapshot)) =
                 tokio::time::timeout(CANCEL_WAIT, client.get_task(task, 0)).await
             {
-                let working = matches!(
-                    ItemView::new(&snapshot).state(),
-                    Some(TaskState::Working | TaskState::Submitted)
-                );
+                let working = snapshot.state().is_some_and(|s| s.is_active());
                 if !working {
-                    return Ok(match self.process(&snapshot, resume).await? {
+                    return Ok(match self.process(snapshot.as_value(), resume).await? {
                         Step::Interrupted => Reattach::Interrupted,
                         Step::Break | Step::Continue => Reattach::No,
                     });
@@ -968,7 +838,7 @@ impl Driver {
         else {
             return Ok(Reattach::No);
         };
-        match self.process(&snapshot, resume).await? {
+        match self.process(snapshot.as_value(), resume).await? {
             Step::Interrupted => Ok(Reattach::Interrupted),
             Step::Break => Ok(Reattach::No),
             Step::Continue => match client.subscribe_to_task(&task).await {
@@ -1050,10 +920,14 @@ impl Driver {
             .user_message
             .clone()
             .expect("new turns carry a validated user message");
-        let message = self.message(&um.message_id, um.parts, None);
-        let stream = self
-            .open_stream(client.send_streaming_message(message))
-            .await?;
+        let message = turn(&self.adm, &self.cwd).message(um.message_id, um.parts, None);
+        let stream = watch_client(
+            &self.sink,
+            &mut self.disconnected,
+            client.send_streaming_message(&message),
+        )
+        .await
+        .map_err(|e| kernel_error(&e))?;
         self.consume(stream, false).await
     }
 
@@ -1075,10 +949,14 @@ impl Driver {
             .user_message
             .clone()
             .expect("guidance carries a validated user message");
-        let message = self.message(&um.message_id, um.parts, Some(&task));
-        let mut stream = self
-            .open_stream(client.send_streaming_message(message))
-            .await?;
+        let message = turn(&self.adm, &self.cwd).message(um.message_id, um.parts, Some(&task));
+        let mut stream = watch_client(
+            &self.sink,
+            &mut self.disconnected,
+            client.send_streaming_message(&message),
+        )
+        .await
+        .map_err(|e| kernel_error(&e))?;
         loop {
             let next = tokio::select! {
                 r = stream.next() => r,
@@ -1206,7 +1084,7 @@ impl Driver {
             .get_task(&task_id, 100)
             .await
             .map_err(|e| no_cancel(kernel_error(&e)))?;
-        let view = ItemView::new(&task);
+        let view = task.view();
         if view.task_id() != Some(task_id.as_str())
             || view.context_id().is_some_and(|c| c != self.adm.context_id)
         {
@@ -1415,12 +1293,16 @@ impl Driver {
                     Some(Value::Null) | None => "None".into(),
                     Some(v) => canonical::canonical_value(v),
                 };
-                let part = json!({"data": {"schemaVersion": 1, "kind": "permission", "requestTaskId": task_id,
-                    "inputId": id, "toolUseId": tool_use, "decision": decision}, "mediaType": "application/json"});
+                let part = a2a::Part::permission_answer(&a2a::PermissionAnswer::new(
+                    task_id, &id, &tool_use, &decision,
+                ));
                 if all_sideband {
-                    let message =
-                        self.message(&format!("agui-resume-{id}"), vec![part], Some(task_id));
-                    match client.send_message(message).await {
+                    let message = turn(&self.adm, &self.cwd).message(
+                        format!("agui-resume-{id}"),
+                        vec![part],
+                        Some(task_id),
+                    );
+                    match client.send_message(&message).await {
                         Ok(_) => {}
                         Err(a2a::Error::Rpc(r)) if r.is_backup_not_ready() => {
                             return Err(Stop::Fail {
@@ -1441,14 +1323,17 @@ impl Driver {
                     }
                     self.commit_answer(&id, &digest).await?;
                 } else {
-                    let message = self.message(
-                        &format!("agui-resume-{}-{id}", self.run_id()),
+                    let message = turn(&self.adm, &self.cwd).message(
+                        format!("agui-resume-{}-{id}", self.run_id()),
                         vec![part],
                         Some(task_id),
                     );
-                    let opened = self
-                        .open_stream_raw(client.send_streaming_message(message))
-                        .await;
+                    let opened = watch_client(
+                        &self.sink,
+                        &mut self.disconnected,
+                        client.send_streaming_message(&message),
+                    )
+                    .await;
                     let after = match opened {
                         Ok(stream) => {
                             self.accept(
@@ -1461,8 +1346,8 @@ impl Driver {
                         }
                         // "pending permission is not active" while the task works: an earlier
                         // delivery of this answer is being carried out (see `accept`).
-                        Err(a2a::Error::Rpc(r))
-                            if r.message.starts_with("permission_resume_invalid")
+                        Err(e)
+                            if e.is_permission_not_pending()
                                 && self.busy_with_earlier_delivery().await =>
                         {
                             self.commit_answer(&id, &digest).await?;
@@ -1514,14 +1399,18 @@ impl Driver {
                     self.answered_questions
                         .push((tool.to_owned(), answer.clone()));
                 }
-                let message = self.message(
-                    &format!("agui-resume-{}", self.run_id()),
-                    vec![json!({"text": answer})],
+                let message = turn(&self.adm, &self.cwd).message(
+                    format!("agui-resume-{}", self.run_id()),
+                    vec![a2a::Part::text(answer.clone())],
                     Some(task_id),
                 );
-                let stream = self
-                    .open_stream(client.send_streaming_message(message))
-                    .await?;
+                let stream = watch_client(
+                    &self.sink,
+                    &mut self.disconnected,
+                    client.send_streaming_message(&message),
+                )
+                .await
+                .map_err(|e| kernel_error(&e))?;
                 let after = self
                     .accept(
                         stream,
@@ -1545,7 +1434,7 @@ impl Driver {
                 .get_task(task_id, 100)
                 .await
                 .map_err(|e| no_cancel_stop(kernel_error(&e)))?;
-            match self.process(&task, true).await? {
+            match self.process(task.as_value(), true).await? {
                 Step::Interrupted => return Ok(()),
                 Step::Break => return self.finish().await,
                 Step::Continue => {}
@@ -1557,7 +1446,7 @@ impl Driver {
                         .get_task(task_id, 100)
                         .await
                         .map_err(|e| no_cancel_stop(kernel_error(&e)))?;
-                    return match self.process(&task, true).await? {
+                    return match self.process(task.as_value(), true).await? {
                         Step::Interrupted => Ok(()),
                         Step::Break => self.finish().await,
                         Step::Continue => Err(fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
@@ -1623,10 +1512,7 @@ impl Driver {
         loop {
             match tokio::time::timeout(CANCEL_WAIT, client.get_task(&task, 0)).await {
                 Ok(Ok(t)) => {
-                    if matches!(
-                        ItemView::new(&t).state(),
-                        Some(TaskState::Working | TaskState::Submitted)
-                    ) {
+                    if t.state().is_some_and(|s| s.is_active()) {
                         return true;
                     }
                 }
@@ -1798,6 +1684,32 @@ fn answer_text(e: &ResumeEntry, p: &PendingEntry) -> String {
     sel.to_owned()
 }
 
+/// The messages of a run share its request's turn settings.
+fn turn<'a>(adm: &'a Admitted, cwd: &'a str) -> Turn<'a> {
+    Turn {
+        iac: &adm.req.iac,
+        lang: adm.req.lang,
+        cwd,
+        context_id: &adm.context_id,
+    }
+}
+
+/// Waits for a kernel call, noticing a client disconnect meanwhile without abandoning the call:
+/// the task id it brings may still be needed for cancellation.
+async fn watch_client<T>(
+    sink: &Sink,
+    disconnected: &mut bool,
+    fut: impl std::future::Future<Output = Result<T, a2a::Error>>,
+) -> Result<T, a2a::Error> {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            r = &mut fut => return r,
+            _ = sink.closed(), if !*disconnected => *disconnected = true,
+        }
+    }
+}
+
 async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -1810,28 +1722,24 @@ async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
 /// finished turn instead, cancelling it is refused and changes nothing). Bounded: one page each.
 async fn orphans_of_context(client: &a2a::Client, context_id: &str) -> Vec<String> {
     let mut out = Vec::new();
-    for state in ["TASK_STATE_SUBMITTED", "TASK_STATE_WORKING"] {
+    for state in [TaskState::Submitted, TaskState::Working] {
         if let Ok(Ok(tasks)) =
-            tokio::time::timeout(CANCEL_WAIT, client.list_tasks(context_id, state, 20)).await
+            tokio::time::timeout(CANCEL_WAIT, client.list_tasks(context_id, &state, 20)).await
         {
-            out.extend(
-                tasks
-                    .iter()
-                    .filter_map(|t| t["id"].as_str().map(str::to_owned)),
-            );
+            out.extend(tasks.iter().filter_map(|t| t.id().map(str::to_owned)));
         }
     }
     if let Ok(Ok(tasks)) = tokio::time::timeout(
         CANCEL_WAIT,
-        client.list_tasks(context_id, "TASK_STATE_INPUT_REQUIRED", 100),
+        client.list_tasks(context_id, &TaskState::InputRequired, 100),
     )
     .await
     {
         // RFC 3339 UTC timestamps of one writer compare as strings.
         if let Some(latest) = tasks
             .iter()
-            .max_by_key(|t| t["status"]["timestamp"].as_str().unwrap_or("").to_owned())
-            .and_then(|t| t["id"].as_str())
+            .max_by_key(|t| t.view().timestamp().unwrap_or("").to_owned())
+            .and_then(|t| t.id())
         {
             out.push(latest.to_owned());
         }
@@ -1844,11 +1752,8 @@ async fn wait_not_active(client: &a2a::Client, task: &str) {
     let deadline = tokio::time::Instant::now() + CANCEL_WAIT;
     while tokio::time::Instant::now() < deadline {
         match client.get_task(task, 0).await {
-            Ok(t) => match ItemView::new(&t).state() {
-                Some(TaskState::Working | TaskState::Submitted) => {}
-                _ => return,
-            },
-            Err(_) => return,
+            Ok(t) if t.state().is_some_and(|s| s.is_active()) => {}
+            _ => return,
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

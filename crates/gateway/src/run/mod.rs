@@ -5,6 +5,7 @@ pub mod admission;
 pub mod cancel;
 mod driver;
 pub mod kernel;
+mod request;
 pub mod sink;
 
 use std::collections::HashMap;

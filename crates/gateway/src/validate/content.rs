@@ -36,7 +36,7 @@ pub const MAX_SIDE: u32 = 2000;
 #[derive(Debug, Clone, PartialEq)]
 pub struct UserMessage {
     pub message_id: String,
-    pub parts: Vec<Value>,
+    pub parts: Vec<a2a::Part>,
 }
 
 fn err(m: &'static str) -> ApiError {
@@ -59,21 +59,21 @@ pub fn latest_user_message(
         .unwrap_or_default()
         .to_owned();
     let parts = match m.get("content") {
-        Some(Value::String(s)) => vec![json!({"text": s})],
+        Some(Value::String(s)) => vec![a2a::Part::text(s.as_str())],
         Some(Value::Array(items)) => convert_parts(items, limits)?,
         _ => return Err(err("The user message content is invalid.")),
     };
     Ok(UserMessage { message_id, parts })
 }
 
-fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<Value>, ApiError> {
+fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<a2a::Part>, ApiError> {
     let mut out = Vec::with_capacity(items.len());
     let mut total = 0usize;
     for item in items {
         match item.get("type").and_then(Value::as_str) {
             Some("text") => {
                 let t = item.get("text").and_then(Value::as_str).unwrap_or_default();
-                out.push(json!({"text": t}));
+                out.push(a2a::Part::text(t));
             }
             Some("image") => {
                 let source = item.get("source").cloned().unwrap_or(Value::Null);
@@ -114,13 +114,13 @@ fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<Value>, Api
                     .filter(|f| f.len() <= 255 && is_safe_filename(f))
                     .map(str::to_owned)
                     .unwrap_or_else(|| format!("agui-image-{}", out.len() + 1));
-                out.push(json!({
-                    "data": {
+                out.push(a2a::Part::Data {
+                    data: json!({
                         "filename": filename,
                         "bytes": base64::engine::general_purpose::STANDARD.encode(&normalised),
-                    },
-                    "mediaType": media_type,
-                }));
+                    }),
+                    media_type: media_type.to_owned(),
+                });
             }
             _ => return Err(err(msg::ONLY_TEXT_AND_IMAGES)),
         }
@@ -311,7 +311,7 @@ mod tests {
         ];
         let u = latest_user_message(&m, ImageLimits::default()).unwrap();
         assert_eq!(u.message_id, "u2");
-        assert_eq!(u.parts, vec![json!({"text":"second"})]);
+        assert_eq!(u.parts, vec![a2a::Part::text("second")]);
         let none = vec![json!({"id":"a1","role":"assistant","content":"x"})];
         assert_eq!(
             latest_user_message(&none, ImageLimits::default())
@@ -333,12 +333,13 @@ mod tests {
             ImageLimits::default(),
         )
         .unwrap();
-        assert_eq!(u.parts[0], json!({"text":"see"}));
-        assert_eq!(u.parts[1]["data"]["filename"], "pic.png");
-        assert_eq!(u.parts[1]["mediaType"], "image/png");
-        assert_eq!(u.parts[1]["data"]["bytes"], b64(&p));
-        assert_eq!(u.parts[2]["data"]["filename"], "agui-image-3");
-        assert_eq!(u.parts[2]["mediaType"], "image/png");
+        let parts = serde_json::to_value(&u.parts).unwrap();
+        assert_eq!(parts[0], json!({"text":"see"}));
+        assert_eq!(parts[1]["data"]["filename"], "pic.png");
+        assert_eq!(parts[1]["mediaType"], "image/png");
+        assert_eq!(parts[1]["data"]["bytes"], b64(&p));
+        assert_eq!(parts[2]["data"]["filename"], "agui-image-3");
+        assert_eq!(parts[2]["mediaType"], "image/png");
     }
 
     #[test]

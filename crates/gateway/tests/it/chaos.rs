@@ -309,7 +309,12 @@ async fn wait_terminal(kernel: &a2a::Client, task: &str) -> String {
         let state = kernel
             .get_task(task, 0)
             .await
-            .map(|t| t["status"]["state"].as_str().unwrap_or("").to_owned())
+            .map(|t| {
+                t.as_value()["status"]["state"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned()
+            })
             .unwrap_or_default();
         if matches!(
             state.as_str(),

@@ -1,8 +1,8 @@
 //! Property-based fuzzing (proptest; cargo-fuzz needs a nightly toolchain, which this project does
 //! not use) of the parsers that face untrusted input: the RunAgentInput validators, the kernel SSE
-//! decoder, canonical JSON, the state-file loader, the image path and the HTTP request head
-//! parser. None may panic; the decoder
-//! must not depend on how bytes are split; canonical JSON must agree with serde_json's parse.
+//! stream (HTTP framing and SSE), canonical JSON, the state-file loader, the image path and the
+//! HTTP server. None may panic; the kernel stream must not depend on how bytes are split;
+//! canonical JSON must agree with serde_json's parse.
 //!
 //! CI runs 256 cases per target (`PROPTEST_CASES` overrides). The long form runs every target for
 //! a wall-clock time and prints how many cases it executed:
@@ -221,63 +221,88 @@ fn fuzz_sse_decoder_is_split_independent() {
     );
 }
 
-/// The kernel-stream client's chunked decoder: any chunking of any bytes, cut anywhere, decodes to
-/// those bytes; any input never panics.
+/// A kernel response as it may arrive: any framing of the body (chunked with any chunk sizes,
+/// extensions and trailers; a length; close-delimited), split anywhere into reads. The stream
+/// client (hyper's HTTP/1.1 framing, then the SSE decoder) yields exactly the items sent; cut
+/// short, it yields a prefix and an error; garbage never panics.
 #[test]
-fn fuzz_chunked_decoder_is_split_independent() {
+fn fuzz_kernel_stream_framing_is_split_independent() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     fuzz(
-        "fuzz_chunked_decoder_is_split_independent",
+        "fuzz_kernel_stream_framing_is_split_independent",
         (
-            prop::collection::vec(prop::collection::vec(any::<u8>(), 1..40), 0..8),
+            prop::collection::vec("\\PC{0,40}", 0..6),
+            0u8..3,
             any::<bool>(),
-            any::<bool>(),
+            prop::collection::vec(1usize..50, 1..8),
             prop::collection::vec(any::<prop::sample::Index>(), 0..6),
             prop::collection::vec(any::<u8>(), 0..64),
         ),
-        |(chunks, upper, ext, cuts, noise)| {
-            let mut wire = Vec::new();
-            for c in &chunks {
-                let size = if upper {
-                    format!("{:X}", c.len())
-                } else {
-                    format!("{:x}", c.len())
-                };
-                wire.extend_from_slice(size.as_bytes());
-                if ext {
-                    wire.extend_from_slice(b";name=value");
-                }
-                wire.extend_from_slice(b"\r\n");
-                wire.extend_from_slice(c);
-                wire.extend_from_slice(b"\r\n");
+        |(texts, framing, upper, chunk_sizes, cuts, noise)| {
+            let items: Vec<Value> = texts.iter().map(|t| json!({"text": t})).collect();
+            let mut sse = Vec::new();
+            for it in &items {
+                let frame = json!({"jsonrpc": "2.0", "id": "1", "result": it});
+                sse.extend_from_slice(format!(": ping\r\ndata: {frame}\r\n\r\n").as_bytes());
             }
-            wire.extend_from_slice(b"0\r\nx-trailer: 1\r\n\r\n");
-            let expected: Vec<u8> = chunks.concat();
-            // What follows the body (the next request on a kept-alive connection) is left over.
-            let mut stream = wire.clone();
-            stream.extend_from_slice(&noise);
-            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(stream.len() + 1)).collect();
+            let mut wire =
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n".to_vec();
+            match framing {
+                0 => {
+                    wire.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
+                    let mut rest = &sse[..];
+                    let mut sizes = chunk_sizes.iter().cycle();
+                    while !rest.is_empty() {
+                        let n = (*sizes.next().unwrap()).min(rest.len());
+                        let size = if upper {
+                            format!("{n:X}")
+                        } else {
+                            format!("{n:x}")
+                        };
+                        wire.extend_from_slice(format!("{size};ext=1\r\n").as_bytes());
+                        wire.extend_from_slice(&rest[..n]);
+                        wire.extend_from_slice(b"\r\n");
+                        rest = &rest[n..];
+                    }
+                    wire.extend_from_slice(b"0\r\nx-trailer: 1\r\n\r\n");
+                }
+                1 => {
+                    wire.extend_from_slice(
+                        format!("content-length: {}\r\n\r\n", sse.len()).as_bytes(),
+                    );
+                    wire.extend_from_slice(&sse);
+                }
+                _ => {
+                    wire.extend_from_slice(b"connection: close\r\n\r\n");
+                    wire.extend_from_slice(&sse);
+                }
+            }
+            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(wire.len() + 1)).collect();
             points.sort_unstable();
-            let mut parts = vec![];
+            let mut pieces = vec![];
             let mut last = 0;
             for p in points {
-                parts.push(&stream[last..p]);
+                pieces.push(wire[last..p].to_vec());
                 last = p;
             }
-            parts.push(&stream[last..]);
-            let (data, done, rest) =
-                a2a::dechunk_parts(&parts).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_eq!(data, expected);
-            prop_assert!(done);
-            prop_assert_eq!(rest, noise.len());
-            // Cut short: never done, never more data than was sent.
-            if wire.len() > 1 {
-                let (data, done, _) = a2a::dechunk_parts(&[&wire[..wire.len() - 1]])
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert!(!done);
-                prop_assert!(data.len() <= chunks.concat().len());
+            pieces.push(wire[last..].to_vec());
+            let (got, err) = rt.block_on(a2a::decode_response_pieces(pieces));
+            prop_assert!(err.is_none(), "{:?}", err);
+            prop_assert_eq!(&got, &items);
+            // Cut short inside the body: a prefix of the items, and an error unless the framing
+            // cannot tell (a close-delimited body ends wherever the connection does).
+            if !sse.is_empty() {
+                let cut = wire.len() - sse.len().min(7);
+                let (got, err) =
+                    rt.block_on(a2a::decode_response_pieces(vec![wire[..cut].to_vec()]));
+                prop_assert!(got.len() <= items.len() && got[..] == items[..got.len()]);
+                prop_assert!(err.is_some() || framing == 2);
             }
             // Garbage never panics.
-            let _ = a2a::dechunk_parts(&[&noise]);
+            let _ = rt.block_on(a2a::decode_response_pieces(vec![noise]));
             Ok(())
         },
     );
@@ -293,17 +318,96 @@ fn request_head() -> impl Strategy<Value = (String, String, Vec<(String, String)
         .prop_map(|(m, p, h)| (m.to_string(), p, h))
 }
 
+/// What the HTTP server sends on a connection: zero or more well-formed responses (never a 500)
+/// and then the end of the connection.
+fn check_server_output(out: &[u8], context: &str) -> Result<(), TestCaseError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    prop_assert!(
+        out.starts_with(b"HTTP/1.1 "),
+        "{}: {:?}",
+        context,
+        String::from_utf8_lossy(out)
+    );
+    let code = std::str::from_utf8(&out[9..12.min(out.len())]).unwrap_or("");
+    prop_assert!(
+        code.len() == 3 && code != "500",
+        "{}: {:?}",
+        context,
+        String::from_utf8_lossy(out)
+    );
+    prop_assert!(
+        out.windows(4).any(|w| w == b"\r\n\r\n"),
+        "{}: head without its end",
+        context
+    );
+    Ok(())
+}
+
+/// Request heads with any method, target and fields, followed by garbage, arriving in any
+/// pieces: hyper's HTTP/1.1 server with the gateway's routes answers each connection with
+/// well-formed responses or closes it, and a valid head alone always gets its answer.
 #[test]
-fn fuzz_request_head_parser() {
-    use iac_code_agui::server::parse_request_head;
+fn fuzz_http_server_answers_any_request() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = rt.block_on(
+        crate::support::Builder::new()
+            .a2a("http://127.0.0.1:9/", None)
+            .start(),
+    );
+    let app = iac_code_agui::http::router(server.state.clone());
+    // Sends `input`; with `answer`, reads until a whole response head is in (the connection stays
+    // open), else closes the sending side and reads to the end. (hyper drops a request whose
+    // client closes its side before the answer: a client gone mid-message is noticed at once.)
+    let exchange = |input: Vec<Vec<u8>>, answer: bool| -> Vec<u8> {
+        let app = app.clone();
+        rt.block_on(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut client, conn) = tokio::io::duplex(1 << 20);
+            let served = tokio::spawn(iac_code_agui::server::serve_connection(conn, app));
+            for piece in input {
+                if client.write_all(&piece).await.is_err() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            let mut out = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(10), async {
+                if !answer {
+                    let _ = client.shutdown().await;
+                    let _ = client.read_to_end(&mut out).await;
+                    return;
+                }
+                let mut buf = [0u8; 4096];
+                while !out.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match client.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => out.extend_from_slice(&buf[..n]),
+                    }
+                }
+            })
+            .await;
+            assert!(
+                read.is_ok(),
+                "neither an answer nor the end of the connection"
+            );
+            served.abort();
+            out
+        })
+    };
     fuzz(
-        "fuzz_request_head_parser",
+        "fuzz_http_server_answers_any_request",
         (
             request_head(),
             prop::collection::vec(any::<u8>(), 0..200),
-            any::<prop::sample::Index>(),
+            prop::collection::vec(any::<prop::sample::Index>(), 0..5),
         ),
-        |((method, path, fields), noise, cut)| {
+        |((method, path, fields), noise, cuts)| {
             let mut wire = format!("{method} {path} HTTP/1.1\r\n");
             for (n, v) in &fields {
                 // Framing fields are checked on their own; keep these heads body-less.
@@ -315,27 +419,29 @@ fn fuzz_request_head_parser() {
                 wire.push_str(&format!("{n}: {}\r\n", v.trim()));
             }
             wire.push_str("\r\n");
+            // The head alone: exactly one answer, not a server error.
+            let out = exchange(vec![wire.clone().into_bytes()], true);
+            check_server_output(&out, &wire)?;
+            prop_assert!(!out.is_empty(), "no answer to {:?}", wire);
+            // The head and garbage after it, in pieces.
             let mut bytes = wire.clone().into_bytes();
             bytes.extend_from_slice(&noise);
-            // Whole: parsed, and exactly the head is consumed (the rest is the next message).
-            let parsed = parse_request_head(&bytes)
-                .map_err(|s| TestCaseError::fail(format!("{s} for {wire:?}")))?;
-            let (m, p, used) = parsed.ok_or_else(|| TestCaseError::fail("incomplete"))?;
-            prop_assert_eq!(m, method);
-            prop_assert_eq!(p, path);
-            prop_assert_eq!(used, wire.len());
-            // Any strict prefix of the head is incomplete, never a different request.
-            let at = cut.index(wire.len());
-            prop_assert_eq!(parse_request_head(&wire.as_bytes()[..at]), Ok(None));
-            // Garbage, alone or after a request line, never panics and never over-consumes.
-            for input in [noise.clone(), [&wire.as_bytes()[..at], &noise[..]].concat()] {
-                if let Ok(Some((_, _, used))) = parse_request_head(&input) {
-                    prop_assert!(used <= input.len());
-                }
+            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            points.sort_unstable();
+            let mut pieces = vec![];
+            let mut last = 0;
+            for p in points {
+                pieces.push(bytes[last..p].to_vec());
+                last = p;
             }
+            pieces.push(bytes[last..].to_vec());
+            check_server_output(&exchange(pieces, false), &wire)?;
+            // Garbage alone.
+            check_server_output(&exchange(vec![noise], false), "noise")?;
             Ok(())
         },
     );
+    drop(server);
 }
 
 #[test]

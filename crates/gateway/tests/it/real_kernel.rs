@@ -286,7 +286,10 @@ async fn permission_allow_deny_cancelled_and_replay() {
 async fn task_state(kernel: &Kernel, task: &str) -> String {
     let c = kernel.client().unwrap();
     let t = c.get_task(task, 0).await.unwrap();
-    t["status"]["state"].as_str().unwrap_or("").to_owned()
+    t.as_value()["status"]["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

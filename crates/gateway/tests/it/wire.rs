@@ -37,6 +37,68 @@ impl Resp {
     }
 }
 
+/// A response head: status, fields (lower-case names) and its length; `Ok(None)` while
+/// incomplete, `Err` when it is not a response head.
+type Head = (u16, Vec<(String, String)>, usize);
+
+fn parse_head(buf: &[u8]) -> Result<Option<Head>, String> {
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let text = std::str::from_utf8(&buf[..end]).map_err(|e| e.to_string())?;
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let mut parts = status_line.splitn(3, ' ');
+    let (Some(version), Some(code)) = (parts.next(), parts.next()) else {
+        return Err(format!("status line {status_line:?}"));
+    };
+    if !version.starts_with("HTTP/1.") || code.len() != 3 {
+        return Err(format!("status line {status_line:?}"));
+    }
+    let status = code.parse().map_err(|_| format!("status {code:?}"))?;
+    let mut headers = Vec::new();
+    for l in lines {
+        let (name, value) = l.split_once(':').ok_or_else(|| format!("field {l:?}"))?;
+        headers.push((name.to_ascii_lowercase(), value.trim().to_owned()));
+    }
+    Ok(Some((status, headers, end + 4)))
+}
+
+/// A whole chunked body at the start of `buf`: its data and length; `Ok(None)` while incomplete.
+fn dechunk(buf: &[u8]) -> Result<Option<(Vec<u8>, usize)>, String> {
+    let mut data = Vec::new();
+    let mut at = 0;
+    loop {
+        let Some(eol) = buf[at..].windows(2).position(|w| w == b"\r\n") else {
+            return Ok(None);
+        };
+        let line = std::str::from_utf8(&buf[at..at + eol]).map_err(|e| e.to_string())?;
+        let size = usize::from_str_radix(line.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|_| format!("chunk size {line:?}"))?;
+        at += eol + 2;
+        if size == 0 {
+            // Trailers, then the blank line.
+            loop {
+                let Some(eol) = buf[at..].windows(2).position(|w| w == b"\r\n") else {
+                    return Ok(None);
+                };
+                at += eol + 2;
+                if eol == 0 {
+                    return Ok(Some((data, at)));
+                }
+            }
+        }
+        if buf.len() < at + size + 2 {
+            return Ok(None);
+        }
+        data.extend_from_slice(&buf[at..at + size]);
+        if &buf[at + size..at + size + 2] != b"\r\n" {
+            return Err("chunk without its CRLF".into());
+        }
+        at += size + 2;
+    }
+}
+
 /// A raw client connection.
 struct Conn {
     tcp: TcpStream,
@@ -70,20 +132,8 @@ impl Conn {
     /// Reads one response; `head_only` for the answer to a HEAD request.
     async fn response(&mut self, head_only: bool) -> Resp {
         let (status, headers, used) = loop {
-            let mut fields = [httparse::EMPTY_HEADER; 64];
-            let mut r = httparse::Response::new(&mut fields);
-            if let httparse::Status::Complete(used) = r.parse(&self.buf).expect("valid head") {
-                let headers = r
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_ascii_lowercase(),
-                            String::from_utf8(h.value.to_vec()).unwrap(),
-                        )
-                    })
-                    .collect::<Vec<_>>();
-                break (r.code.unwrap(), headers, used);
+            if let Some(head) = parse_head(&self.buf).expect("valid head") {
+                break head;
             }
             assert!(self.fill().await, "EOF inside a response head");
         };
@@ -103,11 +153,10 @@ impl Conn {
             }
             resp.body = self.buf.drain(..n).collect();
         } else if resp.header("transfer-encoding") == Some("chunked") {
-            let mut d = a2a::chunked::Dechunker::default();
             loop {
-                let used = d.feed(&self.buf, &mut resp.body).expect("valid chunks");
-                self.buf.drain(..used);
-                if d.is_done() {
+                if let Some((body, used)) = dechunk(&self.buf).expect("valid chunks") {
+                    resp.body = body;
+                    self.buf.drain(..used);
                     break;
                 }
                 assert!(self.fill().await, "EOF inside a chunked body");
@@ -185,7 +234,7 @@ async fn http_1_0_closes_unless_kept_alive() {
     c.send(b"GET /health HTTP/1.0\r\n\r\n").await;
     let r = c.response(false).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("connection"), Some("close"));
+    // HTTP/1.0 closes by default; hyper does not repeat it in a header.
     assert!(c.closed().await);
     let mut c = Conn::open(&s).await;
     c.send(b"GET /health HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
@@ -234,8 +283,7 @@ async fn request_bodies_chunked_length_and_continue() {
     c.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 99999999\r\n\r\n{").await;
     let r = c.response(false).await;
     assert_eq!((r.status, r.code()), (413, "REQUEST_TOO_LARGE".to_string()));
-    assert_eq!(r.header("connection"), Some("close"));
-    assert!(c.closed().await);
+    assert!(c.closed().await, "the unread body is not drained");
 }
 
 #[tokio::test]
@@ -250,9 +298,9 @@ async fn an_answer_without_reading_the_body_skips_no_continue() {
     c.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n").await;
     let r = c.response(false).await;
     assert_eq!((r.status, r.code()), (401, "UNAUTHORIZED".to_string()));
-    assert_eq!(r.header("connection"), Some("close"));
+    // hyper closes such a connection without announcing it (`Connection: close`).
     assert!(c.closed().await);
-    // A refused request whose small body came along keeps the connection.
+    // A refused request whose small body came along keeps the connection (hyper drains it).
     let mut c = Conn::open(&s).await;
     c.send(&post("/", "", "{}")).await;
     c.send(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
@@ -266,9 +314,11 @@ async fn malformed_and_oversized_heads_are_refused() {
     let cases: Vec<(Vec<u8>, u16)> = vec![
         (b"NOT HTTP AT ALL\r\n\r\n".to_vec(), 400),
         (b"GET / HTTP/1.1\r\nbad header\r\n\r\n".to_vec(), 400),
+        // Both framings: hyper reads the body as chunked, ignoring the length (RFC 9112 allows
+        // it), and closes the connection after the answer (here: no JSON content type).
         (
             b"POST / HTTP/1.1\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n".to_vec(),
-            400,
+            415,
         ),
         (
             b"POST / HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n".to_vec(),
@@ -364,8 +414,13 @@ async fn mangled_requests_never_take_the_server_down() {
         post("/extensions/iac-code/v1/executions/e/cancel", "expect: 100-continue\r\n", "{}"),
         b"POST / HTTP/1.1\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n".to_vec(),
     ];
-    let seed = rand::random::<u64>();
+    // WIRE_SEED=<n> replays a failure (every failure message names its seed).
+    let seed = std::env::var("WIRE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut answered = 0;
     for case in 0..200 {
         let mut raw = templates[rng.gen_range(0..templates.len())].clone();
         for _ in 0..rng.gen_range(1..6) {
@@ -394,6 +449,9 @@ async fn mangled_requests_never_take_the_server_down() {
             }
             rest = &rest[n..];
         }
+        // Let the server answer what it can before the client closes its side: hyper drops a
+        // request whose client is gone before the answer.
+        tokio::time::sleep(Duration::from_millis(10)).await;
         let _ = c.tcp.shutdown().await;
         // Everything the server sends is zero or more well-formed responses, then EOF.
         let mut all = Vec::new();
@@ -404,18 +462,23 @@ async fn mangled_requests_never_take_the_server_down() {
         );
         assert!(read.is_ok(), "the connection was not closed: {context}");
         if !all.is_empty() {
+            answered += 1;
             assert!(all.starts_with(b"HTTP/1.1 "), "{context}");
-            let mut fields = [httparse::EMPTY_HEADER; 64];
-            let mut r = httparse::Response::new(&mut fields);
-            let head = r.parse(&all);
+            let head = parse_head(&all);
             assert!(
-                matches!(head, Ok(httparse::Status::Complete(_))),
+                matches!(head, Ok(Some(_))),
                 "{context}: {:?}",
                 String::from_utf8_lossy(&all)
             );
-            assert!(r.code.is_some_and(|c| c != 500), "{context}");
+            let (status, _, _) = head.unwrap().unwrap();
+            assert!(status != 500, "{context}");
         }
     }
+    // Most mangled requests are still answered (a 400 at least): the check above saw responses.
+    assert!(
+        answered >= 50,
+        "seed {seed}: only {answered} of 200 answered"
+    );
     let mut c = Conn::open(&s).await;
     c.send(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
     assert_eq!(c.response(false).await.status, 200);
