@@ -1,6 +1,5 @@
 //! Wiring: runtime construction, serving on a bound listener, idle and graceful shutdown.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,8 +8,8 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::http::{self, AppState};
-use crate::run::kernel::{ChildSpec, Kernel};
-use crate::run::{Activity, Clock, Env, Runtime, SystemClock, Threads};
+use crate::kernel::{ChildSpec, Kernel};
+use crate::run::{Clock, Env, Runtime, SystemClock};
 use crate::store::{FileStore, StoreError, ThreadStore, Unavailable};
 
 /// Options for building a runtime (tests inject the store, clock and kernel).
@@ -101,18 +100,14 @@ pub fn build(opts: Options) -> AppState {
         .kernel
         .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env));
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
-    let rt = Arc::new(Runtime {
-        cfg: Arc::new(opts.cfg),
-        threads: Threads::new(store),
+    let rt = Arc::new(Runtime::new(
+        opts.cfg,
+        store,
         kernel,
-        clock: clock.clone(),
-        env: opts.env,
-        activity: Activity::default(),
-        draining: Default::default(),
-        drain: Default::default(),
-        channel_capacity: opts.channel_capacity,
-    });
-    rt.touch();
+        clock,
+        opts.env,
+        opts.channel_capacity,
+    ));
     AppState {
         rt,
         heartbeat: opts.heartbeat,
@@ -136,22 +131,21 @@ pub async fn serve(
             let _ = stop_tx.send(true);
         });
     }
-    // Idle shutdown (§1.6).
-    if rt.cfg.idle_shutdown_secs > 0.0 {
+    // Idle shutdown: no open stream, no thread held by a run or waiting for answers.
+    if rt.cfg().idle_shutdown_secs > 0.0 {
         let rt = rt.clone();
         let stop_tx = stop_tx.clone();
-        let idle = rt.cfg.idle_shutdown_secs;
+        let idle = rt.cfg().idle_shutdown_secs;
         tokio::spawn(async move {
             let tick = Duration::from_secs_f64((idle / 4.0).clamp(0.1, 5.0));
             loop {
                 tokio::time::sleep(tick).await;
-                let busy = rt.activity.open_streams.load(Ordering::SeqCst) > 0 || rt.threads.busy();
+                let busy = rt.activity().open_streams() > 0 || rt.threads().busy();
                 if busy {
                     rt.touch();
                     continue;
                 }
-                let idle_ms = rt.clock.now_ms() - rt.activity.last_ms.load(Ordering::SeqCst);
-                if idle_ms as f64 >= idle * 1000.0 {
+                if rt.activity().idle_ms(rt.now_ms()) as f64 >= idle * 1000.0 {
                     tracing::info!("idle shutdown");
                     let _ = stop_tx.send(true);
                     return;
@@ -163,14 +157,13 @@ pub async fn serve(
     let rt2 = rt.clone();
     let graceful = async move {
         let _ = stop_rx.wait_for(|v| *v).await;
-        rt2.draining.store(true, Ordering::SeqCst);
-        rt2.drain.notify_waiters();
+        rt2.shutdown().begin();
     };
     let server = async move {
         crate::server::serve(listener, app, graceful).await;
         Ok::<(), std::io::Error>(())
     };
-    let timeout = Duration::from_secs_f64(rt.cfg.shutdown_timeout_secs) + Duration::from_secs(2);
+    let timeout = Duration::from_secs_f64(rt.cfg().shutdown_timeout_secs) + Duration::from_secs(2);
     let mut stop_rx2 = stop_tx.subscribe();
     let result = tokio::select! {
         r = server => r,
@@ -182,12 +175,9 @@ pub async fn serve(
             Ok(())
         }
     };
-    rt.kernel.stop().await;
-    let store = rt.threads.store.clone();
-    match tokio::task::spawn_blocking(move || store.flush()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "state journal checkpoint at shutdown failed"),
-        Err(e) => tracing::warn!(error = %e, "state journal checkpoint at shutdown failed"),
+    rt.kernel().stop().await;
+    if let Err(e) = rt.threads().store().flush().await {
+        tracing::warn!(error = %e, "state journal checkpoint at shutdown failed");
     }
     result
 }

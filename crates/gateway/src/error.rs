@@ -136,59 +136,84 @@ impl ApiError {
     }
 }
 
-/// English source texts used by the gateway (all in the catalogue).
+/// The gateway's user-facing texts, in English: each is a key of the message catalogue
+/// (`crate::i18n`), translated when it is sent.
 pub mod msg {
-    pub const UNAUTHORIZED: &str = "A valid bearer token is required.";
-    pub const UNSUPPORTED_MEDIA_TYPE: &str = "Content-Type must be application/json.";
-    pub const RUN_TOO_LARGE: &str = "The AG-UI request body is too large.";
-    pub const CANCEL_TOO_LARGE: &str = "The cancel request body is too large.";
-    pub const RUN_INVALID_JSON: &str = "The request body is not valid JSON.";
-    pub const CANCEL_INVALID_JSON: &str = "The cancel request body is not valid JSON.";
-    pub const RUN_NOT_OBJECT: &str = "RunAgentInput must be a JSON object.";
-    pub const CANCEL_NOT_OBJECT: &str = "The cancel request must be a JSON object.";
-    pub const INVALID_ENVELOPE: &str = "Invalid AG-UI RunAgentInput envelope.";
-    pub const INVALID_PROPS: &str = "Invalid iac-code forwarded properties.";
-    pub const CANCEL_FIELDS: &str = "threadId and rosInvocationId are required.";
-    pub const EXECUTION_NOT_FOUND: &str = "The execution was not found.";
-    pub const TOOLS_UNSUPPORTED: &str = "Client-provided tools are not supported.";
-    pub const CWD_NOT_ABSOLUTE: &str = "The iac-code workspace must be an absolute path.";
-    pub const CWD_INVALID: &str = "The iac-code workspace is invalid.";
-    pub const CWD_OUTSIDE_ROOTS: &str = "The iac-code workspace is outside the allowed roots.";
-    pub const CWD_NOT_DIR: &str = "The iac-code workspace is not a directory.";
-    pub const CWD_CANNOT_CREATE: &str = "The iac-code workspace cannot be created.";
-    pub const NO_USER_MESSAGE: &str = "A new run requires a user message.";
-    pub const ONLY_TEXT_AND_IMAGES: &str = "Only text and inline data images are supported.";
-    pub const REMOTE_MEDIA: &str = "Remote media URLs are not supported.";
-    pub const IMAGE_MIME: &str = "The image media type is not supported.";
-    pub const IMAGE_BASE64: &str = "The image data is not valid base64.";
-    pub const IMAGE_TOO_LARGE: &str = "An image exceeds the maximum size.";
-    pub const IMAGES_TOO_LARGE: &str = "The total image content exceeds the maximum size.";
-    pub const IMAGE_INVALID: &str = "The image data is invalid.";
-    pub const STATE_UNAVAILABLE: &str = "The AG-UI adapter state is unavailable.";
-    pub const RUN_ID_USED: &str = "The AG-UI run id has already been used.";
-    pub const THREAD_BUSY: &str = "The AG-UI thread already has an active run.";
-    pub const BINDING_CONFLICT: &str =
-        "The AG-UI thread is already bound to another workspace or caller.";
-    pub const RESUME_REQUIRED: &str = "The AG-UI thread is waiting for interrupt responses.";
-    pub const EXECUTION_GONE: &str = "The execution to resume is no longer available.";
-    pub const RESUME_MISMATCH: &str = "The resume request does not match the interrupted run.";
-    pub const TASK_TO_RESUME_GONE: &str = "The A2A task to resume is unavailable.";
-    pub const A2A_UNAVAILABLE: &str = "The local A2A execution service is unavailable.";
-    pub const A2A_FAILED: &str = "The A2A execution failed.";
-    pub const CANCELLED: &str = "The execution was cancelled.";
-    pub const TASK_CHANGED: &str = "The A2A task identity changed unexpectedly.";
-    pub const CONTEXT_CHANGED: &str = "The A2A context identity changed unexpectedly.";
-    pub const SESSION_CHANGED: &str = "The iac-code session identity changed unexpectedly.";
-    pub const MAPPING_NOT_COMMITTED: &str = "The execution mapping could not be committed.";
-    pub const SESSION_NOT_COMMITTED: &str = "The execution session mapping could not be committed.";
-    pub const INTERRUPT_NOT_COMMITTED: &str =
-        "The interrupted execution state could not be committed.";
-    pub const ANSWER_NOT_COMMITTED: &str =
-        "The accepted interrupt response could not be committed.";
-    pub const INTERRUPT_OTHER_TASK: &str = "An interrupt belongs to another A2A task.";
-    pub const INTERRUPT_OTHER_CONTEXT: &str = "An interrupt belongs to another A2A context.";
-    pub const EXPIRED: &str = "The interrupt has expired.";
-    pub const SHUTTING_DOWN: &str = "The execution service is shutting down.";
+    macro_rules! texts {
+        ($($name:ident = $text:expr;)*) => {
+            $(pub const $name: &str = $text;)*
+            /// Every text above (the catalogue test covers each in every language).
+            pub const ALL: &[&str] = &[$($name),*];
+        };
+    }
+
+    texts! {
+        UNAUTHORIZED = "A valid bearer token is required.";
+        UNSUPPORTED_MEDIA_TYPE = "Content-Type must be application/json.";
+        RUN_TOO_LARGE = "The AG-UI request body is too large.";
+        CANCEL_TOO_LARGE = "The cancel request body is too large.";
+        RUN_INVALID_JSON = "The request body is not valid JSON.";
+        CANCEL_INVALID_JSON = "The cancel request body is not valid JSON.";
+        RUN_NOT_OBJECT = "RunAgentInput must be a JSON object.";
+        CANCEL_NOT_OBJECT = "The cancel request must be a JSON object.";
+        INVALID_ENVELOPE = "Invalid AG-UI RunAgentInput envelope.";
+        INVALID_PROPS = "Invalid iac-code forwarded properties.";
+        CANCEL_FIELDS = "threadId and rosInvocationId are required.";
+        EXECUTION_NOT_FOUND = "The execution was not found.";
+        TOOLS_UNSUPPORTED = "Client-provided tools are not supported.";
+        CWD_NOT_ABSOLUTE = "The iac-code workspace must be an absolute path.";
+        CWD_INVALID = "The iac-code workspace is invalid.";
+        CWD_OUTSIDE_ROOTS = "The iac-code workspace is outside the allowed roots.";
+        CWD_NOT_DIR = "The iac-code workspace is not a directory.";
+        CWD_CANNOT_CREATE = "The iac-code workspace cannot be created.";
+        NO_USER_MESSAGE = "A new run requires a user message.";
+        CONTENT_INVALID = "The user message content is invalid.";
+        ONLY_TEXT_AND_IMAGES = "Only text and inline data images are supported.";
+        REMOTE_MEDIA = "Remote media URLs are not supported.";
+        IMAGE_MIME = "The image media type is not supported.";
+        IMAGE_BASE64 = "The image data is not valid base64.";
+        IMAGE_TOO_LARGE = "An image exceeds the maximum size.";
+        IMAGES_TOO_LARGE = "The total image content exceeds the maximum size.";
+        IMAGE_INVALID = "The image data is invalid.";
+        STATE_UNAVAILABLE = "The AG-UI adapter state is unavailable.";
+        RUN_ID_USED = "The AG-UI run id has already been used.";
+        THREAD_BUSY = "The AG-UI thread already has an active run.";
+        BINDING_CONFLICT = "The AG-UI thread is already bound to another workspace or caller.";
+        RESUME_REQUIRED = "The AG-UI thread is waiting for interrupt responses.";
+        EXECUTION_GONE = "The execution to resume is no longer available.";
+        RESUME_MISMATCH = "The resume request does not match the interrupted run.";
+        TASK_TO_RESUME_GONE = "The A2A task to resume is unavailable.";
+        SESSION_GONE = "The iac-code session to resume is unavailable.";
+        TASK_MISMATCH = "The A2A task identity does not match the interrupted run.";
+        BACKUP_NOT_READY = "Session backup is still synchronizing. Retry after 3 seconds.";
+        A2A_UNAVAILABLE = "The local A2A execution service is unavailable.";
+        A2A_FAILED = "The A2A execution failed.";
+        CANCELLED = "The execution was cancelled.";
+        CANCELLED_BY_ANSWER = "The execution was cancelled by the interrupt response.";
+        TASK_CHANGED = "The A2A task identity changed unexpectedly.";
+        CONTEXT_CHANGED = "The A2A context identity changed unexpectedly.";
+        SESSION_CHANGED = "The iac-code session identity changed unexpectedly.";
+        MAPPING_NOT_COMMITTED = "The execution mapping could not be committed.";
+        SESSION_NOT_COMMITTED = "The execution session mapping could not be committed.";
+        INTERRUPT_NOT_COMMITTED = "The interrupted execution state could not be committed.";
+        ANSWER_NOT_COMMITTED = "The accepted interrupt response could not be committed.";
+        INTERRUPT_OTHER_TASK = "An interrupt belongs to another A2A task.";
+        INTERRUPT_OTHER_CONTEXT = "An interrupt belongs to another A2A context.";
+        EXPIRED = "The interrupt has expired.";
+        ALREADY_APPLIED = "The interrupt response has already been applied.";
+        DUPLICATE_ANSWERS = "The resume contains duplicate interrupt ids.";
+        INCOMPLETE_RESUME = "The resume must resolve every pending interrupt exactly once.";
+        UNKNOWN_INTERRUPT = "The resume references an unknown interrupt.";
+        PAYLOAD_REQUIRED = "A resolved interrupt requires a payload.";
+        PAYLOAD_INVALID = "The interrupt response payload is invalid.";
+        NO_ANSWER = "The interrupt response does not contain an answer.";
+        ANSWER_REJECTED = "The local A2A execution service rejected the interrupt response.";
+        PERMISSION_NOT_ACCEPTED = "The A2A permission response was not accepted.";
+        ANSWER_NOT_ACCEPTED = "The A2A interrupt response was not accepted.";
+        SHUTTING_DOWN = "The execution service is shutting down.";
+        PERMISSION_REQUIRED = "Permission required";
+        INPUT_REQUIRED = "Input required";
+    }
 }
 
 #[cfg(test)]
@@ -209,59 +234,14 @@ mod tests {
     }
 
     #[test]
-    fn every_gateway_message_is_in_the_catalogue() {
-        use msg::*;
-        for m in [
-            UNAUTHORIZED,
-            UNSUPPORTED_MEDIA_TYPE,
-            RUN_TOO_LARGE,
-            CANCEL_TOO_LARGE,
-            RUN_INVALID_JSON,
-            CANCEL_INVALID_JSON,
-            RUN_NOT_OBJECT,
-            CANCEL_NOT_OBJECT,
-            INVALID_ENVELOPE,
-            INVALID_PROPS,
-            CANCEL_FIELDS,
-            EXECUTION_NOT_FOUND,
-            TOOLS_UNSUPPORTED,
-            CWD_NOT_ABSOLUTE,
-            CWD_INVALID,
-            CWD_OUTSIDE_ROOTS,
-            CWD_NOT_DIR,
-            CWD_CANNOT_CREATE,
-            NO_USER_MESSAGE,
-            ONLY_TEXT_AND_IMAGES,
-            REMOTE_MEDIA,
-            IMAGE_MIME,
-            IMAGE_BASE64,
-            IMAGE_TOO_LARGE,
-            IMAGES_TOO_LARGE,
-            IMAGE_INVALID,
-            STATE_UNAVAILABLE,
-            RUN_ID_USED,
-            THREAD_BUSY,
-            BINDING_CONFLICT,
-            RESUME_REQUIRED,
-            EXECUTION_GONE,
-            RESUME_MISMATCH,
-            TASK_TO_RESUME_GONE,
-            A2A_UNAVAILABLE,
-            A2A_FAILED,
-            CANCELLED,
-            TASK_CHANGED,
-            CONTEXT_CHANGED,
-            SESSION_CHANGED,
-            MAPPING_NOT_COMMITTED,
-            SESSION_NOT_COMMITTED,
-            SHUTTING_DOWN,
-            INTERRUPT_NOT_COMMITTED,
-            ANSWER_NOT_COMMITTED,
-            INTERRUPT_OTHER_TASK,
-            INTERRUPT_OTHER_CONTEXT,
-            EXPIRED,
-        ] {
-            assert!(crate::i18n::is_known(m), "{m} missing from catalogue");
+    fn every_gateway_text_is_in_the_catalogue() {
+        for m in msg::ALL {
+            assert!(
+                crate::i18n::is_known(m),
+                "{m:?} is missing from the catalogue"
+            );
         }
+        let unique: std::collections::HashSet<_> = msg::ALL.iter().collect();
+        assert_eq!(unique.len(), msg::ALL.len(), "a text is listed twice");
     }
 }

@@ -21,7 +21,7 @@ use subtle::ConstantTimeEq;
 use crate::canonical;
 use crate::error::{msg, ApiError, Code};
 use crate::i18n::Lang;
-use crate::run::admission::{self, RunRequest};
+use crate::run::admit::{self, RunRequest};
 use crate::run::{cancel, sink, spawn_run, Runtime};
 use crate::validate::{self, content, cwd, props};
 
@@ -79,7 +79,7 @@ async fn health(State(s): State<AppState>, method: Method) -> Response {
         "protocolPackageVersion": "0.1.20",
         "executionKernel": "a2a-1.0",
         "serverVersion": env!("CARGO_PKG_VERSION"),
-        "kernel": s.rt.kernel.health(),
+        "kernel": s.rt.kernel().health(),
     });
     // HEAD: the server sends the head only, with the length GET would have.
     let bytes = serde_json::to_vec(&body).expect("health serialises");
@@ -95,12 +95,12 @@ fn header_lang(rt: &Runtime, headers: &HeaderMap) -> Lang {
     let al = headers
         .get(header::ACCEPT_LANGUAGE)
         .and_then(|v| v.to_str().ok());
-    Lang::from_accept_language(al, rt.cfg.fallback_lang)
+    Lang::from_accept_language(al, rt.cfg().fallback_lang)
 }
 
 /// Bearer check: scheme (case-insensitive) and token compared as bytes in constant time.
 fn authorized(rt: &Runtime, headers: &HeaderMap) -> bool {
-    let Some(token) = rt.cfg.auth_token.as_deref().filter(|t| !t.is_empty()) else {
+    let Some(token) = rt.cfg().auth_token.as_deref().filter(|t| !t.is_empty()) else {
         return true;
     };
     let Some(value) = headers.get(header::AUTHORIZATION) else {
@@ -214,7 +214,7 @@ async fn run(State(s): State<AppState>, req: Request) -> Response {
         .and_then(Lang::from_tag)
         .unwrap_or(hl);
     match prepare(&rt, obj, &body, lang).await {
-        Ok(request) => match admission::admit(&rt, request).await {
+        Ok(request) => match admit::admit(&rt, request).await {
             Ok(adm) => sse_response(&s, adm),
             Err(e) => e.into_response_in(lang),
         },
@@ -247,8 +247,8 @@ async fn prepare(
     };
     // Workspace resolution (may create the directory) and image decoding run off the runtime.
     let (cwd, user_message) = tokio::task::spawn_blocking(move || {
-        let env = rt2.env.clone();
-        let cwd = cwd::resolve(&raw_cwd, &rt2.cfg, &*env)?;
+        let env = rt2.env().clone();
+        let cwd = cwd::resolve(&raw_cwd, rt2.cfg(), &*env)?;
         if tools_len > 0 {
             return Err(ApiError::new(Code::InvalidInput, msg::TOOLS_UNSUPPORTED));
         }
@@ -273,7 +273,7 @@ async fn prepare(
     })
 }
 
-fn sse_response(s: &AppState, adm: admission::Admitted) -> Response {
+fn sse_response(s: &AppState, adm: admit::Admitted) -> Response {
     let rx = spawn_run(s.rt.clone(), adm);
     let body = Body::from_stream(sink::body_stream(rx, s.heartbeat));
     Response::builder()

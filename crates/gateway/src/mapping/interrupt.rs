@@ -3,6 +3,7 @@
 use agui::Interrupt;
 use serde_json::{json, Map, Value};
 
+use crate::error::msg;
 use crate::i18n::{self, Lang};
 use crate::store::doc_project_input;
 
@@ -164,13 +165,13 @@ pub fn build(id: &str, value: &Map<String, Value>, expires_at: Option<&str>) -> 
         let message = str_of(value.get("prompt"))
             .or_else(|| str_of(value.get("title")))
             .map(str::to_owned)
-            .unwrap_or_else(|| i18n::tr(lang, "Permission required"));
+            .unwrap_or_else(|| i18n::tr(lang, msg::PERMISSION_REQUIRED));
         let schema: Value = serde_json::from_str(PERMISSION_SCHEMA).expect("schema literal");
         ("tool_call", message, schema)
     } else {
         let mut message = str_of(value.get("prompt"))
             .map(str::to_owned)
-            .unwrap_or_else(|| i18n::tr(lang, "Input required"));
+            .unwrap_or_else(|| i18n::tr(lang, msg::INPUT_REQUIRED));
         for (oid, title) in &options {
             message.push_str(&format!("\n- {oid}: {title}"));
         }

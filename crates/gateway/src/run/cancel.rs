@@ -1,6 +1,12 @@
-//! The cancellation extension (§14 with D-13: truthful outcomes, 503 instead of bare 500s).
+//! The cancellation extension: `POST /extensions/iac-code/v1/executions/{id}/cancel`.
+//!
+//! The answer is truthful: `cancelled` only when the kernel accepted the cancel (or the task is
+//! not known yet and the run was stopped: it cancels the task as soon as the kernel names it);
+//! `already_terminal` when the execution had ended or the kernel says the task is past
+//! cancelling. A kernel that cannot be reached is 503 `A2A_UNAVAILABLE`, state that cannot be
+//! read or saved 503 `STATE_UNAVAILABLE`.
 
-use super::admission::{expire_if_due, mark_terminal};
+use super::decide::expiry::expire_if_due;
 use super::Runtime;
 use crate::error::{msg, ApiError, Code};
 
@@ -35,89 +41,83 @@ pub async fn cancel(
     thread_id: &str,
     ros_invocation_id: &str,
 ) -> Result<CancelOutcome, ApiError> {
-    let slot = rt.threads.slot(thread_id);
+    let threads = rt.threads();
+    let slot = threads.slot(thread_id);
     let (task_id, control) = {
-        let mut st = slot.state.lock().await;
-        rt.threads
-            .ensure_loaded(&mut st, thread_id)
+        let mut st = threads
+            .lock(&slot, thread_id)
             .await
             .map_err(|_| state_unavailable())?;
-        let active_control = st
+        let control = st
             .active
             .as_ref()
             .filter(|a| a.execution_id == execution_id)
             .map(|a| a.control.clone());
-        let Some(doc) = st.doc.as_mut() else {
+        let Some(doc) = &st.doc else {
             return Err(not_found());
         };
-        // D-4: expiry on access.
-        if active_control.is_none() {
-            let before = doc.clone();
-            if let Some(task) = expire_if_due(doc, rt.clock.now_ms()) {
-                if rt.threads.persist(doc).await.is_err() {
-                    *doc = before;
-                    return Err(state_unavailable());
-                }
-                if let (Some(task), Some(c)) = (task, rt.kernel.client()) {
-                    tokio::spawn(async move {
-                        let _ = c.cancel_task(&task).await;
-                    });
+        // Interrupts expire on any access to their thread (a run holding it owns its state).
+        if control.is_none() {
+            let mut next = doc.clone();
+            if let Some(expired) = expire_if_due(&mut next, rt.now_ms()) {
+                threads
+                    .store_doc(&mut st, next)
+                    .await
+                    .map_err(|_| state_unavailable())?;
+                if let Some(task) = expired.task {
+                    rt.cancel_task_later(task);
                 }
             }
         }
-        if doc.terminal_execution_ids.contains(execution_id) {
+        let doc = st.doc.as_ref().ok_or_else(not_found)?;
+        if doc.is_terminal(execution_id) {
             return Ok(CancelOutcome::AlreadyTerminal);
         }
-        if doc.execution.execution_id != execution_id
-            || doc.execution.ros_invocation_id != ros_invocation_id
-        {
+        if !doc.is_current(execution_id) || doc.execution.ros_invocation_id != ros_invocation_id {
             return Err(not_found());
         }
         // The run learns of the cancellation first, under the thread lock: it ends CANCELLED
-        // even when the kernel is slow to confirm (its CancelTask drains for up to 30 s), so the
-        // answer below and the run's terminal event always agree.
-        if let Some(c) = &active_control {
+        // even when the kernel is slow to confirm (its CancelTask drains for up to 30 s), so this
+        // answer and the run's terminal event always agree.
+        if let Some(c) = &control {
             c.request_cancel();
         }
-        (doc.execution.task_id.clone(), active_control)
+        (doc.execution.task_id.clone(), control)
     };
 
     // The kernel call runs without the thread lock (it may take up to 30 s to drain).
     let mut outcome = CancelOutcome::Cancelled;
     if let Some(task) = &task_id {
         let client = rt
-            .kernel
+            .kernel()
             .client()
             .ok_or_else(|| ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE))?;
         match client.cancel_task(task).await {
             Ok(_) => {}
-            // TASK_NOT_CANCELABLE / TASK_NOT_FOUND: the task is no longer running.
-            // The kernel's turn ended just now; a live run still ends CANCELLED (requested above).
-            Err(e) if e.is_task_gone() && control.is_none() => {
-                outcome = CancelOutcome::AlreadyTerminal;
+            // The task is past cancelling: the turn ended just now. A live run still ends
+            // CANCELLED (it was asked above), so only a thread without one is already terminal.
+            Err(e) if e.is_task_gone() => {
+                if control.is_none() {
+                    outcome = CancelOutcome::AlreadyTerminal;
+                }
             }
-            Err(e) if e.is_task_gone() => {}
             Err(_) => return Err(ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
         }
     }
-    if let Some(c) = &control {
-        // The run ends with RUN_ERROR CANCELLED; with no task id yet, it cancels the task as soon
-        // as the kernel names it.
-        c.request_cancel();
-    }
-    let mut st = slot.state.lock().await;
-    let Some(doc) = st.doc.as_mut() else {
-        return Err(state_unavailable());
-    };
-    if doc.execution.execution_id == execution_id
-        && !doc.terminal_execution_ids.contains(execution_id)
-    {
-        let before = doc.clone();
-        mark_terminal(doc);
-        if rt.threads.persist(doc).await.is_err() {
-            *doc = before;
-            return Err(state_unavailable());
-        }
+    let mut st = threads
+        .lock(&slot, thread_id)
+        .await
+        .map_err(|_| state_unavailable())?;
+    let live = st
+        .doc
+        .as_ref()
+        .is_some_and(|d| d.is_current(execution_id) && !d.is_terminal(execution_id));
+    if live {
+        threads
+            .edit(&mut st, |d| d.end_execution())
+            .await
+            .ok_or_else(state_unavailable)?
+            .map_err(|_| state_unavailable())?;
     }
     Ok(outcome)
 }

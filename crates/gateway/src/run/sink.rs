@@ -21,6 +21,8 @@ pub struct Sink {
     clock: std::sync::Arc<dyn super::Clock>,
     buf: Vec<u8>,
     terminal_sent: bool,
+    /// The client is known to be gone.
+    gone: bool,
 }
 
 impl Sink {
@@ -35,6 +37,7 @@ impl Sink {
                 clock,
                 buf: Vec::with_capacity(512),
                 terminal_sent: false,
+                gone: false,
             },
             rx,
         )
@@ -48,8 +51,17 @@ impl Sink {
         }
         self.buf.clear();
         e.encode_sse(self.clock.now_ms(), &mut self.buf);
+        self.send().await
+    }
+
+    /// Sends the encoded event in `buf`.
+    async fn send(&mut self) -> Result<(), Disconnected> {
         let bytes = Bytes::copy_from_slice(&self.buf);
-        self.tx.send(bytes).await.map_err(|_| Disconnected)
+        let sent = self.tx.send(bytes).await.map_err(|_| Disconnected);
+        if sent.is_err() {
+            self.gone = true;
+        }
+        sent
     }
 
     /// Encodes and sends `TEXT_MESSAGE_CONTENT {message_id, delta}` without building the event.
@@ -61,16 +73,7 @@ impl Sink {
         debug_assert!(!self.terminal_sent, "text after the terminal event");
         self.buf.clear();
         Event::encode_text_content_sse(self.clock.now_ms(), message_id, delta, &mut self.buf);
-        let bytes = Bytes::copy_from_slice(&self.buf);
-        self.tx.send(bytes).await.map_err(|_| Disconnected)
-    }
-
-    /// Sends several events in order.
-    pub async fn emit_all(&mut self, events: &[Event]) -> Result<(), Disconnected> {
-        for e in events {
-            self.emit(e).await?;
-        }
-        Ok(())
+        self.send().await
     }
 
     pub fn terminal_sent(&self) -> bool {
@@ -88,8 +91,19 @@ impl Sink {
         self.tx.closed().await
     }
 
+    /// Whether the client has gone away (noticed or not).
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
+    }
+
+    /// Records that the client is gone.
+    pub fn mark_gone(&mut self) {
+        self.gone = true;
+    }
+
+    /// Whether the client is known to be gone: nothing more is sent.
+    pub fn is_gone(&self) -> bool {
+        self.gone
     }
 }
 

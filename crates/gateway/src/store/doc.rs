@@ -101,6 +101,29 @@ fn invalid(what: &str) -> StoreError {
 }
 
 impl ThreadDoc {
+    /// Whether `execution_id` is the thread's current execution.
+    pub fn is_current(&self, execution_id: &str) -> bool {
+        self.execution.execution_id == execution_id
+    }
+
+    /// Whether `execution_id` has ended (its task finished, failed, was cancelled or expired).
+    pub fn is_terminal(&self, execution_id: &str) -> bool {
+        self.terminal_execution_ids.contains(execution_id)
+    }
+
+    /// Whether the current execution waits for interrupt answers.
+    pub fn is_waiting(&self) -> bool {
+        !self.execution.pending.is_empty()
+    }
+
+    /// Ends the current execution: terminal, no task, nothing pending.
+    pub fn end_execution(&mut self) {
+        self.terminal_execution_ids
+            .insert(self.execution.execution_id.clone());
+        self.execution.task_id = None;
+        self.execution.pending.clear();
+    }
+
     /// The document as JSON text: sorted keys, 2-space indent, raw UTF-8, trailing newline.
     pub fn to_json(&self) -> Vec<u8> {
         let mut pending = Map::new();

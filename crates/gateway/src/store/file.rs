@@ -1,16 +1,16 @@
-//! The file store: `<root>/threads/<stem>.json`, 0700 directories (when created by us, D-19),
-//! 0600 files, atomic replace, no-follow reads. Durability comes either from the write-ahead
-//! journal ([`FileStore::open`], the gateway's store: group commit) or from an fsync of the file
-//! and of its directory on every save ([`FileStore::new`]).
+//! The file store: `<root>/threads/<stem>.json` in the reference adapter's layout, 0700
+//! directories (when the store creates them), 0600 files, atomic replacement, no-follow reads.
+//!
+//! Durability comes from the write-ahead journal ([`FileStore::open`], the gateway's store: group
+//! commit, files written by checkpoints) or, without one ([`FileStore::new`]), from an fsync of
+//! the file and of its directory on every save.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::fs::{self, DirSync};
 use super::journal::Journal;
 use super::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
 use crate::validate::content::is_reserved_windows_name;
@@ -18,7 +18,9 @@ use crate::validate::content::is_reserved_windows_name;
 /// Largest accepted state file (a thread document is small; this only guards against garbage).
 const MAX_FILE: u64 = 64 * 1024 * 1024;
 
-/// The file stem of a thread id (§16.2 with D-19): verbatim, `aguiid~<hex>` or `aguihash~<sha256>`.
+/// The file stem of a thread id: the id itself when it is a safe, lower-case, portable file name
+/// of at most 200 characters, else `aguiid~<hex of the id>`, or `aguihash~<sha256>` when that
+/// would be longer than 200 characters.
 pub fn file_stem(thread_id: &str) -> Option<String> {
     if thread_id.is_empty() {
         return None;
@@ -53,6 +55,16 @@ pub fn file_stem(thread_id: &str) -> Option<String> {
     ))
 }
 
+fn file_name(thread_id: &str) -> std::io::Result<String> {
+    file_stem(thread_id)
+        .map(|s| format!("{s}.json"))
+        .ok_or_else(|| std::io::Error::other("empty thread id"))
+}
+
+fn blocking_failed(e: tokio::task::JoinError) -> StoreError {
+    StoreError::Io(std::io::Error::other(e.to_string()))
+}
+
 /// Thread documents under `<root>/threads/`.
 #[derive(Clone)]
 pub struct FileStore {
@@ -67,57 +79,6 @@ impl std::fmt::Debug for FileStore {
             .field("root", &self.root)
             .field("journal", &self.journal.is_some())
             .finish()
-    }
-}
-
-/// Group commit of the threads directory: one `fsync` of the directory makes every rename done
-/// before it started durable, so concurrent writers share it instead of queueing one each.
-#[derive(Debug, Default)]
-struct DirSync {
-    state: Mutex<SyncState>,
-    done: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct SyncState {
-    /// Requests so far (each made after its rename).
-    requested: u64,
-    /// Requests covered by a completed fsync.
-    covered: u64,
-    running: bool,
-    /// Directory fsyncs run so far.
-    syncs: u64,
-}
-
-impl DirSync {
-    /// Returns once an fsync of `dir` that started after this call has completed (or fails with
-    /// the error of the one this caller ran).
-    fn sync(&self, dir: &Path) -> std::io::Result<()> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.requested += 1;
-        let mine = st.requested;
-        loop {
-            if st.covered >= mine {
-                return Ok(());
-            }
-            if st.running {
-                st = self.done.wait(st).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            st.running = true;
-            let target = st.requested;
-            drop(st);
-            let result = File::open(dir).and_then(|f| f.sync_all());
-            st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.running = false;
-            st.syncs += 1;
-            if result.is_ok() {
-                st.covered = st.covered.max(target);
-            }
-            self.done.notify_all();
-            // On failure the others stay uncovered and one of them tries again for itself.
-            result?;
-        }
     }
 }
 
@@ -138,7 +99,7 @@ impl FileStore {
         Self::open_with(root, true)
     }
 
-    /// [`FileStore::open`]; without `background`, files are written only by [`ThreadStore::flush`].
+    /// [`FileStore::open`]; without `background`, files are written only by flushes.
     pub(super) fn open_with(
         root: impl Into<PathBuf>,
         background: bool,
@@ -151,16 +112,11 @@ impl FileStore {
                 "removed temporary state files of interrupted writes"
             );
         }
-        let (direct, writer) = (store.clone(), store.clone());
+        let (replayer, dir) = (store.clone(), store.threads_dir());
         let (j, replayed) = Journal::open(
             &store.root,
-            move |id, bytes| {
-                direct
-                    .replace_thread(id, bytes, true)
-                    .map(|_| ())
-                    .map_err(StoreError::Io)
-            },
-            Box::new(move |id, bytes| writer.overwrite_thread(id, bytes)),
+            move |id, bytes| replayer.replace_durably(id, bytes),
+            Box::new(move |id, bytes| fs::overwrite(&dir, &file_name(id)?, bytes)),
             background,
         )?;
         if replayed > 0 {
@@ -175,103 +131,30 @@ impl FileStore {
         self.journal.as_ref().map_or(0, |j| j.batches())
     }
 
-    /// [`FileStore::replace`] by thread id.
-    fn replace_thread(&self, id: &str, bytes: &[u8], durable: bool) -> std::io::Result<PathBuf> {
-        let stem = file_stem(id).ok_or_else(|| std::io::Error::other("empty thread id"))?;
-        self.replace(&stem, bytes, durable)
-    }
-
-    /// Writes a thread file in place, for checkpoints: the journal holds the document until the
-    /// file is durable, so a write that a crash cuts short is replayed at start-up. An existing
-    /// file is overwritten and cut to length (no new inode, no directory change: replacing files
-    /// at every checkpoint made ext4 scan past ever more recently deleted inodes on each create);
-    /// a new one is created under its final name. Anything but a regular file there (a symlink,
-    /// say) is replaced instead, never followed. Not durable: the caller syncs.
-    fn overwrite_thread(&self, id: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
-        let stem = file_stem(id).ok_or_else(|| std::io::Error::other("empty thread id"))?;
-        let dir = self.threads_dir();
-        ensure_dir(&dir)?;
-        let target = dir.join(format!("{stem}.json"));
-        let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
-        let opened = match OpenOptions::new()
-            .write(true)
-            .custom_flags(flags)
-            .open(&target)
-        {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(flags)
-                .open(&target),
-            other => other,
-        };
-        let (mut f, meta) = match opened.and_then(|f| f.metadata().map(|m| (f, m))) {
-            Ok((f, m)) if m.is_file() => (f, m),
-            _ => return self.replace(&stem, bytes, false),
-        };
-        if meta.permissions().mode() & 0o777 != 0o600 {
-            f.set_permissions(fs::Permissions::from_mode(0o600))?;
-        }
-        f.write_all(bytes)?;
-        f.set_len(bytes.len() as u64)?;
-        Ok(target)
-    }
-
-    /// Replaces a thread file (temporary file + rename); with `durable`, fsyncs the file before
-    /// and the directory after. Returns the file's path.
-    fn replace(&self, stem: &str, bytes: &[u8], durable: bool) -> std::io::Result<PathBuf> {
-        let dir = self.threads_dir();
-        ensure_dir(&dir)?;
-        let target = dir.join(format!("{stem}.json"));
-        let tmp = dir.join(format!(
-            ".{stem}.json.{}.tmp",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let write = || -> std::io::Result<()> {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                .open(&tmp)?;
-            f.write_all(bytes)?;
-            if durable {
-                f.sync_all()?;
-            }
-            drop(f);
-            fs::rename(&tmp, &target)?;
-            if durable {
-                self.dir_sync.sync(&dir)?;
-            }
-            Ok(())
-        };
-        match write() {
-            Ok(()) => Ok(target),
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                Err(e)
-            }
-        }
-    }
-
-    /// Directory fsyncs run so far (group commit makes this smaller than the number of writes).
-    pub fn dir_syncs(&self) -> u64 {
-        self.dir_sync
-            .state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .syncs
-    }
-
     pub fn threads_dir(&self) -> PathBuf {
         self.root.join("threads")
+    }
+
+    /// The path of a thread's file.
+    pub fn path_of(&self, thread_id: &str) -> Option<PathBuf> {
+        file_stem(thread_id).map(|s| self.threads_dir().join(format!("{s}.json")))
+    }
+
+    /// Writes a thread's file durably (temporary file, fsync, rename, directory fsync).
+    fn replace_durably(&self, thread_id: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        fs::replace(
+            &self.threads_dir(),
+            &file_name(thread_id)?,
+            bytes,
+            Some(&self.dir_sync),
+        )?;
+        Ok(())
     }
 
     /// Removes the temporary files of writes a crash interrupted (`.<stem>.json.<id>.tmp`;
     /// never a thread file, never a symlink's target). Called once at start-up, before any write.
     pub fn sweep_temp_files(&self) -> usize {
-        let Ok(entries) = fs::read_dir(self.threads_dir()) else {
+        let Ok(entries) = std::fs::read_dir(self.threads_dir()) else {
             return 0;
         };
         let mut removed = 0;
@@ -281,7 +164,7 @@ impl FileStore {
             let is_tmp = name.starts_with('.') && name.ends_with(".tmp") && name.contains(".json.");
             if is_tmp
                 && e.file_type().is_ok_and(|t| t.is_file())
-                && fs::remove_file(e.path()).is_ok()
+                && std::fs::remove_file(e.path()).is_ok()
             {
                 removed += 1;
             }
@@ -289,121 +172,37 @@ impl FileStore {
         removed
     }
 
-    /// The path of a thread's file.
-    pub fn path_of(&self, thread_id: &str) -> Option<PathBuf> {
-        file_stem(thread_id).map(|s| self.threads_dir().join(format!("{s}.json")))
-    }
-}
-
-/// Creates a directory and missing parents, 0700 (D-19); an existing one is left as it is.
-pub(super) fn ensure_dir(dir: &Path) -> std::io::Result<()> {
-    match fs::metadata(dir) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(std::io::Error::other("state path is not a directory")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if let Some(parent) = dir.parent() {
-                ensure_dir(parent)?;
-            }
-            match fs::create_dir(dir) {
-                Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(0o700)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-                Err(e) => Err(e),
-            }
-        }
-        Err(e) => Err(e),
-    }
-}
-
-impl ThreadStore for FileStore {
-    fn load(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError> {
+    /// Loads a thread (blocking): the journal's newest document, else its file.
+    pub fn load_blocking(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError> {
         if let Some(bytes) = self.journal.as_ref().and_then(|j| j.newest(thread_id)) {
             return ThreadDoc::from_json(&bytes, thread_id).map(Some);
         }
         let path = self
             .path_of(thread_id)
             .ok_or_else(|| StoreError::Invalid("empty thread id".into()))?;
-        let file = match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // A dangling symlink is "not found" for open(O_NOFOLLOW) only if it does not exist.
-                return match fs::symlink_metadata(&path) {
-                    Ok(_) => Err(StoreError::Invalid("not a regular file".into())),
-                    Err(_) => Ok(None),
-                };
-            }
-            // ELOOP: the final component is a symlink.
-            Err(_) => return Err(StoreError::Invalid("cannot open state file".into())),
-        };
-        let meta = file.metadata()?;
-        if !meta.is_file() {
-            return Err(StoreError::Invalid("not a regular file".into()));
+        match fs::read_private(&path, MAX_FILE)? {
+            fs::Loaded::Missing => Ok(None),
+            fs::Loaded::Refused(why) => Err(StoreError::Invalid(why.into())),
+            fs::Loaded::Bytes(b) => ThreadDoc::from_json(&b, thread_id).map(Some),
         }
-        if meta.permissions().mode() & 0o777 != 0o600 {
-            let _ = file.set_permissions(fs::Permissions::from_mode(0o600));
-        }
-        let mut bytes = Vec::with_capacity(meta.len().min(MAX_FILE) as usize);
-        file.take(MAX_FILE + 1).read_to_end(&mut bytes)?;
-        if bytes.len() as u64 > MAX_FILE {
-            return Err(StoreError::Invalid("state file too large".into()));
-        }
-        ThreadDoc::from_json(&bytes, thread_id).map(Some)
     }
 
-    fn save(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
-        let stem = file_stem(&doc.thread_id)
-            .ok_or_else(|| StoreError::Invalid("empty thread id".into()))?;
+    /// Saves a thread durably (blocking).
+    pub fn save_blocking(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
         let bytes = Arc::new(doc.to_json());
         if let Some(j) = &self.journal {
-            // The file store's own directory is created on the first save, as before.
-            ensure_dir(&self.threads_dir())?;
-            let durable = j
-                .submit(&doc.thread_id, bytes.clone())
-                .is_some_and(|rx| rx.blocking_recv() == Ok(true));
-            if durable {
-                return Ok(());
+            if let Some(rx) = j.submit(&doc.thread_id, bytes.clone()) {
+                if rx.blocking_recv() == Ok(true) {
+                    return Ok(());
+                }
             }
             j.settle()?;
         }
-        self.replace(&stem, &bytes, true)
-            .map(|_| ())
-            .map_err(StoreError::Io)
+        self.replace_durably(&doc.thread_id, &bytes)
     }
 
-    fn save_queued(&self, doc: &ThreadDoc) -> Option<BoxFuture<'static, Result<(), StoreError>>> {
-        let j = self.journal.as_ref()?;
-        let stem = file_stem(&doc.thread_id)?;
-        if ensure_dir(&self.threads_dir()).is_err() {
-            return None;
-        }
-        let bytes = Arc::new(doc.to_json());
-        let rx = j.submit(&doc.thread_id, bytes.clone())?;
-        let (store, j) = (self.clone(), j.clone());
-        Some(Box::pin(async move {
-            if rx.await == Ok(true) {
-                return Ok(());
-            }
-            // The journal failed: retire it and write the file durably (blocking pool).
-            tokio::task::spawn_blocking(move || {
-                j.settle()?;
-                store
-                    .replace(&stem, &bytes, true)
-                    .map(|_| ())
-                    .map_err(StoreError::Io)
-            })
-            .await
-            .map_err(|e| StoreError::Io(std::io::Error::other(e.to_string())))?
-        }))
-    }
-
-    fn queues(&self) -> bool {
-        self.journal.is_some()
-    }
-
-    fn flush(&self) -> Result<(), StoreError> {
+    /// Makes every completed save durable in its thread file (blocking).
+    pub fn flush_blocking(&self) -> Result<(), StoreError> {
         if let Some(j) = &self.journal {
             j.checkpoint()?;
         }
@@ -411,10 +210,60 @@ impl ThreadStore for FileStore {
     }
 }
 
+impl ThreadStore for FileStore {
+    fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || store.load_blocking(&id))
+                .await
+                .map_err(blocking_failed)?
+        })
+    }
+
+    fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
+        let bytes = Arc::new(doc.to_json());
+        let thread_id = doc.thread_id.clone();
+        // Journaled: wait for the group commit on a channel, holding no thread meanwhile.
+        let committed = self
+            .journal
+            .as_ref()
+            .and_then(|j| j.submit(&thread_id, bytes.clone()));
+        let store = self.clone();
+        Box::pin(async move {
+            if let Some(rx) = committed {
+                if rx.await == Ok(true) {
+                    return Ok(());
+                }
+            }
+            // No journal, or it failed (then it is retired first): a direct durable write.
+            tokio::task::spawn_blocking(move || {
+                if let Some(j) = &store.journal {
+                    j.settle()?;
+                }
+                store.replace_durably(&thread_id, &bytes)
+            })
+            .await
+            .map_err(blocking_failed)?
+        })
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        let store = self.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || store.flush_blocking())
+                .await
+                .map_err(blocking_failed)?
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::store::{Execution, ThreadDoc};
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
 
     #[test]
     fn stems() {
@@ -471,11 +320,13 @@ mod tests {
         doc_with(thread, None)
     }
 
+    /// Concurrent direct saves all land (that they share directory syncs is shown in
+    /// `fs::tests::concurrent_requests_share_one_sync`).
     #[test]
-    fn concurrent_writes_share_directory_fsyncs_and_all_land() {
+    fn concurrent_direct_saves_all_land() {
         let dir = tempfile::tempdir().unwrap();
         let s = FileStore::new(dir.path());
-        s.save(&doc("warm")).unwrap();
+        s.save_blocking(&doc("warm")).unwrap();
         let n = 64;
         let barrier = std::sync::Barrier::new(n);
         std::thread::scope(|scope| {
@@ -483,16 +334,16 @@ mod tests {
                 let (s, barrier) = (&s, &barrier);
                 scope.spawn(move || {
                     barrier.wait();
-                    s.save(&doc(&format!("t{i}"))).unwrap();
+                    s.save_blocking(&doc(&format!("t{i}"))).unwrap();
                 });
             }
         });
         for i in 0..n {
-            assert!(s.load(&format!("t{i}")).unwrap().is_some());
+            assert!(s.load_blocking(&format!("t{i}")).unwrap().is_some());
         }
-        let syncs = s.dir_syncs();
-        eprintln!("{} writes, {syncs} directory fsyncs", n + 1);
-        assert!(syncs >= 1 && syncs <= n as u64 + 1);
+        let (syncs, requests) = s.dir_sync.counts();
+        eprintln!("{requests} durable writes, {syncs} directory syncs");
+        assert_eq!(requests, n as u64 + 1);
     }
 
     #[test]
@@ -500,7 +351,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = FileStore::new(dir.path());
         assert_eq!(s.sweep_temp_files(), 0, "no threads dir yet");
-        s.save(&doc("t1")).unwrap();
+        s.save_blocking(&doc("t1")).unwrap();
         let t = s.threads_dir();
         fs::write(t.join(".t1.json.0123abcd.tmp"), b"{partial").unwrap();
         fs::write(t.join(".t2.json.ffff.tmp"), b"").unwrap();
@@ -513,7 +364,7 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, [".t3.json.link.tmp", "notes.tmp", "t1.json"]);
-        assert!(s.load("t1").unwrap().is_some());
+        assert!(s.load_blocking("t1").unwrap().is_some());
     }
 
     #[test]
@@ -521,9 +372,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("state");
         let s = FileStore::new(&root);
-        assert!(s.load("t1").unwrap().is_none());
-        s.save(&doc("t1")).unwrap();
-        assert_eq!(s.load("t1").unwrap().unwrap(), doc("t1"));
+        assert!(s.load_blocking("t1").unwrap().is_none());
+        s.save_blocking(&doc("t1")).unwrap();
+        assert_eq!(s.load_blocking("t1").unwrap().unwrap(), doc("t1"));
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&root), 0o700);
         assert_eq!(mode(&root.join("threads")), 0o700);
@@ -535,20 +386,20 @@ mod tests {
         fs::copy(root.join("threads/t1.json"), &other).unwrap();
         fs::remove_file(root.join("threads/t1.json")).unwrap();
         std::os::unix::fs::symlink(&other, root.join("threads/t1.json")).unwrap();
-        assert!(matches!(s.load("t1"), Err(StoreError::Invalid(_))));
+        assert!(matches!(s.load_blocking("t1"), Err(StoreError::Invalid(_))));
         // Foreign thread's document refused.
         fs::remove_file(root.join("threads/t1.json")).unwrap();
         let mut foreign = doc("t2").to_json();
         fs::write(root.join("threads/t1.json"), &mut foreign).unwrap();
-        assert!(matches!(s.load("t1"), Err(StoreError::Invalid(_))));
+        assert!(matches!(s.load_blocking("t1"), Err(StoreError::Invalid(_))));
         // A directory in place of the file.
         fs::create_dir(root.join("threads/t3.json")).unwrap();
-        assert!(s.load("t3").is_err());
+        assert!(s.load_blocking("t3").is_err());
         // A pre-existing root keeps its mode (D-19).
         let pre = dir.path().join("pre");
         fs::create_dir(&pre).unwrap();
         fs::set_permissions(&pre, fs::Permissions::from_mode(0o755)).unwrap();
-        FileStore::new(&pre).save(&doc("t1")).unwrap();
+        FileStore::new(&pre).save_blocking(&doc("t1")).unwrap();
         assert_eq!(mode(&pre), 0o755);
     }
 }
@@ -557,6 +408,9 @@ mod tests {
 mod journal_tests {
     use super::*;
     use crate::store::ThreadDoc;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
 
     fn doc(thread: &str, task: Option<&str>) -> ThreadDoc {
         super::tests::doc_with(thread, task)
@@ -568,7 +422,8 @@ mod journal_tests {
             for i in 0..threads {
                 scope.spawn(move || {
                     for k in 0..per {
-                        s.save(&doc(&format!("t{i}-{k}"), Some("task"))).unwrap();
+                        s.save_blocking(&doc(&format!("t{i}-{k}"), Some("task")))
+                            .unwrap();
                     }
                 });
             }
@@ -586,7 +441,7 @@ mod journal_tests {
         assert!((1..1280).contains(&syncs), "{syncs}");
         for i in 0..64 {
             for k in 0..20 {
-                assert!(s.load(&format!("t{i}-{k}")).unwrap().is_some());
+                assert!(s.load_blocking(&format!("t{i}-{k}")).unwrap().is_some());
             }
         }
         let d = FileStore::new(dir.path().join("direct"));
@@ -609,14 +464,17 @@ mod journal_tests {
         let root = dir.path().join("state");
         let s = FileStore::open_with(&root, false).unwrap();
         assert!(!root.exists(), "opening creates nothing");
-        s.save(&doc("t", Some("task-1"))).unwrap();
-        assert_eq!(s.load("t").unwrap().unwrap(), doc("t", Some("task-1")));
+        s.save_blocking(&doc("t", Some("task-1"))).unwrap();
+        assert_eq!(
+            s.load_blocking("t").unwrap().unwrap(),
+            doc("t", Some("task-1"))
+        );
         assert_eq!(journal_logs(&root).len(), 1);
         assert!(
             !root.join("threads/t.json").exists(),
             "not written before a checkpoint"
         );
-        s.flush().unwrap();
+        s.flush_blocking().unwrap();
         assert!(journal_logs(&root).is_empty());
         assert_eq!(
             fs::read(root.join("threads/t.json")).unwrap(),
@@ -627,9 +485,12 @@ mod journal_tests {
         assert_eq!(mode(&root.join("threads/t.json")), 0o600);
         // A later save is served at once, and a copy of the directory taken now (a crash before
         // the checkpoint) comes back with it.
-        s.save(&doc("t", Some("task-2"))).unwrap();
-        s.save(&doc("u", None)).unwrap();
-        assert_eq!(s.load("t").unwrap().unwrap(), doc("t", Some("task-2")));
+        s.save_blocking(&doc("t", Some("task-2"))).unwrap();
+        s.save_blocking(&doc("u", None)).unwrap();
+        assert_eq!(
+            s.load_blocking("t").unwrap().unwrap(),
+            doc("t", Some("task-2"))
+        );
         let copy = dir.path().join("copy");
         copy_state(&root, &copy);
         assert_eq!(
@@ -644,7 +505,7 @@ mod journal_tests {
             fs::read(copy.join("threads/t.json")).unwrap(),
             doc("t", Some("task-2")).to_json()
         );
-        assert_eq!(c.load("u").unwrap().unwrap(), doc("u", None));
+        assert_eq!(c.load_blocking("u").unwrap().unwrap(), doc("u", None));
     }
 
     /// A copy of a state directory as a crash would leave it.
@@ -666,13 +527,14 @@ mod journal_tests {
         let root = dir.path().join("state");
         let s = FileStore::open_with(&root, false).unwrap();
         let file = root.join("threads/t.json");
-        s.save(&doc("t", Some("a-much-longer-task-id"))).unwrap();
-        s.flush().unwrap();
+        s.save_blocking(&doc("t", Some("a-much-longer-task-id")))
+            .unwrap();
+        s.flush_blocking().unwrap();
         let inode = fs::metadata(&file).unwrap().ino();
         // A shorter document: the same file, cut to its length; its mode put back to 0600.
         fs::set_permissions(&file, fs::Permissions::from_mode(0o644)).unwrap();
-        s.save(&doc("t", Some("b"))).unwrap();
-        s.flush().unwrap();
+        s.save_blocking(&doc("t", Some("b"))).unwrap();
+        s.flush_blocking().unwrap();
         assert_eq!(fs::metadata(&file).unwrap().ino(), inode);
         assert_eq!(fs::read(&file).unwrap(), doc("t", Some("b")).to_json());
         assert_eq!(
@@ -681,20 +543,20 @@ mod journal_tests {
         );
         // A crash in the middle of a checkpoint's write leaves the file cut short while the
         // journal still holds the document: start-up writes it whole again.
-        s.save(&doc("t", Some("c"))).unwrap();
+        s.save_blocking(&doc("t", Some("c"))).unwrap();
         let copy = dir.path().join("copy");
         copy_state(&root, &copy);
         let cut = doc("t", Some("c")).to_json();
         fs::write(copy.join("threads/t.json"), &cut[..cut.len() / 2]).unwrap();
         let c = FileStore::open(&copy).unwrap();
         assert_eq!(fs::read(copy.join("threads/t.json")).unwrap(), cut);
-        assert_eq!(c.load("t").unwrap().unwrap(), doc("t", Some("c")));
+        assert_eq!(c.load_blocking("t").unwrap().unwrap(), doc("t", Some("c")));
         // A symlink where a thread file belongs is replaced by the file, never written through.
         let outside = dir.path().join("outside.json");
         fs::write(&outside, b"keep").unwrap();
         std::os::unix::fs::symlink(&outside, root.join("threads/v.json")).unwrap();
-        s.save(&doc("v", None)).unwrap();
-        s.flush().unwrap();
+        s.save_blocking(&doc("v", None)).unwrap();
+        s.flush_blocking().unwrap();
         assert_eq!(fs::read(&outside).unwrap(), b"keep");
         let v = root.join("threads/v.json");
         assert!(fs::symlink_metadata(&v).unwrap().is_file());
@@ -717,20 +579,20 @@ mod journal_tests {
         let s = FileStore::open_with(&root, false).unwrap();
         let path = |i: usize| root.join(format!("threads/t{i}.json"));
         for i in 0..n {
-            s.save(&doc(&format!("t{i}"), Some("a-longer-first-task-id")))
+            s.save_blocking(&doc(&format!("t{i}"), Some("a-longer-first-task-id")))
                 .unwrap();
         }
-        s.flush().unwrap();
+        s.flush_blocking().unwrap();
         let inodes: Vec<u64> = (0..n)
             .map(|i| fs::metadata(path(i)).unwrap().ino())
             .collect();
         for round in 0..3 {
             for i in 0..n {
-                s.save(&doc(&format!("t{i}"), Some(&format!("r{round}"))))
+                s.save_blocking(&doc(&format!("t{i}"), Some(&format!("r{round}"))))
                     .unwrap();
             }
             let t = std::time::Instant::now();
-            s.flush().unwrap();
+            s.flush_blocking().unwrap();
             eprintln!("checkpoint rewriting {n} threads: {:?}", t.elapsed());
         }
         for (i, inode) in inodes.iter().enumerate() {
@@ -746,7 +608,9 @@ mod journal_tests {
     fn replay_takes_each_threads_newest_whole_record() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("state");
-        FileStore::new(&root).save(&doc("a", None)).unwrap();
+        FileStore::new(&root)
+            .save_blocking(&doc("a", None))
+            .unwrap();
         fs::create_dir(root.join("journal")).unwrap();
         let mut log = vec![];
         for d in [doc("a", Some("1")), doc("b", None), doc("a", Some("2"))] {
@@ -760,8 +624,8 @@ mod journal_tests {
         fs::write(root.join("journal/00000000000000000006.log"), old).unwrap();
         let s = FileStore::open(&root).unwrap();
         assert!(journal_logs(&root).is_empty());
-        assert_eq!(s.load("a").unwrap().unwrap(), doc("a", Some("2")));
-        assert_eq!(s.load("b").unwrap().unwrap(), doc("b", None));
+        assert_eq!(s.load_blocking("a").unwrap().unwrap(), doc("a", Some("2")));
+        assert_eq!(s.load_blocking("b").unwrap().unwrap(), doc("b", None));
         // A record whose document is not the thread's refuses to start (nothing applied blindly).
         let bad = dir.path().join("bad");
         fs::create_dir_all(bad.join("journal")).unwrap();
@@ -781,9 +645,9 @@ mod journal_tests {
         // The journal cannot be created: a file stands where its directory goes.
         fs::write(root.join("journal"), b"in the way").unwrap();
         let s = FileStore::open(&root).unwrap();
-        s.save(&doc("t", Some("1"))).unwrap();
-        s.save(&doc("t", Some("2"))).unwrap();
-        assert_eq!(s.load("t").unwrap().unwrap(), doc("t", Some("2")));
+        s.save_blocking(&doc("t", Some("1"))).unwrap();
+        s.save_blocking(&doc("t", Some("2"))).unwrap();
+        assert_eq!(s.load_blocking("t").unwrap().unwrap(), doc("t", Some("2")));
         assert_eq!(
             fs::read(root.join("threads/t.json")).unwrap(),
             doc("t", Some("2")).to_json(),

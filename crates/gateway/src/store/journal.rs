@@ -31,13 +31,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use super::fs::{ensure_dir, make_durable, sync_dir};
 use super::{StoreError, ThreadDoc};
 
 const MAGIC: &[u8; 4] = b"AGJ1";
@@ -48,8 +48,6 @@ const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
 const ROTATE_AGE: Duration = Duration::from_millis(2000);
 /// How often the checkpoint thread looks.
 const TICK: Duration = Duration::from_millis(200);
-/// Up to this many dirty files are fsynced one by one at a checkpoint; above it, `syncfs`.
-const FSYNC_EACH_MAX: usize = 64;
 
 /// Encodes one record.
 pub(super) fn encode(thread_id: &str, doc: &[u8]) -> Vec<u8> {
@@ -124,44 +122,6 @@ fn generations(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     Ok(gens)
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// Flushes every dirty page and inode of the file system holding `f` and waits for it.
-#[allow(unsafe_code)]
-fn syncfs(f: &File) -> std::io::Result<()> {
-    // SAFETY: syncfs takes an open descriptor (borrowed for the call) and has no other
-    // preconditions.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Makes the given files (and their directory) durable; many files: one `syncfs`.
-fn make_durable(threads: &Path, files: &HashSet<PathBuf>) -> std::io::Result<()> {
-    if files.is_empty() {
-        return Ok(());
-    }
-    if files.len() > FSYNC_EACH_MAX {
-        return syncfs(&File::open(threads)?);
-    }
-    for f in files {
-        match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(f)
-        {
-            Ok(h) => h.sync_all()?,
-            // Not there any more (a newer rename is fsynced by its own generation).
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-    }
-    sync_dir(threads)
-}
-
 #[derive(Debug, PartialEq)]
 enum Mode {
     Journal,
@@ -174,52 +134,96 @@ enum Mode {
 /// Writes a thread's document to its file (no fsync) and returns the file's path.
 pub(super) type WriteFile = Box<dyn Fn(&str, &[u8]) -> std::io::Result<PathBuf> + Send + Sync>;
 
-type Doc = (u64, Arc<Vec<u8>>);
-
-struct St {
-    mode: Mode,
-    retiring: bool,
-    checkpointing: bool,
-    file: Option<Arc<File>>,
-    gen: u64,
-    gen_bytes: u64,
-    gen_since: Option<Instant>,
-    pending: Vec<u8>,
-    /// The saves whose records are in `pending`: (sequence, thread id, document).
-    pending_docs: Vec<(u64, String, Arc<Vec<u8>>)>,
-    /// Sequence number of the last save queued.
-    appended: u64,
-    /// The writer thread is writing and syncing a batch.
-    writing: bool,
-    rotate_requested: bool,
-    /// Durable in the journal, not yet known durable in the thread file: newest per thread.
-    overlay: HashMap<String, Doc>,
-    /// Senders of the saves whose records are in `pending`.
-    waiters: Vec<oneshot::Sender<bool>>,
-    writer_thread: bool,
-    checkpoint_thread: bool,
-    batches: u64,
+/// A document durable in the journal, not yet known durable in its thread file.
+#[derive(Debug, Clone)]
+struct Held {
+    /// Sequence number of the save (a newer save of the thread replaces it).
+    seq: u64,
+    doc: Arc<Vec<u8>>,
 }
 
-impl St {
-    /// Starts a new generation (no batch in flight).
+/// A save waiting for the next group commit.
+struct Queued {
+    seq: u64,
+    thread_id: String,
+    doc: Arc<Vec<u8>>,
+    /// Told `true` once the record is durable, `false` when the journal failed.
+    done: oneshot::Sender<bool>,
+}
+
+/// Saves waiting for the next group commit: their records, concatenated, and themselves.
+#[derive(Default)]
+struct Queue {
+    records: Vec<u8>,
+    saves: Vec<Queued>,
+    /// Sequence number of the last save queued.
+    last_seq: u64,
+}
+
+/// The generation being appended to.
+#[derive(Default)]
+struct Generation {
+    number: u64,
+    /// Opened on its first batch.
+    file: Option<Arc<File>>,
+    bytes: u64,
+    /// When its first record was queued (checkpoint age).
+    since: Option<Instant>,
+    /// A checkpoint asked the writer to move to a new generation before its next batch.
+    rotate_requested: bool,
+}
+
+impl Generation {
+    fn is_empty(&self) -> bool {
+        self.bytes == 0 && self.file.is_none()
+    }
+
+    /// Moves to the next generation (no batch in flight).
     fn rotate(&mut self) {
         self.rotate_requested = false;
-        if self.gen_bytes == 0 && self.pending.is_empty() && self.file.is_none() {
+        if self.is_empty() {
             return;
         }
-        self.gen += 1;
-        self.file = None;
-        self.gen_bytes = 0;
-        self.gen_since = None;
+        *self = Generation {
+            number: self.number + 1,
+            ..Generation::default()
+        };
     }
+}
+
+/// What the background work is doing; each excludes some of the others.
+#[derive(Default)]
+struct Busy {
+    /// The writer thread is writing and syncing a batch.
+    writing: bool,
+    checkpointing: bool,
+    retiring: bool,
+}
+
+/// Which background threads run (started on the first save).
+#[derive(Default)]
+struct Workers {
+    writer: bool,
+    checkpointer: bool,
+}
+
+struct State {
+    mode: Mode,
+    busy: Busy,
+    generation: Generation,
+    queue: Queue,
+    /// The newest held document of each thread.
+    held: HashMap<String, Held>,
+    workers: Workers,
+    /// Batches written so far.
+    batches: u64,
 }
 
 pub(super) struct Journal {
     dir: PathBuf,
     threads: PathBuf,
     write_file: WriteFile,
-    st: Mutex<St>,
+    st: Mutex<State>,
     cv: Condvar,
 }
 
@@ -253,29 +257,24 @@ impl Journal {
         if !gens.is_empty() {
             sync_dir(&dir)?;
         }
-        let next = gens.last().map_or(1, |(g, _)| g + 1);
         let j = Arc::new(Journal {
             dir,
             threads: root.join("threads"),
             write_file,
-            st: Mutex::new(St {
+            st: Mutex::new(State {
                 mode: Mode::Journal,
-                retiring: false,
-                checkpointing: false,
-                file: None,
-                gen: next,
-                gen_bytes: 0,
-                gen_since: None,
-                pending: Vec::new(),
-                pending_docs: Vec::new(),
-                appended: 0,
-                writing: false,
-                rotate_requested: false,
-                overlay: HashMap::new(),
-                waiters: Vec::new(),
-                writer_thread: false,
-                // Without the background thread, only `checkpoint` calls write files (tests).
-                checkpoint_thread: !background,
+                busy: Busy::default(),
+                generation: Generation {
+                    number: gens.last().map_or(1, |(g, _)| g + 1),
+                    ..Generation::default()
+                },
+                queue: Queue::default(),
+                held: HashMap::new(),
+                workers: Workers {
+                    writer: false,
+                    // Without the background thread, only `checkpoint` calls write files (tests).
+                    checkpointer: !background,
+                },
                 batches: 0,
             }),
             cv: Condvar::new(),
@@ -283,11 +282,11 @@ impl Journal {
         Ok((j, newest.len()))
     }
 
-    fn lock(&self) -> MutexGuard<'_, St> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.st.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wait<'a>(&self, g: MutexGuard<'a, St>) -> MutexGuard<'a, St> {
+    fn wait<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         self.cv.wait(g).unwrap_or_else(|e| e.into_inner())
     }
 
@@ -298,7 +297,7 @@ impl Journal {
 
     /// The newest document of a thread when it is not in its file yet.
     pub(super) fn newest(&self, thread_id: &str) -> Option<Arc<Vec<u8>>> {
-        self.lock().overlay.get(thread_id).map(|(_, d)| d.clone())
+        self.lock().held.get(thread_id).map(|h| h.doc.clone())
     }
 
     /// Queues a thread's document for the next group commit. The receiver says `true` once the
@@ -314,18 +313,23 @@ impl Journal {
         if st.mode != Mode::Journal {
             return None;
         }
-        self.start_threads(&mut st);
-        if !st.writer_thread {
+        self.start_workers(&mut st);
+        if !st.workers.writer {
             // No thread could be started: the save fails (fail closed) instead of waiting forever.
             return None;
         }
-        st.pending.extend_from_slice(&record);
-        st.appended += 1;
-        let seq = st.appended;
-        st.pending_docs.push((seq, thread_id.to_owned(), doc));
-        let (tx, rx) = oneshot::channel();
-        st.waiters.push(tx);
-        st.gen_since.get_or_insert_with(Instant::now);
+        let (done, rx) = oneshot::channel();
+        let q = &mut st.queue;
+        q.records.extend_from_slice(&record);
+        q.last_seq += 1;
+        let seq = q.last_seq;
+        q.saves.push(Queued {
+            seq,
+            thread_id: thread_id.to_owned(),
+            doc,
+            done,
+        });
+        st.generation.since.get_or_insert_with(Instant::now);
         self.cv.notify_all();
         Some(rx)
     }
@@ -346,7 +350,7 @@ impl Journal {
         }
     }
 
-    fn start_threads(self: &Arc<Self>, st: &mut St) {
+    fn start_workers(self: &Arc<Self>, st: &mut State) {
         let spawn = |name: &str, body: fn(Weak<Journal>)| {
             let weak = Arc::downgrade(self);
             std::thread::Builder::new()
@@ -354,11 +358,11 @@ impl Journal {
                 .spawn(move || body(weak))
                 .is_ok()
         };
-        if !st.writer_thread {
-            st.writer_thread = spawn("state-journal", writer_loop);
+        if !st.workers.writer {
+            st.workers.writer = spawn("state-journal", writer_loop);
         }
-        if !st.checkpoint_thread {
-            st.checkpoint_thread = spawn("state-checkpoint", checkpoint_loop);
+        if !st.workers.checkpointer {
+            st.workers.checkpointer = spawn("state-checkpoint", checkpoint_loop);
         }
     }
 
@@ -366,57 +370,65 @@ impl Journal {
     /// there was nothing to do within `idle`.
     fn commit_once(&self, idle: Duration) -> bool {
         let mut st = self.lock();
-        if st.pending.is_empty() {
+        if st.queue.saves.is_empty() {
             st = self
                 .cv
                 .wait_timeout_while(st, idle, |st| {
-                    st.pending.is_empty() && st.mode == Mode::Journal
+                    st.queue.saves.is_empty() && st.mode == Mode::Journal
                 })
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        if st.pending.is_empty() || st.mode != Mode::Journal || st.retiring {
+        if st.queue.saves.is_empty() || st.mode != Mode::Journal || st.busy.retiring {
             return false;
         }
-        st.writing = true;
-        if st.rotate_requested {
-            st.rotate();
+        st.busy.writing = true;
+        if st.generation.rotate_requested {
+            st.generation.rotate();
         }
-        let buf = std::mem::take(&mut st.pending);
-        let docs = std::mem::take(&mut st.pending_docs);
-        let waiters = std::mem::take(&mut st.waiters);
-        let file = st.file.clone();
-        let gen = st.gen;
+        let records = std::mem::take(&mut st.queue.records);
+        let saves = std::mem::take(&mut st.queue.saves);
+        let (file, number) = (st.generation.file.clone(), st.generation.number);
         drop(st);
-        let result = self.write_batch(file, gen, &buf);
+        let result = self.write_batch(file, number, &records);
         let mut st = self.lock();
-        st.writing = false;
+        st.busy.writing = false;
         st.batches += 1;
         let ok = match result {
             Ok(file) => {
-                st.file = Some(file);
-                st.gen_bytes += buf.len() as u64;
-                for (seq, id, doc) in docs {
-                    st.overlay.insert(id, (seq, doc));
-                }
+                st.generation.file = Some(file);
+                st.generation.bytes += records.len() as u64;
                 true
             }
             Err(e) => {
                 tracing::error!(error = %e, "state journal write failed; retiring the journal");
                 st.mode = Mode::Broken(e.to_string());
-                st.pending.clear();
-                st.pending_docs.clear();
-                st.file = None;
-                for w in std::mem::take(&mut st.waiters) {
-                    let _ = w.send(false);
+                st.generation.file = None;
+                // Saves queued meanwhile fail too: the journal is not in use any more.
+                for q in std::mem::take(&mut st.queue.saves) {
+                    let _ = q.done.send(false);
                 }
+                st.queue.records.clear();
                 false
             }
         };
+        let mut told = Vec::with_capacity(saves.len());
+        for q in saves {
+            if ok {
+                st.held.insert(
+                    q.thread_id,
+                    Held {
+                        seq: q.seq,
+                        doc: q.doc,
+                    },
+                );
+            }
+            told.push(q.done);
+        }
         self.cv.notify_all();
         drop(st);
-        for w in waiters {
-            let _ = w.send(ok);
+        for done in told {
+            let _ = done.send(ok);
         }
         true
     }
@@ -425,19 +437,19 @@ impl Journal {
     fn write_batch(
         &self,
         file: Option<Arc<File>>,
-        gen: u64,
+        number: u64,
         buf: &[u8],
     ) -> std::io::Result<Arc<File>> {
         let file = match file {
             Some(f) => f,
             None => {
-                super::file::ensure_dir(&self.dir)?;
+                ensure_dir(&self.dir)?;
                 let f = OpenOptions::new()
                     .append(true)
                     .create(true)
                     .mode(0o600)
                     .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-                    .open(self.dir.join(format!("{gen:020}.log")))?;
+                    .open(self.dir.join(format!("{number:020}.log")))?;
                 sync_dir(&self.dir)?;
                 Arc::new(f)
             }
@@ -448,8 +460,8 @@ impl Journal {
     }
 
     /// The documents held in memory, newest per thread.
-    fn snapshot(st: &St) -> Vec<(String, Doc)> {
-        st.overlay
+    fn snapshot(st: &State) -> Vec<(String, Held)> {
+        st.held
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
@@ -459,14 +471,14 @@ impl Journal {
     /// generations older than `below` (all of them with `u64::MAX`).
     fn write_out_and_drop_generations(
         &self,
-        snapshot: &[(String, Doc)],
+        snapshot: &[(String, Held)],
         below: u64,
     ) -> std::io::Result<()> {
         let mut files = HashSet::new();
-        for (id, (_, doc)) in snapshot {
-            files.insert((self.write_file)(id, doc)?);
+        for (id, held) in snapshot {
+            files.insert((self.write_file)(id, &held.doc)?);
         }
-        make_durable(&self.threads, &files)?;
+        make_durable(&self.threads, files.iter())?;
         let mut removed = false;
         for (g, path) in generations(&self.dir)? {
             if g < below {
@@ -481,10 +493,10 @@ impl Journal {
     }
 
     /// Drops from memory the documents written out, unless a newer save replaced them.
-    fn forget(st: &mut St, snapshot: Vec<(String, Doc)>) {
-        for (id, (seq, _)) in snapshot {
-            if st.overlay.get(&id).is_some_and(|(s, _)| *s == seq) {
-                st.overlay.remove(&id);
+    fn forget(st: &mut State, snapshot: Vec<(String, Held)>) {
+        for (id, written) in snapshot {
+            if st.held.get(&id).is_some_and(|h| h.seq == written.seq) {
+                st.held.remove(&id);
             }
         }
     }
@@ -492,26 +504,29 @@ impl Journal {
     /// After a journal failure: once no batch is in flight, writes the documents held in memory
     /// to their files durably and deletes the journal; then saves are direct. On failure the
     /// journal stays broken and the caller's save fails.
-    fn retire<'a>(&'a self, mut st: MutexGuard<'a, St>) -> Result<MutexGuard<'a, St>, StoreError> {
-        if st.retiring || st.checkpointing || st.writing {
+    fn retire<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+    ) -> Result<MutexGuard<'a, State>, StoreError> {
+        if st.busy.retiring || st.busy.checkpointing || st.busy.writing {
             return Ok(self.wait(st));
         }
         let msg = match &st.mode {
             Mode::Broken(m) => m.clone(),
             _ => return Ok(st),
         };
-        st.retiring = true;
+        st.busy.retiring = true;
         let snapshot = Self::snapshot(&st);
         drop(st);
         let result = self.write_out_and_drop_generations(&snapshot, u64::MAX);
         let mut st = self.lock();
-        st.retiring = false;
+        st.busy.retiring = false;
         self.cv.notify_all();
         match result {
             Ok(()) => {
                 tracing::warn!("state journal retired; saves are now direct durable writes");
                 st.mode = Mode::Direct;
-                st.overlay.clear();
+                st.held.clear();
                 Ok(st)
             }
             Err(e) => Err(StoreError::Io(std::io::Error::other(format!(
@@ -524,40 +539,39 @@ impl Journal {
     /// files durable and deletes the older generations. Returns whether anything was done.
     pub(super) fn checkpoint(&self) -> std::io::Result<bool> {
         let mut st = self.lock();
-        while st.checkpointing || st.retiring {
+        while st.busy.checkpointing || st.busy.retiring {
             st = self.wait(st);
         }
         if st.mode != Mode::Journal {
             return Ok(false);
         }
-        if st.overlay.is_empty() && st.gen_bytes == 0 && st.pending.is_empty() && st.file.is_none()
-        {
+        if st.held.is_empty() && st.generation.is_empty() && st.queue.saves.is_empty() {
             return Ok(false);
         }
-        st.checkpointing = true;
+        st.busy.checkpointing = true;
         // Rotate now when no batch is in flight, else let the next batch do it.
-        st.rotate_requested = true;
-        let gen_before = st.gen;
-        while st.gen == gen_before && st.rotate_requested {
-            if !st.writing && st.pending.is_empty() {
-                st.rotate();
+        st.generation.rotate_requested = true;
+        let before = st.generation.number;
+        while st.generation.number == before && st.generation.rotate_requested {
+            if !st.busy.writing && st.queue.saves.is_empty() {
+                st.generation.rotate();
                 break;
             }
             st = self.wait(st);
         }
-        // No batch of an older generation is in flight now, and each one's documents are in
-        // the overlay (the writer puts them there before it lets go).
-        let current = st.gen;
+        // No batch of an older generation is in flight now, and each one's documents are held
+        // (the writer records them before it lets go).
+        let current = st.generation.number;
         let snapshot = Self::snapshot(&st);
         drop(st);
         let result = self.write_out_and_drop_generations(&snapshot, current);
         let mut st = self.lock();
-        st.checkpointing = false;
+        st.busy.checkpointing = false;
         if result.is_ok() {
             Self::forget(&mut st, snapshot);
         } else {
             // What is still held is due again after `ROTATE_AGE`, saves or not.
-            st.gen_since.get_or_insert_with(Instant::now);
+            st.generation.since.get_or_insert_with(Instant::now);
         }
         self.cv.notify_all();
         result.map(|()| true)
@@ -567,8 +581,11 @@ impl Journal {
     fn due(&self) -> bool {
         let st = self.lock();
         st.mode == Mode::Journal
-            && (st.gen_bytes >= ROTATE_BYTES
-                || st.gen_since.is_some_and(|t| t.elapsed() >= ROTATE_AGE))
+            && (st.generation.bytes >= ROTATE_BYTES
+                || st
+                    .generation
+                    .since
+                    .is_some_and(|t| t.elapsed() >= ROTATE_AGE))
     }
 }
 
@@ -614,7 +631,7 @@ mod tests {
                     if fail.load(std::sync::atomic::Ordering::SeqCst) {
                         return Err(std::io::Error::other("disk full"));
                     }
-                    super::super::file::ensure_dir(&threads)?;
+                    ensure_dir(&threads)?;
                     let path = threads.join(format!("{id}.json"));
                     fs::write(&path, doc)?;
                     Ok(path)
@@ -639,7 +656,10 @@ mod tests {
             Some(&doc),
             "still served from memory"
         );
-        assert!(j.lock().gen_since.is_some(), "due again without a new save");
+        assert!(
+            j.lock().generation.since.is_some(),
+            "due again without a new save"
+        );
         fail.store(false, std::sync::atomic::Ordering::SeqCst);
         assert!(j.checkpoint().unwrap());
         assert_eq!(logs(), 0);

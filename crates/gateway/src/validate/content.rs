@@ -61,7 +61,7 @@ pub fn latest_user_message(
     let parts = match m.get("content") {
         Some(Value::String(s)) => vec![a2a::Part::text(s.as_str())],
         Some(Value::Array(items)) => convert_parts(items, limits)?,
-        _ => return Err(err("The user message content is invalid.")),
+        _ => return Err(err(msg::CONTENT_INVALID)),
     };
     Ok(UserMessage { message_id, parts })
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iac_code_agui::run::OffsetClock;
-use iac_code_agui::store::{FaultyStore, FileStore};
+use iac_code_agui::store::FileStore;
+
+use crate::support::FaultyStore;
 use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::sse::{assert_valid_run, post};

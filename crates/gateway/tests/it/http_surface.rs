@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iac_code_agui::store::{FaultyStore, FileStore, StoreError, ThreadDoc, ThreadStore};
+use iac_code_agui::store::{BoxFuture, FileStore, StoreError, ThreadDoc, ThreadStore};
+
+use crate::support::FaultyStore;
 use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::sse::{self, post, post_raw};
@@ -851,12 +853,18 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 struct SlowStore(FileStore);
 
 impl ThreadStore for SlowStore {
-    fn load(&self, t: &str) -> Result<Option<ThreadDoc>, StoreError> {
+    fn load(&self, t: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
         self.0.load(t)
     }
-    fn save(&self, d: &ThreadDoc) -> Result<(), StoreError> {
-        std::thread::sleep(Duration::from_millis(20));
-        self.0.save(d)
+    fn save(&self, d: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
+        let save = self.0.save(d);
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            save.await
+        })
+    }
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.0.flush()
     }
 }
 

@@ -120,7 +120,7 @@ async fn thousand_concurrent_runs_no_errors_no_leaks() {
     assert_eq!(tasks2, tasks1, "a burst leaked tokio tasks");
     assert_eq!(fds2, fds1, "a burst leaked file descriptors");
     // Every thread is released.
-    assert!(!s.state.rt.threads.busy(), "a thread is still held");
+    assert!(!s.state.rt.threads().busy(), "a thread is still held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,5 +153,5 @@ async fn fifty_concurrent_runs_through_the_real_kernel() {
     );
     assert_eq!(tasks2, tasks1, "a burst leaked tokio tasks");
     assert_eq!(fds2, fds1, "a burst leaked file descriptors");
-    assert!(!s.state.rt.threads.busy(), "a thread is still held");
+    assert!(!s.state.rt.threads().busy(), "a thread is still held");
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 use iac_code_agui::app::{self, Options};
 use iac_code_agui::config::Config;
 use iac_code_agui::http::AppState;
-use iac_code_agui::run::kernel::{ChildSpec, Kernel, KernelState};
+use iac_code_agui::kernel::{ChildSpec, Kernel, KernelState};
 use iac_code_agui::run::{Clock, Env};
-use iac_code_agui::store::ThreadStore;
+use iac_code_agui::store::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
 use serde_json::{json, Value};
 use testkit::real_kernel::KernelEnv;
 use tokio::sync::oneshot;
@@ -190,12 +190,18 @@ impl TestServer {
     /// The thread's state file, with every save so far written to it (the store journals saves
     /// and writes the files at checkpoints).
     pub fn thread_file(&self, thread: &str) -> PathBuf {
-        self.state
-            .rt
-            .threads
-            .store
-            .flush()
-            .expect("state checkpoint");
+        let store = self.state.rt.threads().store().clone();
+        // Blocking here: callers are tests' async code on a multi-threaded runtime, or sync.
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(store.flush())
+        })
+        .join()
+        .expect("flush thread")
+        .expect("state checkpoint");
         let stem = iac_code_agui::store::file_stem(thread).expect("stem");
         self.state_dir()
             .join("threads")
@@ -312,4 +318,73 @@ pub fn wait_health(port: u16, limit: Duration) -> Option<Duration> {
         std::thread::sleep(Duration::from_millis(2));
     }
     None
+}
+
+/// A store that fails saves on demand (fault injection for the fail-closed paths).
+pub struct FaultyStore {
+    inner: Arc<dyn ThreadStore>,
+    switch: FaultSwitch,
+}
+
+/// Arms a [`FaultyStore`].
+#[derive(Clone, Default)]
+pub struct FaultSwitch {
+    fail: Arc<std::sync::atomic::AtomicU32>,
+    skip: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl FaultSwitch {
+    /// The next `n` saves fail, after letting `skip` saves succeed.
+    pub fn fail_saves(&self, skip: u32, n: u32) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.skip.store(skip, SeqCst);
+        self.fail.store(n, SeqCst);
+    }
+
+    /// Whether this save is to fail.
+    fn take(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.fail.load(SeqCst) == 0 {
+            return false;
+        }
+        if self
+            .skip
+            .fetch_update(SeqCst, SeqCst, |s| s.checked_sub(1))
+            .is_ok()
+        {
+            return false;
+        }
+        self.fail.fetch_sub(1, SeqCst);
+        true
+    }
+}
+
+impl FaultyStore {
+    pub fn new(inner: impl ThreadStore) -> (FaultyStore, FaultSwitch) {
+        let switch = FaultSwitch::default();
+        (
+            FaultyStore {
+                inner: Arc::new(inner),
+                switch: switch.clone(),
+            },
+            switch,
+        )
+    }
+}
+
+impl ThreadStore for FaultyStore {
+    fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
+        self.inner.load(thread_id)
+    }
+    fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
+        if self.switch.take() {
+            return Box::pin(std::future::ready(Err(StoreError::Io(
+                std::io::Error::other("injected save failure"),
+            ))));
+        }
+        self.inner.save(doc)
+    }
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.flush()
+    }
 }

@@ -1,61 +1,20 @@
-//! The execution kernel: an external loopback URL, or a managed `iac-code a2a` child (D-14).
+//! The managed kernel's supervisor: a thread that spawns `iac-code a2a`, probes it until ready,
+//! restarts it with back-off when it dies, and stops it with SIGTERM, then SIGKILL after 5 s.
 //!
-//! The managed child runs in its own process group with a parent-death signal, is spawned from a
-//! dedicated supervisor thread that lives as long as the gateway (the parent-death signal is tied to
-//! the spawning thread), is probed on `/health` until ready, restarted with back-off when it dies,
-//! and stopped with SIGTERM then SIGKILL after 5 s.
+//! The child never outlives the gateway: it runs in its own process group (signalled as a whole)
+//! and gets SIGKILL when the gateway dies (a parent-death signal). On Linux that signal follows
+//! the *thread* that spawned the child, so the spawning thread is this dedicated one, which lives
+//! as long as the gateway (a runtime's blocking-pool thread exits when idle and would take the
+//! kernel with it).
 
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use serde_json::{json, Value};
 
-/// Kernel state as reported by `/health`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KernelState {
-    /// External kernel (not probed).
-    External,
-    Starting,
-    Ready,
-    /// The child died; restarting after a back-off.
-    Restarting,
-    /// Could not be started (last error).
-    Failed(String),
-    Stopped,
-}
-
-impl KernelState {
-    fn as_str(&self) -> &'static str {
-        match self {
-            KernelState::External => "external",
-            KernelState::Starting => "starting",
-            KernelState::Ready => "ready",
-            KernelState::Restarting => "restarting",
-            KernelState::Failed(_) => "failed",
-            KernelState::Stopped => "stopped",
-        }
-    }
-}
-
-struct Inner {
-    client: Option<a2a::Client>,
-    state: KernelState,
-    pid: Option<u32>,
-    generation: u64,
-    restarts: u64,
-}
-
-/// Handle to the kernel.
-pub struct Kernel {
-    inner: Mutex<Inner>,
-    managed: bool,
-    stop: AtomicBool,
-    /// Notified on state changes (readiness waiters).
-    changed: tokio::sync::Notify,
-}
+use super::{Kernel, KernelState};
 
 /// How to start a managed kernel.
 #[derive(Debug, Clone)]
@@ -79,109 +38,12 @@ fn random_token() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
 }
 
-impl Kernel {
-    /// An external kernel at a validated loopback URL.
-    pub fn external(url: &str, token: Option<String>, timeouts: a2a::Timeouts) -> Arc<Kernel> {
-        Arc::new(Kernel {
-            inner: Mutex::new(Inner {
-                client: Some(a2a::Client::new(url, token, timeouts)),
-                state: KernelState::External,
-                pid: None,
-                generation: 0,
-                restarts: 0,
-            }),
-            managed: false,
-            stop: AtomicBool::new(false),
-            changed: tokio::sync::Notify::new(),
-        })
-    }
-
-    /// A client for the kernel; `None` while no kernel can be reached.
-    pub fn client(&self) -> Option<a2a::Client> {
-        let g = self.inner.lock().expect("kernel lock");
-        match g.state {
-            KernelState::External | KernelState::Ready => g.client.clone(),
-            _ => None,
-        }
-    }
-
-    /// The additive `kernel` field of `/health`.
-    pub fn health(&self) -> Value {
-        let g = self.inner.lock().expect("kernel lock");
-        let mut v = json!({
-            "mode": if self.managed { "managed" } else { "external" },
-            "state": g.state.as_str(),
-        });
-        if self.managed {
-            v["restarts"] = json!(g.restarts);
-            if let Some(p) = g.pid {
-                v["pid"] = json!(p);
-            }
-        }
-        if let KernelState::Failed(e) = &g.state {
-            v["error"] = json!(e);
-        }
-        v
-    }
-
-    pub fn state(&self) -> KernelState {
-        self.inner.lock().expect("kernel lock").state.clone()
-    }
-
-    /// Waits until the managed kernel is ready or failed (or `timeout`).
-    pub async fn wait_ready(&self, timeout: Duration) -> KernelState {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let notified = self.changed.notified();
-            let s = self.state();
-            if !matches!(s, KernelState::Starting | KernelState::Restarting) {
-                return s;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.state();
-            }
-        }
-    }
-
-    fn set_state(&self, state: KernelState) {
-        self.inner.lock().expect("kernel lock").state = state;
-        self.changed.notify_waiters();
-    }
-
-    /// Starts a managed kernel: a supervisor thread spawns, probes and restarts the child.
-    pub fn managed(spec: ChildSpec) -> Arc<Kernel> {
-        let k = Arc::new(Kernel {
-            inner: Mutex::new(Inner {
-                client: None,
-                state: KernelState::Starting,
-                pid: None,
-                generation: 0,
-                restarts: 0,
-            }),
-            managed: true,
-            stop: AtomicBool::new(false),
-            changed: tokio::sync::Notify::new(),
-        });
-        let k2 = k.clone();
-        std::thread::Builder::new()
-            .name("kernel-supervisor".into())
-            .spawn(move || supervise(k2, spec))
-            .expect("spawn supervisor thread");
-        k
-    }
-
-    /// Stops the managed child (SIGTERM, SIGKILL after 5 s) and waits for it to exit.
-    pub async fn stop(&self) {
-        if !self.managed {
-            return;
-        }
-        self.stop.store(true, Ordering::SeqCst);
-        // The supervisor thread reacts within 50 ms; wait for it to report Stopped.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
-        while self.state() != KernelState::Stopped && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+/// Starts the supervisor thread of `k`.
+pub(super) fn start(k: Arc<Kernel>, spec: ChildSpec) {
+    std::thread::Builder::new()
+        .name("kernel-supervisor".into())
+        .spawn(move || supervise(k, spec))
+        .expect("spawn supervisor thread");
 }
 
 #[allow(unsafe_code)]

@@ -1,0 +1,115 @@
+//! Admission's effects: under the thread's lock, load the document, decide
+//! ([`decide::admission`](super::decide::admission)), make the new document durable, and only
+//! then answer, so an admitted run id, binding or rotation survives a crash before the stream.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::error::{msg, ApiError, Code};
+use crate::i18n::Lang;
+use crate::validate::{Envelope, IacCode, RunMode, UserMessage};
+
+use super::decide::admission::{self, Ask};
+pub use super::decide::admission::{Mode, Orphan};
+use super::{ActiveRun, RunControl, Runtime, Slot};
+
+/// A request that passed validation.
+#[derive(Debug)]
+pub struct RunRequest {
+    pub envelope: Envelope,
+    pub iac: IacCode,
+    /// The resolved workspace.
+    pub cwd: PathBuf,
+    /// Digest of the request body (idempotency of run ids).
+    pub digest: String,
+    /// The latest user message (new turns and guidance).
+    pub user_message: Option<UserMessage>,
+    pub lang: Lang,
+}
+
+/// An admitted run.
+pub struct Admitted {
+    pub req: RunRequest,
+    pub mode: Mode,
+    pub slot: Arc<Slot>,
+    pub control: Arc<RunControl>,
+    pub execution_id: String,
+    pub context_id: String,
+    /// The kernel task a crashed run left behind, to cancel before the new turn starts.
+    pub orphan: Option<Orphan>,
+}
+
+fn state_unavailable(e: impl std::fmt::Display) -> ApiError {
+    tracing::warn!(error = %e, "thread state unavailable");
+    ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
+}
+
+/// Admits a validated request, or says why not.
+pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> {
+    if rt.shutdown().is_draining() {
+        return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN));
+    }
+    let mode = if req.iac.active_guidance {
+        Mode::Guidance
+    } else if let Some(entries) = &req.envelope.resume {
+        Mode::Resume(entries.clone())
+    } else {
+        Mode::NewTurn
+    };
+    let thread_id = req.envelope.thread_id.as_str();
+    let slot = rt.threads().slot(thread_id);
+    let mut st = rt
+        .threads()
+        .lock(&slot, thread_id)
+        .await
+        .map_err(state_unavailable)?;
+    let cwd = req.cwd.to_string_lossy();
+    let ask = Ask {
+        thread_id,
+        run_id: &req.envelope.run_id,
+        digest: &req.digest,
+        mode: &mode,
+        cwd: &cwd,
+        user_id: req.iac.user_id.as_deref(),
+        ros_invocation_id: &req.iac.ros_invocation_id,
+        pipeline: req.iac.run_mode == Some(RunMode::Pipeline),
+        has_resume: req.envelope.resume.is_some(),
+    };
+    let decision = admission::decide(
+        st.doc.as_ref(),
+        st.active.is_some(),
+        &ask,
+        rt.now_ms(),
+        &mut || uuid::Uuid::new_v4().to_string(),
+    );
+    if let Some(doc) = decision.doc {
+        rt.threads()
+            .store_doc(&mut st, doc)
+            .await
+            .map_err(state_unavailable)?;
+    }
+    // The task of interrupts that expired waits for answers nobody may give any more.
+    if let Some(task) = decision.expired.and_then(|e| e.task) {
+        rt.cancel_task_later(task);
+    }
+    let admission = decision.verdict?;
+    let control = Arc::new(RunControl::default());
+    if admission.holds_thread {
+        st.active = Some(ActiveRun {
+            run_id: req.envelope.run_id.clone(),
+            execution_id: admission.execution_id.clone(),
+            control: control.clone(),
+        });
+    }
+    drop(st);
+    rt.touch();
+    Ok(Admitted {
+        req,
+        mode,
+        slot,
+        control,
+        execution_id: admission.execution_id,
+        context_id: admission.context_id,
+        orphan: admission.orphan,
+    })
+}

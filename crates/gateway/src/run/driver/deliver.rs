@@ -1,0 +1,280 @@
+//! Delivering a resume's answers: one kernel call per answer, in request order; each answer the
+//! kernel accepts is durable before the next is sent, and its stream read to its end first.
+//!
+//! Permission answers that all belong to a pipeline's side requests go as unary messages (the
+//! pipeline's own stream carries what follows, caught up afterwards); every other answer opens a
+//! stream. Acceptance is the stream's first item.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use a2a::{EventStream, Part, PermissionAnswer};
+
+use crate::error::{msg, Code};
+use crate::run::decide::answer::Answer;
+use crate::run::decide::resume::Delivery;
+use crate::store::AppliedDigest;
+
+use super::{Driver, End, Flow, CANCEL_WAIT};
+
+/// How long a task that refused an answer is watched for an earlier delivery of it starting.
+const EARLIER_DELIVERY_WAIT: Duration = Duration::from_secs(2);
+
+/// What the kernel did with an answer.
+enum Accepted {
+    /// Its stream goes on.
+    Open(EventStream),
+    /// Its stream reached a stopping state.
+    Closed,
+    /// The kernel had it already and is carrying it out (see [`Driver::busy_with_earlier_delivery`]).
+    Held,
+}
+
+impl Driver {
+    pub(super) async fn deliver(
+        &mut self,
+        client: &a2a::Client,
+        task_id: &str,
+        answers: Vec<Delivery>,
+    ) -> Flow<End> {
+        let sideband = answers
+            .iter()
+            .all(|d| matches!(d.answer, Answer::Permission { .. }) && d.pending.sideband);
+        let count = answers.len();
+        let mut last_stream = None;
+        for (i, d) in answers.into_iter().enumerate() {
+            let last = i + 1 == count;
+            let accepted = match &d.answer {
+                Answer::Permission {
+                    decision,
+                    tool_use_id,
+                } => {
+                    let part = Part::permission_answer(&PermissionAnswer::new(
+                        task_id,
+                        &d.interrupt_id,
+                        tool_use_id,
+                        decision,
+                    ));
+                    if sideband {
+                        self.send_sideband(client, task_id, &d, part).await?;
+                        continue;
+                    }
+                    let id = format!("agui-resume-{}-{}", self.run_id(), d.interrupt_id);
+                    match self
+                        .send_streaming(client, id, vec![part], Some(task_id))
+                        .await
+                    {
+                        Ok(stream) => {
+                            self.accept(stream, &d, msg::PERMISSION_NOT_ACCEPTED)
+                                .await?
+                        }
+                        // "Not pending" while the task works: an earlier delivery of this
+                        // answer is being carried out.
+                        Err(e)
+                            if e.is_permission_not_pending()
+                                && self.busy_with_earlier_delivery().await =>
+                        {
+                            self.commit_answer(&d).await?;
+                            self.seen.acknowledged_only = true;
+                            Accepted::Held
+                        }
+                        Err(e) => return Err(rejected(&e)),
+                    }
+                }
+                Answer::CancelQuestion => {
+                    client
+                        .cancel_task(task_id)
+                        .await
+                        .map_err(|e| End::kernel(&e).keep_task())?;
+                    let _ = self.edit(|doc| doc.end_execution()).await;
+                    return Err(End::fail(Code::Cancelled, msg::CANCELLED_BY_ANSWER));
+                }
+                Answer::Question { text, tool_use_id } => {
+                    if let Some(tool) = tool_use_id {
+                        self.answers.questions.push((tool.clone(), text.clone()));
+                    }
+                    let id = format!("agui-resume-{}", self.run_id());
+                    let stream = self
+                        .send_streaming(client, id, vec![Part::text(text.as_str())], Some(task_id))
+                        .await
+                        .map_err(|e| End::kernel(&e))?;
+                    self.accept(stream, &d, msg::ANSWER_NOT_ACCEPTED).await?
+                }
+            };
+            match (accepted, last) {
+                (Accepted::Held, true) => {
+                    self.settle_acknowledged(client, task_id, true).await?;
+                    return self.finish().await;
+                }
+                (Accepted::Closed, true) => return self.finish().await,
+                (Accepted::Open(s), true) => last_stream = Some(s),
+                (Accepted::Open(s), false) => self.drain(s).await?,
+                (Accepted::Held | Accepted::Closed, false) => {}
+            }
+        }
+        if sideband {
+            return self.follow_sideband(client, task_id).await;
+        }
+        match last_stream {
+            Some(s) => self.consume(s, true).await,
+            None => match client.subscribe_to_task(task_id).await {
+                Ok(s) => self.consume(s, true).await,
+                Err(_) => self.finish().await,
+            },
+        }
+    }
+
+    /// A sideband permission answer: a unary message, committed once the kernel has it.
+    async fn send_sideband(
+        &mut self,
+        client: &a2a::Client,
+        task_id: &str,
+        d: &Delivery,
+        part: Part,
+    ) -> Flow {
+        let message = self.turn().message(
+            format!("agui-resume-{}", d.interrupt_id),
+            vec![part],
+            Some(task_id),
+        );
+        match client.send_message(&message).await {
+            Ok(_) => {}
+            Err(e) if e.is_backup_not_ready() => {
+                return Err(End::fail(
+                    Code::SessionBackupNotReady,
+                    msg::BACKUP_NOT_READY,
+                ))
+            }
+            Err(e) if e.rpc().is_some() => {
+                return Err(End::fail(Code::A2aUnavailable, msg::ANSWER_REJECTED))
+            }
+            Err(_) => return Err(End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
+        }
+        self.commit_answer(d).await
+    }
+
+    /// After sideband answers: the task is looked at, then followed (its pipeline goes on).
+    async fn follow_sideband(&mut self, client: &a2a::Client, task_id: &str) -> Flow<End> {
+        self.answers.catch_up = Some(task_id.to_owned());
+        self.emit_session().await?;
+        let task = client
+            .get_task(task_id, 100)
+            .await
+            .map_err(|e| End::kernel(&e).keep_task())?;
+        if self.process(task.as_value(), true).await?.is_break() {
+            return self.finish().await;
+        }
+        if let Ok(s) = client.subscribe_to_task(task_id).await {
+            return self.consume(s, true).await;
+        }
+        let task = client
+            .get_task(task_id, 100)
+            .await
+            .map_err(|e| End::kernel(&e).keep_task())?;
+        match self.process(task.as_value(), true).await? {
+            ControlFlow::Break(()) => self.finish().await,
+            ControlFlow::Continue(()) => Err(End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
+        }
+    }
+
+    /// Reads the first item of an answer's stream: acceptance. The answer is committed before
+    /// anything else happens, then the item is mapped.
+    async fn accept(
+        &mut self,
+        mut stream: EventStream,
+        d: &Delivery,
+        not_accepted: &'static str,
+    ) -> Flow<Accepted> {
+        match stream.next().await {
+            Ok(Some(item)) => {
+                self.commit_answer(d).await?;
+                if !self.answers.announced {
+                    self.answers.announced = true;
+                    self.emit_session().await?;
+                }
+                Ok(match self.process(&item, true).await? {
+                    ControlFlow::Break(()) => Accepted::Closed,
+                    ControlFlow::Continue(()) => Accepted::Open(stream),
+                })
+            }
+            Ok(None) => {
+                if self.busy_with_earlier_delivery().await {
+                    self.commit_answer(d).await?;
+                    self.seen.acknowledged_only = true;
+                    return Ok(Accepted::Held);
+                }
+                Err(End::fail(Code::A2aUnavailable, not_accepted))
+            }
+            Err(e) => Err(End::kernel(&e).keep_task()),
+        }
+    }
+
+    /// The kernel refused an answer to a pending interrupt (an empty stream, or "not pending")
+    /// while its task is working: an earlier delivery of the same answer, by a run that crashed
+    /// before it could record it, is being carried out. A task waiting for input or finished is
+    /// not: the answer was then really not accepted, and stays pending. The earlier delivery may
+    /// still be on its way into the task, so a waiting task is looked at again for a short while.
+    async fn busy_with_earlier_delivery(&mut self) -> bool {
+        let (Some(task), Some(client)) = (self.seen.task_id.clone(), self.rt.kernel().client())
+        else {
+            return false;
+        };
+        let deadline = tokio::time::Instant::now() + EARLIER_DELIVERY_WAIT;
+        loop {
+            match tokio::time::timeout(CANCEL_WAIT, client.get_task(&task, 0)).await {
+                Ok(Ok(t)) if t.state().is_some_and(|s| s.is_active()) => return true,
+                Ok(Ok(_)) => {}
+                _ => return false,
+            }
+            if tokio::time::Instant::now() >= deadline || self.sink.is_closed() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Reads an answer's stream to its end before the next answer is sent (an interrupt ends
+    /// the run).
+    async fn drain(&mut self, mut stream: EventStream) -> Flow {
+        loop {
+            match stream.next().await {
+                Ok(Some(item)) => {
+                    if self.process(&item, true).await?.is_break() {
+                        return Ok(());
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(End::kernel(&e)),
+            }
+        }
+    }
+
+    /// Records an accepted answer and removes its interrupt from pending, durable before the run
+    /// goes on.
+    async fn commit_answer(&mut self, d: &Delivery) -> Flow {
+        let applied = AppliedDigest {
+            execution_id: self.adm.execution_id.clone(),
+            interrupt_id: d.interrupt_id.clone(),
+            digest: d.digest.clone(),
+        };
+        self.answers.applied.push(d.interrupt_id.clone());
+        self.commit(msg::ANSWER_NOT_COMMITTED, |doc| {
+            doc.execution
+                .pending
+                .retain(|(p, _)| *p != applied.interrupt_id);
+            doc.applied_resume_digests.insert(applied);
+        })
+        .await
+    }
+}
+
+/// A permission answer the kernel refused: a retryable backup state, or the answer was
+/// rejected; the task is left waiting for it either way.
+fn rejected(e: &a2a::Error) -> End {
+    match End::kernel(e).keep_task() {
+        End::Failed(f) if f.code == Code::A2aUnavailable => {
+            End::fail(Code::A2aUnavailable, msg::ANSWER_REJECTED)
+        }
+        other => other,
+    }
+}

@@ -1,0 +1,620 @@
+//! The run driver: an admitted run's life, from `RUN_STARTED` to exactly one terminal event.
+//!
+//! Each mode has its file: `turn` (new turns and guidance), `resume` (answers to interrupts, with
+//! `deliver`), and `stream` (reading a kernel stream, shared by all). Every path returns an
+//! [`End`], and [`Driver::run`] turns it into the terminal event, here and nowhere else, spans
+//! balanced first: `RUN_FINISHED` (success or the pending interrupts) or `RUN_ERROR`.
+//!
+//! The durability order: what a later run depends on (the task and session ids, an interrupt, an
+//! accepted answer) is durable before anything that announces it is sent. A write that fails ends
+//! the run failed closed: its task is cancelled and its execution ended.
+
+mod deliver;
+mod resume;
+mod stream;
+mod turn;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use a2a::TaskState;
+use agui::{Event, Outcome};
+use bytes::Bytes;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::error::{msg, ApiError, Code};
+use crate::i18n;
+use crate::mapping::{interrupt, Mapper};
+use crate::store::ThreadDoc;
+
+use super::admit::{Admitted, Mode};
+use super::request::Turn;
+use super::sink::{Disconnected, Sink};
+use super::Runtime;
+
+/// How long a run waits for a starting managed kernel.
+const KERNEL_WAIT: Duration = Duration::from_secs(60);
+/// Bound on best-effort cancellations.
+pub(super) const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
+/// Starts the driver of an admitted run; returns the receiving end of its SSE bytes.
+pub fn spawn_run(rt: Arc<Runtime>, adm: Admitted) -> mpsc::Receiver<Bytes> {
+    let (sink, rx) = Sink::new(rt.channel_capacity(), rt.clock().clone());
+    tokio::spawn(async move {
+        rt.activity().stream_opened();
+        let mut d = Driver::new(rt.clone(), adm, sink);
+        d.run().await;
+        rt.activity().stream_closed(rt.now_ms());
+    });
+    rx
+}
+
+/// How a run ended. Every path of the driver produces exactly one.
+#[derive(Debug)]
+pub(super) enum End {
+    /// The turn completed: `RUN_FINISHED`, outcome success.
+    Finished,
+    /// The execution waits for answers (durable): `RUN_FINISHED` with the pending interrupts.
+    Interrupted,
+    /// `RUN_ERROR`.
+    Failed(Failure),
+    /// The client went away: nothing more is sent.
+    Disconnected,
+}
+
+/// A failed run.
+#[derive(Debug)]
+pub(super) struct Failure {
+    code: Code,
+    /// A catalogue text (translated when sent), or the kernel's own words.
+    message: Cow<'static, str>,
+    /// Cancel the kernel task too (when nothing waits for answers): nothing is left running.
+    cancel_task: bool,
+    /// A recovery-critical write failed: the task is cancelled and the execution ended.
+    fail_closed: bool,
+}
+
+impl End {
+    /// Fails the run; the kernel task is left as it is.
+    fn fail(code: Code, message: &'static str) -> End {
+        End::Failed(Failure {
+            code,
+            message: Cow::Borrowed(message),
+            cancel_task: false,
+            fail_closed: false,
+        })
+    }
+
+    /// Fails the run and cancels its task.
+    fn fail_and_cancel(code: Code, message: &'static str) -> End {
+        End::Failed(Failure {
+            cancel_task: true,
+            ..Self::failure(code, message)
+        })
+    }
+
+    fn failure(code: Code, message: &'static str) -> Failure {
+        Failure {
+            code,
+            message: Cow::Borrowed(message),
+            cancel_task: false,
+            fail_closed: false,
+        }
+    }
+
+    /// The kernel broke the protocol: the run fails and its task is cancelled.
+    fn protocol(message: &'static str) -> End {
+        Self::fail_and_cancel(Code::A2aProtocolError, message)
+    }
+
+    /// A recovery-critical write failed.
+    fn not_committed(message: &'static str) -> End {
+        End::Failed(Failure {
+            fail_closed: true,
+            ..Self::failure(Code::StatePersistenceFailed, message)
+        })
+    }
+
+    /// A refusal decided before anything was sent (the interrupt stays answerable).
+    fn refused(e: ApiError) -> End {
+        End::Failed(Failure {
+            code: e.code,
+            message: e.message,
+            cancel_task: false,
+            fail_closed: false,
+        })
+    }
+
+    /// A kernel call failed: a backup still restoring is retryable and leaves the task alone;
+    /// anything else is the kernel being unavailable, and the task is cancelled.
+    fn kernel(e: &a2a::Error) -> End {
+        match e.rpc() {
+            Some(r) if r.is_backup_not_ready() => End::Failed(Failure {
+                code: Code::SessionBackupNotReady,
+                message: if r.message.is_empty() {
+                    Cow::Borrowed(msg::BACKUP_NOT_READY)
+                } else {
+                    Cow::Owned(r.message.clone())
+                },
+                cancel_task: false,
+                fail_closed: false,
+            }),
+            _ => Self::fail_and_cancel(Code::A2aUnavailable, msg::A2A_UNAVAILABLE),
+        }
+    }
+
+    /// The same end, with the kernel task left as it is.
+    fn keep_task(self) -> End {
+        match self {
+            End::Failed(f) => End::Failed(Failure {
+                cancel_task: false,
+                ..f
+            }),
+            other => other,
+        }
+    }
+}
+
+impl From<Disconnected> for End {
+    fn from(_: Disconnected) -> End {
+        End::Disconnected
+    }
+}
+
+/// A step of a run: `Err` ends it.
+type Flow<T = ()> = Result<T, End>;
+
+/// How a stream that stopped without an interrupt ends the run.
+fn ending(last_state: Option<&TaskState>, cancel_requested: bool) -> End {
+    match last_state {
+        Some(TaskState::Completed | TaskState::InputRequired) if !cancel_requested => End::Finished,
+        Some(TaskState::Canceled) => End::fail(Code::Cancelled, msg::CANCELLED),
+        _ if cancel_requested => End::fail(Code::Cancelled, msg::CANCELLED),
+        Some(TaskState::Failed | TaskState::Rejected) => {
+            End::fail(Code::A2aExecutionFailed, msg::A2A_FAILED)
+        }
+        // The stream ended while the task was still live (or its state is unknown): it may go
+        // on running in the kernel, so it is cancelled.
+        _ => End::fail_and_cancel(Code::A2aExecutionFailed, msg::A2A_FAILED),
+    }
+}
+
+/// What the kernel told this run so far.
+#[derive(Debug, Default)]
+struct Seen {
+    task_id: Option<String>,
+    session_id: Option<String>,
+    last_state: Option<TaskState>,
+    /// The kernel reported FAILED (a provider error: the stream may go on with WORKING and
+    /// stop; the run failed all the same, and the task is not followed).
+    failed: bool,
+    /// An answer's stream only acknowledged it: the kernel had it already, or carries the
+    /// continuation elsewhere (see `stream::settle_acknowledged`).
+    acknowledged_only: bool,
+    /// CancelTask was sent.
+    cancel_sent: bool,
+}
+
+/// The progress of a resume's answers.
+#[derive(Debug, Default)]
+struct Answers {
+    /// Question answers delivered: `(toolUseId, answer)`, sent as `TOOL_CALL_RESULT` when the
+    /// kernel goes on.
+    questions: Vec<(String, String)>,
+    /// Interrupts answered in this run (not re-announced when the kernel repeats them).
+    applied: Vec<String>,
+    /// The session event after the first accepted answer was sent.
+    announced: bool,
+    /// Sideband answers were sent: the pipeline's missed events are caught up before the run
+    /// ends (the task id).
+    catch_up: Option<String>,
+}
+
+struct Driver {
+    rt: Arc<Runtime>,
+    adm: Admitted,
+    /// The resolved workspace, as the kernel is told it.
+    cwd: String,
+    sink: Sink,
+    mapper: Mapper,
+    seen: Seen,
+    answers: Answers,
+}
+
+impl Driver {
+    fn new(rt: Arc<Runtime>, adm: Admitted, sink: Sink) -> Driver {
+        let envelope = &adm.req.envelope;
+        let mapper = Mapper::new(&envelope.run_id, Default::default(), &envelope.thread_id);
+        Driver {
+            rt,
+            cwd: adm.req.cwd.to_string_lossy().into_owned(),
+            adm,
+            sink,
+            mapper,
+            seen: Seen::default(),
+            answers: Answers::default(),
+        }
+    }
+
+    fn thread_id(&self) -> &str {
+        &self.adm.req.envelope.thread_id
+    }
+
+    fn run_id(&self) -> &str {
+        &self.adm.req.envelope.run_id
+    }
+
+    async fn run(&mut self) {
+        let end = match self.drive().await {
+            Ok(end) | Err(end) => end,
+        };
+        self.conclude(end).await;
+        self.release().await;
+    }
+
+    async fn drive(&mut self) -> Flow<End> {
+        let started = Event::RunStarted {
+            thread_id: self.thread_id().to_owned(),
+            run_id: self.run_id().to_owned(),
+            parent_run_id: self.adm.req.envelope.parent_run_id.clone(),
+        };
+        self.emit(started).await?;
+        match self.adm.mode.clone() {
+            Mode::NewTurn => self.new_turn().await,
+            // Boxed: a run holds its driver's future for its whole life (hours when parked); the
+            // larger resume state then costs only the runs that resume.
+            Mode::Resume(entries) => Box::pin(self.resume(entries)).await,
+            Mode::Guidance => Box::pin(self.guidance()).await,
+        }
+    }
+
+    /// Sends the terminal event of `end` (spans balanced first), and what the end implies for
+    /// the kernel task.
+    async fn conclude(&mut self, end: End) {
+        let outcome = match end {
+            End::Finished => Outcome::Success,
+            End::Interrupted => match self.pending_interrupts().await {
+                Some(interrupts) => Outcome::Interrupt(interrupts),
+                None => {
+                    return self
+                        .fail(End::failure(Code::StateUnavailable, msg::STATE_UNAVAILABLE))
+                        .await
+                }
+            },
+            End::Failed(f) => return self.fail(f).await,
+            End::Disconnected => return self.on_disconnect().await,
+        };
+        let mut events = Vec::new();
+        self.mapper.close_all(&mut events);
+        events.push(Event::RunFinished {
+            thread_id: self.thread_id().to_owned(),
+            run_id: self.run_id().to_owned(),
+            outcome,
+            usage: self.mapper.usage(),
+        });
+        let _ = self.emit_all(events).await;
+    }
+
+    /// The AG-UI interrupts of the execution's pending entries.
+    async fn pending_interrupts(&self) -> Option<Vec<agui::Interrupt>> {
+        let doc = self.doc().await?;
+        Some(
+            doc.execution
+                .pending
+                .iter()
+                .map(|(id, e)| interrupt::build(id, &e.value, e.expires_at.as_deref()))
+                .collect(),
+        )
+    }
+
+    /// Ends the run with `RUN_ERROR` after balancing spans.
+    async fn fail(&mut self, f: Failure) {
+        if f.fail_closed {
+            self.cancel_task().await;
+            let _ = self.edit(ThreadDoc::end_execution).await;
+        } else if f.cancel_task && self.adm.mode != Mode::Guidance && !self.waiting().await {
+            // Guidance runs never cancel the task they inject into; an execution waiting for
+            // answers keeps its task.
+            self.cancel_task().await;
+        }
+        if self.sink.terminal_sent() {
+            return;
+        }
+        let mut events = Vec::new();
+        self.mapper.close_all(&mut events);
+        events.push(Event::RunError {
+            message: i18n::tr(self.adm.req.lang, &f.message),
+            code: f.code.as_str().into(),
+            usage: self.mapper.usage(),
+        });
+        let _ = self.emit_all(events).await;
+    }
+
+    /// A client that disconnects from a running turn cancels its kernel task (as soon as its id
+    /// is known). A run that ended, or ended in an interrupt, is not cancelled.
+    async fn on_disconnect(&mut self) {
+        self.sink.mark_gone();
+        if self.sink.terminal_sent() || self.adm.mode == Mode::Guidance || self.waiting().await {
+            return;
+        }
+        self.cancel_task().await;
+    }
+
+    /// Releases the thread; an execution that ended without pending interrupts becomes terminal.
+    async fn release(&mut self) {
+        if self.adm.mode == Mode::Guidance {
+            return;
+        }
+        let mut st = self.adm.slot.lock().await;
+        if st
+            .active
+            .as_ref()
+            .is_some_and(|a| a.run_id == self.run_id())
+        {
+            st.active = None;
+        }
+        let ended = st.doc.as_ref().is_some_and(|d| {
+            d.is_current(&self.adm.execution_id)
+                && !d.is_waiting()
+                && !d.is_terminal(&self.adm.execution_id)
+        });
+        if ended {
+            if let Some(Err(e)) = self
+                .rt
+                .threads()
+                .edit(&mut st, ThreadDoc::end_execution)
+                .await
+            {
+                tracing::warn!(error = %e, "end-of-run state write failed");
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ events
+
+    /// Sends an event; once the client is known to be gone, sends nothing and carries on (a run
+    /// may still need to read its stream, to learn the task to cancel).
+    async fn emit(&mut self, e: Event) -> Flow {
+        if self.sink.is_gone() {
+            return Ok(());
+        }
+        Ok(self.sink.emit(&e).await?)
+    }
+
+    async fn emit_all(&mut self, events: Vec<Event>) -> Flow {
+        for e in events {
+            self.emit(e).await?;
+        }
+        Ok(())
+    }
+
+    /// `iac-code.session.v1`: the identities a client needs to cancel (null while unknown).
+    fn session_event(&self) -> Event {
+        Event::Custom {
+            name: "iac-code.session.v1".into(),
+            value: json!({
+                "schemaVersion": 1,
+                "threadId": self.thread_id(),
+                "aguiRunId": self.run_id(),
+                "executionId": self.adm.execution_id,
+                "contextId": self.adm.context_id,
+                "taskId": self.seen.task_id,
+                "rosInvocationId": self.adm.req.iac.ros_invocation_id,
+                "sessionId": self.seen.session_id,
+            }),
+        }
+    }
+
+    async fn emit_session(&mut self) -> Flow {
+        let e = self.session_event();
+        self.emit(e).await
+    }
+
+    // ------------------------------------------------------------------ state
+
+    /// The thread's document (in memory: the run holds the thread).
+    async fn doc(&self) -> Option<ThreadDoc> {
+        self.adm.slot.lock().await.doc.clone()
+    }
+
+    /// Whether the run's execution waits for answers.
+    async fn waiting(&self) -> bool {
+        self.doc()
+            .await
+            .is_some_and(|d| d.is_current(&self.adm.execution_id) && d.is_waiting())
+    }
+
+    /// Changes the execution's document, durable first. `false` when it could not be saved, or
+    /// the execution is not the thread's current one any more.
+    async fn edit(&self, change: impl FnOnce(&mut ThreadDoc)) -> bool {
+        let mut st = self.adm.slot.lock().await;
+        let current = st
+            .doc
+            .as_ref()
+            .is_some_and(|d| d.is_current(&self.adm.execution_id));
+        if !current {
+            return false;
+        }
+        match self.rt.threads().edit(&mut st, change).await {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "state write failed");
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// [`Driver::edit`] of a recovery-critical change: the run fails closed when it is not
+    /// durable.
+    async fn commit(&self, what: &'static str, change: impl FnOnce(&mut ThreadDoc)) -> Flow {
+        if self.edit(change).await {
+            Ok(())
+        } else {
+            Err(End::not_committed(what))
+        }
+    }
+
+    /// Takes over what the document knows of the execution (task id, text digests, pipeline
+    /// position, session id).
+    async fn init_from_doc(&mut self) -> Option<ThreadDoc> {
+        let doc = self.doc().await?;
+        if doc.is_current(&self.adm.execution_id) {
+            self.seen.task_id = doc.execution.task_id.clone();
+            self.mapper.text_digests = doc.execution.text_snapshot_digests.clone();
+            self.mapper.set_pipeline_state(
+                doc.execution.pipeline_open_steps.clone(),
+                doc.execution.pipeline_sequence,
+            );
+        }
+        self.seen.session_id = doc.session_id.clone();
+        Some(doc)
+    }
+
+    /// Records the kernel's session id: durable before it is announced; a different one later
+    /// is a protocol violation.
+    async fn learn_session(&mut self, session: &str) -> Flow<bool> {
+        match &self.seen.session_id {
+            None => {
+                let s = session.to_owned();
+                self.seen.session_id = Some(s.clone());
+                self.commit(msg::SESSION_NOT_COMMITTED, |d| d.session_id = Some(s))
+                    .await?;
+                Ok(true)
+            }
+            Some(x) if x != session => Err(End::protocol(msg::SESSION_CHANGED)),
+            Some(_) => Ok(false),
+        }
+    }
+
+    // ------------------------------------------------------------------ kernel
+
+    /// A kernel client, waiting (bounded) for a managed kernel that is starting.
+    async fn client(&self) -> Flow<a2a::Client> {
+        if let Some(c) = self.rt.kernel().client() {
+            return Ok(c);
+        }
+        self.rt.kernel().wait_ready(KERNEL_WAIT).await;
+        self.rt
+            .kernel()
+            .client()
+            .ok_or_else(|| End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE))
+    }
+
+    /// The request's turn settings, for a message to the kernel.
+    fn turn(&self) -> Turn<'_> {
+        Turn {
+            iac: &self.adm.req.iac,
+            lang: self.adm.req.lang,
+            cwd: &self.cwd,
+            context_id: &self.adm.context_id,
+        }
+    }
+
+    /// Sends a streaming message, noticing a client disconnect meanwhile without abandoning the
+    /// call: the task id it brings may still be needed for cancellation.
+    async fn send_streaming(
+        &mut self,
+        client: &a2a::Client,
+        message_id: String,
+        parts: Vec<a2a::Part>,
+        task_id: Option<&str>,
+    ) -> Result<a2a::EventStream, a2a::Error> {
+        let turn = Turn {
+            iac: &self.adm.req.iac,
+            lang: self.adm.req.lang,
+            cwd: &self.cwd,
+            context_id: &self.adm.context_id,
+        };
+        let message = turn.message(message_id, parts, task_id);
+        let call = client.send_streaming_message(&message);
+        tokio::pin!(call);
+        let sink = &mut self.sink;
+        loop {
+            tokio::select! {
+                r = &mut call => return r,
+                _ = sink.closed(), if !sink.is_gone() => sink.mark_gone(),
+            }
+        }
+    }
+
+    /// Cancels the run's kernel task once (bounded), if its id is known.
+    async fn cancel_task(&mut self) {
+        let Some(task) = self.seen.task_id.clone() else {
+            return;
+        };
+        if self.seen.cancel_sent {
+            return;
+        }
+        self.seen.cancel_sent = true;
+        if let Some(c) = self.rt.kernel().client() {
+            let _ = tokio::time::timeout(CANCEL_WAIT, c.cancel_task(&task)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code(e: End) -> Option<(Code, bool)> {
+        match e {
+            End::Failed(f) => Some((f.code, f.cancel_task)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn how_a_stopped_stream_ends_the_run() {
+        use TaskState::*;
+        assert!(matches!(ending(Some(&Completed), false), End::Finished));
+        assert!(matches!(ending(Some(&InputRequired), false), End::Finished));
+        assert_eq!(
+            code(ending(Some(&Completed), true)),
+            Some((Code::Cancelled, false)),
+            "a cancel the kernel raced is still the client's answer"
+        );
+        assert_eq!(
+            code(ending(Some(&Canceled), false)),
+            Some((Code::Cancelled, false))
+        );
+        assert_eq!(
+            code(ending(Some(&Failed), false)),
+            Some((Code::A2aExecutionFailed, false))
+        );
+        assert_eq!(
+            code(ending(Some(&Working), false)),
+            Some((Code::A2aExecutionFailed, true)),
+            "a task left running is cancelled"
+        );
+        assert_eq!(
+            code(ending(None, false)),
+            Some((Code::A2aExecutionFailed, true))
+        );
+    }
+
+    #[test]
+    fn kernel_failures() {
+        let backup = a2a::Error::Rpc(a2a::RpcError {
+            code: -32603,
+            message: String::new(),
+            data: json!({"code": "SESSION_BACKUP_NOT_READY", "retryable": true}),
+        });
+        match End::kernel(&backup) {
+            End::Failed(f) => {
+                assert_eq!(f.code, Code::SessionBackupNotReady);
+                assert_eq!(f.message, msg::BACKUP_NOT_READY);
+                assert!(!f.cancel_task);
+            }
+            other => panic!("{other:?}"),
+        }
+        let down = a2a::Error::Transport("connect".into());
+        assert_eq!(code(End::kernel(&down)), Some((Code::A2aUnavailable, true)));
+        assert_eq!(
+            code(End::kernel(&down).keep_task()),
+            Some((Code::A2aUnavailable, false))
+        );
+    }
+}

@@ -1,0 +1,107 @@
+//! Resumes: the answers to a run's interrupts. The kernel's view of the task is fetched (after
+//! making sure the kernel has the session), merged into the pending interrupts by the plan
+//! ([`decide::resume`](crate::run::decide::resume)), stored, and the plan carried out.
+
+use std::borrow::Cow;
+
+use crate::error::{msg, Code};
+use crate::mapping::{self, interrupt};
+use crate::run::decide::resume::{self as plan, Then};
+use crate::validate::ResumeEntry;
+
+use super::{Driver, End, Failure, Flow};
+
+impl Driver {
+    pub(super) async fn resume(&mut self, entries: Vec<ResumeEntry>) -> Flow<End> {
+        let Some(doc) = self.init_from_doc().await else {
+            return Err(End::fail(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE));
+        };
+        let mut out = Vec::new();
+        self.mapper.reopen_steps(&mut out);
+        self.emit_all(out).await?;
+        self.emit_session().await?;
+        let task_id =
+            plan::precheck(&doc, &self.adm.execution_id, &entries).map_err(End::refused)?;
+        let client = self.client().await?;
+        if let Some(session) = &doc.session_id {
+            self.restore_session(&client, &doc.cwd, session, &task_id)
+                .await?;
+        }
+        let task = client
+            .get_task(&task_id, 100)
+            .await
+            .map_err(|e| End::kernel(&e).keep_task())?;
+        let view = task.view();
+        if view.task_id() != Some(task_id.as_str())
+            || view.context_id().is_some_and(|c| c != self.adm.context_id)
+        {
+            return Err(End::fail(Code::A2aProtocolError, msg::TASK_MISMATCH));
+        }
+        if let Some(s) = view.meta().and_then(mapping::session_id) {
+            self.learn_session(s).await?;
+        }
+        // What the run missed while it waited: the task's state and the pipeline's events.
+        let mut missed = Vec::new();
+        if let Some(meta) = view.meta() {
+            self.mapper.map_meta(meta, &mut missed);
+        }
+        let after = doc
+            .execution
+            .pipeline_sequence
+            .max(self.mapper.pipeline_sequence());
+        if let Ok(Some(state)) = client.pipeline_state(&task_id, after).await {
+            self.mapper.map_recovery(&state, &mut missed);
+        }
+        self.emit_all(missed).await?;
+
+        let meta = view.meta();
+        let task_view = plan::TaskView {
+            finished: view.state().is_some_and(|s| s.is_final()),
+            lists_inputs: meta
+                .is_some_and(|m| m.contains_key("input") || m.contains_key("pendingPermissions")),
+            required: meta.map_or_else(Vec::new, |m| {
+                interrupt::required_inputs(m, || uuid::Uuid::new_v4().simple().to_string())
+            }),
+        };
+        let plan = plan::plan(&doc, &entries, task_view, self.expires_at().as_deref())
+            .map_err(End::refused)?;
+        let seq = self.mapper.pipeline_sequence();
+        let steps = self.mapper.durable_open_steps().clone();
+        let pending = plan.pending;
+        self.commit(msg::INTERRUPT_NOT_COMMITTED, |d| {
+            d.execution.pending = pending;
+            d.execution.pipeline_sequence = d.execution.pipeline_sequence.max(seq);
+            d.execution.pipeline_open_steps = steps;
+        })
+        .await?;
+        match plan.then {
+            Then::Refuse(e) => Err(End::refused(e)),
+            Then::Reinterrupt => Ok(End::Interrupted),
+            Then::Deliver(answers) => self.deliver(&client, &task_id, answers).await,
+        }
+    }
+
+    /// Makes sure the kernel has the session the task runs in (a kernel restarted from a backup
+    /// restores it on demand).
+    async fn restore_session(
+        &self,
+        client: &a2a::Client,
+        cwd: &str,
+        session: &str,
+        task_id: &str,
+    ) -> Flow {
+        match client.ensure_restored(cwd, session, Some(task_id)).await {
+            Ok(a2a::RestoreOutcome::Ready) => Ok(()),
+            Ok(a2a::RestoreOutcome::NotFound) => {
+                Err(End::fail(Code::ExecutionLost, msg::SESSION_GONE))
+            }
+            Ok(a2a::RestoreOutcome::BackupNotReady(m)) => Err(End::Failed(Failure {
+                code: Code::SessionBackupNotReady,
+                message: m.map_or(Cow::Borrowed(msg::BACKUP_NOT_READY), Cow::Owned),
+                cancel_task: false,
+                fail_closed: false,
+            })),
+            Err(e) => Err(End::kernel(&e).keep_task()),
+        }
+    }
+}
