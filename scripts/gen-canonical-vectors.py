@@ -3,7 +3,7 @@
 
 Each vector holds a raw JSON document, the canonical form Python produces with
 json.dumps(v, ensure_ascii=False, sort_keys=True, separators=(",", ":")), and its SHA-256.
-The gateway's digests must be byte-identical (decision D-2).
+The gateway's digests must be byte-identical to Python's, so state files stay interchangeable.
 """
 import hashlib
 import json

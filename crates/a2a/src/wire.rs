@@ -25,6 +25,15 @@ impl Role {
             Role::Agent => "ROLE_AGENT",
         }
     }
+
+    /// Reads a role as A2A 1.0 (`ROLE_AGENT`) or 0.3 (`agent`) spells it.
+    pub fn parse(raw: &str) -> Option<Role> {
+        match raw {
+            "ROLE_USER" | "user" => Some(Role::User),
+            "ROLE_AGENT" | "agent" => Some(Role::Agent),
+            _ => None,
+        }
+    }
 }
 
 impl Serialize for Role {
@@ -360,6 +369,10 @@ mod tests {
         assert!(TaskState::Failed.is_final());
         assert!(!TaskState::InputRequired.is_final());
         assert!(TaskState::Submitted.is_active() && !TaskState::Completed.is_active());
+        assert_eq!(Role::parse("agent"), Some(Role::Agent));
+        assert_eq!(Role::parse(Role::Agent.wire_name()), Some(Role::Agent));
+        assert_eq!(Role::parse("ROLE_USER"), Some(Role::User));
+        assert_eq!(Role::parse("robot"), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Canonical JSON, byte-identical to Python's
-//! `json.dumps(v, ensure_ascii=False, sort_keys=True, separators=(",", ":"))` (D-2).
+//! `json.dumps(v, ensure_ascii=False, sort_keys=True, separators=(",", ":"))`, so that digests in
+//! state files agree with the reference adapter's, both ways.
 //!
 //! Request digests are computed from the raw body with a parser of our own that keeps every number
 //! literal, so integers of any size and floats format exactly as Python's `int`/`float` would
@@ -47,7 +48,8 @@ pub fn canonical_bytes(input: &[u8]) -> Result<Vec<u8>, CanonError> {
     Ok(out)
 }
 
-/// SHA-256 of the canonical JSON of a raw document (the request digest of §8.1).
+/// SHA-256 of the canonical JSON of a raw document (a request's digest: a run id reused with the
+/// same request is a duplicate, with another one a conflict).
 pub fn digest_bytes(input: &[u8]) -> Result<String, CanonError> {
     Ok(sha256_hex(&canonical_bytes(input)?))
 }

@@ -1,19 +1,22 @@
-//! Command line, environment and YAML configuration (D-1).
+//! Command line, environment and YAML configuration: the flags, variables and keys of
+//! `iac-code agui`, so the gateway is a drop-in replacement, plus additive options named alike.
 //!
-//! Precedence for options with a flag: the flag (or its environment variable) > the YAML value >
-//! the built-in default. Tokens come from the environment, else YAML. YAML keys may use dashes or
-//! underscores. Every validation failure is a message on stderr and exit status 1.
+//! Layers, first wins: a flag or its environment variable (clap reads both; an empty value counts
+//! as unset), the YAML file's key (dashes or underscores), the built-in default. The tokens have
+//! no flag: environment, then YAML. YAML values are never coerced (`port: "8000"` is refused).
+//! Every invalid value is a message on stderr and exit status 1.
 
 use std::path::PathBuf;
 
 use clap::Parser;
+use serde::Deserialize;
 use serde_yaml::Value as Yaml;
 
 use crate::i18n::Lang;
 use crate::paths;
 
 /// AG-UI gateway in front of the iac-code A2A execution kernel (drop-in for `iac-code agui`).
-#[derive(Debug, Parser)]
+#[derive(Debug, Default, Parser)]
 #[command(name = "iac-code-agui", version, about, long_about = None)]
 pub struct Cli {
     /// YAML configuration file (keys: host, port, a2a_url, debug, log_stdout, state_dir,
@@ -21,15 +24,15 @@ pub struct Cli {
     /// kernel_idle_timeout; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
-    /// Bind address [env: IAC_CODE_AGUI_HOST] [default: 127.0.0.1].
-    #[arg(long)]
+    /// Bind address [default: 127.0.0.1].
+    #[arg(long, env = "IAC_CODE_AGUI_HOST")]
     pub host: Option<String>,
-    /// Bind port, 1..65535 [env: IAC_CODE_AGUI_PORT] [default: 8000].
-    #[arg(long, allow_hyphen_values = true)]
+    /// Bind port, 1..65535 [default: 8000].
+    #[arg(long, env = "IAC_CODE_AGUI_PORT", allow_hyphen_values = true)]
     pub port: Option<String>,
-    /// URL of an existing loopback A2A kernel; empty starts a managed `iac-code a2a` child
-    /// [env: IAC_CODE_AGUI_A2A_URL]. Its bearer token: env IAC_CODE_AGUI_A2A_TOKEN or YAML a2a_token.
-    #[arg(long)]
+    /// URL of an existing loopback A2A kernel; empty starts a managed `iac-code a2a` child. Its
+    /// bearer token: env IAC_CODE_AGUI_A2A_TOKEN or YAML a2a_token.
+    #[arg(long, env = "IAC_CODE_AGUI_A2A_URL")]
     pub a2a_url: Option<String>,
     /// Debug logging (default: info).
     #[arg(short, long)]
@@ -40,30 +43,61 @@ pub struct Cli {
     /// Write logs to stderr (default).
     #[arg(long, overrides_with = "log_stdout")]
     pub no_log_stdout: bool,
-    /// Durable state root [env: IAC_CODE_AGUI_STATE_DIR] [default: <IAC_CODE_CONFIG_DIR or
-    /// ~/.iac-code>/agui].
-    #[arg(long)]
+    /// Durable state root [default: <IAC_CODE_CONFIG_DIR or ~/.iac-code>/agui].
+    #[arg(long, env = "IAC_CODE_AGUI_STATE_DIR")]
     pub state_dir: Option<String>,
     /// Exit after this many idle seconds (no active run, no loaded pending interrupt); 0 disables.
     #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
     pub idle_shutdown: Option<String>,
-    /// Interrupt time-to-live in seconds; 0 disables expiry [env: IAC_CODE_AGUI_INTERRUPT_TTL]
-    /// [default: 86400].
-    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    /// Interrupt time-to-live in seconds; 0 disables expiry [default: 86400].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_INTERRUPT_TTL",
+        allow_hyphen_values = true
+    )]
     pub interrupt_ttl: Option<String>,
-    /// Command that starts the managed kernel [env: IAC_CODE_AGUI_A2A_COMMAND] [default: iac-code
-    /// on PATH]. Arguments: a2a --host 127.0.0.1 --port <free> --thinking-exposure all.
-    #[arg(long)]
+    /// Command that starts the managed kernel [default: iac-code on PATH]. Arguments: a2a --host
+    /// 127.0.0.1 --port <free> --thinking-exposure all.
+    #[arg(long, env = "IAC_CODE_AGUI_A2A_COMMAND")]
     pub a2a_command: Option<String>,
-    /// Seconds open streams get to finish after SIGTERM/SIGINT [env: IAC_CODE_AGUI_SHUTDOWN_TIMEOUT]
-    /// [default: 10].
-    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    /// Seconds open streams get to finish after SIGTERM/SIGINT [default: 10].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_SHUTDOWN_TIMEOUT",
+        allow_hyphen_values = true
+    )]
     pub shutdown_timeout: Option<String>,
     /// Seconds a kernel stream may stay silent (no event, no ping) before the run fails with
-    /// A2A_UNAVAILABLE and its task is cancelled; 0 waits forever
-    /// [env: IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT] [default: 60].
-    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    /// A2A_UNAVAILABLE and its task is cancelled; 0 waits forever [default: 60].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT",
+        allow_hyphen_values = true
+    )]
     pub kernel_idle_timeout: Option<String>,
+}
+
+/// The YAML file's keys (after `-` → `_`); unknown keys are ignored. Each value is checked where
+/// it is used, so that a wrong type gets that option's own message.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct FileConfig {
+    host: Option<Yaml>,
+    port: Option<Yaml>,
+    a2a_url: Option<Yaml>,
+    debug: Option<Yaml>,
+    log_stdout: Option<Yaml>,
+    state_dir: Option<Yaml>,
+    idle_shutdown: Option<Yaml>,
+    auth_token: Option<Yaml>,
+    a2a_token: Option<Yaml>,
+    interrupt_ttl: Option<Yaml>,
+    a2a_command: Option<Yaml>,
+    shutdown_timeout: Option<Yaml>,
+    kernel_idle_timeout: Option<Yaml>,
 }
 
 /// The validated configuration.
@@ -74,7 +108,7 @@ pub struct Config {
     /// Normalised loopback kernel URL (one trailing `/`); `None` ⇒ managed kernel.
     pub a2a_url: Option<String>,
     pub a2a_token: Option<String>,
-    /// Bearer token of the gateway's own POST routes; `None` or empty ⇒ no authentication.
+    /// Bearer token of the gateway's own POST routes; `None` ⇒ no authentication.
     pub auth_token: Option<String>,
     pub debug: bool,
     pub log_stdout: bool,
@@ -103,18 +137,12 @@ pub struct Config {
 pub type EnvFn<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 const LOOPBACK_ERR: &str = "The AG-UI adapter may connect only to a loopback A2A HTTP(S) URL.";
+const CONFIG_UNREADABLE: &str = "Unable to load the AG-UI config file.";
 
-fn yaml_get<'a>(map: &'a serde_yaml::Mapping, key: &str) -> Option<&'a Yaml> {
-    map.get(Yaml::String(key.to_owned()))
-        .filter(|v| !v.is_null())
-}
-
-/// Loads the YAML file into a mapping with `-` in keys normalised to `_`.
-fn load_yaml(path: &str) -> Result<serde_yaml::Mapping, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|_| "Unable to load the AG-UI config file.".to_owned())?;
-    let v: Yaml = serde_yaml::from_str(&text)
-        .map_err(|_| "Unable to load the AG-UI config file.".to_owned())?;
+/// Loads the YAML file, with `-` in keys normalised to `_`.
+fn load_yaml(path: &str) -> Result<FileConfig, String> {
+    let text = std::fs::read_to_string(path).map_err(|_| CONFIG_UNREADABLE.to_owned())?;
+    let v: Yaml = serde_yaml::from_str(&text).map_err(|_| CONFIG_UNREADABLE.to_owned())?;
     fn norm(v: Yaml) -> Yaml {
         match v {
             Yaml::Mapping(m) => Yaml::Mapping(
@@ -133,8 +161,8 @@ fn load_yaml(path: &str) -> Result<serde_yaml::Mapping, String> {
         }
     }
     match norm(v) {
-        Yaml::Null => Ok(serde_yaml::Mapping::new()),
-        Yaml::Mapping(m) => Ok(m),
+        Yaml::Null => Ok(FileConfig::default()),
+        m @ Yaml::Mapping(_) => serde_yaml::from_value(m).map_err(|_| CONFIG_UNREADABLE.to_owned()),
         _ => Err("AG-UI config file must contain a YAML mapping.".to_owned()),
     }
 }
@@ -164,164 +192,144 @@ pub fn validate_a2a_url(url: &str) -> Result<String, String> {
     Ok(format!("{}/", url.trim().trim_end_matches('/')))
 }
 
-fn parse_number(text: &str) -> Option<f64> {
-    let t = text.trim();
-    t.parse::<f64>().ok().filter(|f| f.is_finite())
+/// A flag's (or its variable's) value, when it is not empty.
+fn given(v: Option<String>) -> Option<String> {
+    v.filter(|s| !s.trim().is_empty())
+}
+
+/// A YAML string (an empty one counts as unset); another type is `err`.
+fn yaml_string(v: Option<Yaml>, err: &str) -> Result<Option<String>, String> {
+    match v {
+        None | Some(Yaml::Null) => Ok(None),
+        Some(Yaml::String(s)) => Ok(Some(s).filter(|s| !s.trim().is_empty())),
+        Some(_) => Err(err.to_owned()),
+    }
+}
+
+fn yaml_bool(v: Option<Yaml>, key: &str) -> Result<bool, String> {
+    match v {
+        None | Some(Yaml::Null) => Ok(false),
+        Some(Yaml::Bool(b)) => Ok(b),
+        Some(_) => Err(format!("{key} must be a boolean.")),
+    }
+}
+
+/// A non-negative number of seconds: the flag, else the YAML key, else `default`.
+fn seconds(
+    flag: Option<String>,
+    yaml: Option<Yaml>,
+    default: f64,
+    err: &str,
+) -> Result<f64, String> {
+    let v = match given(flag) {
+        Some(s) => s.trim().parse::<f64>().ok().filter(|f| f.is_finite()),
+        None => match yaml {
+            None | Some(Yaml::Null) => Some(default),
+            Some(Yaml::Number(n)) => n.as_f64(),
+            Some(_) => None,
+        },
+    };
+    v.filter(|v| *v >= 0.0 && v.is_finite())
+        .ok_or_else(|| err.to_owned())
 }
 
 impl Config {
-    /// Builds the configuration from parsed arguments and an environment.
+    /// Builds the configuration from the parsed command line (flags and their variables) and the
+    /// environment (tokens, paths, locale).
     pub fn load(cli: Cli, env: EnvFn<'_>) -> Result<Config, String> {
-        let yaml = match cli.config.as_deref().filter(|c| !c.is_empty()) {
+        let file = match cli.config.as_deref().filter(|c| !c.is_empty()) {
             Some(path) => load_yaml(path)?,
-            None => serde_yaml::Mapping::new(),
+            None => FileConfig::default(),
         };
         let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
 
-        // host
-        let host = match cli.host.or_else(|| env_nonempty("IAC_CODE_AGUI_HOST")) {
+        let host = match given(cli.host) {
             Some(h) => h,
-            None => match yaml_get(&yaml, "host") {
-                Some(Yaml::String(s)) => s.clone(),
-                Some(_) => return Err("--host must be a string.".into()),
-                None => "127.0.0.1".into(),
-            },
+            None => yaml_string(file.host, "--host must be a string.")?
+                .unwrap_or_else(|| "127.0.0.1".into()),
         };
 
-        // port
         let port_err = "--port must be between 1 and 65535.";
-        let port: i64 = match cli.port.or_else(|| env_nonempty("IAC_CODE_AGUI_PORT")) {
-            Some(p) => p.trim().parse::<i64>().map_err(|_| port_err.to_owned())?,
-            None => match yaml_get(&yaml, "port") {
-                Some(Yaml::Number(n)) if n.is_i64() || n.is_u64() => {
-                    n.as_i64().ok_or(port_err.to_owned())?
-                }
+        let port: i64 = match given(cli.port) {
+            Some(p) => p.trim().parse().map_err(|_| port_err.to_owned())?,
+            None => match file.port {
+                None | Some(Yaml::Null) => 8000,
+                Some(Yaml::Number(n)) => n.as_i64().ok_or(port_err)?,
                 Some(_) => return Err(port_err.into()),
-                None => 8000,
             },
         };
-        if !(1..=65535).contains(&port) {
-            return Err(port_err.into());
-        }
+        let port = u16::try_from(port)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or(port_err)?;
 
-        // a2a url
-        let a2a_url_raw = match cli.a2a_url.filter(|u| !u.is_empty()) {
+        // An empty URL consults the variable again (an empty flag does not hide it).
+        let a2a_url = match given(cli.a2a_url).or_else(|| env_nonempty("IAC_CODE_AGUI_A2A_URL")) {
             Some(u) => Some(u),
-            None => match env_nonempty("IAC_CODE_AGUI_A2A_URL") {
-                Some(u) => Some(u),
-                None => match yaml_get(&yaml, "a2a_url") {
-                    Some(Yaml::String(s)) if !s.is_empty() => Some(s.clone()),
-                    Some(Yaml::String(_)) | None => None,
-                    Some(_) => return Err("--a2a-url must be a string.".into()),
-                },
-            },
+            None => yaml_string(file.a2a_url, "--a2a-url must be a string.")?,
         };
-        let a2a_url = a2a_url_raw.as_deref().map(validate_a2a_url).transpose()?;
+        let a2a_url = a2a_url.as_deref().map(validate_a2a_url).transpose()?;
 
-        // tokens: env > config
-        let token = |env_key: &str, yaml_key: &str, err: &str| -> Result<Option<String>, String> {
-            if let Some(v) = env(env_key) {
-                return Ok(Some(v));
-            }
-            match yaml_get(&yaml, yaml_key) {
-                Some(Yaml::String(s)) => Ok(Some(s.clone())),
-                Some(_) => Err(err.to_owned()),
-                None => Ok(None),
-            }
+        // Tokens: the variable (even empty: it then switches the token off) > YAML.
+        let token = |var: &str, yaml: Option<Yaml>, err: &str| -> Result<Option<String>, String> {
+            let v = match env(var) {
+                Some(v) => Some(v),
+                None => match yaml {
+                    None | Some(Yaml::Null) => None,
+                    Some(Yaml::String(s)) => Some(s),
+                    Some(_) => return Err(err.to_owned()),
+                },
+            };
+            Ok(v.filter(|t| !t.is_empty()))
         };
         let auth_token = token(
             "IAC_CODE_AGUI_AUTH_TOKEN",
-            "auth_token",
+            file.auth_token,
             "auth_token must be a string.",
-        )?
-        .filter(|t| !t.is_empty());
+        )?;
         let a2a_token = token(
             "IAC_CODE_AGUI_A2A_TOKEN",
-            "a2a_token",
+            file.a2a_token,
             "a2a_token must be a string.",
-        )?
-        .filter(|t| !t.is_empty());
+        )?;
 
-        let yaml_bool = |key: &str| -> Result<bool, String> {
-            match yaml_get(&yaml, key) {
-                Some(Yaml::Bool(b)) => Ok(*b),
-                Some(_) => Err(format!("{key} must be a boolean.")),
-                None => Ok(false),
-            }
-        };
-        let debug = cli.debug || yaml_bool("debug")?;
+        let debug = cli.debug || yaml_bool(file.debug, "debug")?;
         let log_stdout = if cli.log_stdout {
             true
         } else if cli.no_log_stdout {
             false
         } else {
-            yaml_bool("log_stdout")?
+            yaml_bool(file.log_stdout, "log_stdout")?
         };
 
-        // numbers from flag/env/yaml
-        let number = |flag: Option<String>,
-                      env_key: Option<&str>,
-                      yaml_key: &str,
-                      default: f64,
-                      err: &str|
-         -> Result<f64, String> {
-            let v = match flag.or_else(|| env_key.and_then(env_nonempty)) {
-                Some(s) => parse_number(&s).ok_or_else(|| err.to_owned())?,
-                None => match yaml_get(&yaml, yaml_key) {
-                    Some(Yaml::Number(n)) => n.as_f64().ok_or_else(|| err.to_owned())?,
-                    Some(_) => return Err(err.to_owned()),
-                    None => default,
-                },
-            };
-            if v < 0.0 || !v.is_finite() {
-                return Err(err.to_owned());
-            }
-            Ok(v)
-        };
-        let idle_shutdown_secs = number(
+        let idle_shutdown_secs = seconds(
             cli.idle_shutdown,
-            None,
-            "idle_shutdown",
+            file.idle_shutdown,
             0.0,
             "--idle-shutdown must be a non-negative number.",
         )?;
-        let ttl = number(
-            cli.interrupt_ttl,
-            Some("IAC_CODE_AGUI_INTERRUPT_TTL"),
-            "interrupt_ttl",
-            86400.0,
-            "--interrupt-ttl must be a non-negative integer.",
-        )?;
+        let ttl_err = "--interrupt-ttl must be a non-negative integer.";
+        let ttl = seconds(cli.interrupt_ttl, file.interrupt_ttl, 86400.0, ttl_err)?;
         if ttl.fract() != 0.0 {
-            return Err("--interrupt-ttl must be a non-negative integer.".into());
+            return Err(ttl_err.into());
         }
-        let shutdown_timeout_secs = number(
+        let shutdown_timeout_secs = seconds(
             cli.shutdown_timeout,
-            Some("IAC_CODE_AGUI_SHUTDOWN_TIMEOUT"),
-            "shutdown_timeout",
+            file.shutdown_timeout,
             10.0,
             "--shutdown-timeout must be a non-negative number.",
         )?;
-
-        let kernel_idle_timeout_secs = number(
+        let kernel_idle_timeout_secs = seconds(
             cli.kernel_idle_timeout,
-            Some("IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT"),
-            "kernel_idle_timeout",
+            file.kernel_idle_timeout,
             60.0,
             "--kernel-idle-timeout must be a non-negative number.",
         )?;
 
-        let a2a_command = match cli
-            .a2a_command
-            .filter(|c| !c.is_empty())
-            .or_else(|| env_nonempty("IAC_CODE_AGUI_A2A_COMMAND"))
-        {
+        let a2a_command = match given(cli.a2a_command) {
             Some(c) => c,
-            None => match yaml_get(&yaml, "a2a_command") {
-                Some(Yaml::String(s)) if !s.is_empty() => s.clone(),
-                Some(Yaml::String(_)) | None => "iac-code".into(),
-                Some(_) => return Err("--a2a-command must be a string.".into()),
-            },
+            None => yaml_string(file.a2a_command, "--a2a-command must be a string.")?
+                .unwrap_or_else(|| "iac-code".into()),
         };
 
         let home = env("HOME");
@@ -337,20 +345,9 @@ impl Config {
             };
             paths::resolve(&abs).unwrap_or_else(|_| paths::normalize(&abs))
         };
-
-        // state dir: flag > env > yaml > <config-dir>/agui
-        let explicit = match cli.state_dir.filter(|s| !s.trim().is_empty()) {
+        let explicit = match given(cli.state_dir) {
             Some(s) => Some(s),
-            None => {
-                match env_nonempty("IAC_CODE_AGUI_STATE_DIR").filter(|s| !s.trim().is_empty()) {
-                    Some(s) => Some(s),
-                    None => match yaml_get(&yaml, "state_dir") {
-                        Some(Yaml::String(s)) if !s.trim().is_empty() => Some(s.clone()),
-                        Some(Yaml::String(_)) | None => None,
-                        Some(_) => return Err("--state-dir must be a string.".into()),
-                    },
-                }
-            }
+            None => yaml_string(file.state_dir, "--state-dir must be a string.")?,
         };
         let (state_dir, state_dir_is_default) = match explicit {
             Some(s) => (expand(&s), false),
@@ -373,7 +370,7 @@ impl Config {
 
         Ok(Config {
             host,
-            port: port as u16,
+            port,
             a2a_url,
             a2a_token,
             auth_token,
@@ -394,10 +391,10 @@ impl Config {
         })
     }
 
-    /// A configuration for tests and embedding: no YAML, no flags.
+    /// A configuration for tests and embedding: no flags, no YAML, no process environment (only
+    /// `env`).
     pub fn for_state_dir(state_dir: PathBuf, env: EnvFn<'_>) -> Config {
-        let cli = Cli::parse_from(["iac-code-agui"]);
-        let mut c = Config::load(cli, env).expect("default configuration is valid");
+        let mut c = Config::load(Cli::default(), env).expect("default configuration is valid");
         c.state_dir = state_dir;
         c.state_dir_is_default = false;
         c
@@ -429,16 +426,44 @@ mod tests {
         })
     }
 
+    /// The variable of each option (clap reads it where the flag is absent; the process tests
+    /// run the binary with them).
     #[test]
-    fn kernel_idle_timeout_flag_env_yaml_and_errors() {
+    fn every_option_with_a_variable_declares_it() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let var = |id: &str| {
+            cmd.get_arguments()
+                .find(|a| a.get_id() == id)
+                .and_then(|a| a.get_env())
+                .and_then(|v| v.to_str())
+                .map(str::to_owned)
+        };
+        for (id, name) in [
+            ("host", "IAC_CODE_AGUI_HOST"),
+            ("port", "IAC_CODE_AGUI_PORT"),
+            ("a2a_url", "IAC_CODE_AGUI_A2A_URL"),
+            ("state_dir", "IAC_CODE_AGUI_STATE_DIR"),
+            ("interrupt_ttl", "IAC_CODE_AGUI_INTERRUPT_TTL"),
+            ("a2a_command", "IAC_CODE_AGUI_A2A_COMMAND"),
+            ("shutdown_timeout", "IAC_CODE_AGUI_SHUTDOWN_TIMEOUT"),
+            ("kernel_idle_timeout", "IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT"),
+        ] {
+            assert_eq!(var(id).as_deref(), Some(name), "{id}");
+        }
+        // The reference has no variable for these.
+        assert_eq!(var("idle_shutdown"), None);
+        assert_eq!(var("config"), None);
+    }
+
+    #[test]
+    fn kernel_idle_timeout_flag_yaml_and_errors() {
         assert_eq!(load(&[], &[]).unwrap().kernel_idle_timeout_secs, 60.0);
         assert_eq!(
             load(&[], &[]).unwrap().kernel_timeouts().stream_idle,
             std::time::Duration::from_secs(60)
         );
-        let env = [("IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT", "5")];
-        assert_eq!(load(&[], &env).unwrap().kernel_idle_timeout_secs, 5.0);
-        let c = load(&["--kernel-idle-timeout", "2.5"], &env).unwrap();
+        let c = load(&["--kernel-idle-timeout", "2.5"], &[]).unwrap();
         assert_eq!(
             c.kernel_timeouts().stream_idle,
             std::time::Duration::from_millis(2500)
@@ -467,21 +492,34 @@ mod tests {
     }
 
     #[test]
-    fn precedence_flag_env_yaml_default() {
+    fn precedence_flag_yaml_default() {
         let f = yaml("port: 9001\na2a-url: http://127.0.0.1:1234\nauth_token: t\n");
         let p = f.path().to_str().unwrap();
-        let env = [("IAC_CODE_AGUI_PORT", "9002")];
         assert_eq!(
-            load(&["--config", p, "--port", "9003"], &env).unwrap().port,
+            load(&["--config", p, "--port", "9003"], &[]).unwrap().port,
             9003
         );
-        assert_eq!(load(&["--config", p], &env).unwrap().port, 9002);
+        // An empty flag (or variable) counts as unset.
+        assert_eq!(
+            load(&["--config", p, "--port", ""], &[]).unwrap().port,
+            9001
+        );
         let c = load(&["--config", p], &[]).unwrap();
         assert_eq!(c.port, 9001);
         assert_eq!(c.a2a_url.as_deref(), Some("http://127.0.0.1:1234/"));
         assert_eq!(c.auth_token.as_deref(), Some("t"));
         let c = load(&["--config", p], &[("IAC_CODE_AGUI_AUTH_TOKEN", "e")]).unwrap();
         assert_eq!(c.auth_token.as_deref(), Some("e"));
+        // An empty token variable switches the YAML token off.
+        let c = load(&["--config", p], &[("IAC_CODE_AGUI_AUTH_TOKEN", "")]).unwrap();
+        assert_eq!(c.auth_token, None);
+        // An empty URL flag consults the variable again.
+        let c = load(
+            &["--a2a-url", ""],
+            &[("IAC_CODE_AGUI_A2A_URL", "http://localhost:7/")],
+        )
+        .unwrap();
+        assert_eq!(c.a2a_url.as_deref(), Some("http://localhost:7/"));
         assert_eq!(load(&[], &[]).unwrap().port, 8000);
         assert_eq!(load(&[], &[]).unwrap().interrupt_ttl_secs, 86400);
     }

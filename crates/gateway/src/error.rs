@@ -1,7 +1,8 @@
 //! Error codes, the one table that maps each to its HTTP status, and the JSON error envelope.
 //!
 //! Before the SSE response starts, an error is `{"error":{"code","message"}}` with the status of the
-//! table. After it started, the same code travels in `RUN_ERROR` (spans balanced first, D-5).
+//! table. After it started, the same code travels in `RUN_ERROR`, after every open span has been
+//! closed (a client sees balanced spans on every error).
 
 use std::borrow::Cow;
 

@@ -222,7 +222,9 @@ async fn run(State(s): State<AppState>, req: Request) -> Response {
     }
 }
 
-/// Validation before admission (§3–§6, D-9).
+/// Validation before admission: everything that can refuse a run (envelope, `iacCode`, workspace,
+/// message content) is checked before the SSE response starts, so a refusal is a plain JSON error
+/// and the run id is not consumed.
 async fn prepare(
     rt: &Arc<Runtime>,
     obj: &Map<String, Value>,
@@ -245,10 +247,11 @@ async fn prepare(
     } else {
         None
     };
-    // Workspace resolution (may create the directory) and image decoding run off the runtime.
+    // Workspace checks and image decoding run off the runtime. The workspace is created only
+    // once every check has passed: a refused request leaves nothing behind.
     let (cwd, user_message) = tokio::task::spawn_blocking(move || {
         let env = rt2.env().clone();
-        let cwd = cwd::resolve(&raw_cwd, rt2.cfg(), &*env)?;
+        let workspace = cwd::resolve(&raw_cwd, rt2.cfg(), &*env)?;
         if tools_len > 0 {
             return Err(ApiError::new(Code::InvalidInput, msg::TOOLS_UNSUPPORTED));
         }
@@ -259,7 +262,7 @@ async fn prepare(
             )?),
             None => None,
         };
-        Ok((cwd, user_message))
+        Ok((workspace.create()?, user_message))
     })
     .await
     .map_err(|_| ApiError::new(Code::InvalidInput, msg::INVALID_PROPS))??;

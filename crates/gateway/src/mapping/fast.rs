@@ -109,7 +109,7 @@ pub fn text_delta(data: &[u8], known: Known<'_>) -> Option<TextDelta> {
     let u = f.result.status_update;
     if u.task_id != known.task_id
         || u.context_id != known.context_id
-        || u.status.state != "TASK_STATE_WORKING"
+        || u.status.state != a2a::TaskState::Working.wire_name()
     {
         return None;
     }
@@ -123,7 +123,7 @@ pub fn text_delta(data: &[u8], known: Known<'_>) -> Option<TextDelta> {
         }
     }
     let m = u.status.message;
-    if !(m.role == "ROLE_AGENT" || m.role == "agent") || m.message_id.is_empty() {
+    if a2a::Role::parse(&m.role) != Some(a2a::Role::Agent) || m.message_id.is_empty() {
         return None;
     }
     let text = match m.parts.len() {

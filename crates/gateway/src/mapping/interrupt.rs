@@ -1,4 +1,4 @@
-//! Required kernel inputs → pending entries and AG-UI `Interrupt` objects (§11, D-4, D-18).
+//! Required kernel inputs → pending entries and AG-UI `Interrupt` objects (with `expiresAt`).
 
 use agui::Interrupt;
 use serde_json::{json, Map, Value};
@@ -11,7 +11,8 @@ use crate::store::doc_project_input;
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequiredInput {
     pub id: String,
-    /// Allow-listed projection, with `inputId` set (D-18: generated ids are persisted).
+    /// Allow-listed projection, with `inputId` set: an input without an id gets a generated one,
+    /// stored with it, so the thread stays answerable.
     pub value: Map<String, Value>,
     pub sideband: bool,
 }
@@ -111,7 +112,7 @@ fn truthy(v: Option<&Value>) -> bool {
     }
 }
 
-/// The standard options `(id, title)` of a question (§11.3).
+/// The standard options `(id, title)` of a question.
 pub fn standard_options(value: &Map<String, Value>) -> Vec<(String, String)> {
     let Some(options) = value.get("options").and_then(Value::as_array) else {
         return Vec::new();
@@ -152,7 +153,8 @@ pub fn standard_options(value: &Map<String, Value>) -> Vec<(String, String)> {
     out
 }
 
-/// Builds the AG-UI interrupt of a pending entry. `expires_at`: RFC 3339 (D-4) or none.
+/// Builds the AG-UI interrupt of a pending entry. `expires_at`: RFC 3339, or none when expiry is
+/// off.
 pub fn build(id: &str, value: &Map<String, Value>, expires_at: Option<&str>) -> Interrupt {
     let kind = str_of(value.get("kind")).unwrap_or("input_required");
     let lang = value

@@ -1,8 +1,9 @@
-//! Kernel item → AG-UI events (§10), as pure code: no I/O, no clock.
+//! Kernel item → AG-UI events, as pure code: no I/O, no clock.
 //!
 //! The [`Mapper`] holds the per-run span state (open text messages, reasoning, tool calls, steps),
 //! usage, pipeline dedupe state and text snapshot digests. The run driver feeds it unwrapped kernel
-//! items and forwards the events it appends. [`Mapper::close_all`] balances spans (§10.9, D-5).
+//! items and forwards the events it appends. [`Mapper::close_all`] balances spans before any
+//! terminal event.
 
 pub mod fast;
 pub mod interrupt;
@@ -64,7 +65,7 @@ impl std::fmt::Debug for Mapper {
 }
 
 /// A whole-number counter: integers, or doubles with no fraction (metadata numbers are doubles);
-/// negative or fractional values are dropped (D-16).
+/// negative or fractional values are dropped, never fatal.
 fn counter(v: Option<&Value>) -> Option<u64> {
     let n = v?.as_number()?;
     if let Some(u) = n.as_u64() {
@@ -81,7 +82,7 @@ fn nonempty_str(v: Option<&Value>) -> Option<&str> {
 fn is_agent_role(msg: &Value) -> bool {
     match msg.get("role") {
         None | Some(Value::Null) => true,
-        Some(Value::String(r)) => r == "ROLE_AGENT" || r == "agent",
+        Some(Value::String(r)) => a2a::Role::parse(r) == Some(a2a::Role::Agent),
         Some(_) => false,
     }
 }
@@ -135,7 +136,7 @@ impl Mapper {
         }
     }
 
-    /// Maps one unwrapped kernel item (§10 order: pipeline batch, pipeline, thinking, tool, usage,
+    /// Maps one unwrapped kernel item (in this order: pipeline batch, pipeline, thinking, tool, usage,
     /// artifact, status text).
     pub fn map_item(&mut self, item: &Value, out: &mut Vec<Event>) {
         let meta = item
@@ -480,7 +481,7 @@ impl Mapper {
             || !self.pipe.run_open_steps.is_empty()
     }
 
-    /// Closes every open span (§10.9 order): reasoning, tool calls, text messages, steps opened in
+    /// Closes every open span, innermost first: reasoning, tool calls, text messages, steps opened in
     /// this run (they stay durable so the next run re-opens them).
     pub fn close_all(&mut self, out: &mut Vec<Event>) {
         self.close_reasoning(out);

@@ -1,4 +1,4 @@
-//! Pipeline envelopes (§10.7): live dedupe, standard projections, step lifecycle, CUSTOM allow-list.
+//! Pipeline envelopes: live dedupe, standard projections, step lifecycle, CUSTOM allow-list.
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::Mapper;
 
-/// The `iac-code.pipeline.v1` CUSTOM allow-list (exactly the seed's list).
+/// The `iac-code.pipeline.v1` CUSTOM allow-list: the pipeline events a client may see.
 pub const ALLOW_LIST: &[&str] = &[
     "pipeline_started",
     "pipeline_resumed",
@@ -257,7 +257,7 @@ impl Mapper {
 }
 
 impl Mapper {
-    /// Pipeline recovery (§10.8): `ACTIVITY_SNAPSHOT` of the snapshot, then the missed events.
+    /// Pipeline recovery after a pause: `ACTIVITY_SNAPSHOT` of the snapshot, then the missed events.
     pub fn map_recovery(&mut self, state: &Value, out: &mut Vec<Event>) {
         let Some(snapshot) = state.get("snapshot").filter(|s| s.is_object()) else {
             return;

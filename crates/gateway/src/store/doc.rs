@@ -41,7 +41,8 @@ pub struct PendingEntry {
     /// The allow-listed projection of the kernel input.
     pub value: Map<String, Value>,
     pub sideband: bool,
-    /// D-4: RFC 3339 expiry instant (additive field), `None` when expiry is disabled.
+    /// RFC 3339 expiry instant (a field the reference does not write; it ignores it), `None` when
+    /// expiry is off.
     pub expires_at: Option<String>,
 }
 
@@ -78,7 +79,8 @@ pub struct ThreadDoc {
     pub run_digests: BTreeMap<String, String>,
     pub applied_resume_digests: BTreeSet<AppliedDigest>,
     pub terminal_execution_ids: BTreeSet<String>,
-    /// D-4 (additive field `expiredInterrupts`, written only when non-empty): interrupts that
+    /// `expiredInterrupts` (written only when non-empty, so reference files stay as they are):
+    /// interrupts that
     /// expired, remembered with their execution so later answers get `EXECUTION_EXPIRED`.
     pub expired_interrupts: BTreeSet<(String, String)>,
 }
@@ -171,7 +173,7 @@ impl ThreadDoc {
         out
     }
 
-    /// Parses and validates a document for `thread_id` (§16.5).
+    /// Parses and validates a document for `thread_id`.
     pub fn from_json(bytes: &[u8], thread_id: &str) -> Result<ThreadDoc, StoreError> {
         let v: Value = serde_json::from_slice(bytes).map_err(|_| invalid("not JSON"))?;
         let o = v.as_object().ok_or_else(|| invalid("not an object"))?;

@@ -284,7 +284,7 @@ mod tests {
             format!("aguiid~{}", "41".repeat(96))
         );
         assert!(file_stem(&"A".repeat(97)).unwrap().starts_with("aguihash~"));
-        // D-19: long verbatim ids use the hex/hash form too.
+        // Long verbatim ids use the hex/hash form too.
         assert!(file_stem(&"a".repeat(201))
             .unwrap()
             .starts_with("aguihash~"));
@@ -395,7 +395,7 @@ mod tests {
         // A directory in place of the file.
         fs::create_dir(root.join("threads/t3.json")).unwrap();
         assert!(s.load_blocking("t3").is_err());
-        // A pre-existing root keeps its mode (D-19).
+        // A pre-existing root keeps its mode.
         let pre = dir.path().join("pre");
         fs::create_dir(&pre).unwrap();
         fs::set_permissions(&pre, fs::Permissions::from_mode(0o755)).unwrap();

@@ -1,4 +1,4 @@
-//! The latest user message → A2A parts (§6), validated before the SSE response (D-9).
+//! The latest user message → A2A parts, validated before the SSE response starts.
 //!
 //! Text parts pass through; images must be inline base64 data of an allowed type, within the size
 //! limits and decodable. Images are normalised (≤ 2000×2000 px, ≤ 3,932,160 bytes, PNG/JPEG/GIF/WEBP

@@ -1,4 +1,5 @@
-//! Workspace (`cwd`) resolution with allowed roots and symlink-escape prevention (§5, D-8).
+//! Workspace (`cwd`) resolution with allowed roots and symlink-escape prevention; each refusal
+//! has its own message.
 
 use std::path::{Path, PathBuf};
 
@@ -28,13 +29,31 @@ pub fn allowed_roots(cfg: &Config) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Resolves and checks `raw`; creates the directory when it is missing. Blocking I/O: call it
-/// off the async runtime.
+/// A workspace that passed every check; it may not exist yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    pub path: PathBuf,
+    missing: bool,
+}
+
+impl Workspace {
+    /// Creates the directory if it is missing. Called once every check of the request has
+    /// passed, so a refused request leaves nothing behind. Blocking I/O.
+    pub fn create(self) -> Result<PathBuf, ApiError> {
+        if self.missing {
+            std::fs::create_dir_all(&self.path).map_err(|_| err(msg::CWD_CANNOT_CREATE))?;
+        }
+        Ok(self.path)
+    }
+}
+
+/// Resolves and checks `raw` without changing anything. Blocking I/O: call it off the async
+/// runtime.
 pub fn resolve(
     raw: &str,
     cfg: &Config,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<PathBuf, ApiError> {
+) -> Result<Workspace, ApiError> {
     if raw.is_empty() {
         return Err(err(msg::CWD_NOT_ABSOLUTE));
     }
@@ -48,8 +67,8 @@ pub fn resolve(
     if !roots.iter().any(|r| resolved.starts_with(r)) {
         return Err(err(msg::CWD_OUTSIDE_ROOTS));
     }
-    match std::fs::metadata(&resolved) {
-        Ok(m) if m.is_dir() => {}
+    let missing = match std::fs::metadata(&resolved) {
+        Ok(m) if m.is_dir() => false,
         Ok(_) => return Err(err(msg::CWD_NOT_DIR)),
         Err(e)
             if matches!(
@@ -57,11 +76,14 @@ pub fn resolve(
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
             ) =>
         {
-            std::fs::create_dir_all(&resolved).map_err(|_| err(msg::CWD_CANNOT_CREATE))?;
+            true
         }
         Err(_) => return Err(err(msg::CWD_INVALID)),
-    }
-    Ok(resolved)
+    };
+    Ok(Workspace {
+        path: resolved,
+        missing,
+    })
 }
 
 #[cfg(test)]
@@ -88,7 +110,7 @@ mod tests {
         let c = cfg(&root);
         let env = |k: &str| (k == "W").then(|| root.join("ws").to_str().unwrap().to_owned());
         let ws = root.join("ws");
-        let r = |s: &str| resolve(s, &c, &env);
+        let r = |s: &str| resolve(s, &c, &env).and_then(Workspace::create);
         assert_eq!(r(ws.join("a").to_str().unwrap()).unwrap(), ws.join("a"));
         assert_eq!(
             r(&format!("{}/a/../a/", ws.display())).unwrap(),
@@ -108,7 +130,9 @@ mod tests {
             msg::CWD_NOT_DIR
         );
         let deep = ws.join("new/deep/dir");
-        assert_eq!(r(deep.to_str().unwrap()).unwrap(), deep);
+        let checked = resolve(deep.to_str().unwrap(), &c, &env).unwrap();
+        assert!(!deep.exists(), "checking creates nothing");
+        assert_eq!(checked.create().unwrap(), deep);
         assert!(deep.is_dir());
         assert_eq!(
             r(ws.join("file/sub").to_str().unwrap())

@@ -1,4 +1,5 @@
-//! The RunAgentInput envelope (ag-ui 0.1.20 model with the decisions D-7 and D-11).
+//! The RunAgentInput envelope (the ag-ui 0.1.20 model): ids must be non-empty strings, unknown
+//! top-level fields (`protocolVersion` of 1.0 clients, …) are ignored.
 //!
 //! Required: `threadId`, `runId` (non-empty strings), `state`, `messages`, `tools`, `context`,
 //! `forwardedProps`. camelCase and snake_case spellings are both accepted; unknown fields are
@@ -185,7 +186,7 @@ fn check_message(m: &Value) -> Result<(), ApiError> {
 pub fn parse(body: &Map<String, Value>) -> Result<Envelope, ApiError> {
     let thread_id = req_str(body, "threadId", "thread_id")?;
     let run_id = req_str(body, "runId", "run_id")?;
-    // D-7: non-empty ids.
+    // Ids must be non-empty strings.
     if thread_id.is_empty() || run_id.is_empty() {
         return Err(invalid());
     }

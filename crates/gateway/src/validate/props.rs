@@ -1,4 +1,4 @@
-//! The strict `forwardedProps.iacCode` extension (§4 with D-10).
+//! The strict `forwardedProps.iacCode` extension.
 //!
 //! Sibling keys of `iacCode` are ignored. Inside it: unknown keys are rejected, types are never
 //! coerced, `schemaVersion` is the JSON integer 1, snake_case spellings are accepted, and both

@@ -4,7 +4,7 @@
 //!
 //! After every restart: every state file loads and no temporary file is left; a pending interrupt
 //! still resumes (and its tool runs exactly once); a replayed answer is never applied twice; a new
-//! turn on the thread whose run was cut works (D-21); across the whole test no tool ran twice
+//! turn on the thread whose run was cut works (its orphaned task is cancelled first); across the whole test no tool ran twice
 //! (each turn's tool appends its own line to a file, and lines are counted).
 //!
 //! CI runs `CRASH_ITERATIONS` (default 8) iterations; set it higher for a long local run.

@@ -193,7 +193,7 @@ async fn terminal_states_and_errors() {
         .await;
         assert_eq!(res.last()["type"], "RUN_ERROR", "{state}");
         assert_eq!(res.last()["code"], code, "{state}");
-        // Spans were balanced first (D-5).
+        // Spans were balanced first.
         let n = res.types().len();
         assert_eq!(res.types()[n - 2], "TEXT_MESSAGE_END");
     }
@@ -282,12 +282,12 @@ async fn kernel_faults_end_with_a2a_unavailable_and_cancel() {
             res.last()["message"],
             "The local A2A execution service is unavailable."
         );
-        // D-16: the JSON-RPC id is never adopted as a task id.
+        // The JSON-RPC id is never adopted as a task id.
         assert!(res.sessions().iter().all(|s| s["taskId"] != "rpc-1"));
         let cancels = k.wait_calls("CancelTask", 1, Duration::from_secs(5)).await;
         assert_eq!(cancels[0].body["params"]["id"], "task-1", "{what}");
     }
-    // A JSON-RPC error body where a stream was expected (D-16), and backup-not-ready.
+    // A JSON-RPC error body where a stream was expected, and backup-not-ready.
     let (s, k) = setup().await;
     k.on(
         "SendStreamingMessage",
@@ -1537,7 +1537,7 @@ async fn an_answer_the_kernel_does_not_accept_stays_retryable() {
     assert!(s.thread_doc("t1")["execution"]["pending"]["perm-1"].is_object());
 }
 
-/// Guidance (§13): a user message injected into the running pipeline task while another run is
+/// Guidance: a user message injected into the running pipeline task while another run is
 /// active; admission rules and errors.
 #[tokio::test]
 async fn guidance_runs() {

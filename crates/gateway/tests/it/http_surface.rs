@@ -321,7 +321,7 @@ async fn language_negotiation() {
     );
 }
 
-/// Every pre-SSE validation error: code, status and specific message (D-8, D-9), in English and
+/// Every pre-SSE validation error: code, status and specific message, in English and
 /// another language.
 #[tokio::test]
 async fn validation_errors_before_sse() {
@@ -425,11 +425,16 @@ async fn validation_errors_before_sse() {
         r.error_message(),
         Some("An image exceeds the maximum size.")
     );
-    // None of them reached the kernel or consumed the runId.
+    // None of them reached the kernel, consumed the runId or created the workspace.
     assert!(k.requests().is_empty());
+    assert!(
+        !std::path::Path::new(&ws).exists(),
+        "a refused request created its workspace"
+    );
     k.on("SendStreamingMessage", Reply::Sse(vec![]));
     let r = post(&s.url, &body("t", "r", "hi", &ws, json!({})), &[]).await;
     assert_eq!(r.status, 200);
+    assert!(std::path::Path::new(&ws).is_dir(), "an admitted run creates it");
 }
 
 fn base64_of_len(decoded: usize) -> String {
@@ -1120,7 +1125,7 @@ async fn every_pre_sse_error_in_two_languages() {
     }
 }
 
-/// D-21: after a crash mid-run (the reference's state file of a run whose task kept running), the
+/// After a crash mid-run (the reference's state file of a run whose task kept running), the
 /// next turn first cancels the orphaned kernel task, then starts.
 #[tokio::test]
 async fn orphaned_execution_is_cancelled_before_a_new_turn() {

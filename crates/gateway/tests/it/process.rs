@@ -50,6 +50,52 @@ fn configuration_errors_exit_1_with_a_message() {
     );
 }
 
+/// The layers of a flagged option: the flag beats its variable, which beats the YAML key.
+#[test]
+fn flags_beat_variables_which_beat_yaml() {
+    let dir = tempfile::tempdir().unwrap();
+    let (yaml_port, env_port, flag_port) = (free_port(), free_port(), free_port());
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "port: {yaml_port}\nstate-dir: {}\n",
+            dir.path().join("s").display()
+        ),
+    )
+    .unwrap();
+    let serves_on = |args: &[&str], env: &[(&str, &str)], port: u16| {
+        let mut child = Command::new(bin())
+            .args([
+                "--config",
+                cfg.to_str().unwrap(),
+                "--a2a-url",
+                "http://127.0.0.1:9/",
+            ])
+            .args(args)
+            .envs(env.iter().copied())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let up = wait_health(port, Duration::from_secs(10));
+        let _ = child.kill();
+        let _ = child.wait();
+        up.is_some()
+    };
+    assert!(serves_on(&[], &[], yaml_port));
+    let env_port_s = env_port.to_string();
+    assert!(serves_on(
+        &[],
+        &[("IAC_CODE_AGUI_PORT", &env_port_s)],
+        env_port
+    ));
+    assert!(serves_on(
+        &["--port", &flag_port.to_string()],
+        &[("IAC_CODE_AGUI_PORT", &env_port_s)],
+        flag_port
+    ));
+}
+
 #[test]
 fn help_documents_every_option() {
     let out = Command::new(bin()).arg("--help").output().unwrap();
