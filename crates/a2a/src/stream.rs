@@ -464,6 +464,27 @@ mod tests {
         );
     }
 
+    /// The silence watchdog fails a stream after `limit` without a chunk; each chunk restarts
+    /// the period. (Paused time: the test waits for timers only.)
+    #[tokio::test(start_paused = true)]
+    async fn the_watchdog_counts_silence_from_the_last_chunk() {
+        let limit = Duration::from_secs(60);
+        let mut idle = Idle::new(limit);
+        let start = tokio::time::Instant::now();
+        for _ in 0..3 {
+            let chunk = tokio::time::sleep(Duration::from_secs(45));
+            assert!(idle.guard(chunk).await.is_ok());
+        }
+        assert_eq!(start.elapsed(), Duration::from_secs(135));
+        let silent = std::future::pending::<()>();
+        assert!(matches!(idle.guard(silent).await, Err(Error::Transport(_))));
+        assert_eq!(start.elapsed(), Duration::from_secs(195));
+        // Zero waits forever.
+        let mut off = Idle::new(Duration::ZERO);
+        let late = tokio::time::sleep(Duration::from_secs(3600));
+        assert!(off.guard(late).await.is_ok());
+    }
+
     #[tokio::test]
     async fn a_line_break_in_a_header_value_is_refused_before_sending() {
         let (client, _server) = tokio::io::duplex(1024);

@@ -161,3 +161,37 @@ pub fn body_stream(
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use tokio::time::Instant;
+
+    /// A heartbeat comes after each quiet period of `heartbeat`, counted from the last event;
+    /// none while events flow. (Paused time: the test waits for timers only.)
+    #[tokio::test(start_paused = true)]
+    async fn heartbeats_fill_quiet_periods_only() {
+        let beat = Duration::from_secs(15);
+        let (tx, rx) = mpsc::channel(8);
+        let mut body = Box::pin(body_stream(rx, beat));
+        let event = Bytes::from_static(b"data: {}\n\n");
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            tx.send(event.clone()).await.unwrap();
+            assert_eq!(body.next().await.unwrap().unwrap(), event);
+        }
+        let quiet = Instant::now();
+        let hb = body.next().await.unwrap().unwrap();
+        assert_eq!(&hb[..], agui::HEARTBEAT);
+        assert_eq!(quiet.elapsed(), beat);
+        assert_eq!(&body.next().await.unwrap().unwrap()[..], agui::HEARTBEAT);
+        assert_eq!(quiet.elapsed(), beat * 2);
+        // Events already queued leave in one write.
+        tx.send(event.clone()).await.unwrap();
+        tx.send(event.clone()).await.unwrap();
+        assert_eq!(body.next().await.unwrap().unwrap().len(), event.len() * 2);
+        drop(tx);
+        assert!(body.next().await.is_none(), "the body ends with the run");
+    }
+}

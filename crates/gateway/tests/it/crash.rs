@@ -7,14 +7,16 @@
 //! turn on the thread whose run was cut works (its orphaned task is cancelled first); across the whole test no tool ran twice
 //! (each turn's tool appends its own line to a file, and lines are counted).
 //!
-//! CI runs `CRASH_ITERATIONS` (default 8) iterations; set it higher for a long local run.
+//! CI runs `CRASH_ITERATIONS` (default 8) iterations; set it higher for a long local run. The test
+//! prints the seed of its random choices (kill mode moments, write counts); `CRASH_SEED=<n>`
+//! makes the same choices again (the moments they fall on still depend on the machine's timing).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use iac_code_agui::store::ThreadDoc;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use testkit::fake_llm::Plan;
 use testkit::real_kernel::{KernelEnv, KernelProcess};
@@ -233,7 +235,12 @@ async fn sigkill_at_random_moments_loses_nothing_and_runs_no_tool_twice() {
     }
     let _dump = DumpOnPanic(log.clone());
     let mut gw = start_gateway(&env, &kp, &state, &log);
-    let mut rng = rand::thread_rng();
+    let seed = std::env::var("CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    eprintln!("crash test seed {seed} (CRASH_SEED={seed} replays its choices)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     // How long one turn + resume takes here (the random kill moments fall inside it).
     // Measured on undisturbed sequences: whole span, resume span, state writes per sequence.
     let mut span = Duration::from_secs(3);

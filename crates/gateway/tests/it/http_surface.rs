@@ -434,7 +434,10 @@ async fn validation_errors_before_sse() {
     k.on("SendStreamingMessage", Reply::Sse(vec![]));
     let r = post(&s.url, &body("t", "r", "hi", &ws, json!({})), &[]).await;
     assert_eq!(r.status, 200);
-    assert!(std::path::Path::new(&ws).is_dir(), "an admitted run creates it");
+    assert!(
+        std::path::Path::new(&ws).is_dir(),
+        "an admitted run creates it"
+    );
 }
 
 fn base64_of_len(decoded: usize) -> String {

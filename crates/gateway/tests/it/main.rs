@@ -3,7 +3,7 @@
 mod chaos;
 mod conformance;
 mod crash;
-mod fake_kernel_runs;
+mod fake_kernel;
 mod fuzz;
 mod http_surface;
 mod load;

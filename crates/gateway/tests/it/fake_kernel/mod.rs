@@ -1,0 +1,91 @@
+//! Runs against the scriptable fake kernel, by run mode: new turns, resumes, guidance, pipelines.
+//! Each stream must be valid (one terminal event, balanced spans).
+
+mod guidance;
+mod pipeline;
+mod resume;
+mod turn;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use iac_code_agui::run::OffsetClock;
+use iac_code_agui::store::FileStore;
+
+use crate::support::FaultyStore;
+use serde_json::{json, Value};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::sse::{assert_valid_run, post};
+
+use crate::support::{body, ctx, resume_body, Builder, TestServer};
+
+async fn setup() -> (TestServer, FakeKernel) {
+    let k = FakeKernel::start().await;
+    let s = Builder::new()
+        .a2a(&k.url(), Some("a2a-secret"))
+        .start()
+        .await;
+    (s, k)
+}
+
+fn r(v: Value) -> Item {
+    Item::Result(v)
+}
+
+async fn run_with(items: Vec<Item>) -> (testkit::sse::RunResult, FakeKernel, TestServer) {
+    let (s, k) = setup().await;
+    k.on("SendStreamingMessage", Reply::Sse(items));
+    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_valid_run(&res, "t1", "r1");
+    (res, k, s)
+}
+
+fn perm(id: &str, tool: &str, thread: &str) -> Value {
+    json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),"inputId":id,"toolUseId":tool,
+        "toolName":"bash","prompt":"Run bash Allow once?","title":"Run bash","options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}],
+        "language":"en","required":true,"secretThing":"zzz"})
+}
+
+async fn interrupted(s: &TestServer, k: &FakeKernel, input: Value) -> testkit::sse::RunResult {
+    let c = ctx("t1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "sess-1"}),
+            )),
+            r(items::text("task-1", &c, "Let me run", "m-a", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"tool": {"status": "started", "toolUseId": "tu1", "name": "bash"}}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": input}),
+            )),
+        ]),
+    );
+    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_valid_run(&res, "t1", "r1");
+    res
+}
+
+fn perm_sb(id: &str) -> Value {
+    json!({"schemaVersion":1,"kind":"permission","requestTaskId":"task-1","contextId":ctx("t1"),"inputId":id,"toolUseId":format!("tu-{id}"),
+        "scope":"candidate","subPipelineId":"c1","required":true})
+}
+
+fn get_task(meta: Value) -> Reply {
+    Reply::Json(
+        200,
+        items::bare_task("task-1", &ctx("t1"), "TASK_STATE_INPUT_REQUIRED", meta),
+    )
+}
