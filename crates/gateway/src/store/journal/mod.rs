@@ -17,10 +17,7 @@
 //! deletes the journal; a clean stop checkpoints everything. So after a stop or a restart the state
 //! directory holds only thread files in the reference layout.
 //!
-//! Record: `AGJ1` · payload length (u32 LE) · CRC-32 of the payload (u32 LE) · payload, where the
-//! payload is thread-id length (u32 LE) · thread id · document bytes. Reading stops at the first
-//! short or damaged record: a later record can only have been acknowledged after every earlier
-//! one was synced, so nothing acknowledged lies behind a torn tail.
+//! The file format (records, generations) is in `record`.
 //!
 //! If the journal itself fails (write or sync error), it is retired: the documents held in memory
 //! are written to their files, made durable, and the journal files deleted; from then on every
@@ -37,90 +34,19 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+mod record;
+
 use super::fs::{ensure_dir, make_durable, sync_dir};
 use super::{StoreError, ThreadDoc};
+pub(super) use record::encode;
+use record::{decode, generations};
 
-const MAGIC: &[u8; 4] = b"AGJ1";
-const HEADER: usize = 12;
 /// A generation is checkpointed once it holds this much…
 const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
 /// …or once its first record is this old.
 const ROTATE_AGE: Duration = Duration::from_millis(2000);
 /// How often the checkpoint thread looks.
 const TICK: Duration = Duration::from_millis(200);
-
-/// Encodes one record.
-pub(super) fn encode(thread_id: &str, doc: &[u8]) -> Vec<u8> {
-    let mut payload = Vec::with_capacity(4 + thread_id.len() + doc.len());
-    payload.extend_from_slice(&(thread_id.len() as u32).to_le_bytes());
-    payload.extend_from_slice(thread_id.as_bytes());
-    payload.extend_from_slice(doc);
-    let mut rec = Vec::with_capacity(HEADER + payload.len());
-    rec.extend_from_slice(MAGIC);
-    rec.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    rec.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    rec.extend_from_slice(&payload);
-    rec
-}
-
-/// Decodes the records of one journal file, stopping at the first short or damaged one.
-/// Returns (thread id, document bytes) pairs in order.
-pub(super) fn decode(mut bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    while bytes.len() >= HEADER {
-        if &bytes[..4] != MAGIC {
-            break;
-        }
-        let len = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")) as usize;
-        let crc = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
-        let Some(payload) = bytes.get(HEADER..HEADER + len) else {
-            break;
-        };
-        if crc32fast::hash(payload) != crc || payload.len() < 4 {
-            break;
-        }
-        let id_len = u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")) as usize;
-        let Some(id) = payload.get(4..4 + id_len) else {
-            break;
-        };
-        let Ok(id) = std::str::from_utf8(id) else {
-            break;
-        };
-        out.push((id.to_owned(), payload[4 + id_len..].to_vec()));
-        bytes = &bytes[HEADER + len..];
-    }
-    out
-}
-
-/// Journal generations present in `dir`, oldest first.
-fn generations(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
-            ) =>
-        {
-            return Ok(vec![])
-        }
-        Err(e) => return Err(e),
-    };
-    let mut gens = vec![];
-    for e in entries {
-        let e = e?;
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if let Some(n) = name
-            .strip_suffix(".log")
-            .and_then(|s| s.parse::<u64>().ok())
-        {
-            gens.push((n, e.path()));
-        }
-    }
-    gens.sort();
-    Ok(gens)
-}
 
 #[derive(Debug, PartialEq)]
 enum Mode {
@@ -665,31 +591,5 @@ mod tests {
         assert_eq!(logs(), 0);
         assert_eq!(fs::read(threads.join("t1.json")).unwrap(), doc);
         assert!(j.newest("t1").is_none());
-    }
-
-    #[test]
-    fn records_round_trip_and_reading_stops_at_damage() {
-        let mut bytes = encode("t1", b"{\"a\":1}\n");
-        bytes.extend(encode("中文", b"{}"));
-        assert_eq!(
-            decode(&bytes),
-            vec![
-                ("t1".to_owned(), b"{\"a\":1}\n".to_vec()),
-                ("中文".to_owned(), b"{}".to_vec())
-            ]
-        );
-        // Every truncation keeps exactly the whole records before the cut.
-        let first = encode("t1", b"{\"a\":1}\n").len();
-        for cut in 0..bytes.len() {
-            let n = decode(&bytes[..cut]).len();
-            assert_eq!(n, usize::from(cut >= first), "cut at {cut}");
-        }
-        // A flipped bit in the second record drops it and only it.
-        let mut damaged = bytes.clone();
-        let last = damaged.len() - 1;
-        damaged[last] ^= 1;
-        assert_eq!(decode(&damaged).len(), 1);
-        // Garbage at the start: nothing.
-        assert!(decode(b"AGJ0\0\0\0\0\0\0\0\0").is_empty());
     }
 }
