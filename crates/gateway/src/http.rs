@@ -231,7 +231,7 @@ async fn prepare(
     raw: &[u8],
     lang: Lang,
 ) -> Result<RunRequest, ApiError> {
-    let envelope = validate::envelope::parse(obj)?;
+    let mut envelope = validate::envelope::parse(obj)?;
     let forwarded = obj
         .get("forwardedProps")
         .or_else(|| obj.get("forwarded_props"));
@@ -242,11 +242,9 @@ async fn prepare(
     let raw_cwd = iac.cwd.clone();
     let tools_len = envelope.tools_len;
     let needs_message = envelope.resume.is_none() || iac.active_guidance;
-    let messages = if needs_message {
-        Some(envelope.messages.clone())
-    } else {
-        None
-    };
+    // Only the latest user message is used: the history leaves with the request instead of
+    // staying with the run for its whole life.
+    let messages = needs_message.then(|| std::mem::take(&mut envelope.messages));
     // Workspace checks and image decoding run off the runtime. The workspace is created only
     // once every check has passed: a refused request leaves nothing behind.
     let (cwd, user_message) = tokio::task::spawn_blocking(move || {

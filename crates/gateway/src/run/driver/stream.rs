@@ -80,15 +80,17 @@ impl Driver {
                 _ = sleep_until_opt(cancel_deadline) => {
                     // The kernel did not confirm in time: ask it once more; nothing is left
                     // running.
-                    self.cancel_task().await;
+                    Box::pin(self.cancel_task()).await;
                     self.seen.last_state = Some(TaskState::Canceled);
                     break;
                 }
             };
             let read = match next {
                 Ok(Some(Next::Fast(delta))) => self.text_delta(delta).await,
-                Ok(Some(Next::Item(result))) => self.process(&result, resume).await,
-                Ok(None) => match self.reattach(resume, &mut reattach_budget).await? {
+                // Boxed: items other than text deltas are fewer, and their handling (saves, kernel
+                // calls) would otherwise size every parked run's future.
+                Ok(Some(Next::Item(result))) => Box::pin(self.process(&result, resume)).await,
+                Ok(None) => match Box::pin(self.reattach(resume, &mut reattach_budget)).await? {
                     Some(s) => {
                         stream = s;
                         continue;
@@ -115,7 +117,7 @@ impl Driver {
         if self.sink.is_gone() {
             return Err(End::Disconnected);
         }
-        self.finish().await
+        Box::pin(self.finish()).await
     }
 
     /// Ends a run whose stream stopped without an interrupt.
@@ -223,7 +225,7 @@ impl Driver {
     /// WORKING state.
     async fn text_delta(&mut self, d: fast::TextDelta) -> Flow<Read> {
         if self.adm.control.is_cancel_requested() {
-            self.cancel_task().await;
+            Box::pin(self.cancel_task()).await;
         }
         if self.mapper.continue_text(&d.message_id, &d.text) {
             // The message being streamed goes on: one event, encoded straight from the frame.

@@ -15,27 +15,21 @@ impl Driver {
         self.emit_session().await?;
         let client = self.client().await?;
         if let Some(orphan) = self.adm.orphan.take() {
-            // A task a crashed run left running: the kernel would refuse a new turn in its
-            // context while it runs.
-            let tasks = match orphan {
-                Orphan::Task(t) => vec![t],
-                Orphan::Unknown => orphans_of_context(&client, &self.adm.context_id).await,
-            };
-            for t in tasks {
-                let _ = tokio::time::timeout(CANCEL_WAIT, client.cancel_task(&t)).await;
-                wait_not_active(&client, &t).await;
-            }
+            // Boxed: a rare path that would otherwise size every run's future.
+            Box::pin(cancel_orphan(&client, &self.adm.context_id, orphan)).await;
         }
+        // Taken, not cloned: the message (images included) is not kept for the run's life.
         let um = self
             .adm
             .req
             .user_message
-            .clone()
+            .take()
             .expect("new turns carry a validated user message");
         let stream = self
             .send_streaming(&client, um.message_id, um.parts, None)
             .await
             .map_err(|e| End::kernel(&e))?;
+        drop(client);
         self.consume(stream, false).await
     }
 
@@ -54,7 +48,7 @@ impl Driver {
             .adm
             .req
             .user_message
-            .clone()
+            .take()
             .expect("guidance carries a validated user message");
         let mut stream = self
             .send_streaming(&client, um.message_id, um.parts, Some(&task))
@@ -87,6 +81,19 @@ impl Driver {
                 _ => {}
             }
         }
+    }
+}
+
+/// Cancels the task a crashed run left running, and waits (bounded) until it stops: the kernel
+/// would refuse a new turn in its context while it runs.
+async fn cancel_orphan(client: &a2a::Client, context_id: &str, orphan: Orphan) {
+    let tasks = match orphan {
+        Orphan::Task(t) => vec![t],
+        Orphan::Unknown => orphans_of_context(client, context_id).await,
+    };
+    for t in tasks {
+        let _ = tokio::time::timeout(CANCEL_WAIT, client.cancel_task(&t)).await;
+        wait_not_active(client, &t).await;
     }
 }
 
