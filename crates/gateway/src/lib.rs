@@ -11,6 +11,7 @@ pub mod error;
 pub mod http;
 pub mod i18n;
 pub mod kernel;
+pub mod latch;
 pub mod mapping;
 pub mod paths;
 pub mod run;

@@ -5,36 +5,27 @@
 //! stream ends with a terminal event (its kernel task cancelled), and the process exits once they
 //! are written or the shutdown timeout passes.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
-use tokio::sync::Notify;
+use crate::latch::Latch;
 
 /// The drain signal. Set once, never cleared.
 #[derive(Debug, Default)]
-pub struct Shutdown {
-    draining: AtomicBool,
-    begun: Notify,
-}
+pub struct Shutdown(Latch);
 
 impl Shutdown {
     /// Starts draining; every waiter wakes.
     pub fn begin(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-        self.begun.notify_waiters();
+        self.0.set();
     }
 
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
+        self.0.is_set()
     }
 
-    /// Resolves once draining has begun. A waiter is registered when the future is first
-    /// polled, so a loop can arm it once for many events.
+    /// Resolves once draining has begun (see [`Latch::wait`]).
     pub async fn drained(&self) {
-        let notified = self.begun.notified();
-        if self.is_draining() {
-            return;
-        }
-        notified.await;
+        self.0.wait().await
     }
 }
 
@@ -67,27 +58,5 @@ impl Activity {
     /// Milliseconds since the last activity.
     pub fn idle_ms(&self, now_ms: i64) -> i64 {
         now_ms - self.last_ms.load(Ordering::SeqCst)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_waiter_armed_before_the_signal_wakes_and_a_late_one_returns_at_once() {
-        let s = std::sync::Arc::new(Shutdown::default());
-        let early = tokio::spawn({
-            let s = s.clone();
-            async move { s.drained().await }
-        });
-        tokio::task::yield_now().await;
-        assert!(!s.is_draining());
-        s.begin();
-        tokio::time::timeout(std::time::Duration::from_secs(5), early)
-            .await
-            .expect("woken")
-            .unwrap();
-        s.drained().await;
     }
 }

@@ -6,39 +6,30 @@
 //! memory (their state is on disk) when the map grows past its cap.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
-
+use crate::latch::Latch;
 use crate::store::{StoreError, ThreadDoc, ThreadStore};
 
 /// Controls of an active run, shared with the cancellation extension.
 #[derive(Debug, Default)]
 pub struct RunControl {
-    cancel_requested: AtomicBool,
-    notify: Notify,
+    cancel: Latch,
 }
 
 impl RunControl {
     /// Asks the run to stop and cancel its task (as soon as the kernel names it).
     pub fn request_cancel(&self) {
-        self.cancel_requested.store(true, Ordering::SeqCst);
-        self.notify.notify_waiters();
+        self.cancel.set();
     }
 
     pub fn is_cancel_requested(&self) -> bool {
-        self.cancel_requested.load(Ordering::SeqCst)
+        self.cancel.is_set()
     }
 
-    /// Resolves once cancellation is requested (registered on first poll; see
-    /// [`crate::shutdown::Shutdown::drained`]).
+    /// Resolves once cancellation is requested (see [`Latch::wait`]).
     pub async fn cancelled(&self) {
-        let notified = self.notify.notified();
-        if self.is_cancel_requested() {
-            return;
-        }
-        notified.await;
+        self.cancel.wait().await
     }
 }
 
