@@ -63,6 +63,9 @@ struct Report {
     ready_ms: f64,
     throughput_eps: f64,
     fan_in_s: f64,
+    /// Gateway CPU (user + system) per event of the throughput and fan-in runs: steadier than
+    /// wall-clock rates on a shared machine.
+    event_cpu_us: f64,
     lat_p50_us: f64,
     lat_p99_us: f64,
     parked_admitted: usize,
@@ -121,6 +124,8 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     let c = client();
 
     // Throughput: one run.
+    let pid = g.child.id();
+    let cpu_before = cpu_ms(pid);
     let t = Instant::now();
     let n = run(&c, &g, "tp", &format!("deltas:{}", z.throughput), |_| {}).await?;
     rep.throughput_eps = n as f64 / t.elapsed().as_secs_f64();
@@ -143,6 +148,8 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
         }
     }
     rep.fan_in_s = t.elapsed().as_secs_f64();
+    let events = z.throughput + (z.fan_runs as u64) * z.fan_deltas;
+    rep.event_cpu_us = cpu_ms(pid).saturating_sub(cpu_before) as f64 * 1000.0 / events as f64;
 
     // Added latency: kernel send time (in the delta) → client read.
     let mut tasks = vec![];
@@ -166,7 +173,6 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     (rep.lat_p50_us, rep.lat_p99_us) = percentiles(all);
 
     // Parked streams: all admitted, RSS growth, admission rate.
-    let pid = g.child.id();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let before = rss_kib(pid);
     let cpu_before = cpu_ms(pid);
@@ -253,6 +259,10 @@ fn print(name: &str, r: &Report, z: Sizes) {
     println!(
         "  fan-in ({} × {})                  {:>10.3} s",
         z.fan_runs, z.fan_deltas, r.fan_in_s
+    );
+    println!(
+        "  gateway CPU per event (both runs)  {:>10.2} µs",
+        r.event_cpu_us
     );
     println!(
         "  added latency ({} × {}/s) p50/p99  {:>8.0} / {:.0} µs",
