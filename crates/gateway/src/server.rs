@@ -92,3 +92,64 @@ fn is_connection_error(e: &std::io::Error) -> bool {
         ConnectionRefused | ConnectionAborted | ConnectionReset | Interrupted
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn app() -> Router {
+        Router::new().route("/health", axum::routing::get(|| async { "ok" }))
+    }
+
+    /// Reads until the peer closes; `None` if it stays open past `limit`.
+    async fn read_to_close(io: &mut tokio::io::DuplexStream, limit: Duration) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        tokio::time::timeout(limit, io.read_to_end(&mut out))
+            .await
+            .ok()
+            .map(|_| out)
+    }
+
+    /// A head still incomplete `HEAD_TIMEOUT` after the connection began waiting for it is
+    /// dropped; so is a kept-alive connection that stays quiet as long. (Paused time.)
+    #[tokio::test(start_paused = true)]
+    async fn slow_heads_and_quiet_connections_are_closed_after_the_head_timeout() {
+        let (mut client, conn) = tokio::io::duplex(4096);
+        tokio::spawn(serve_connection(conn, app()));
+        client
+            .write_all(b"GET /health HTTP/1.1\r\nho")
+            .await
+            .unwrap();
+        let start = tokio::time::Instant::now();
+        let out = read_to_close(&mut client, HEAD_TIMEOUT * 2).await;
+        assert!(out.is_some(), "the connection stayed open");
+        assert!(start.elapsed() >= HEAD_TIMEOUT);
+        assert!(!out.unwrap().starts_with(b"HTTP/1.1 200"));
+
+        let (mut client, conn) = tokio::io::duplex(4096);
+        tokio::spawn(serve_connection(conn, app()));
+        client
+            .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let start = tokio::time::Instant::now();
+        let out = read_to_close(&mut client, HEAD_TIMEOUT * 2).await.unwrap();
+        assert!(out.starts_with(b"HTTP/1.1 200"), "answered first");
+        assert!(start.elapsed() >= HEAD_TIMEOUT, "then closed when quiet");
+    }
+
+    /// A head that completes within the timeout is answered, however slowly it trickles in.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_within_the_timeout_is_answered() {
+        let (mut client, conn) = tokio::io::duplex(4096);
+        tokio::spawn(serve_connection(conn, app()));
+        for piece in [&b"GET /health HTTP/1.1\r\n"[..], b"host: x\r\n", b"\r\n"] {
+            tokio::time::sleep(HEAD_TIMEOUT / 4).await;
+            client.write_all(piece).await.unwrap();
+        }
+        let mut buf = [0u8; 64];
+        let n = client.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    }
+}
