@@ -155,6 +155,20 @@ impl Threads {
         Ok(())
     }
 
+    /// Changes the thread's document in memory, then saves it; the change stays even when the
+    /// save fails. For facts that hold whether or not the disk records them (a task was
+    /// cancelled, an execution ended): this process must not offer what is gone. After a
+    /// restart, a stale document only makes the gateway cancel a task once more.
+    pub async fn record(
+        &self,
+        st: &mut ThreadState,
+        change: impl FnOnce(&mut ThreadDoc),
+    ) -> Option<Result<(), StoreError>> {
+        let doc = st.doc.as_mut()?;
+        change(doc);
+        Some(self.store.save(doc).await)
+    }
+
     /// Changes the thread's document with `change`, durable first: on a failed save the
     /// document stays as it was. `None` when the thread has no document.
     pub async fn edit<R>(

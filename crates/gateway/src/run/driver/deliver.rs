@@ -86,7 +86,7 @@ impl Driver {
                         .cancel_task(task_id)
                         .await
                         .map_err(|e| End::kernel(&e).keep_task())?;
-                    let _ = self.edit(|doc| doc.end_execution()).await;
+                    self.end_execution().await;
                     return Err(End::fail(Code::Cancelled, msg::CANCELLED_BY_ANSWER));
                 }
                 Answer::Question { text, tool_use_id } => {

@@ -313,7 +313,7 @@ impl Driver {
     async fn fail(&mut self, f: Failure) {
         if f.fail_closed {
             self.cancel_task().await;
-            let _ = self.edit(ThreadDoc::end_execution).await;
+            self.end_execution().await;
         } else if f.cancel_task && self.adm.mode != Mode::Guidance && !self.waiting().await {
             // Guidance runs never cancel the task they inject into; an execution waiting for
             // answers keeps its task.
@@ -364,11 +364,32 @@ impl Driver {
             if let Some(Err(e)) = self
                 .rt
                 .threads()
-                .edit(&mut st, ThreadDoc::end_execution)
+                .record(&mut st, ThreadDoc::end_execution)
                 .await
             {
                 tracing::warn!(error = %e, "end-of-run state write failed");
             }
+        }
+    }
+
+    /// Ends the run's execution after its task was cancelled: in memory whatever the save says
+    /// (nothing may be answered on a cancelled task), on disk if it can.
+    async fn end_execution(&self) {
+        let mut st = self.adm.slot.lock().await;
+        let current = st
+            .doc
+            .as_ref()
+            .is_some_and(|d| d.is_current(&self.adm.execution_id));
+        if !current {
+            return;
+        }
+        let recorded = self
+            .rt
+            .threads()
+            .record(&mut st, ThreadDoc::end_execution)
+            .await;
+        if let Some(Err(e)) = recorded {
+            tracing::warn!(error = %e, "state write failed; the execution is ended in memory");
         }
     }
 

@@ -522,8 +522,9 @@ async fn a_failed_answer_commit_stops_before_the_next_answer() {
             json!({}),
         ))]),
     );
-    // Saves of the resume: admission, preparation, first commit (fails).
-    switch.fail_saves(2, 1);
+    // Saves of the resume: admission, preparation, first commit (fails), and the save that ends
+    // the execution (fails too).
+    switch.fail_saves(2, 2);
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}},
                          {"interruptId": "q-1", "status": "resolved", "payload": {"freeText": "x"}}]);
     let res = post(
@@ -549,6 +550,11 @@ async fn a_failed_answer_commit_stops_before_the_next_answer() {
             .len(),
         1
     );
+    // The task is cancelled: its interrupts are not offered any more, even though the save
+    // that ended the execution failed. A new turn is admitted, not refused as waiting.
+    k.on("SendStreamingMessage", Reply::Sse(vec![]));
+    let res = post(&s.url, &body("t1", "r3", "y", &s.ws("w"), json!({})), &[]).await;
+    assert_eq!(res.status, 200, "{}", res.raw);
 }
 
 #[tokio::test]
