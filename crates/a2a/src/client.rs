@@ -97,7 +97,6 @@ pub struct Client {
     base: String,
     bearer: Option<String>,
     timeouts: Timeouts,
-    limits: sse::Limits,
     /// `None` for a base URL streams cannot use (not plain `http://`).
     target: Option<StreamTarget>,
 }
@@ -123,14 +122,7 @@ impl Client {
                 .filter(|t| !t.is_empty())
                 .map(|t| format!("Bearer {t}")),
             timeouts,
-            limits: sse::Limits::default(),
         }
-    }
-
-    /// Overrides the SSE decoder limits.
-    pub fn with_sse_limits(mut self, limits: sse::Limits) -> Client {
-        self.limits = limits;
-        self
     }
 
     /// The normalised base URL (with one trailing `/`).
@@ -211,7 +203,7 @@ impl Client {
                 head,
                 body,
                 &self.timeouts,
-                self.limits,
+                sse::Limits::default(),
             )
             .await
         })

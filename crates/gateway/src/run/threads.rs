@@ -132,15 +132,6 @@ impl Threads {
         Ok(st)
     }
 
-    /// Number of threads in memory.
-    pub fn len(&self) -> usize {
-        self.map().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// True when any thread in memory is held by a run or waits for answers (idle shutdown).
     pub fn busy(&self) -> bool {
         let slots: Vec<Arc<Slot>> = self.map().values().cloned().collect();

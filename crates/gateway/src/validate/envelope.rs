@@ -40,6 +40,7 @@ pub struct Envelope {
     pub thread_id: String,
     pub run_id: String,
     pub parent_run_id: Option<String>,
+    /// The history; taken once the latest user message is read from it (a run does not keep it).
     pub messages: Vec<Value>,
     pub tools_len: usize,
     /// `Some` (possibly empty) when the request is a resume.
