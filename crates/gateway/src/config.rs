@@ -12,6 +12,7 @@ use clap::Parser;
 use serde::Deserialize;
 use serde_yaml::Value as Yaml;
 
+use crate::cors::Origins;
 use crate::i18n::Lang;
 use crate::paths;
 
@@ -21,7 +22,7 @@ use crate::paths;
 pub struct Cli {
     /// YAML configuration file (keys: host, port, a2a_url, debug, log_stdout, state_dir,
     /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
-    /// kernel_idle_timeout; dashes or underscores).
+    /// kernel_idle_timeout, cors_origins; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -78,6 +79,16 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub kernel_idle_timeout: Option<String>,
+    /// An origin whose pages may call the gateway from a browser (CORS), such as
+    /// https://app.example.com; repeatable. The variable takes a comma-separated list [default:
+    /// none, no CORS headers].
+    #[arg(
+        long = "cors-origin",
+        value_name = "ORIGIN",
+        env = "IAC_CODE_AGUI_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub cors_origin: Vec<String>,
 }
 
 /// The YAML file's keys (after `-` → `_`); unknown keys are ignored. Each value is checked where
@@ -98,6 +109,7 @@ struct FileConfig {
     a2a_command: Option<Yaml>,
     shutdown_timeout: Option<Yaml>,
     kernel_idle_timeout: Option<Yaml>,
+    cors_origins: Option<Yaml>,
 }
 
 /// The validated configuration.
@@ -131,6 +143,8 @@ pub struct Config {
     pub temp_dir: PathBuf,
     /// Server fallback language (from the locale variables).
     pub fallback_lang: Lang,
+    /// Origins allowed to call the gateway from a browser; empty ⇒ no CORS headers.
+    pub cors_origins: Origins,
 }
 
 /// Environment lookup (injected so tests never mutate the process environment).
@@ -233,6 +247,40 @@ fn seconds(
         .ok_or_else(|| err.to_owned())
 }
 
+/// The CORS origins: the flags (or the variable's list), else YAML `cors_origins` (a list, or
+/// one comma-separated string). Empty entries are skipped.
+fn cors_origins(flags: Vec<String>, yaml: Option<Yaml>) -> Result<Origins, String> {
+    let split = |s: &str| -> Vec<String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|o| !o.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let flags: Vec<String> = flags.iter().flat_map(|f| split(f)).collect();
+    let list = if !flags.is_empty() {
+        flags
+    } else {
+        let err = "cors_origins must be a list of origins.";
+        match yaml {
+            None | Some(Yaml::Null) => vec![],
+            Some(Yaml::String(s)) => split(&s),
+            Some(Yaml::Sequence(items)) => {
+                let mut out = Vec::with_capacity(items.len());
+                for i in items {
+                    match i {
+                        Yaml::String(s) => out.extend(split(&s)),
+                        _ => return Err(err.to_owned()),
+                    }
+                }
+                out
+            }
+            Some(_) => return Err(err.to_owned()),
+        }
+    };
+    Origins::parse(&list)
+}
+
 impl Config {
     /// Builds the configuration from the parsed command line (flags and their variables) and the
     /// environment (tokens, paths, locale).
@@ -332,6 +380,8 @@ impl Config {
                 .unwrap_or_else(|| "iac-code".into()),
         };
 
+        let cors_origins = cors_origins(cli.cors_origin, file.cors_origins)?;
+
         let home = env("HOME");
         let process_cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let expand = |raw: &str| -> PathBuf {
@@ -388,6 +438,7 @@ impl Config {
             process_cwd,
             temp_dir,
             fallback_lang: Lang::server_fallback(env),
+            cors_origins,
         })
     }
 
@@ -448,12 +499,53 @@ mod tests {
             ("a2a_command", "IAC_CODE_AGUI_A2A_COMMAND"),
             ("shutdown_timeout", "IAC_CODE_AGUI_SHUTDOWN_TIMEOUT"),
             ("kernel_idle_timeout", "IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT"),
+            ("cors_origin", "IAC_CODE_AGUI_CORS_ORIGINS"),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }
         // The reference has no variable for these.
         assert_eq!(var("idle_shutdown"), None);
         assert_eq!(var("config"), None);
+    }
+
+    #[test]
+    fn cors_origins_from_flags_or_yaml_and_refused_values() {
+        assert!(load(&[], &[]).unwrap().cors_origins.is_empty());
+        let c = load(
+            &[
+                "--cors-origin",
+                "https://a.test",
+                "--cors-origin",
+                "http://b.test:8080,http://c.test/",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.cors_origins.as_slice(),
+            ["https://a.test", "http://b.test:8080", "http://c.test"]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let yaml = |text: &str| {
+            let p = dir.path().join("c.yaml");
+            std::fs::write(&p, text).unwrap();
+            p.display().to_string()
+        };
+        let p = yaml("cors-origins: [\"https://y.test\"]\n");
+        let c = load(&["--config", &p], &[]).unwrap();
+        assert_eq!(c.cors_origins.as_slice(), ["https://y.test"]);
+        let c = load(&["--config", &p, "--cors-origin", "https://flag.test"], &[]).unwrap();
+        assert_eq!(c.cors_origins.as_slice(), ["https://flag.test"], "flag beats YAML");
+        let p = yaml("cors_origins: \"https://s.test, https://t.test\"\n");
+        let c = load(&["--config", &p], &[]).unwrap();
+        assert_eq!(c.cors_origins.as_slice(), ["https://s.test", "https://t.test"]);
+        let p = yaml("cors_origins: 5\n");
+        assert_eq!(
+            load(&["--config", &p], &[]).unwrap_err(),
+            "cors_origins must be a list of origins."
+        );
+        let e = load(&["--cors-origin", "*"], &[]).unwrap_err();
+        assert!(e.starts_with("--cors-origin must be an origin"), "{e}");
     }
 
     #[test]

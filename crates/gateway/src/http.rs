@@ -1,4 +1,6 @@
 //! The HTTP surface: `GET|HEAD /health`, `POST /`, `POST /extensions/iac-code/v1/executions/{id}/cancel`.
+//! With CORS origins configured, a preflight of an allowed origin on a POST route is answered
+//! first (`cors.rs`), and every answer to an allowed origin carries its CORS headers.
 //!
 //! Order of checks on the POST routes: route and method (404/405, plain text) → bearer token (401)
 //! → Content-Type (415) → body size (413, from Content-Length and while reading) → JSON (400) →
@@ -38,7 +40,8 @@ pub struct AppState {
 
 /// The router.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let cors = state.rt.cfg().cors_origins.clone();
+    let router = Router::new()
         .route("/health", any(health))
         .route("/", any(run))
         .route(
@@ -46,7 +49,32 @@ pub fn router(state: AppState) -> Router {
             any(cancel_route),
         )
         .fallback(not_found)
-        .with_state(state)
+        .with_state(state);
+    if cors.is_empty() {
+        // No CORS: not even a layer in the way.
+        return router;
+    }
+    let cors = Arc::new(cors);
+    router.layer(axum::middleware::from_fn(
+        move |req: Request, next: axum::middleware::Next| {
+            let cors = cors.clone();
+            async move {
+                let origin = req.headers().get(header::ORIGIN).cloned();
+                let mut response = next.run(req).await;
+                if let Some(origin) = origin {
+                    let mut h = HeaderMap::new();
+                    h.insert(header::ORIGIN, origin);
+                    cors.decorate(&h, &mut response);
+                }
+                response
+            }
+        },
+    ))
+}
+
+/// A CORS preflight of an allowed origin on a POST route, answered before authentication.
+fn preflight(rt: &Runtime, req: &Request) -> Option<Response> {
+    rt.cfg().cors_origins.preflight(req.method(), req.headers())
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response {
@@ -205,6 +233,9 @@ async fn json_object(
 
 async fn run(State(s): State<AppState>, req: Request) -> Response {
     let rt = s.rt.clone();
+    if let Some(r) = preflight(&rt, &req) {
+        return r;
+    }
     let (hl, body, obj) = match json_object(&rt, req, &RUN_RULES).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -296,6 +327,9 @@ async fn cancel_route(
         return not_found().await;
     }
     let rt = s.rt.clone();
+    if let Some(r) = preflight(&rt, &req) {
+        return r;
+    }
     let (hl, _, obj) = match json_object(&rt, req, &CANCEL_RULES).await {
         Ok(x) => x,
         Err(r) => return r,

@@ -7,6 +7,7 @@
 pub mod app;
 pub mod canonical;
 pub mod config;
+pub mod cors;
 pub mod error;
 pub mod http;
 pub mod i18n;

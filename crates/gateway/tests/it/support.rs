@@ -27,6 +27,7 @@ pub struct Builder {
     pub dir: Option<PathBuf>,
     pub channel_capacity: usize,
     pub kernel_idle: Option<Duration>,
+    pub cors: Vec<String>,
 }
 
 pub struct TestServer {
@@ -52,7 +53,13 @@ impl Builder {
             dir: None,
             channel_capacity: 64,
             kernel_idle: None,
+            cors: vec![],
         }
+    }
+    /// Allows pages of `origin` to call the gateway (`--cors-origin`).
+    pub fn cors_origin(mut self, origin: &str) -> Self {
+        self.cors.push(origin.into());
+        self
     }
     pub fn auth(mut self, t: &str) -> Self {
         self.auth = Some(t.into());
@@ -150,6 +157,8 @@ impl Builder {
         if let Some(t) = self.ttl {
             cfg.interrupt_ttl_secs = t;
         }
+        cfg.cors_origins =
+            iac_code_agui::cors::Origins::parse(&self.cors).expect("valid CORS origins");
         let mut opts = Options::new(cfg, env);
         opts.heartbeat = self.heartbeat;
         opts.store = self.store;
