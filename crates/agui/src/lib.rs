@@ -1,7 +1,9 @@
 //! AG-UI wire types and the SSE encoder.
 //!
 //! Output speaks the event set of `@ag-ui/core` 0.0.58 / `ag-ui-protocol` 0.1.20: START/CONTENT/END
-//! (never CHUNK), no 1.0-only events. Every event is written as one SSE record
+//! (never CHUNK), no 1.0-only events. A client that declares AG-UI 1.0 ([`Dialect::V1`]) also gets
+//! the two 1.0 additions this gateway has a use for: `RUN_STARTED.protocolVersion` and the
+//! `cancelled` outcome; nothing else differs. Every event is written as one SSE record
 //! `data: <compact json>\n\n` with `type` first, then an integer millisecond `timestamp`, then the
 //! event's fields. Absent optional fields are omitted (never `null`); nulls inside free-form values
 //! (`CUSTOM.value`, interrupt `metadata`, `ACTIVITY_SNAPSHOT.content`) are kept.
@@ -12,6 +14,44 @@ use serde_json::Value;
 
 /// The SSE comment written after 15 s without an event.
 pub const HEARTBEAT: &[u8] = b": heartbeat\n\n";
+
+/// The AG-UI protocol version this producer declares to a 1.0 client.
+pub const PROTOCOL_VERSION: &str = "1.0";
+
+/// The protocol versions a client may declare in `RunAgentInput.protocolVersion`.
+pub const SUPPORTED_VERSIONS: [&str; 1] = [PROTOCOL_VERSION];
+
+/// What a client speaks, from its `RunAgentInput.protocolVersion`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dialect {
+    /// No version declared: the pre-1.0 wire (`@ag-ui/client` 0.0.x, CopilotKit), byte for byte
+    /// what the gateway always sent. 0.0.58 and 0.0.59 reject 1.0-only shapes outright.
+    #[default]
+    Legacy,
+    /// AG-UI 1.x: `RUN_STARTED` declares [`PROTOCOL_VERSION`], a cancelled run finishes with the
+    /// `cancelled` outcome.
+    V1,
+}
+
+impl Dialect {
+    /// Negotiates from the declared version: absent (or JSON null) is the legacy wire; `"1"`,
+    /// `"1.<minor>"` or `"1.<minor>.<patch>"` (releases within a major version are compatible) is
+    /// 1.0. Anything else, including another type, is `None`: a version this producer does not
+    /// speak.
+    pub fn negotiate(declared: Option<&Value>) -> Option<Dialect> {
+        match declared {
+            None | Some(Value::Null) => Some(Dialect::Legacy),
+            Some(Value::String(v)) => {
+                let mut parts = v.split('.');
+                let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+                let major = parts.next() == Some("1");
+                let rest: Vec<&str> = parts.collect();
+                (major && rest.len() <= 2 && rest.iter().all(|p| digits(p))).then_some(Dialect::V1)
+            }
+            Some(_) => None,
+        }
+    }
+}
 
 /// One token-usage record, as aggregated onto `RUN_FINISHED` / `RUN_ERROR`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -50,6 +90,8 @@ pub struct Interrupt {
 pub enum Outcome {
     Success,
     Interrupt(Vec<Interrupt>),
+    /// 1.0 only: the run was stopped on request and did not fail.
+    Cancelled,
 }
 
 /// One AG-UI event (without its timestamp, which is stamped at encoding time).
@@ -59,6 +101,8 @@ pub enum Event {
         thread_id: String,
         run_id: String,
         parent_run_id: Option<String>,
+        /// Declared to 1.0 clients only ([`PROTOCOL_VERSION`]).
+        protocol_version: Option<&'static str>,
     },
     RunFinished {
         thread_id: String,
@@ -202,11 +246,15 @@ impl Event {
                 thread_id,
                 run_id,
                 parent_run_id,
+                protocol_version,
             } => {
                 w.str("threadId", thread_id);
                 w.str("runId", run_id);
                 if let Some(p) = parent_run_id {
                     w.str("parentRunId", p);
+                }
+                if let Some(v) = protocol_version {
+                    w.str("protocolVersion", v);
                 }
             }
             Event::RunFinished {
@@ -219,6 +267,7 @@ impl Event {
                 w.str("runId", run_id);
                 match outcome {
                     Outcome::Success => w.raw("outcome", br#"{"type":"success"}"#),
+                    Outcome::Cancelled => w.raw("outcome", br#"{"type":"cancelled"}"#),
                     Outcome::Interrupt(list) => {
                         w.key("outcome");
                         w.out
@@ -405,11 +454,62 @@ mod tests {
             thread_id: "thread-s1".into(),
             run_id: "run-s1-1".into(),
             parent_run_id: None,
+            protocol_version: None,
         };
         assert_eq!(
             enc(&e),
             "data: {\"type\":\"RUN_STARTED\",\"timestamp\":1795980985782,\"threadId\":\"thread-s1\",\"runId\":\"run-s1-1\"}\n\n"
         );
+    }
+
+    #[test]
+    fn a_1_0_client_gets_the_declared_version_and_the_cancelled_outcome() {
+        let started = Event::RunStarted {
+            thread_id: "t".into(),
+            run_id: "r".into(),
+            parent_run_id: Some("p".into()),
+            protocol_version: Some(PROTOCOL_VERSION),
+        };
+        assert_eq!(
+            enc(&started),
+            "data: {\"type\":\"RUN_STARTED\",\"timestamp\":1795980985782,\"threadId\":\"t\",\"runId\":\"r\",\"parentRunId\":\"p\",\"protocolVersion\":\"1.0\"}\n\n"
+        );
+        let finished = Event::RunFinished {
+            thread_id: "t".into(),
+            run_id: "r".into(),
+            outcome: Outcome::Cancelled,
+            usage: None,
+        };
+        assert_eq!(
+            finished.to_value(1),
+            json!({"type":"RUN_FINISHED","timestamp":1,"threadId":"t","runId":"r","outcome":{"type":"cancelled"}})
+        );
+    }
+
+    #[test]
+    fn negotiation_accepts_1_x_and_absence_and_refuses_anything_else() {
+        for (v, d) in [
+            (None, Some(Dialect::Legacy)),
+            (Some(json!(null)), Some(Dialect::Legacy)),
+            (Some(json!("1.0")), Some(Dialect::V1)),
+            (Some(json!("1")), Some(Dialect::V1)),
+            (Some(json!("1.3")), Some(Dialect::V1)),
+            (Some(json!("1.12")), Some(Dialect::V1)),
+            (Some(json!("2.0")), None),
+            (Some(json!("0.1")), None),
+            (Some(json!("abc")), None),
+            (Some(json!("1.")), None),
+            (Some(json!("1.0.0")), Some(Dialect::V1)),
+            (Some(json!("1.0.0.0")), None),
+            (Some(json!("10.0")), None),
+            (Some(json!("1.x")), None),
+            (Some(json!(" 1.0")), None),
+            (Some(json!("")), None),
+            (Some(json!(1.0)), None),
+            (Some(json!(["1.0"])), None),
+        ] {
+            assert_eq!(Dialect::negotiate(v.as_ref()), d, "{v:?}");
+        }
     }
 
     #[test]

@@ -535,10 +535,17 @@ mod tests {
         let c = load(&["--config", &p], &[]).unwrap();
         assert_eq!(c.cors_origins.as_slice(), ["https://y.test"]);
         let c = load(&["--config", &p, "--cors-origin", "https://flag.test"], &[]).unwrap();
-        assert_eq!(c.cors_origins.as_slice(), ["https://flag.test"], "flag beats YAML");
+        assert_eq!(
+            c.cors_origins.as_slice(),
+            ["https://flag.test"],
+            "flag beats YAML"
+        );
         let p = yaml("cors_origins: \"https://s.test, https://t.test\"\n");
         let c = load(&["--config", &p], &[]).unwrap();
-        assert_eq!(c.cors_origins.as_slice(), ["https://s.test", "https://t.test"]);
+        assert_eq!(
+            c.cors_origins.as_slice(),
+            ["https://s.test", "https://t.test"]
+        );
         let p = yaml("cors_origins: 5\n");
         assert_eq!(
             load(&["--config", &p], &[]).unwrap_err(),

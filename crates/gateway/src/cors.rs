@@ -204,7 +204,10 @@ mod tests {
         let h = req(&[
             ("origin", "http://page.test:3000"),
             ("access-control-request-method", "POST"),
-            ("access-control-request-headers", "authorization,content-type"),
+            (
+                "access-control-request-headers",
+                "authorization,content-type",
+            ),
         ]);
         let r = o.preflight(&Method::OPTIONS, &h).expect("answered");
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
@@ -240,8 +243,9 @@ mod tests {
             let mut r = Response::new(axum::body::Body::empty());
             o.decorate(&h, &mut r);
             assert!(
-                r.headers().keys().all(|k| !k.as_str().starts_with("access-control")
-                    && k != header::VARY),
+                r.headers()
+                    .keys()
+                    .all(|k| !k.as_str().starts_with("access-control") && k != header::VARY),
                 "{h:?}: {:?}",
                 r.headers()
             );

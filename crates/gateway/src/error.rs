@@ -158,6 +158,7 @@ pub mod msg {
         RUN_NOT_OBJECT = "RunAgentInput must be a JSON object.";
         CANCEL_NOT_OBJECT = "The cancel request must be a JSON object.";
         INVALID_ENVELOPE = "Invalid AG-UI RunAgentInput envelope.";
+        UNSUPPORTED_PROTOCOL = "The AG-UI protocol version is not supported. Supported versions: 1.0 (any 1.x); omit protocolVersion for the protocol before 1.0.";
         INVALID_PROPS = "Invalid iac-code forwarded properties.";
         CANCEL_FIELDS = "threadId and rosInvocationId are required.";
         EXECUTION_NOT_FOUND = "The execution was not found.";
@@ -171,6 +172,10 @@ pub mod msg {
         CONTENT_INVALID = "The user message content is invalid.";
         ONLY_TEXT_AND_IMAGES = "Only text and inline data images are supported.";
         REMOTE_MEDIA = "Remote media URLs are not supported.";
+        FILE_SOURCE = "Provider file references are not supported; send images as inline base64 data.";
+        AUDIO_UNSUPPORTED = "Audio parts are not supported. Only text and inline data images are supported.";
+        VIDEO_UNSUPPORTED = "Video parts are not supported. Only text and inline data images are supported.";
+        DOCUMENT_UNSUPPORTED = "Document parts are not supported. Only text and inline data images are supported.";
         IMAGE_MIME = "The image media type is not supported.";
         IMAGE_BASE64 = "The image data is not valid base64.";
         IMAGE_TOO_LARGE = "An image exceeds the maximum size.";

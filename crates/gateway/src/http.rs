@@ -105,6 +105,9 @@ async fn health(State(s): State<AppState>, method: Method) -> Response {
         "status": "ok",
         "protocol": "ag-ui",
         "protocolPackageVersion": "0.1.20",
+        // The versions a client may declare in `protocolVersion`; without one it gets the
+        // pre-1.0 wire of `protocolPackageVersion`.
+        "protocolVersions": agui::SUPPORTED_VERSIONS,
         "executionKernel": "a2a-1.0",
         "serverVersion": env!("CARGO_PKG_VERSION"),
         "kernel": s.rt.kernel().health(),

@@ -77,8 +77,12 @@ fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<a2a::Part>,
             }
             Some("image") => {
                 let source = item.get("source").cloned().unwrap_or(Value::Null);
-                if source.get("type").and_then(Value::as_str) != Some("data") {
-                    return Err(err(msg::REMOTE_MEDIA));
+                // Never fetched: a URL would make the gateway a request forger, and a provider
+                // file handle means nothing to the kernel.
+                match source.get("type").and_then(Value::as_str) {
+                    Some("data") => {}
+                    Some("file") => return Err(err(msg::FILE_SOURCE)),
+                    _ => return Err(err(msg::REMOTE_MEDIA)),
                 }
                 let mime = source
                     .get("mimeType")
@@ -122,6 +126,11 @@ fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<a2a::Part>,
                     media_type: media_type.to_owned(),
                 });
             }
+            Some("audio") => return Err(err(msg::AUDIO_UNSUPPORTED)),
+            Some("video") => return Err(err(msg::VIDEO_UNSUPPORTED)),
+            Some("document") => return Err(err(msg::DOCUMENT_UNSUPPORTED)),
+            // The deprecated `binary` part stays unsupported, as the protocol reference says (the
+            // 1.0 client rewrites binary images to image parts before sending them).
             _ => return Err(err(msg::ONLY_TEXT_AND_IMAGES)),
         }
     }
@@ -366,7 +375,19 @@ mod tests {
             ),
             (
                 json!([{"type":"audio","source":{"type":"data","value":"AA==","mimeType":"audio/wav"}}]),
-                msg::ONLY_TEXT_AND_IMAGES,
+                msg::AUDIO_UNSUPPORTED,
+            ),
+            (
+                json!([{"type":"video","source":{"type":"url","value":"http://x/v.mp4"}}]),
+                msg::VIDEO_UNSUPPORTED,
+            ),
+            (
+                json!([{"type":"document","source":{"type":"file","value":"file-123","provider":"openai"}}]),
+                msg::DOCUMENT_UNSUPPORTED,
+            ),
+            (
+                json!([{"type":"image","source":{"type":"file","value":"file-123","mimeType":"image/png"}}]),
+                msg::FILE_SOURCE,
             ),
             (
                 json!([{"type":"binary","mimeType":"image/png","data":"AA=="}]),

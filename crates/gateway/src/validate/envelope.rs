@@ -1,5 +1,6 @@
 //! The RunAgentInput envelope (the ag-ui 0.1.20 model): ids must be non-empty strings, unknown
-//! top-level fields (`protocolVersion` of 1.0 clients, …) are ignored.
+//! top-level fields are ignored. `protocolVersion` selects the dialect of the answer; a version
+//! the gateway does not speak is refused first, with the supported versions in the message.
 //!
 //! Required: `threadId`, `runId` (non-empty strings), `state`, `messages`, `tools`, `context`,
 //! `forwardedProps`. camelCase and snake_case spellings are both accepted; unknown fields are
@@ -45,6 +46,8 @@ pub struct Envelope {
     pub tools_len: usize,
     /// `Some` (possibly empty) when the request is a resume.
     pub resume: Option<Vec<ResumeEntry>>,
+    /// The protocol the client declared (absent: the pre-1.0 wire).
+    pub dialect: agui::Dialect,
 }
 
 fn invalid() -> ApiError {
@@ -185,6 +188,9 @@ fn check_message(m: &Value) -> Result<(), ApiError> {
 
 /// Validates the envelope of a parsed JSON object.
 pub fn parse(body: &Map<String, Value>) -> Result<Envelope, ApiError> {
+    // First: a client of another protocol version would get misleading envelope errors otherwise.
+    let dialect = agui::Dialect::negotiate(field(body, "protocolVersion", "protocol_version"))
+        .ok_or_else(|| ApiError::new(Code::InvalidInput, msg::UNSUPPORTED_PROTOCOL))?;
     let thread_id = req_str(body, "threadId", "thread_id")?;
     let run_id = req_str(body, "runId", "run_id")?;
     // Ids must be non-empty strings.
@@ -242,6 +248,7 @@ pub fn parse(body: &Map<String, Value>) -> Result<Envelope, ApiError> {
         messages: messages.clone(),
         tools_len: tools.len(),
         resume,
+        dialect,
     })
 }
 
@@ -330,5 +337,30 @@ mod tests {
         let mut v = base();
         v["parentRunId"] = json!(3);
         assert!(check(v).is_err());
+    }
+
+    #[test]
+    fn the_declared_protocol_version_selects_the_dialect_or_is_refused_first() {
+        assert_eq!(check(base()).unwrap().dialect, agui::Dialect::Legacy);
+        for v in ["1.0", "1.4"] {
+            let mut b = base();
+            b["protocolVersion"] = json!(v);
+            assert_eq!(check(b).unwrap().dialect, agui::Dialect::V1, "{v}");
+        }
+        for v in [json!("2.0"), json!("abc"), json!(1)] {
+            // Refused before the envelope's own checks: the version explains the rest.
+            let mut b = base();
+            b["protocolVersion"] = v.clone();
+            b.as_object_mut().unwrap().remove("messages");
+            let e = check(b).unwrap_err();
+            assert_eq!(
+                (e.code, &*e.message),
+                (Code::InvalidInput, msg::UNSUPPORTED_PROTOCOL),
+                "{v}"
+            );
+        }
+        for supported in agui::SUPPORTED_VERSIONS {
+            assert!(msg::UNSUPPORTED_PROTOCOL.contains(supported), "{supported}");
+        }
     }
 }

@@ -68,6 +68,7 @@ async fn health_routes_and_methods() {
     assert_eq!(v["status"], "ok");
     assert_eq!(v["protocol"], "ag-ui");
     assert_eq!(v["protocolPackageVersion"], "0.1.20");
+    assert_eq!(v["protocolVersions"], json!(["1.0"]));
     assert_eq!(v["executionKernel"], "a2a-1.0");
     assert_eq!(v["serverVersion"], env!("CARGO_PKG_VERSION"));
     assert_eq!(v["kernel"]["mode"], "external");
@@ -386,8 +387,29 @@ async fn validation_errors_before_sse() {
         part(
             json!({"type":"audio","source":{"type":"data","value":"AA==","mimeType":"audio/wav"}}),
         ),
+        "Audio parts are not supported. Only text and inline data images are supported.",
+    ));
+    cases.push((
+        part(json!({"type":"video","source":{"type":"url","value":"http://169.254.169.254/v"}})),
+        "Video parts are not supported. Only text and inline data images are supported.",
+    ));
+    cases.push((
+        part(json!({"type":"document","source":{"type":"data","value":"AA==","mimeType":"application/pdf"}})),
+        "Document parts are not supported. Only text and inline data images are supported.",
+    ));
+    cases.push((
+        part(json!({"type":"image","source":{"type":"file","value":"file-abc","provider":"openai","mimeType":"image/png"}})),
+        "Provider file references are not supported; send images as inline base64 data.",
+    ));
+    cases.push((
+        part(json!({"type":"binary","mimeType":"image/png","data":png_b64})),
         "Only text and inline data images are supported.",
     ));
+    for v in [json!("2.0"), json!("abc"), json!(1)] {
+        b = body("t", "r", "hi", &ws, json!({}));
+        b["protocolVersion"] = v;
+        cases.push((b.clone(), "The AG-UI protocol version is not supported. Supported versions: 1.0 (any 1.x); omit protocolVersion for the protocol before 1.0."));
+    }
     cases.push((
         part(
             json!({"type":"image","source":{"type":"data","value":png_b64,"mimeType":"image/bmp"}}),

@@ -8,6 +8,7 @@ mod fuzz;
 mod http_surface;
 mod load;
 mod process;
+mod protocol;
 mod real_kernel;
 mod support;
 mod wire;

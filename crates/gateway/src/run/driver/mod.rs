@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use a2a::TaskState;
-use agui::{Event, Outcome};
+use agui::{Dialect, Event, Outcome};
 use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -181,6 +181,16 @@ fn ending(last_state: Option<&TaskState>, cancel_requested: bool) -> End {
     }
 }
 
+/// Whether a run that ended with `code` is told as AG-UI 1.0's `cancelled` outcome: the run was
+/// stopped on request and did not fail. That is every `CANCELLED` ending (the cancellation
+/// extension, the kernel reporting the task cancelled, a question the resume cancelled), and only
+/// for a client that declared 1.0: 0.0.58 and 0.0.59 reject the outcome, and get
+/// `RUN_ERROR CANCELLED` as always. A gateway shutting down, a kernel that went away or an expired
+/// interrupt are failures the client did not ask for: they stay `RUN_ERROR`.
+fn is_cancelled_outcome(dialect: Dialect, code: Code) -> bool {
+    dialect == Dialect::V1 && code == Code::Cancelled
+}
+
 /// What the kernel told this run so far.
 #[derive(Debug, Default)]
 struct Seen {
@@ -259,6 +269,7 @@ impl Driver {
             thread_id: self.thread_id().to_owned(),
             run_id: self.run_id().to_owned(),
             parent_run_id: self.adm.req.envelope.parent_run_id.clone(),
+            protocol_version: (self.dialect() == Dialect::V1).then_some(agui::PROTOCOL_VERSION),
         };
         self.emit(started).await?;
         match self.adm.mode.clone() {
@@ -309,7 +320,12 @@ impl Driver {
         )
     }
 
-    /// Ends the run with `RUN_ERROR` after balancing spans.
+    fn dialect(&self) -> Dialect {
+        self.adm.req.envelope.dialect
+    }
+
+    /// Ends the run with `RUN_ERROR` after balancing spans (a cancellation told to a 1.0 client
+    /// is `RUN_FINISHED` with the `cancelled` outcome instead).
     async fn fail(&mut self, f: Failure) {
         if f.fail_closed {
             self.cancel_task().await;
@@ -324,10 +340,19 @@ impl Driver {
         }
         let mut events = Vec::new();
         self.mapper.close_all(&mut events);
-        events.push(Event::RunError {
-            message: i18n::tr(self.adm.req.lang, &f.message),
-            code: f.code.as_str().into(),
-            usage: self.mapper.usage(),
+        events.push(if is_cancelled_outcome(self.dialect(), f.code) {
+            Event::RunFinished {
+                thread_id: self.thread_id().to_owned(),
+                run_id: self.run_id().to_owned(),
+                outcome: Outcome::Cancelled,
+                usage: self.mapper.usage(),
+            }
+        } else {
+            Event::RunError {
+                message: i18n::tr(self.adm.req.lang, &f.message),
+                code: f.code.as_str().into(),
+                usage: self.mapper.usage(),
+            }
         });
         let _ = self.emit_all(events).await;
     }
@@ -584,6 +609,20 @@ mod tests {
         match e {
             End::Failed(f) => Some((f.code, f.cancel_task)),
             _ => None,
+        }
+    }
+
+    #[test]
+    fn only_a_1_0_client_is_told_a_cancellation_as_the_cancelled_outcome() {
+        assert!(is_cancelled_outcome(Dialect::V1, Code::Cancelled));
+        assert!(!is_cancelled_outcome(Dialect::Legacy, Code::Cancelled));
+        for other in [
+            Code::A2aUnavailable,
+            Code::A2aExecutionFailed,
+            Code::ExecutionExpired,
+            Code::StatePersistenceFailed,
+        ] {
+            assert!(!is_cancelled_outcome(Dialect::V1, other), "{other:?}");
         }
     }
 
