@@ -3,18 +3,21 @@
 // Drives the gateway with the official TypeScript client (`HttpAgent`, real HTTP, real SSE parsing)
 // and fails on anything the client rejects or silently repairs:
 //   * a rejected runAgent() (AGUIError / ZodError / HTTP error),
-//   * any console line starting with "[ag-ui][enforce]" or "[ag-ui][compat]",
+//   * any console line starting with "[ag-ui]" ("[ag-ui][enforce]", "[ag-ui][compat]", …),
 //   * a stream without exactly one terminal event as its last event,
 //   * events whose threadId/runId differ from the request,
-//   * RUN_ERROR where success was expected (and the wrong outcome in general).
+//   * RUN_ERROR where success was expected (and the wrong outcome in general),
+//   * a RUN_STARTED that declares a protocol version to a 0.0.x client, or none to a 1.0 client
+//     (the 1.0 client sends "protocolVersion": "1.0"; the gateway answers in its dialect).
 //
 // Usage: node run.mjs < plan.json
-//   {"client": "1" | "0058", "url": "http://127.0.0.1:8000/", "threadId": "t1", "headers": {},
+//   {"client": "1" | "0059" | "0058", "url": "http://127.0.0.1:8000/", "threadId": "t1", "headers": {},
 //    "forwardedProps": {...}, "steps": [
 //      {"message": "text", "expect": "success"},
 //      {"message": "run a tool", "expect": "interrupt"},
 //      {"resume": "allow_once" | "deny" | "cancelled" | {payload object}, "expect": "success"},
-//      {"message": "slow", "cancel": true, "expect": "error", "code": "CANCELLED"}]}
+//      {"message": "slow", "cancel": true, "expect": "error", "code": "CANCELLED"},
+//      {"message": "slow", "cancel": true, "expect": "cancelled"}]}
 // Prints a JSON report on stdout; exit status 0 only when every check passed.
 
 import { randomUUID } from "node:crypto";
@@ -26,7 +29,7 @@ for (const level of ["log", "info", "warn", "error", "debug"]) {
   console[level] = (...args) => {
     const line = args.map((a) => (typeof a === "string" ? a : String(a?.message ?? a))).join(" ");
     captured.push(line);
-    if (line.startsWith("[ag-ui][enforce]") || line.startsWith("[ag-ui][compat]")) {
+    if (line.startsWith("[ag-ui]")) {
       problems.push(`client warning: ${line}`);
     }
     original(...args);
@@ -40,7 +43,9 @@ async function readStdin() {
 }
 
 const plan = await readStdin();
-const mod = plan.client === "0058" ? await import("agui-client-0058") : await import("agui-client-1");
+const packages = { "1": "agui-client-1", "0059": "agui-client-0059", "0058": "agui-client-0058" };
+if (!packages[plan.client]) throw new Error(`unknown client ${plan.client}`);
+const mod = await import(packages[plan.client]);
 const { HttpAgent } = mod;
 
 const agent = new HttpAgent({ url: plan.url, threadId: plan.threadId, headers: plan.headers ?? {} });
@@ -59,6 +64,11 @@ function checkStream(step, events, runId) {
     return null;
   }
   if (events[0].type !== "RUN_STARTED") problems.push(`${where}: first event is ${events[0].type}`);
+  const declared = events[0].protocolVersion;
+  const wanted = plan.client === "1" ? "1.0" : undefined;
+  if (events[0].type === "RUN_STARTED" && declared !== wanted) {
+    problems.push(`${where}: RUN_STARTED declares protocolVersion ${declared}, expected ${wanted}`);
+  }
   const terminals = events
     .map((e, i) => [e.type, i])
     .filter(([t]) => t === "RUN_FINISHED" || t === "RUN_ERROR");

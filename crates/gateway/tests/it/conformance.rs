@@ -1,7 +1,9 @@
-//! AG-UI client conformance: `@ag-ui/client` 1.0.0 and 0.0.58 (Node, `conformance/run.mjs`)
+//! AG-UI client conformance: `@ag-ui/client` 1.0.0, 0.0.59 and 0.0.58 (Node, `conformance/run.mjs`)
 //! consume the gateway's streams, against the real kernel and the fake kernel. The runner fails on
-//! any client error or `[ag-ui][enforce]`/`[ag-ui][compat]` warning, on a stream without exactly
-//! one terminal event, on foreign thread/run ids, and on unexpected outcomes.
+//! any client error or `[ag-ui]` warning, on a stream without exactly one terminal event, on
+//! foreign thread/run ids, on a protocol version declared to the wrong client, and on unexpected
+//! outcomes. Each client gets its own expectations: the 1.0 client declares 1.0 and is told a
+//! cancellation as the `cancelled` outcome; 0.0.x clients get `RUN_ERROR CANCELLED`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,7 +17,18 @@ use tokio::io::AsyncWriteExt;
 
 use crate::support::{ctx, managed, server, Builder};
 
-const CLIENTS: [&str; 2] = ["1", "0058"];
+const CLIENTS: [&str; 3] = ["1", "0059", "0058"];
+
+/// The expectation of a step that ends cancelled, as `client` is told it.
+fn cancelled(client: &str, mut step: Value) -> Value {
+    if client == "1" {
+        step["expect"] = json!("cancelled");
+    } else {
+        step["expect"] = json!("error");
+        step["code"] = json!("CANCELLED");
+    }
+    step
+}
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../conformance")
@@ -25,7 +38,9 @@ fn dir() -> PathBuf {
 async fn runner(plan: Value) -> (bool, Value) {
     let d = dir();
     assert!(
-        d.join("node_modules/agui-client-1").is_dir() && d.join("node_modules/agui-client-0058").is_dir(),
+        CLIENTS
+            .iter()
+            .all(|c| d.join(format!("node_modules/agui-client-{c}")).is_dir()),
         "conformance clients are not installed: run `npm ci --prefix conformance` (scripts/test.sh does)"
     );
     let mut child = tokio::process::Command::new("node")
@@ -112,7 +127,7 @@ async fn official_clients_consume_real_kernel_streams() {
                 &t("cancel"),
                 &cwd(&t("cancel")),
                 json!([
-                {"message": "Slow. scenario:slow", "cancel": true, "expect": "error", "code": "CANCELLED"},
+                cancelled(client, json!({"message": "Slow. scenario:slow", "cancel": true})),
                 {"message": "Again. scenario:text", "expect": "success"}]),
             ),
         ];
@@ -125,10 +140,32 @@ async fn official_clients_consume_real_kernel_streams() {
             {"message": "Hello there. scenario:pipeline", "expect": "interrupt"},
             {"resume": {"selectedId": "none"}, "expect": "success"}]),
         );
-        pipeline["forwardedProps"]["iacCode"]["runMode"] = json!("pipeline");
-        pipeline["forwardedProps"]["iacCode"]["pipelineName"] = json!("selling");
+        // A question (the pipeline's selection step) answered with free text, and one the user
+        // cancels: the task is cancelled with it.
+        let mut question = plan(
+            client,
+            &s.url,
+            &t("question"),
+            &cwd(&t("question")),
+            json!([
+            {"message": "Hello there. scenario:pipeline", "expect": "interrupt"},
+            {"resume": {"freeText": "Just saying hi"}, "expect": "success"}]),
+        );
+        let mut dropped = plan(
+            client,
+            &s.url,
+            &t("dropped"),
+            &cwd(&t("dropped")),
+            json!([
+            {"message": "Hello there. scenario:pipeline", "expect": "interrupt"},
+            cancelled(client, json!({"resume": "cancelled"}))]),
+        );
         let mut plans = plans;
-        plans.push(pipeline);
+        for p in [&mut pipeline, &mut question, &mut dropped] {
+            p["forwardedProps"]["iacCode"]["runMode"] = json!("pipeline");
+            p["forwardedProps"]["iacCode"]["pipelineName"] = json!("selling");
+        }
+        plans.extend([pipeline, question, dropped]);
         let results = futures_util::future::join_all(plans.into_iter().map(runner)).await;
         for (ok, report) in results {
             assert!(ok, "client {client}: {report:#}");
@@ -182,6 +219,20 @@ async fn official_clients_consume_fake_kernel_streams() {
                 )),
             ]),
         );
+        // The kernel reports the task cancelled mid-message (cancelled elsewhere).
+        k.on(
+            "SendStreamingMessage",
+            Reply::Sse(vec![
+                Item::Result(items::task("task-4", &c, "TASK_STATE_WORKING", json!({}))),
+                Item::Result(items::text("task-4", &c, "partial", "m4", json!({}))),
+                Item::Result(items::status(
+                    "task-4",
+                    &c,
+                    "TASK_STATE_CANCELED",
+                    json!({}),
+                )),
+            ]),
+        );
         let p = plan(
             client,
             &s.url,
@@ -190,7 +241,8 @@ async fn official_clients_consume_fake_kernel_streams() {
             json!([
             {"message": "rich", "expect": "success"},
             {"message": "cut", "expect": "error", "code": "A2A_UNAVAILABLE"},
-            {"message": "identity", "expect": "error", "code": "A2A_PROTOCOL_ERROR"}]),
+            {"message": "identity", "expect": "error", "code": "A2A_PROTOCOL_ERROR"},
+            cancelled(client, json!({"message": "cancelled elsewhere"}))]),
         );
         let (ok, report) = runner(p).await;
         assert!(ok, "client {client}: {report:#}");
