@@ -96,6 +96,73 @@ fn flags_beat_variables_which_beat_yaml() {
     ));
 }
 
+/// The CORS origins from the variable (a comma-separated list), and the flag beating it.
+#[test]
+fn cors_origins_from_the_variable_and_the_flag() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let allow_origin = |port: u16, origin: &str| -> Option<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "GET /health HTTP/1.1\r\nHost: x\r\nOrigin: {origin}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        answer
+            .lines()
+            .find_map(|l| l.strip_prefix("access-control-allow-origin: "))
+            .map(str::to_owned)
+    };
+    let serve = |args: &[&str], env: &[(&str, &str)], checks: &dyn Fn(u16)| {
+        let port = free_port();
+        let mut child = Command::new(bin())
+            .args([
+                "--a2a-url",
+                "http://127.0.0.1:9/",
+                "--port",
+                &port.to_string(),
+            ])
+            .arg("--state-dir")
+            .arg(dir.path().join("s"))
+            .args(args)
+            .envs(env.iter().copied())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        assert!(wait_health(port, Duration::from_secs(10)).is_some());
+        checks(port);
+        let _ = child.kill();
+        let _ = child.wait();
+    };
+    let var = [(
+        "IAC_CODE_AGUI_CORS_ORIGINS",
+        "http://a.test, http://b.test:81",
+    )];
+    serve(&[], &var, &|port| {
+        assert_eq!(
+            allow_origin(port, "http://a.test").as_deref(),
+            Some("http://a.test")
+        );
+        assert_eq!(
+            allow_origin(port, "http://b.test:81").as_deref(),
+            Some("http://b.test:81")
+        );
+        assert_eq!(allow_origin(port, "http://c.test"), None);
+    });
+    serve(&["--cors-origin", "http://c.test"], &var, &|port| {
+        assert_eq!(
+            allow_origin(port, "http://c.test").as_deref(),
+            Some("http://c.test")
+        );
+        assert_eq!(allow_origin(port, "http://a.test"), None);
+    });
+    let (code, err) = run(&["--cors-origin", "*"], &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("--cors-origin must be an origin"), "{err}");
+}
+
 #[test]
 fn help_documents_every_option() {
     let out = Command::new(bin()).arg("--help").output().unwrap();
@@ -115,6 +182,8 @@ fn help_documents_every_option() {
         "--kernel-idle-timeout",
         "IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT",
         "IAC_CODE_AGUI_A2A_TOKEN",
+        "--cors-origin",
+        "IAC_CODE_AGUI_CORS_ORIGINS",
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");
     }
