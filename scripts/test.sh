@@ -11,9 +11,20 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== kernel venv"
 IAC_CODE_AGUI_KERNEL_BIN=$(bash scripts/kernel-venv.sh)
 export IAC_CODE_AGUI_KERNEL_BIN
-echo "== conformance clients (@ag-ui/client 1.0.0 and 0.0.58)"
+echo "== conformance clients (@ag-ui/client 1.0.0, 0.0.59 and 0.0.58; puppeteer-core, esbuild)"
 npm ci --prefix conformance --no-audit --no-fund --loglevel=error \
   --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
+echo "== chromium (the real-browser tier; Debian's package: puppeteer-core downloads no browser)"
+if [ ! -x /usr/bin/chromium ]; then
+  as_root=()
+  [ "$(id -u)" -eq 0 ] || as_root=(sudo)
+  apt_install() {
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -q --no-install-recommends chromium
+  }
+  # A stale package list names versions the mirror no longer has: refresh it and retry once.
+  apt_install || { "${as_root[@]}" apt-get update -q && apt_install; }
+fi
 echo "== tests"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci

@@ -1,5 +1,6 @@
 //! Integration tests of the gateway (one test binary).
 
+mod browser;
 mod chaos;
 mod conformance;
 mod crash;

@@ -1,0 +1,235 @@
+//! Real-browser tier: headless Chromium (Debian's, driven by `conformance/browser/drive.mjs`
+//! through puppeteer-core) loads a page from another origin whose script is the official
+//! `@ag-ui/client` (1.0.0 and 0.0.59), bundled by esbuild at test time from the conformance
+//! lockfile. The page runs real-kernel turns against the gateway cross-origin with a bearer token
+//! (so every POST is preflighted): a permission interrupt answered by clicking the page's "Allow"
+//! button, then a plain turn. Any console error (CORS blocks land there), page error, failed
+//! request or `[ag-ui]...` client warning fails the run. A page of an origin the gateway does not
+//! allow must be refused by the browser.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axum::http::{header, StatusCode, Uri};
+use axum::response::IntoResponse;
+use serde_json::{json, Value};
+use testkit::real_kernel::KernelEnv;
+use tokio::io::AsyncWriteExt;
+
+use crate::support::{managed, Builder};
+
+const CLIENTS: [&str; 2] = ["1", "0059"];
+const TOKEN: &str = "tok";
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../conformance")
+}
+
+/// The Chromium the driver launches; the test fails (never skips) without it, so CI runs it.
+fn chromium() -> PathBuf {
+    let path =
+        PathBuf::from(std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()));
+    assert!(
+        path.is_file(),
+        "chromium is not installed ({}): scripts/test.sh installs it (apt-get install chromium)",
+        path.display()
+    );
+    path
+}
+
+/// Bundles the page for `client` into `out/<client>/` (index.html + page.js).
+async fn bundle(client: &str, out: &Path) {
+    let o = tokio::process::Command::new("node")
+        .arg(dir().join("browser/bundle.mjs"))
+        .arg(client)
+        .arg(out.join(client))
+        .current_dir(dir())
+        .output()
+        .await
+        .expect("node");
+    assert!(
+        o.status.success(),
+        "bundle {client}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Serves `root` (the bundles) on a fresh loopback port; returns the origin `http://127.0.0.1:PORT`.
+async fn static_origin(root: PathBuf) -> String {
+    let app = axum::Router::new().fallback(move |uri: Uri| {
+        let root = root.clone();
+        async move {
+            // Only `/<client>/` and `/<client>/page.js`: nothing else of the disk is reachable.
+            let path = uri.path().trim_start_matches('/');
+            let (client, file) = path.split_once('/').unwrap_or((path, ""));
+            let (file, mime) = match file {
+                "" | "index.html" => ("index.html", "text/html; charset=utf-8"),
+                "page.js" => ("page.js", "text/javascript; charset=utf-8"),
+                _ => return StatusCode::NOT_FOUND.into_response(),
+            };
+            if !CLIENTS.contains(&client) {
+                return StatusCode::NOT_FOUND.into_response();
+            }
+            match tokio::fs::read(root.join(client).join(file)).await {
+                Ok(bytes) => ([(header::CONTENT_TYPE, mime)], bytes).into_response(),
+                Err(_) => StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    origin
+}
+
+/// Runs the driver with `plan`; returns (passed, report).
+async fn drive(plan: Value) -> (bool, Value) {
+    let mut child = tokio::process::Command::new("node")
+        .arg(dir().join("browser/drive.mjs"))
+        .current_dir(dir())
+        .env("CHROMIUM", chromium())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(plan.to_string().as_bytes())
+        .await
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+        .await
+        .expect("driver finished")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
+        .unwrap_or_else(|_| {
+            panic!(
+                "driver output: {stdout}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (out.status.success(), report)
+}
+
+/// The page's config for a thread: the gateway, the token, and the messages of its turns.
+fn page_config(env: &KernelEnv, url: &str, thread: &str, messages: Value) -> Value {
+    let cwd = env.ws().join(thread).display().to_string();
+    json!({"url": url, "token": TOKEN, "threadId": thread, "messages": messages,
+           "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": format!("inv-{thread}"), "cwd": cwd}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_clients_in_chromium_across_origins() {
+    chromium();
+    let d = dir();
+    for m in [
+        "agui-client-1",
+        "agui-client-0059",
+        "puppeteer-core",
+        "esbuild",
+    ] {
+        assert!(
+            d.join("node_modules").join(m).is_dir(),
+            "{m} is not installed: run `npm ci --prefix conformance` (scripts/test.sh does)"
+        );
+    }
+    let bundles = tempfile::tempdir().unwrap();
+    for client in CLIENTS {
+        bundle(client, bundles.path()).await;
+    }
+    // Origin A is allowed by the gateway; origin B serves the same pages but is not.
+    let allowed = static_origin(bundles.path().to_path_buf()).await;
+    let foreign = static_origin(bundles.path().to_path_buf()).await;
+
+    let env = KernelEnv::new().await;
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(managed(&env).await)
+        .auth(TOKEN)
+        .cors_origin(&allowed)
+        .start()
+        .await;
+
+    for client in CLIENTS {
+        let thread = format!("browser-{client}");
+        let blocked = format!("blocked-{client}");
+        let plan = json!({"timeoutMs": 180_000, "pages": [
+            {"name": "allowed", "page": format!("{allowed}/{client}/"),
+             "config": page_config(&env, &s.url, &thread, json!(["Run. scenario:bash", "Hello. scenario:text"])),
+             "expect": ["interrupt", "success", "success"]},
+            {"name": "blocked", "page": format!("{foreign}/{client}/"),
+             "config": page_config(&env, &s.url, &blocked, json!(["Hello. scenario:text"])),
+             "expect": "blocked"}]});
+        let (ok, report) = drive(plan).await;
+        assert!(ok, "client {client}: {report:#}");
+
+        let page = &report["pages"][0];
+        assert_eq!(page["name"], "allowed");
+        assert_eq!(page["agui"]["client"], client, "{page:#}");
+        let runs = page["agui"]["runs"].as_array().expect("runs");
+        assert_eq!(runs.len(), 3, "{page:#}");
+        for r in runs {
+            assert_eq!(r["runStarted"]["type"], "RUN_STARTED", "{r:#}");
+            assert_eq!(r["runStarted"]["threadId"], thread.as_str(), "{r:#}");
+            assert!(r["runStarted"]["runId"].is_string(), "{r:#}");
+            // The 1.0 client declared 1.0 and got the 1.0 dialect; 0.0.59 declares nothing.
+            let declared = &r["runStarted"]["protocolVersion"];
+            if client == "1" {
+                assert_eq!(declared, "1.0", "{r:#}");
+            } else {
+                assert!(declared.is_null(), "{r:#}");
+            }
+            assert_eq!(r["last"]["type"], "RUN_FINISHED", "{r:#}");
+        }
+        // The permission turn, answered through the page's button.
+        let interrupts = runs[0]["last"]["outcome"]["interrupts"]
+            .as_array()
+            .expect("interrupts");
+        assert!(!interrupts.is_empty(), "{:#}", runs[0]);
+        assert!(
+            interrupts.iter().all(|i| i["id"].is_string()),
+            "{interrupts:?}"
+        );
+        assert_eq!(page["clicks"], 1);
+        // The bearer header made the browser preflight the POSTs, and the gateway allowed them.
+        let preflights = page["preflights"].as_array().expect("preflights");
+        assert!(
+            !preflights.is_empty()
+                && preflights
+                    .iter()
+                    .all(|p| p.as_str().unwrap().starts_with("204 ")),
+            "{preflights:?}"
+        );
+        assert_eq!(runs[1]["resume"], true);
+        assert_eq!(runs[1]["outcome"], "success", "{:#}", runs[1]);
+        // The plain turn streamed text.
+        assert_eq!(runs[2]["resume"], false);
+        assert!(
+            runs[2]["types"]
+                .to_string()
+                .contains("TEXT_MESSAGE_CONTENT"),
+            "{:#}",
+            runs[2]
+        );
+
+        // The foreign origin's page never reached the gateway: the browser refused the preflight.
+        let page = &report["pages"][1];
+        assert_eq!(page["name"], "blocked");
+        let run = &page["agui"]["runs"][0];
+        assert!(run["error"].is_string(), "{page:#}");
+        assert_eq!(run["types"], json!([]), "{page:#}");
+        assert!(
+            !s.thread_file(&blocked).exists(),
+            "a run of the foreign origin reached the gateway"
+        );
+    }
+}
