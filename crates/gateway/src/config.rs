@@ -22,7 +22,7 @@ use crate::paths;
 pub struct Cli {
     /// YAML configuration file (keys: host, port, a2a_url, debug, log_stdout, state_dir,
     /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
-    /// kernel_idle_timeout, cors_origins; dashes or underscores).
+    /// kernel_idle_timeout, cors_origins, detach_grace, replay_buffer; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -89,6 +89,24 @@ pub struct Cli {
         value_delimiter = ','
     )]
     pub cors_origin: Vec<String>,
+    /// Seconds a running turn goes on without a client after its connection drops, buffered for
+    /// `GET /threads/{threadId}/runs/{runId}/events`; 0 cancels it at once [default: 0].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_DETACH_GRACE",
+        allow_hyphen_values = true
+    )]
+    pub detach_grace: Option<String>,
+    /// Bytes of events kept per run for clients that re-attach (with --detach-grace); the oldest
+    /// go first [default: 1048576].
+    #[arg(
+        long,
+        value_name = "BYTES",
+        env = "IAC_CODE_AGUI_REPLAY_BUFFER",
+        allow_hyphen_values = true
+    )]
+    pub replay_buffer: Option<String>,
 }
 
 /// The YAML file's keys (after `-` → `_`); unknown keys are ignored. Each value is checked where
@@ -110,6 +128,8 @@ struct FileConfig {
     shutdown_timeout: Option<Yaml>,
     kernel_idle_timeout: Option<Yaml>,
     cors_origins: Option<Yaml>,
+    detach_grace: Option<Yaml>,
+    replay_buffer: Option<Yaml>,
 }
 
 /// The validated configuration.
@@ -145,6 +165,10 @@ pub struct Config {
     pub fallback_lang: Lang,
     /// Origins allowed to call the gateway from a browser; empty ⇒ no CORS headers.
     pub cors_origins: Origins,
+    /// How long a run goes on without a client; 0 ⇒ a disconnect cancels it.
+    pub detach_grace_secs: f64,
+    /// The replay buffer of a run, in bytes.
+    pub replay_buffer_bytes: usize,
 }
 
 /// Environment lookup (injected so tests never mutate the process environment).
@@ -381,6 +405,18 @@ impl Config {
         };
 
         let cors_origins = cors_origins(cli.cors_origin, file.cors_origins)?;
+        let detach_grace_secs = seconds(
+            cli.detach_grace,
+            file.detach_grace,
+            0.0,
+            "--detach-grace must be a non-negative number.",
+        )?
+        .min(1e9);
+        let replay_err = "--replay-buffer must be a positive integer (bytes).";
+        let replay_buffer = seconds(cli.replay_buffer, file.replay_buffer, 1048576.0, replay_err)?;
+        if replay_buffer < 1.0 || replay_buffer.fract() != 0.0 || replay_buffer > 1e12 {
+            return Err(replay_err.into());
+        }
 
         let home = env("HOME");
         let process_cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
@@ -439,6 +475,8 @@ impl Config {
             temp_dir,
             fallback_lang: Lang::server_fallback(env),
             cors_origins,
+            detach_grace_secs,
+            replay_buffer_bytes: replay_buffer as usize,
         })
     }
 
@@ -500,6 +538,8 @@ mod tests {
             ("shutdown_timeout", "IAC_CODE_AGUI_SHUTDOWN_TIMEOUT"),
             ("kernel_idle_timeout", "IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT"),
             ("cors_origin", "IAC_CODE_AGUI_CORS_ORIGINS"),
+            ("detach_grace", "IAC_CODE_AGUI_DETACH_GRACE"),
+            ("replay_buffer", "IAC_CODE_AGUI_REPLAY_BUFFER"),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }
@@ -553,6 +593,31 @@ mod tests {
         );
         let e = load(&["--cors-origin", "*"], &[]).unwrap_err();
         assert!(e.starts_with("--cors-origin must be an origin"), "{e}");
+    }
+
+    #[test]
+    fn detach_grace_and_replay_buffer() {
+        let c = load(&[], &[]).unwrap();
+        assert_eq!((c.detach_grace_secs, c.replay_buffer_bytes), (0.0, 1048576));
+        let c = load(&["--detach-grace", "30", "--replay-buffer", "4096"], &[]).unwrap();
+        assert_eq!((c.detach_grace_secs, c.replay_buffer_bytes), (30.0, 4096));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        std::fs::write(&p, "detach-grace: 2.5\nreplay_buffer: 100\n").unwrap();
+        let c = load(&["--config", p.to_str().unwrap()], &[]).unwrap();
+        assert_eq!((c.detach_grace_secs, c.replay_buffer_bytes), (2.5, 100));
+        for bad in [["--detach-grace", "-1"], ["--detach-grace", "x"]] {
+            assert_eq!(
+                load(&bad, &[]).unwrap_err(),
+                "--detach-grace must be a non-negative number."
+            );
+        }
+        for bad in ["0", "1.5", "-3", "x"] {
+            assert_eq!(
+                load(&["--replay-buffer", bad], &[]).unwrap_err(),
+                "--replay-buffer must be a positive integer (bytes)."
+            );
+        }
     }
 
     #[test]

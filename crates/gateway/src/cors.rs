@@ -4,8 +4,8 @@
 //! `iac-code agui`). With origins configured:
 //! - a request whose `Origin` is one of them gets it echoed in `Access-Control-Allow-Origin`
 //!   (never `*`: the POST routes take a bearer token), with `Vary: Origin`;
-//! - a preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) on a POST route is
-//!   answered 204 with the allowed method and headers, before and without authentication (a
+//! - a preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) on a route that
+//!   takes the token is answered 204 with the allowed methods and headers, before and without authentication (a
 //!   browser never sends credentials on a preflight);
 //! - any other origin gets no CORS header at all, and its request is judged as before.
 //!
@@ -18,8 +18,8 @@ use axum::response::Response;
 
 /// The request headers a page may send on the POST routes (`Accept-Language` selects the language
 /// of error messages; `Last-Event-ID` is what `EventSource` sends when it reconnects).
-const ALLOW_HEADERS: &str = "Authorization, Content-Type, Accept, Accept-Language";
-const ALLOW_METHODS: &str = "POST";
+const ALLOW_HEADERS: &str = "Authorization, Content-Type, Accept, Accept-Language, Last-Event-ID";
+const ALLOW_METHODS: &str = "GET, POST";
 /// How long a browser may reuse a preflight answer.
 const MAX_AGE: &str = "600";
 
@@ -218,7 +218,7 @@ mod tests {
             g(header::ACCESS_CONTROL_ALLOW_ORIGIN),
             "http://page.test:3000"
         );
-        assert_eq!(g(header::ACCESS_CONTROL_ALLOW_METHODS), "POST");
+        assert_eq!(g(header::ACCESS_CONTROL_ALLOW_METHODS), "GET, POST");
         let allowed = g(header::ACCESS_CONTROL_ALLOW_HEADERS).to_ascii_lowercase();
         for name in ["authorization", "content-type", "accept"] {
             assert!(allowed.split(", ").any(|a| a == name), "{allowed}");

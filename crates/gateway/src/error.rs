@@ -38,6 +38,9 @@ pub enum Code {
     A2aProtocolError,
     A2aExecutionFailed,
     Cancelled,
+    ThreadNotFound,
+    RunNotFound,
+    RunEventsGone,
 }
 
 /// The contract: code → wire name → HTTP status when it is answered before the SSE stream.
@@ -72,6 +75,9 @@ const TABLE: &[(Code, &str, u16)] = &[
     (Code::A2aProtocolError, "A2A_PROTOCOL_ERROR", 502),
     (Code::A2aExecutionFailed, "A2A_EXECUTION_FAILED", 502),
     (Code::Cancelled, "CANCELLED", 409),
+    (Code::ThreadNotFound, "THREAD_NOT_FOUND", 404),
+    (Code::RunNotFound, "RUN_NOT_FOUND", 404),
+    (Code::RunEventsGone, "RUN_EVENTS_GONE", 410),
 ];
 
 impl Code {
@@ -196,6 +202,11 @@ pub mod msg {
         A2A_FAILED = "The A2A execution failed.";
         CANCELLED = "The execution was cancelled.";
         CANCELLED_BY_ANSWER = "The execution was cancelled by the interrupt response.";
+        ABANDONED = "The execution was cancelled: no client was attached within the detach grace period.";
+        THREAD_NOT_FOUND = "The AG-UI thread was not found.";
+        RUN_NOT_FOUND = "The AG-UI run was not found.";
+        RUN_EVENTS_GONE = "The run's events are no longer available.";
+        BAD_LAST_EVENT_ID = "Last-Event-ID must be the id of an event of this run.";
         TASK_CHANGED = "The A2A task identity changed unexpectedly.";
         CONTEXT_CHANGED = "The A2A context identity changed unexpectedly.";
         SESSION_CHANGED = "The iac-code session identity changed unexpectedly.";

@@ -1,4 +1,5 @@
-//! The HTTP surface: `GET|HEAD /health`, `POST /`, `POST /extensions/iac-code/v1/executions/{id}/cancel`.
+//! The HTTP surface: `GET|HEAD /health`, `POST /`, `POST /extensions/iac-code/v1/executions/{id}/cancel`,
+//! `GET /threads/{threadId}` and `GET /threads/{threadId}/runs/{runId}/events` (`threads_api`).
 //! With CORS origins configured, a preflight of an allowed origin on a POST route is answered
 //! first (`cors.rs`), and every answer to an allowed origin carries its CORS headers.
 //!
@@ -25,6 +26,7 @@ use crate::error::{msg, ApiError, Code};
 use crate::i18n::Lang;
 use crate::run::admit::{self, RunRequest};
 use crate::run::{cancel, sink, spawn_run, Runtime};
+use crate::threads_api;
 use crate::validate::{self, content, cwd, props};
 
 pub const RUN_BODY_LIMIT: usize = 12 * 1024 * 1024;
@@ -48,6 +50,11 @@ pub fn router(state: AppState) -> Router {
             "/extensions/iac-code/v1/executions/{execution_id}/cancel",
             any(cancel_route),
         )
+        .route("/threads/{thread_id}", any(thread_route))
+        .route(
+            "/threads/{thread_id}/runs/{run_id}/events",
+            any(events_route),
+        )
         .fallback(not_found)
         .with_state(state);
     if cors.is_empty() {
@@ -70,6 +77,60 @@ pub fn router(state: AppState) -> Router {
             }
         },
     ))
+}
+
+/// The checks of the GET routes: preflight, method, bearer token. Returns the header language.
+#[allow(clippy::result_large_err)]
+fn get_checks(rt: &Runtime, req: &Request) -> Result<Lang, Response> {
+    if let Some(r) = preflight(rt, req) {
+        return Err(r);
+    }
+    if req.method() != Method::GET {
+        return Err(method_not_allowed("GET"));
+    }
+    let hl = header_lang(rt, req.headers());
+    if !authorized(rt, req.headers()) {
+        return Err(ApiError::new(Code::Unauthorized, msg::UNAUTHORIZED).into_response_in(hl));
+    }
+    Ok(hl)
+}
+
+async fn events_route(
+    State(s): State<AppState>,
+    Path((thread_id, run_id)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    let hl = match get_checks(&s.rt, &req) {
+        Ok(hl) => hl,
+        Err(r) => return r,
+    };
+    let Ok(after) = threads_api::resume_point(req.headers(), req.uri().query()) else {
+        return ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl);
+    };
+    match threads_api::events(&s.rt, &thread_id, &run_id, after, s.heartbeat).await {
+        Ok(r) => r,
+        Err(e) => e.into_response_in(hl),
+    }
+}
+
+async fn thread_route(
+    State(s): State<AppState>,
+    Path(thread_id): Path<String>,
+    req: Request,
+) -> Response {
+    let hl = match get_checks(&s.rt, &req) {
+        Ok(hl) => hl,
+        Err(r) => return r,
+    };
+    match threads_api::thread(&s.rt, &thread_id).await {
+        Ok(v) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_vec(&v).expect("serialises"),
+        )
+            .into_response(),
+        Err(e) => e.into_response_in(hl),
+    }
 }
 
 /// A CORS preflight of an allowed origin on a POST route, answered before authentication.

@@ -19,4 +19,5 @@ pub mod run;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod threads_api;
 pub mod validate;

@@ -86,6 +86,18 @@ pub fn parse(raw: &str) -> (Vec<Value>, usize) {
     (events, heartbeats)
 }
 
+/// The `id:` of every event block (`None` for an event without one), in order.
+pub fn event_ids(raw: &str) -> Vec<Option<u64>> {
+    raw.split("\n\n")
+        .filter(|b| b.lines().any(|l| l.starts_with("data:")))
+        .map(|b| {
+            b.lines()
+                .find_map(|l| l.strip_prefix("id: ").or_else(|| l.strip_prefix("id:")))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .collect()
+}
+
 /// Posts `body` to `url` and reads the whole answer.
 pub async fn post(url: &str, body: &Value, headers: &[(&str, &str)]) -> RunResult {
     post_raw(
@@ -160,6 +172,10 @@ pub fn assert_valid_run(r: &RunResult, thread_id: &str, run_id: &str) {
     assert_eq!(r.status, 200, "{}", r.raw);
     let ev = &r.events;
     assert!(!ev.is_empty(), "no events");
+    // Every event carries its id: 1, 2, 3, … within the run.
+    let ids = event_ids(&r.raw);
+    let want: Vec<Option<u64>> = (1..=ev.len() as u64).map(Some).collect();
+    assert_eq!(ids, want, "event ids: {}", r.raw);
     assert_eq!(ev[0]["type"], "RUN_STARTED", "{}", r.raw);
     assert_eq!(ev[0]["threadId"], thread_id);
     assert_eq!(ev[0]["runId"], run_id);

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use crate::error::{msg, ApiError, Code};
 use crate::i18n::Lang;
+use crate::mapping::interrupt::rfc3339_ms;
+use crate::store::RunMark;
 use crate::validate::{Envelope, IacCode, RunMode, UserMessage};
 
 use super::decide::admission::{self, Ask};
@@ -75,13 +77,23 @@ pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> 
         pipeline: req.iac.run_mode == Some(RunMode::Pipeline),
         has_resume: req.envelope.resume.is_some(),
     };
-    let decision = admission::decide(
+    let mut decision = admission::decide(
         st.doc.as_ref(),
         st.active.is_some(),
         &ask,
         rt.now_ms(),
         &mut || uuid::Uuid::new_v4().to_string(),
     );
+    // The run that holds the thread is durable with its admission: a thread whose run was lost
+    // with its process says so (`GET /threads/{threadId}`).
+    if let (Some(doc), Ok(a)) = (&mut decision.doc, &decision.verdict) {
+        if a.holds_thread {
+            doc.active_run = Some(RunMark {
+                run_id: req.envelope.run_id.clone(),
+                since: rfc3339_ms(rt.now_ms()),
+            });
+        }
+    }
     if let Some(doc) = decision.doc {
         rt.threads()
             .store_doc(&mut st, doc)
@@ -96,6 +108,7 @@ pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> 
     let control = Arc::new(RunControl::default());
     if admission.holds_thread {
         st.active = Some(ActiveRun {
+            since_ms: rt.now_ms(),
             run_id: req.envelope.run_id.clone(),
             execution_id: admission.execution_id.clone(),
             control: control.clone(),

@@ -12,6 +12,7 @@ pub mod admit;
 pub mod cancel;
 pub mod decide;
 mod driver;
+pub mod replay;
 mod request;
 pub mod sink;
 mod threads;
@@ -71,6 +72,46 @@ pub struct Runtime {
     shutdown: Shutdown,
     /// Events buffered per run towards a slow client.
     channel_capacity: usize,
+    /// The replay buffers of runs that may outlive their client (with a detach grace): live runs,
+    /// and ended ones for the grace period after their end.
+    replays: Replays,
+}
+
+/// `(threadId, runId)` → the run's replay buffer.
+#[derive(Default)]
+pub struct Replays(
+    std::sync::Mutex<std::collections::HashMap<(String, String), Arc<replay::RunEvents>>>,
+);
+
+impl Replays {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<(String, String), Arc<replay::RunEvents>>,
+    > {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, thread_id: &str, run_id: &str) -> Option<Arc<replay::RunEvents>> {
+        self.map()
+            .get(&(thread_id.to_owned(), run_id.to_owned()))
+            .cloned()
+    }
+
+    fn insert(&self, thread_id: &str, run_id: &str, events: Arc<replay::RunEvents>) {
+        self.map()
+            .insert((thread_id.to_owned(), run_id.to_owned()), events);
+    }
+
+    /// Removes the buffer if it is still `events` (a later run may not reuse the id, but be safe).
+    fn remove(&self, thread_id: &str, run_id: &str, events: &Arc<replay::RunEvents>) {
+        let mut m = self.map();
+        let key = (thread_id.to_owned(), run_id.to_owned());
+        if m.get(&key).is_some_and(|e| Arc::ptr_eq(e, events)) {
+            m.remove(&key);
+        }
+    }
 }
 
 impl Runtime {
@@ -91,6 +132,7 @@ impl Runtime {
             activity: Activity::default(),
             shutdown: Shutdown::default(),
             channel_capacity,
+            replays: Replays::default(),
         };
         rt.touch();
         rt
@@ -130,6 +172,15 @@ impl Runtime {
 
     pub fn channel_capacity(&self) -> usize {
         self.channel_capacity
+    }
+
+    pub fn replays(&self) -> &Replays {
+        &self.replays
+    }
+
+    /// How long a run goes on without a client (zero: a disconnect ends it).
+    pub fn detach_grace(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.cfg.detach_grace_secs)
     }
 
     /// Records activity now (idle shutdown).

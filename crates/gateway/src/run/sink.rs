@@ -1,67 +1,125 @@
 //! The event sink of a run and the SSE body that drains it.
 //!
-//! The driver encodes each event once (`data: <json>\n\n`) and sends the bytes through a bounded
-//! channel; a slow client therefore slows its kernel stream instead of growing memory. The body
-//! writes `: heartbeat` after 15 s without an event, and coalesces events that are already queued
-//! into one write.
+//! The driver encodes each event once (`id: <n>\ndata: <json>\n\n`, ids 1, 2, 3, … within the
+//! run) and sends the bytes through a bounded channel; a slow client therefore slows its kernel
+//! stream instead of growing memory. The body writes `: heartbeat` after 15 s without an event,
+//! and coalesces events that are already queued into one write.
+//!
+//! With a detach grace the frames also go to the run's replay buffer ([`RunEvents`]), and a
+//! client that goes away does not end the run: it goes on, buffered, until no client has been
+//! attached for the grace period.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use agui::Event;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 
+use super::replay::{Attached, RunEvents};
+
 /// The client went away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Disconnected;
 
+/// The replay side of a sink: the buffer, and the attachment of the client that started the run.
+struct Replay {
+    events: Arc<RunEvents>,
+    client: Arc<Attached>,
+    /// That client went away (later events are only buffered).
+    client_gone: bool,
+}
+
 /// Sending half, owned by the run driver.
 pub struct Sink {
     tx: mpsc::Sender<Bytes>,
-    clock: std::sync::Arc<dyn super::Clock>,
+    clock: Arc<dyn super::Clock>,
     buf: Vec<u8>,
+    /// The id of the last event sent.
+    last_id: u64,
     terminal_sent: bool,
-    /// The client is known to be gone.
+    /// The run is known to be without a client for good: nothing more is sent.
     gone: bool,
+    replay: Option<Replay>,
 }
 
 impl Sink {
+    /// A sink whose frames also go to `replay` when given (a run that may outlive its client).
     pub fn new(
         capacity: usize,
-        clock: std::sync::Arc<dyn super::Clock>,
+        clock: Arc<dyn super::Clock>,
+        replay: Option<Arc<RunEvents>>,
     ) -> (Sink, mpsc::Receiver<Bytes>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
+        let replay = replay.map(|events| {
+            let client = Arc::new(events.attach());
+            // The client's departure starts the grace clock even while no event is sent. The
+            // watcher lets go of its sender when the run ends, so that the body can end.
+            let (watch_tx, watch_client, watch_events) =
+                (tx.clone(), client.clone(), events.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = watch_tx.closed() => watch_client.release(),
+                    _ = watch_events.ended() => {}
+                }
+            });
+            Replay {
+                events,
+                client,
+                client_gone: false,
+            }
+        });
         (
             Sink {
                 tx,
                 clock,
                 buf: Vec::with_capacity(512),
+                last_id: 0,
                 terminal_sent: false,
                 gone: false,
+                replay,
             },
             rx,
         )
     }
 
+    /// Starts the next frame: its `id:` line.
+    fn start_frame(&mut self) {
+        use std::io::Write as _;
+        self.buf.clear();
+        self.last_id += 1;
+        let _ = writeln!(self.buf, "id: {}", self.last_id);
+    }
+
     /// Encodes and sends one event (waits while the channel is full).
     pub async fn emit(&mut self, e: &Event) -> Result<(), Disconnected> {
         debug_assert!(!self.terminal_sent, "event after the terminal event: {e:?}");
-        if e.is_terminal() {
+        let terminal = e.is_terminal();
+        if terminal {
             self.terminal_sent = true;
         }
-        self.buf.clear();
+        self.start_frame();
         e.encode_sse(self.clock.now_ms(), &mut self.buf);
-        self.send().await
+        self.send(terminal).await
     }
 
     /// Sends the encoded event in `buf`.
-    async fn send(&mut self) -> Result<(), Disconnected> {
+    async fn send(&mut self, terminal: bool) -> Result<(), Disconnected> {
         let bytes = Bytes::copy_from_slice(&self.buf);
-        let sent = self.tx.send(bytes).await.map_err(|_| Disconnected);
-        if sent.is_err() {
-            self.gone = true;
+        let Some(replay) = &mut self.replay else {
+            let sent = self.tx.send(bytes).await.map_err(|_| Disconnected);
+            if sent.is_err() {
+                self.gone = true;
+            }
+            return sent;
+        };
+        replay.events.append(self.last_id, bytes.clone(), terminal);
+        if !replay.client_gone && self.tx.send(bytes).await.is_err() {
+            // Buffered only from now on; the run goes on until it is abandoned.
+            replay.client_gone = true;
+            replay.client.release();
         }
-        sent
+        Ok(())
     }
 
     /// Encodes and sends `TEXT_MESSAGE_CONTENT {message_id, delta}` without building the event.
@@ -71,29 +129,41 @@ impl Sink {
         delta: &str,
     ) -> Result<(), Disconnected> {
         debug_assert!(!self.terminal_sent, "text after the terminal event");
-        self.buf.clear();
+        self.start_frame();
         Event::encode_text_content_sse(self.clock.now_ms(), message_id, delta, &mut self.buf);
-        self.send().await
+        self.send(false).await
+    }
+
+    /// Whether the run's frames are buffered for readers that attach later.
+    pub fn has_replay(&self) -> bool {
+        self.replay.is_some()
     }
 
     pub fn terminal_sent(&self) -> bool {
         self.terminal_sent
     }
 
-    /// A handle whose `closed()` resolves when the client has gone away (for a wait armed once
-    /// across many events).
-    pub fn sender(&self) -> mpsc::Sender<Bytes> {
-        self.tx.clone()
+    /// A handle whose `wait()` resolves when the run is without a client for good (for a wait
+    /// armed once across many events).
+    pub fn gone_signal(&self) -> GoneSignal {
+        match &self.replay {
+            None => GoneSignal::Client(self.tx.clone()),
+            Some(r) => GoneSignal::Abandoned(r.events.clone()),
+        }
     }
 
-    /// Resolves when the client has gone away.
+    /// Resolves when the run is without a client for good: its client went away (or, with a
+    /// detach grace, no client has been attached for the grace period).
     pub async fn closed(&self) {
-        self.tx.closed().await
+        self.gone_signal().wait().await
     }
 
-    /// Whether the client has gone away (noticed or not).
+    /// Whether the run is without a client (noticed or not; with a detach grace: abandoned).
     pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        match &self.replay {
+            None => self.tx.is_closed(),
+            Some(_) => self.gone,
+        }
     }
 
     /// Records that the client is gone.
@@ -104,6 +174,29 @@ impl Sink {
     /// Whether the client is known to be gone: nothing more is sent.
     pub fn is_gone(&self) -> bool {
         self.gone
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        if let Some(r) = &self.replay {
+            r.events.end();
+        }
+    }
+}
+
+/// See [`Sink::gone_signal`].
+pub enum GoneSignal {
+    Client(mpsc::Sender<Bytes>),
+    Abandoned(Arc<RunEvents>),
+}
+
+impl GoneSignal {
+    pub async fn wait(&self) {
+        match self {
+            GoneSignal::Client(tx) => tx.closed().await,
+            GoneSignal::Abandoned(events) => events.abandoned().await,
+        }
     }
 }
 

@@ -37,6 +37,8 @@ impl RunControl {
 #[derive(Debug)]
 pub struct ActiveRun {
     pub run_id: String,
+    /// When it was admitted (ms since the epoch).
+    pub since_ms: i64,
     pub execution_id: String,
     pub control: Arc<RunControl>,
 }

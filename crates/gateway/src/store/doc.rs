@@ -67,6 +67,26 @@ pub struct AppliedDigest {
     pub digest: String,
 }
 
+/// The run that holds a thread (`activeRun`, a gateway addition written only while one does).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunMark {
+    pub run_id: String,
+    /// RFC 3339, when the run was admitted.
+    pub since: String,
+}
+
+/// How the last run that held a thread ended (`lastRun`, a gateway addition).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastRun {
+    pub run_id: String,
+    /// `success`, `interrupt`, `error`, `cancelled` or `disconnected`.
+    pub outcome: String,
+    /// The `RUN_ERROR` code of an error.
+    pub code: Option<String>,
+    /// RFC 3339.
+    pub ended_at: String,
+}
+
 /// A thread's durable state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ThreadDoc {
@@ -83,6 +103,11 @@ pub struct ThreadDoc {
     /// interrupts that
     /// expired, remembered with their execution so later answers get `EXECUTION_EXPIRED`.
     pub expired_interrupts: BTreeSet<(String, String)>,
+    /// `activeRun`: set at admission, cleared when the run lets go of the thread. Still set after
+    /// a start-up means the run was lost with the process that ran it.
+    pub active_run: Option<RunMark>,
+    /// `lastRun`: written when a run lets go of the thread.
+    pub last_run: Option<LastRun>,
 }
 
 /// Recursively sorts object keys (Python's `sort_keys=True`).
@@ -167,6 +192,16 @@ impl ThreadDoc {
                     .map(|(e, i)| json!({"executionId": e, "interruptId": i}))
                     .collect(),
             );
+        }
+        if let Some(a) = &self.active_run {
+            v["activeRun"] = json!({"runId": a.run_id, "since": a.since});
+        }
+        if let Some(l) = &self.last_run {
+            let mut last = json!({"runId": l.run_id, "outcome": l.outcome, "endedAt": l.ended_at});
+            if let Some(c) = &l.code {
+                last["code"] = Value::String(c.clone());
+            }
+            v["lastRun"] = last;
         }
         let mut out = serde_json::to_vec_pretty(&sorted(v)).expect("document serialises");
         out.push(b'\n');
@@ -320,6 +355,24 @@ impl ThreadDoc {
                 .collect::<Result<_, StoreError>>()?,
             Some(_) => return Err(invalid("expiredInterrupts")),
         };
+        let active_run = match o.get("activeRun") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(a)) => Some(RunMark {
+                run_id: req(a, "runId")?,
+                since: req(a, "since")?,
+            }),
+            Some(_) => return Err(invalid("activeRun")),
+        };
+        let last_run = match o.get("lastRun") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(l)) => Some(LastRun {
+                run_id: req(l, "runId")?,
+                outcome: req(l, "outcome")?,
+                code: opt(l, "code")?,
+                ended_at: req(l, "endedAt")?,
+            }),
+            Some(_) => return Err(invalid("lastRun")),
+        };
         Ok(ThreadDoc {
             thread_id: thread_id.to_owned(),
             context_id,
@@ -339,6 +392,8 @@ impl ThreadDoc {
             applied_resume_digests,
             terminal_execution_ids,
             expired_interrupts,
+            active_run,
+            last_run,
         })
     }
 }

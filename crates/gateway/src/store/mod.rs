@@ -17,8 +17,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub use doc::{
-    project_input as doc_project_input, AppliedDigest, Execution, PendingEntry, ThreadDoc,
-    PENDING_ALLOW_LIST,
+    project_input as doc_project_input, AppliedDigest, Execution, LastRun, PendingEntry, RunMark,
+    ThreadDoc, PENDING_ALLOW_LIST,
 };
 pub use file::{file_stem, FileStore};
 

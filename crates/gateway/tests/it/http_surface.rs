@@ -790,6 +790,8 @@ async fn reference_state_files_load_and_work() {
             "cwd",
             "execution",
             "iacCodeSessionId",
+            // The gateway's addition (how the last run ended; the reference ignores it).
+            "lastRun",
             "runDigests",
             "schemaVersion",
             "terminalExecutionIds",

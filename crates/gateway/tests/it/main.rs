@@ -11,5 +11,6 @@ mod load;
 mod process;
 mod protocol;
 mod real_kernel;
+mod reattach;
 mod support;
 mod wire;

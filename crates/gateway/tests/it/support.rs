@@ -28,6 +28,8 @@ pub struct Builder {
     pub channel_capacity: usize,
     pub kernel_idle: Option<Duration>,
     pub cors: Vec<String>,
+    pub detach_grace: Option<Duration>,
+    pub replay_buffer: Option<usize>,
 }
 
 pub struct TestServer {
@@ -54,7 +56,19 @@ impl Builder {
             channel_capacity: 64,
             kernel_idle: None,
             cors: vec![],
+            detach_grace: None,
+            replay_buffer: None,
         }
+    }
+    /// Runs go on without a client for `grace` (`--detach-grace`).
+    pub fn detach_grace(mut self, grace: Duration) -> Self {
+        self.detach_grace = Some(grace);
+        self
+    }
+    /// The replay buffer of a run, in bytes (`--replay-buffer`).
+    pub fn replay_buffer(mut self, bytes: usize) -> Self {
+        self.replay_buffer = Some(bytes);
+        self
     }
     /// Allows pages of `origin` to call the gateway (`--cors-origin`).
     pub fn cors_origin(mut self, origin: &str) -> Self {
@@ -156,6 +170,12 @@ impl Builder {
         }
         if let Some(t) = self.ttl {
             cfg.interrupt_ttl_secs = t;
+        }
+        if let Some(g) = self.detach_grace {
+            cfg.detach_grace_secs = g.as_secs_f64();
+        }
+        if let Some(b) = self.replay_buffer {
+            cfg.replay_buffer_bytes = b;
         }
         cfg.cors_origins =
             iac_code_agui::cors::Origins::parse(&self.cors).expect("valid CORS origins");

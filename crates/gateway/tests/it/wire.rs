@@ -393,7 +393,7 @@ async fn an_event_stream_then_the_next_request_on_the_same_connection() {
     assert_eq!(r.header("connection"), Some("keep-alive"));
     let text = String::from_utf8(r.body).unwrap();
     assert!(
-        text.starts_with("data: {\"type\":\"RUN_STARTED\""),
+        text.starts_with("id: 1\ndata: {\"type\":\"RUN_STARTED\""),
         "{text}"
     );
     assert!(text.contains("\"delta\":\"hello\""), "{text}");

@@ -147,6 +147,8 @@ fn admit(
                 applied_resume_digests: Default::default(),
                 terminal_execution_ids: Default::default(),
                 expired_interrupts: Default::default(),
+                active_run: None,
+                last_run: None,
             })
         }
     };

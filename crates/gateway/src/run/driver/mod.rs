@@ -26,10 +26,12 @@ use tokio::sync::mpsc;
 
 use crate::error::{msg, ApiError, Code};
 use crate::i18n;
+use crate::mapping::interrupt::rfc3339_ms;
 use crate::mapping::{interrupt, Mapper};
-use crate::store::ThreadDoc;
+use crate::store::{LastRun, ThreadDoc};
 
 use super::admit::{Admitted, Mode};
+use super::replay::RunEvents;
 use super::request::Turn;
 use super::sink::{Disconnected, Sink};
 use super::Runtime;
@@ -41,12 +43,29 @@ pub(super) const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 /// Starts the driver of an admitted run; returns the receiving end of its SSE bytes.
 pub fn spawn_run(rt: Arc<Runtime>, adm: Admitted) -> mpsc::Receiver<Bytes> {
-    let (sink, rx) = Sink::new(rt.channel_capacity(), rt.clock().clone());
+    let grace = rt.detach_grace();
+    let replay = (!grace.is_zero()).then(|| {
+        let events = RunEvents::new(rt.cfg().replay_buffer_bytes, grace);
+        let (thread, run) = (&adm.req.envelope.thread_id, &adm.req.envelope.run_id);
+        rt.replays().insert(thread, run, events.clone());
+        (thread.clone(), run.clone(), events)
+    });
+    let (sink, rx) = Sink::new(
+        rt.channel_capacity(),
+        rt.clock().clone(),
+        replay.as_ref().map(|(_, _, e)| e.clone()),
+    );
     tokio::spawn(async move {
         rt.activity().stream_opened();
         let mut d = Driver::new(rt.clone(), adm, sink);
         d.run().await;
+        drop(d);
         rt.activity().stream_closed(rt.now_ms());
+        // An ended run's events stay for late readers for the grace period.
+        if let Some((thread, run, events)) = replay {
+            tokio::time::sleep(grace).await;
+            rt.replays().remove(&thread, &run, &events);
+        }
     });
     rx
 }
@@ -231,6 +250,8 @@ struct Driver {
     mapper: Mapper,
     seen: Seen,
     answers: Answers,
+    /// How the run ended (`lastRun` of the thread): outcome and error code.
+    outcome: (&'static str, Option<&'static str>),
 }
 
 impl Driver {
@@ -245,6 +266,7 @@ impl Driver {
             mapper,
             seen: Seen::default(),
             answers: Answers::default(),
+            outcome: ("disconnected", None),
         }
     }
 
@@ -297,6 +319,10 @@ impl Driver {
             End::Failed(f) => return self.fail(f).await,
             End::Disconnected => return self.on_disconnect().await,
         };
+        self.outcome = match outcome {
+            Outcome::Interrupt(_) => ("interrupt", None),
+            _ => ("success", None),
+        };
         let mut events = Vec::new();
         self.mapper.close_all(&mut events);
         events.push(Event::RunFinished {
@@ -338,9 +364,19 @@ impl Driver {
         if self.sink.terminal_sent() {
             return;
         }
+        self.outcome = match f.code {
+            Code::Cancelled => ("cancelled", None),
+            code => ("error", Some(code.as_str())),
+        };
         let mut events = Vec::new();
         self.mapper.close_all(&mut events);
-        events.push(if is_cancelled_outcome(self.dialect(), f.code) {
+        events.push(self.terminal_failure(f.code, &f.message));
+        let _ = self.emit_all(events).await;
+    }
+
+    /// The terminal event of a failure: `RUN_ERROR`, or the `cancelled` outcome for a 1.0 client.
+    fn terminal_failure(&self, code: Code, message: &str) -> Event {
+        if is_cancelled_outcome(self.dialect(), code) {
             Event::RunFinished {
                 thread_id: self.thread_id().to_owned(),
                 run_id: self.run_id().to_owned(),
@@ -349,19 +385,29 @@ impl Driver {
             }
         } else {
             Event::RunError {
-                message: i18n::tr(self.adm.req.lang, &f.message),
-                code: f.code.as_str().into(),
+                message: i18n::tr(self.adm.req.lang, message),
+                code: code.as_str().into(),
                 usage: self.mapper.usage(),
             }
-        });
-        let _ = self.emit_all(events).await;
+        }
     }
 
     /// A client that disconnects from a running turn cancels its kernel task (as soon as its id
     /// is known). A run that ended, or ended in an interrupt, is not cancelled.
     async fn on_disconnect(&mut self) {
+        let ended = self.sink.terminal_sent();
+        if self.sink.has_replay() && !ended {
+            // Nobody is attached, but a late reader of the buffer gets a whole run: spans
+            // balanced and one terminal event.
+            let mut events = Vec::new();
+            self.mapper.close_all(&mut events);
+            events.push(self.terminal_failure(Code::Cancelled, msg::ABANDONED));
+            for e in events {
+                let _ = self.sink.emit(&e).await;
+            }
+        }
         self.sink.mark_gone();
-        if self.sink.terminal_sent() || self.adm.mode == Mode::Guidance || self.waiting().await {
+        if ended || self.adm.mode == Mode::Guidance || self.waiting().await {
             return;
         }
         self.cancel_task().await;
@@ -385,15 +431,28 @@ impl Driver {
                 && !d.is_waiting()
                 && !d.is_terminal(&self.adm.execution_id)
         });
-        if ended {
-            if let Some(Err(e)) = self
-                .rt
-                .threads()
-                .record(&mut st, ThreadDoc::end_execution)
-                .await
-            {
-                tracing::warn!(error = %e, "end-of-run state write failed");
-            }
+        let last = LastRun {
+            run_id: self.run_id().to_owned(),
+            outcome: self.outcome.0.to_owned(),
+            code: self.outcome.1.map(str::to_owned),
+            ended_at: rfc3339_ms(self.rt.now_ms()),
+        };
+        let run_id = self.run_id().to_owned();
+        let recorded = self
+            .rt
+            .threads()
+            .record(&mut st, |d| {
+                if ended {
+                    d.end_execution();
+                }
+                if d.active_run.as_ref().is_some_and(|a| a.run_id == run_id) {
+                    d.active_run = None;
+                }
+                d.last_run = Some(last);
+            })
+            .await;
+        if let Some(Err(e)) = recorded {
+            tracing::warn!(error = %e, "end-of-run state write failed");
         }
     }
 

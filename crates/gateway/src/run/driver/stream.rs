@@ -38,14 +38,14 @@ impl Driver {
         let mut reattach_budget = REATTACH_BUDGET;
         // The wake-ups other than the stream are armed once, not once per event: each one
         // registers with a waiter list (the drain one is shared by every run).
-        let (rt, control, tx) = (
+        let (rt, control, gone) = (
             self.rt.clone(),
             self.adm.control.clone(),
-            self.sink.sender(),
+            self.sink.gone_signal(),
         );
         let mut drained = pin!(rt.shutdown().drained());
         let mut cancel_asked = pin!(control.cancelled());
-        let mut client_gone = pin!(tx.closed());
+        let mut client_gone = pin!(gone.wait());
         loop {
             if rt.shutdown().is_draining() {
                 return Err(End::fail_and_cancel(

@@ -1,0 +1,290 @@
+//! A run's replay buffer, for runs that survive a dropped connection (`--detach-grace`).
+//!
+//! The sink appends every encoded SSE frame (`id: <n>` included) here as well as to the client
+//! that started the run. Readers that attach later (`GET …/runs/{runId}/events`) replay the frames
+//! after the id they saw last, then follow the run live. The buffer is bounded in bytes: the
+//! oldest frames go first, and a reader that needs one that went gets `RUN_EVENTS_GONE`.
+//!
+//! Attachment is counted: the client that started the run and every reader. The grace clock runs
+//! only while the count is zero; when it runs out the run is abandoned, and ends as a disconnected
+//! run always has (its kernel task is cancelled).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+/// The events a reader asked for were dropped from the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gone;
+
+/// What a reader gets after the id it saw last.
+#[derive(Debug, Default, PartialEq)]
+pub struct Batch {
+    pub frames: Vec<Bytes>,
+    /// The id of the last frame of `frames` (or the cursor it was asked with).
+    pub cursor: u64,
+    /// The run ended and nothing after `cursor` is left: the reader is done.
+    pub complete: bool,
+}
+
+struct Frames {
+    /// `(id, frame)`, ids consecutive.
+    frames: VecDeque<(u64, Bytes)>,
+    bytes: usize,
+    /// The highest id ever appended.
+    last: u64,
+    ended: bool,
+}
+
+/// One run's buffer, shared by its sink, its readers and the runtime's registry.
+pub struct RunEvents {
+    frames: Mutex<Frames>,
+    capacity: usize,
+    grace: Duration,
+    /// The highest id appended (readers wait on it) and whether the run ended.
+    appended: watch::Sender<(u64, bool)>,
+    /// How many clients are attached (the one that started the run included).
+    readers: watch::Sender<usize>,
+}
+
+impl RunEvents {
+    /// A buffer of at most `capacity` bytes (the newest frame is kept whatever its size), whose
+    /// run is abandoned after `grace` without a reader. The client that starts the run is
+    /// attached from the start: see [`RunEvents::attach`].
+    pub fn new(capacity: usize, grace: Duration) -> Arc<RunEvents> {
+        Arc::new(RunEvents {
+            frames: Mutex::new(Frames {
+                frames: VecDeque::new(),
+                bytes: 0,
+                last: 0,
+                ended: false,
+            }),
+            capacity,
+            grace,
+            appended: watch::Sender::new((0, false)),
+            readers: watch::Sender::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Frames> {
+        self.frames.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends frame `id` (ids come in order, from 1), dropping the oldest frames beyond the
+    /// capacity. A terminal frame ends the run.
+    pub fn append(&self, id: u64, frame: Bytes, terminal: bool) {
+        let mut f = self.lock();
+        f.bytes += frame.len();
+        f.frames.push_back((id, frame));
+        f.last = id;
+        f.ended |= terminal;
+        while f.bytes > self.capacity && f.frames.len() > 1 {
+            if let Some((_, old)) = f.frames.pop_front() {
+                f.bytes -= old.len();
+            }
+        }
+        let state = (f.last, f.ended);
+        drop(f);
+        self.appended.send_replace(state);
+    }
+
+    /// The run ended (also without a terminal event: a run whose client went away for good).
+    pub fn end(&self) {
+        let mut f = self.lock();
+        f.ended = true;
+        let state = (f.last, true);
+        drop(f);
+        self.appended.send_replace(state);
+    }
+
+    /// The frames after `after`, or [`Gone`] when some of them were dropped.
+    pub fn read_after(&self, after: u64) -> Result<Batch, Gone> {
+        let f = self.lock();
+        let first = f.frames.front().map_or(f.last + 1, |(id, _)| *id);
+        if after + 1 < first {
+            return Err(Gone);
+        }
+        let skip = usize::try_from(after + 1 - first).unwrap_or(usize::MAX);
+        let frames: Vec<Bytes> = f.frames.iter().skip(skip).map(|(_, b)| b.clone()).collect();
+        let cursor = if frames.is_empty() { after } else { f.last };
+        Ok(Batch {
+            complete: f.ended && cursor >= f.last,
+            frames,
+            cursor,
+        })
+    }
+
+    /// The highest id so far.
+    pub fn last_id(&self) -> u64 {
+        self.lock().last
+    }
+
+    pub fn is_ended(&self) -> bool {
+        self.lock().ended
+    }
+
+    /// Waits for frames after `cursor` (or the end of the run).
+    pub async fn changed_after(&self, cursor: u64) {
+        let mut rx = self.appended.subscribe();
+        let _ = rx.wait_for(|(last, ended)| *last > cursor || *ended).await;
+    }
+
+    /// Resolves when the run has ended.
+    pub async fn ended(&self) {
+        let mut rx = self.appended.subscribe();
+        let _ = rx.wait_for(|(_, ended)| *ended).await;
+    }
+
+    /// Attaches a client; it stays attached until the guard is released or dropped.
+    pub fn attach(self: &Arc<Self>) -> Attached {
+        self.readers.send_modify(|n| *n += 1);
+        Attached {
+            events: self.clone(),
+            released: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether no client is attached.
+    pub fn is_detached(&self) -> bool {
+        *self.readers.borrow() == 0
+    }
+
+    /// Resolves once no client has been attached for the whole grace period.
+    pub async fn abandoned(&self) {
+        let mut rx = self.readers.subscribe();
+        loop {
+            let _ = rx.wait_for(|n| *n == 0).await;
+            tokio::select! {
+                biased;
+                _ = rx.wait_for(|n| *n > 0) => {}
+                _ = tokio::time::sleep(self.grace) => return,
+            }
+        }
+    }
+
+    /// How long an ended run's buffer is kept for late readers.
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+}
+
+/// An attached client (released once, by whoever notices first that it left).
+pub struct Attached {
+    events: Arc<RunEvents>,
+    released: AtomicBool,
+}
+
+impl Attached {
+    pub fn release(&self) {
+        if !self.released.swap(true, Ordering::AcqRel) {
+            self.events.readers.send_modify(|n| *n -= 1);
+        }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(id: u64) -> Bytes {
+        Bytes::from(format!("id: {id}\ndata: {{}}\n\n"))
+    }
+
+    #[test]
+    fn readers_get_what_follows_their_cursor_until_it_was_dropped() {
+        let len = frame(1).len();
+        let ev = RunEvents::new(len * 3, Duration::from_secs(1));
+        assert_eq!(
+            ev.read_after(0).unwrap(),
+            Batch {
+                frames: vec![],
+                cursor: 0,
+                complete: false
+            }
+        );
+        for id in 1..=5 {
+            ev.append(id, frame(id), false);
+        }
+        // Frames 3..=5 are kept.
+        assert_eq!(ev.read_after(1), Err(Gone));
+        assert_eq!(ev.read_after(0), Err(Gone));
+        let b = ev.read_after(2).unwrap();
+        assert_eq!(
+            (b.frames, b.cursor, b.complete),
+            (vec![frame(3), frame(4), frame(5)], 5, false)
+        );
+        let b = ev.read_after(4).unwrap();
+        assert_eq!((b.frames, b.cursor), (vec![frame(5)], 5));
+        let b = ev.read_after(5).unwrap();
+        assert_eq!((b.frames.len(), b.cursor, b.complete), (0, 5, false));
+        ev.append(6, frame(6), true);
+        let b = ev.read_after(5).unwrap();
+        assert_eq!((b.frames, b.cursor, b.complete), (vec![frame(6)], 6, true));
+        assert!(ev.read_after(6).unwrap().complete);
+    }
+
+    #[test]
+    fn the_newest_frame_is_kept_whatever_its_size() {
+        let ev = RunEvents::new(4, Duration::from_secs(1));
+        ev.append(1, frame(1), false);
+        ev.append(2, frame(2), true);
+        assert_eq!(ev.read_after(0), Err(Gone));
+        assert_eq!(ev.read_after(1).unwrap().frames, vec![frame(2)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_grace_clock_runs_only_while_nobody_is_attached() {
+        let grace = Duration::from_secs(30);
+        let ev = RunEvents::new(1024, grace);
+        let first = ev.attach();
+        let start = tokio::time::Instant::now();
+        let abandoned = tokio::spawn({
+            let ev = ev.clone();
+            async move { ev.abandoned().await }
+        });
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(!abandoned.is_finished(), "attached: no clock");
+        first.release();
+        first.release(); // idempotent
+        assert!(ev.is_detached());
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        let second = ev.attach();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(
+            !abandoned.is_finished(),
+            "a reader re-attached within the grace"
+        );
+        drop(second);
+        abandoned.await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(100 + 20 + 60 + 30));
+    }
+
+    #[tokio::test]
+    async fn readers_wake_on_new_frames_and_on_the_end() {
+        let ev = RunEvents::new(1024, Duration::from_secs(1));
+        let waiter = tokio::spawn({
+            let ev = ev.clone();
+            async move { ev.changed_after(0).await }
+        });
+        tokio::task::yield_now().await;
+        ev.append(1, frame(1), false);
+        waiter.await.unwrap();
+        let waiter = tokio::spawn({
+            let ev = ev.clone();
+            async move { ev.changed_after(1).await }
+        });
+        ev.end();
+        waiter.await.unwrap();
+        assert!(ev.read_after(1).unwrap().complete);
+    }
+}

@@ -1,0 +1,269 @@
+//! Reading runs and threads back: `GET /threads/{threadId}/runs/{runId}/events` (re-attach to a
+//! run, with `--detach-grace`) and `GET /threads/{threadId}` (a thread's state, for a reloaded
+//! page). Both take the bearer token of the POST routes.
+//!
+//! The events route resumes after the id in `Last-Event-ID` (what `EventSource` sends when it
+//! reconnects) or `?after=<n>`: it replays the buffered frames after it, then follows the run
+//! live until its terminal event. Joined to what the client saw before, that is the run's exact
+//! sequence. A reader never slows the run: one that falls behind the buffer is disconnected, and
+//! its next request gets `RUN_EVENTS_GONE`.
+
+use std::sync::Arc;
+
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use crate::error::{msg, ApiError, Code};
+use crate::mapping::interrupt;
+use crate::mapping::interrupt::rfc3339_ms;
+use crate::run::replay::{Batch, RunEvents};
+use crate::run::{sink, Runtime};
+
+/// A `Last-Event-ID` or `after` that is not an event id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadEventId;
+
+/// Where a reader resumes: the `Last-Event-ID` header, else `?after=`, else the start (0). An
+/// empty header is the start too (what `EventSource` sends before it saw an id).
+pub fn resume_point(headers: &HeaderMap, query: Option<&str>) -> Result<u64, BadEventId> {
+    let parse = |s: &str| -> Result<u64, BadEventId> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Ok(0);
+        }
+        if !s.bytes().all(|b| b.is_ascii_digit()) || s.len() > 19 {
+            return Err(BadEventId);
+        }
+        s.parse().map_err(|_| BadEventId)
+    };
+    if let Some(v) = headers.get("last-event-id") {
+        return parse(v.to_str().map_err(|_| BadEventId)?);
+    }
+    let after = query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == "after");
+    match after {
+        Some((_, "")) => Err(BadEventId),
+        Some((_, v)) => parse(v),
+        None => Ok(0),
+    }
+}
+
+/// What a request for a run's events gets, decided from the buffer (pure).
+#[derive(Debug, PartialEq)]
+pub enum Plan {
+    /// Replay `Batch`, then follow the run.
+    Stream(Batch),
+    /// The run ended and the reader has seen all of it: nothing to send (`EventSource` stops on
+    /// a 204 instead of reconnecting for ever).
+    Done,
+    /// Some of the events after the cursor were dropped.
+    Gone,
+    /// The cursor is past the run's last event.
+    Beyond,
+}
+
+pub fn plan(events: &RunEvents, after: u64) -> Plan {
+    if after > events.last_id() {
+        return Plan::Beyond;
+    }
+    match events.read_after(after) {
+        Err(_) => Plan::Gone,
+        Ok(b) if b.complete && b.frames.is_empty() => Plan::Done,
+        Ok(b) => Plan::Stream(b),
+    }
+}
+
+fn sse(rx: mpsc::Receiver<Bytes>, heartbeat: std::time::Duration) -> Response {
+    let body = axum::body::Body::from_stream(sink::body_stream(rx, heartbeat));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .header("x-accel-buffering", "no")
+        .body(body)
+        .expect("response builds")
+}
+
+/// Replays `first`, then follows `events` until the run ends, the reader leaves or falls behind.
+fn follow(
+    events: Arc<RunEvents>,
+    first: Batch,
+    capacity: usize,
+    heartbeat: std::time::Duration,
+) -> Response {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    let attached = events.attach();
+    tokio::spawn(async move {
+        let _attached = attached;
+        let mut batch = first;
+        loop {
+            for f in std::mem::take(&mut batch.frames) {
+                if tx.send(f).await.is_err() {
+                    return;
+                }
+            }
+            if batch.complete {
+                return;
+            }
+            let cursor = batch.cursor;
+            tokio::select! {
+                _ = events.changed_after(cursor) => {}
+                _ = tx.closed() => return,
+            }
+            batch = match events.read_after(cursor) {
+                Ok(b) => b,
+                // Fell behind the buffer: the client reconnects and is told the events are gone.
+                Err(_) => return,
+            };
+        }
+    });
+    sse(rx, heartbeat)
+}
+
+/// `GET /threads/{threadId}/runs/{runId}/events` after the checks of the route (method, token).
+pub async fn events(
+    rt: &Runtime,
+    thread_id: &str,
+    run_id: &str,
+    after: u64,
+    heartbeat: std::time::Duration,
+) -> Result<Response, ApiError> {
+    let Some(events) = rt.replays().get(thread_id, run_id) else {
+        // Not buffered: say whether the run ever existed.
+        let threads = rt.threads();
+        let slot = threads.slot(thread_id);
+        let st = threads
+            .lock(&slot, thread_id)
+            .await
+            .map_err(|_| ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE))?;
+        let doc = st
+            .doc
+            .as_ref()
+            .ok_or_else(|| ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND))?;
+        return Err(if doc.run_digests.contains_key(run_id) {
+            ApiError::new(Code::RunEventsGone, msg::RUN_EVENTS_GONE)
+        } else {
+            ApiError::new(Code::RunNotFound, msg::RUN_NOT_FOUND)
+        });
+    };
+    match plan(&events, after) {
+        Plan::Stream(first) => Ok(follow(events, first, rt.channel_capacity(), heartbeat)),
+        Plan::Done => Ok(StatusCode::NO_CONTENT.into_response()),
+        Plan::Gone => Err(ApiError::new(Code::RunEventsGone, msg::RUN_EVENTS_GONE)),
+        Plan::Beyond => Err(ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID)),
+    }
+}
+
+/// `GET /threads/{threadId}`: the binding, the active run, the pending interrupts (as the run
+/// ended with them) and how the last run ended. Never a secret: the document holds none.
+pub async fn thread(rt: &Runtime, thread_id: &str) -> Result<Value, ApiError> {
+    let threads = rt.threads();
+    let slot = threads.slot(thread_id);
+    let st = threads
+        .lock(&slot, thread_id)
+        .await
+        .map_err(|_| ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE))?;
+    let doc = st
+        .doc
+        .as_ref()
+        .ok_or_else(|| ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND))?;
+    let active = st.active.as_ref().map(|a| {
+        let detached = rt
+            .replays()
+            .get(thread_id, &a.run_id)
+            .is_some_and(|e| e.is_detached());
+        json!({"runId": a.run_id, "state": if detached { "detached" } else { "running" },
+               "since": rfc3339_ms(a.since_ms)})
+    });
+    // A run recorded as holding the thread that no run of this process holds was lost with the
+    // process that ran it (a restart or a crash): its kernel task is cancelled before the next
+    // turn, as always.
+    let last = match (&doc.active_run, &st.active) {
+        (Some(lost), None) => json!({"runId": lost.run_id, "outcome": "lost", "since": lost.since}),
+        _ => match &doc.last_run {
+            Some(l) => {
+                let mut v = json!({"runId": l.run_id, "outcome": l.outcome, "endedAt": l.ended_at});
+                if let Some(c) = &l.code {
+                    v["code"] = json!(c);
+                }
+                v
+            }
+            None => Value::Null,
+        },
+    };
+    let pending: Vec<agui::Interrupt> = doc
+        .execution
+        .pending
+        .iter()
+        .map(|(id, e)| interrupt::build(id, &e.value, e.expires_at.as_deref()))
+        .collect();
+    Ok(json!({
+        "threadId": doc.thread_id,
+        "binding": {"cwd": doc.cwd, "userId": doc.user_id},
+        "activeRun": active,
+        "pendingInterrupts": pending,
+        "lastRun": last,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+    use std::time::Duration;
+
+    fn headers(last: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(v) = last {
+            h.insert("last-event-id", HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_resume_point_comes_from_last_event_id_then_after() {
+        assert_eq!(resume_point(&headers(None), None), Ok(0));
+        assert_eq!(resume_point(&headers(Some("12")), Some("after=3")), Ok(12));
+        assert_eq!(resume_point(&headers(Some("")), None), Ok(0));
+        assert_eq!(resume_point(&headers(None), Some("x=1&after=7")), Ok(7));
+        for bad in ["-1", "1.5", "abc", "12a", "99999999999999999999"] {
+            assert_eq!(
+                resume_point(&headers(Some(bad)), None),
+                Err(BadEventId),
+                "{bad}"
+            );
+            assert_eq!(
+                resume_point(&headers(None), Some(&format!("after={bad}"))),
+                Err(BadEventId),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            resume_point(&headers(None), Some("after=")),
+            Err(BadEventId)
+        );
+    }
+
+    #[test]
+    fn the_plan_of_a_request_for_events() {
+        let f = |id: u64| Bytes::from(format!("id: {id}\ndata: {{}}\n\n"));
+        let ev = RunEvents::new(f(1).len() * 2, Duration::from_secs(5));
+        assert!(matches!(plan(&ev, 0), Plan::Stream(ref b) if b.frames.is_empty()));
+        assert_eq!(plan(&ev, 1), Plan::Beyond);
+        for id in 1..=3 {
+            ev.append(id, f(id), id == 3);
+        }
+        assert_eq!(plan(&ev, 0), Plan::Gone);
+        assert!(
+            matches!(plan(&ev, 1), Plan::Stream(ref b) if b.frames == vec![f(2), f(3)] && b.complete)
+        );
+        assert_eq!(plan(&ev, 3), Plan::Done);
+        assert_eq!(plan(&ev, 4), Plan::Beyond);
+    }
+}
