@@ -154,6 +154,11 @@ fn builtin(scenario: &str) -> Plan {
             delay: Duration::from_millis(250),
             ..Plan::default()
         },
+        "steady" => Plan {
+            text: (0..24).map(|i| format!("step{i} ")).collect(),
+            delay: Duration::from_millis(125),
+            ..Plan::default()
+        },
         "stall" => Plan {
             text: vec!["Finally".into(), " awake.".into()],
             initial_delay: Duration::from_secs(17),

@@ -809,3 +809,108 @@ async fn pipeline_question_interrupts_and_resumes() {
     assert_valid_run(&r6, "pl3", "r2");
     assert_eq!(r6.last()["code"], "CANCELLED", "{}", r6.raw);
 }
+
+/// With `--detach-grace`, through the real kernel: a client that drops re-attaches after the last
+/// id it saw and gets the rest of the run (joined: one whole, valid run); a run nobody re-attaches
+/// to has its kernel task cancelled once the grace has run out, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detached_runs_reattach_or_expire_through_the_real_kernel() {
+    use futures_util::StreamExt;
+    let env = KernelEnv::new().await;
+    let kernel = managed(&env).await;
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel.clone())
+        .detach_grace(Duration::from_secs(3))
+        .start()
+        .await;
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    // Starts a run and drops it once text flows; returns the whole blocks seen.
+    let start_and_drop = |thread: &'static str, message: &'static str| {
+        let (client, url, w) = (client.clone(), s.url.clone(), ws(&env, thread));
+        async move {
+            let resp = client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body(thread, "r1", message, &w, json!({})).to_string())
+                .send()
+                .await
+                .unwrap();
+            let mut stream = resp.bytes_stream();
+            let mut seen = String::new();
+            while !seen.contains("TEXT_MESSAGE_CONTENT") || !seen.ends_with("\n\n") {
+                seen.push_str(&String::from_utf8_lossy(
+                    &stream.next().await.unwrap().unwrap(),
+                ));
+            }
+            seen
+        }
+    };
+    let seen = start_and_drop("d1", "Steady. scenario:steady").await;
+    let last = testkit::sse::event_ids(&seen)
+        .last()
+        .copied()
+        .flatten()
+        .unwrap();
+    let rest = client
+        .get(format!("{}threads/d1/runs/r1/events", s.url))
+        .header("last-event-id", last.to_string())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (events, heartbeats) = testkit::sse::parse(&format!("{seen}{rest}"));
+    let joined = testkit::sse::RunResult {
+        status: 200,
+        content_type: String::new(),
+        headers: vec![],
+        events,
+        heartbeats,
+        raw: format!("{seen}{rest}"),
+        json: None,
+    };
+    assert_valid_run(&joined, "d1", "r1");
+    assert_eq!(
+        joined.last()["outcome"]["type"],
+        "success",
+        "{}",
+        joined.raw
+    );
+    let text: String = joined
+        .of("TEXT_MESSAGE_CONTENT")
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert!(text.contains("step0") && text.contains("step23"), "{text}");
+
+    // Nobody re-attaches: cancelled after the grace.
+    let _ = start_and_drop("d2", "Slow. scenario:slow").await;
+    let dropped = Instant::now();
+    let task = s.thread_doc("d2")["execution"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        task_state(&kernel, &task).await,
+        "TASK_STATE_WORKING",
+        "cancelled within the grace"
+    );
+    loop {
+        if task_state(&kernel, &task).await == "TASK_STATE_CANCELED" {
+            break;
+        }
+        assert!(
+            dropped.elapsed() < Duration::from_secs(20),
+            "not cancelled after the grace"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(dropped.elapsed() >= Duration::from_secs(3));
+}

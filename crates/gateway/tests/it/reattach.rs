@@ -584,3 +584,37 @@ async fn the_thread_endpoint_reports_binding_interrupts_and_runs_and_a_restart()
     let done = running.await.unwrap();
     assert_valid_run(&done, "q1", "r1");
 }
+
+/// A restart (graceful) ends detached runs as it ends every run: the kernel task is cancelled, the
+/// thread reports how the run ended, and its events are gone with the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_cancels_detached_runs_and_the_thread_says_so() {
+    let k = FakeKernel::start().await;
+    let s = server(&k, Duration::from_secs(30)).await;
+    k.on(
+        "SendStreamingMessage",
+        script("h1", 300, Duration::from_millis(20)),
+    );
+    start_and_drop(&s, &body("h1", "r1", "go", &s.ws("h1"), json!({})), 3).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        thread_state(&s, "h1").await["activeRun"]["state"],
+        "detached"
+    );
+    let dir = s.stop().await;
+    let cancels = k.wait_calls("CancelTask", 1, Duration::from_secs(5)).await;
+    assert_eq!(cancels[0].body["params"]["id"], "task-1");
+    let s2 = Builder::new()
+        .a2a(&k.url(), None)
+        .dir(dir)
+        .detach_grace(GRACE)
+        .start()
+        .await;
+    let t = thread_state(&s2, "h1").await;
+    assert!(t["activeRun"].is_null(), "{t}");
+    assert_eq!(t["lastRun"]["runId"], "r1");
+    assert_eq!(t["lastRun"]["outcome"], "error", "{t}");
+    assert_eq!(t["lastRun"]["code"], "A2A_UNAVAILABLE", "{t}");
+    let (status, v) = reattach(&s2, "h1", "r1", Some(3), &[]).await;
+    assert_eq!(status, 410, "{v}");
+}
