@@ -5,7 +5,8 @@
 //! (so every POST is preflighted): a permission interrupt answered by clicking the page's "Allow"
 //! button, then a plain turn. Any console error (CORS blocks land there), page error, failed
 //! request or `[ag-ui]...` client warning fails the run. A page of an origin the gateway does not
-//! allow must be refused by the browser.
+//! allow must be refused by the browser. A third page drops a run's stream and follows it again
+//! with the browser's `EventSource` (`--detach-grace`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -147,28 +148,52 @@ async fn official_clients_in_chromium_across_origins() {
     let foreign = static_origin(bundles.path().to_path_buf()).await;
 
     let env = KernelEnv::new().await;
+    let kernel = managed(&env).await;
     let s = Builder::new()
         .dir(env.dir.path().canonicalize().unwrap())
         .env(
             "IAC_CODE_AGUI_ALLOWED_CWDS",
             &env.ws().display().to_string(),
         )
-        .kernel(managed(&env).await)
+        .kernel(kernel.clone())
         .auth(TOKEN)
         .cors_origin(&allowed)
+        .start()
+        .await;
+    // A gateway whose runs survive a dropped connection, without a token: an `EventSource`
+    // cannot send one.
+    let detaching = Builder::new()
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel)
+        .cors_origin(&allowed)
+        .detach_grace(Duration::from_secs(10))
         .start()
         .await;
 
     for client in CLIENTS {
         let thread = format!("browser-{client}");
         let blocked = format!("blocked-{client}");
+        let reattached = format!("reattach-{client}");
+        let mut reattach_config = page_config(
+            &env,
+            &detaching.url,
+            &reattached,
+            json!(["Steady. scenario:steady"]),
+        );
+        reattach_config["mode"] = json!("reattach");
+        reattach_config["dropAfter"] = json!(5);
         let plan = json!({"timeoutMs": 180_000, "pages": [
             {"name": "allowed", "page": format!("{allowed}/{client}/"),
              "config": page_config(&env, &s.url, &thread, json!(["Run. scenario:bash", "Hello. scenario:text"])),
              "expect": ["interrupt", "success", "success"]},
             {"name": "blocked", "page": format!("{foreign}/{client}/"),
              "config": page_config(&env, &s.url, &blocked, json!(["Hello. scenario:text"])),
-             "expect": "blocked"}]});
+             "expect": "blocked"},
+            {"name": "reattach", "page": format!("{allowed}/{client}/"),
+             "config": reattach_config, "expect": ["success"], "dropsStream": true}]});
         let (ok, report) = drive(plan).await;
         assert!(ok, "client {client}: {report:#}");
 
@@ -231,5 +256,26 @@ async fn official_clients_in_chromium_across_origins() {
             !s.thread_file(&blocked).exists(),
             "a run of the foreign origin reached the gateway"
         );
+
+        // The run the page dropped after 5 events and followed again with `EventSource` from
+        // there: joined, the whole run, ids 1, 2, 3, … without a gap or a repeat. The stream
+        // ended after the terminal event; the `EventSource` reconnected with its
+        // `Last-Event-ID`, got 204 and stopped (no repeat, no error).
+        let page = &report["pages"][2];
+        assert_eq!(page["name"], "reattach");
+        let run = &page["agui"]["runs"][0];
+        assert_eq!(run["dropAfter"], 5, "{page:#}");
+        let ids: Vec<u64> = run["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|i| i.as_u64().unwrap())
+            .collect();
+        assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "{page:#}");
+        assert_eq!(run["runStarted"]["threadId"], reattached.as_str());
+        assert_eq!(run["outcome"], "success", "{page:#}");
+        assert!(ids.len() > 10, "{page:#}");
+        // It reconnected once after the end (with the terminal event's id) and the 204 stopped it.
+        assert_eq!(run["opens"], 1, "{page:#}");
     }
 }
