@@ -17,6 +17,14 @@ pub(crate) async fn read_events(
         let mut start = 0;
         while let Some(p) = buf[start..].windows(sep.len()).position(|w| w == sep) {
             let rec = &buf[start..start + p];
+            // `id: <n>` comes first in the gateway's records.
+            let rec = match rec.strip_prefix(b"id: ") {
+                Some(rest) => rest
+                    .iter()
+                    .position(|b| *b == b'\n')
+                    .map_or(&rest[rest.len()..], |nl| &rest[nl + 1..]),
+                None => rec,
+            };
             if let Some(json) = rec.strip_prefix(b"data: ") {
                 events += 1;
                 on_event(json);
