@@ -89,7 +89,11 @@ impl RunEvents {
         }
         let state = (f.last, f.ended);
         drop(f);
-        self.appended.send_replace(state);
+        // Only a waiting reader needs the wake-up (the hot path of a run nobody follows yet);
+        // readers subscribe before they look at the frames, so none misses one.
+        if terminal || self.appended.receiver_count() > 0 {
+            self.appended.send_replace(state);
+        }
     }
 
     /// The run ended (also without a terminal event: a run whose client went away for good).
@@ -129,13 +133,24 @@ impl RunEvents {
 
     /// Waits for frames after `cursor` (or the end of the run).
     pub async fn changed_after(&self, cursor: u64) {
+        // Subscribed first, then the frames looked at: an append after the look sees the
+        // subscriber and wakes it.
         let mut rx = self.appended.subscribe();
+        {
+            let f = self.lock();
+            if f.last > cursor || f.ended {
+                return;
+            }
+        }
         let _ = rx.wait_for(|(last, ended)| *last > cursor || *ended).await;
     }
 
     /// Resolves when the run has ended.
     pub async fn ended(&self) {
         let mut rx = self.appended.subscribe();
+        if self.is_ended() {
+            return;
+        }
         let _ = rx.wait_for(|(_, ended)| *ended).await;
     }
 

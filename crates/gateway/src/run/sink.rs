@@ -85,10 +85,12 @@ impl Sink {
 
     /// Starts the next frame: its `id:` line.
     fn start_frame(&mut self) {
-        use std::io::Write as _;
         self.buf.clear();
         self.last_id += 1;
-        let _ = writeln!(self.buf, "id: {}", self.last_id);
+        self.buf.extend_from_slice(b"id: ");
+        self.buf
+            .extend_from_slice(itoa::Buffer::new().format(self.last_id).as_bytes());
+        self.buf.push(b'\n');
     }
 
     /// Encodes and sends one event (waits while the channel is full).
