@@ -71,9 +71,10 @@ pub(crate) async fn start(target: &Target, kernel: &SyntheticKernel) -> Result<G
     std::fs::create_dir_all(&ws)?;
     let port = free_port();
     let mut cmd = match target {
-        Target::Rust(bin) => {
+        Target::Rust(bin, extra) => {
             let mut c = Command::new(bin);
             c.args(["--port", &port.to_string(), "--a2a-url", &kernel.url()]);
+            c.args(extra);
             c
         }
         Target::Python(iac) => {

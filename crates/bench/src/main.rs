@@ -4,6 +4,10 @@
 //!
 //!   cargo run --release -p agui-bench -- [--smoke] [--python] [--gateway PATH]
 //!                                         [--lat-streams N] [--parked N] [--throughput N]
+//!   cargo run --release -p agui-bench -- --compare "ARGS" [--compare-gateway PATH] [--rounds N]
+//!
+//! `--compare` measures only throughput, fan-in and CPU per event, of the gateway as it is and of
+//! the variant (the same binary with ARGS added, or `--compare-gateway`), side by side.
 //!
 //! The latency test also runs once straight from the synthetic kernel to the client (no gateway):
 //! that floor is what the generator, the client and the loopback cost on this machine, and the
@@ -21,6 +25,7 @@ use futures_util::StreamExt;
 use serde_json::json;
 use testkit::synthetic_kernel::{now_micros, SyntheticKernel};
 
+mod compare;
 mod gateway;
 mod latency;
 
@@ -79,7 +84,8 @@ struct Report {
 }
 
 enum Target {
-    Rust(PathBuf),
+    /// The gateway binary and extra arguments (a variant of the configuration).
+    Rust(PathBuf, Vec<String>),
     Python(PathBuf),
 }
 
@@ -329,7 +335,29 @@ async fn main() -> Result<()> {
         z.throughput = n;
     }
     let kernel = SyntheticKernel::start().await;
-    let rust = measure(&Target::Rust(gateway), &kernel, z).await?;
+    let text = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    if let Some(extra) = text("--compare") {
+        let variant_bin = text("--compare-gateway").map_or_else(|| gateway.clone(), PathBuf::from);
+        let extra: Vec<String> = extra.split_whitespace().map(str::to_owned).collect();
+        let label = format!("{} {}", variant_bin.display(), extra.join(" "));
+        let rounds = flag("--rounds").unwrap_or(5) as usize;
+        println!("== base: {}; variant: {label}", gateway.display());
+        return compare::compare(
+            Target::Rust(gateway, vec![]),
+            Target::Rust(variant_bin, extra),
+            &label,
+            &kernel,
+            z,
+            rounds,
+        )
+        .await;
+    }
+    let rust = measure(&Target::Rust(gateway, vec![]), &kernel, z).await?;
     print("iac-code-agui (Rust)", &rust, z);
     let (p50, p99) = direct_latency(&kernel, z).await?;
     println!("== floor: the latency test without a gateway (kernel → client directly)");
