@@ -14,13 +14,18 @@ export IAC_CODE_AGUI_KERNEL_BIN
 echo "== conformance clients (@ag-ui/client 1.0.0, 0.0.59 and 0.0.58; puppeteer-core, esbuild)"
 npm ci --prefix conformance --no-audit --no-fund --loglevel=error \
   --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
-echo "== chromium (the real-browser tier; Debian's package: puppeteer-core downloads no browser)"
-if [ ! -x /usr/bin/chromium ]; then
+echo "== chromium and prometheus (the real-browser and operability tiers; Debian's packages:"
+echo "   puppeteer-core downloads no browser; prometheus brings promtool)"
+missing=()
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ] || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
   as_root=()
   [ "$(id -u)" -eq 0 ] || as_root=(sudo)
   apt_install() {
+    # The tests start a Prometheus of their own (on a free port, with a config of their own).
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -q --no-install-recommends chromium
+      apt-get install -y -q --no-install-recommends "${missing[@]}"
   }
   # A stale package list names versions the mirror no longer has: refresh it and retry once.
   apt_install || { "${as_root[@]}" apt-get update -q && apt_install; }

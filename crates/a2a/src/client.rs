@@ -1,10 +1,13 @@
 //! The client: unary JSON-RPC calls and the kernel's HTTP extensions over a small connection
 //! pool, streaming calls over a connection of their own each.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use hyper::header::{HeaderName, HeaderValue};
 use serde::Serialize;
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use crate::stream::{self, EventStream};
 use crate::wire::{
@@ -89,6 +92,24 @@ impl StreamTarget {
     }
 }
 
+/// What a caller learns of each kernel call, and adds to it. Each call runs in a span of its own
+/// (`kernel.call`, with `rpc.method`), current while `headers` is asked.
+pub trait Observer: Send + Sync + 'static {
+    /// Headers for the call's request (W3C trace context, say).
+    fn headers(&self) -> Vec<(HeaderName, HeaderValue)>;
+    /// The call ended after `took` (a stream: once its response head came, or it failed).
+    fn finished(&self, method: &'static str, took: Duration, ok: bool);
+}
+
+#[derive(Clone)]
+struct Observed(Option<Arc<dyn Observer>>);
+
+impl std::fmt::Debug for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "observed" } else { "-" })
+    }
+}
+
 /// The client. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -99,6 +120,18 @@ pub struct Client {
     timeouts: Timeouts,
     /// `None` for a base URL streams cannot use (not plain `http://`).
     target: Option<StreamTarget>,
+    observer: Observed,
+}
+
+/// The span of one kernel call.
+fn call_span(method: &'static str) -> tracing::Span {
+    tracing::info_span!(
+        "kernel.call",
+        otel.name = method,
+        otel.kind = "client",
+        rpc.system = "jsonrpc",
+        rpc.method = method
+    )
 }
 
 impl Client {
@@ -122,7 +155,37 @@ impl Client {
                 .filter(|t| !t.is_empty())
                 .map(|t| format!("Bearer {t}")),
             timeouts,
+            observer: Observed(None),
         }
+    }
+
+    /// The same client, telling `observer` of every call.
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Client {
+        self.observer = Observed(Some(observer));
+        self
+    }
+
+    /// The observer's headers, asked in the current (the call's) span.
+    fn extra_headers(&self) -> Vec<(HeaderName, HeaderValue)> {
+        self.observer
+            .0
+            .as_ref()
+            .map(|o| o.headers())
+            .unwrap_or_default()
+    }
+
+    /// Runs one call in its span, and tells the observer how long it took.
+    async fn observed<T>(
+        &self,
+        method: &'static str,
+        call: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let started = Instant::now();
+        let r = call.instrument(call_span(method)).await;
+        if let Some(o) = &self.observer.0 {
+            o.finished(method, started.elapsed(), r.is_ok());
+        }
+        r
     }
 
     /// The normalised base URL (with one trailing `/`).
@@ -134,6 +197,9 @@ impl Client {
         let mut rb = self.http.request(method, url).header("A2A-Version", "1.0");
         if let Some(b) = &self.bearer {
             rb = rb.header(reqwest::header::AUTHORIZATION, b);
+        }
+        for (k, v) in self.extra_headers() {
+            rb = rb.header(k, v);
         }
         rb
     }
@@ -149,39 +215,46 @@ impl Client {
     }
 
     /// A unary JSON-RPC call: returns `result`, or the JSON-RPC error.
-    async fn call(&self, method: &str, params: impl Serialize) -> Result<Value, Error> {
+    async fn call(&self, method: &'static str, params: impl Serialize) -> Result<Value, Error> {
         tracing::debug!(method, "kernel call");
         let body = RpcRequest::body(method, params);
         // Boxed: callers' futures stay small.
-        Box::pin(self.bounded(async {
-            let resp = self
-                .request(reqwest::Method::POST, &self.base)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body)
-                .send()
-                .await?;
-            let status = resp.status();
-            let bytes = resp.bytes().await?;
-            let body: Value = serde_json::from_slice(&bytes)
-                .map_err(|_| Error::Protocol("response is not JSON".into()))?;
-            if !status.is_success() {
-                return Err(Error::Status {
-                    status: status.as_u16(),
-                    body,
-                });
-            }
-            rpc_result(body)
-        }))
+        Box::pin(self.observed(
+            method,
+            self.bounded(async {
+                let resp = self
+                    .request(reqwest::Method::POST, &self.base)
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body)
+                    .send()
+                    .await?;
+                let status = resp.status();
+                let bytes = resp.bytes().await?;
+                let body: Value = serde_json::from_slice(&bytes)
+                    .map_err(|_| Error::Protocol("response is not JSON".into()))?;
+                if !status.is_success() {
+                    return Err(Error::Status {
+                        status: status.as_u16(),
+                        body,
+                    });
+                }
+                rpc_result(body)
+            }),
+        ))
         .await
     }
 
     /// A streaming JSON-RPC call.
-    async fn stream(&self, method: &str, params: impl Serialize) -> Result<EventStream, Error> {
+    async fn stream(
+        &self,
+        method: &'static str,
+        params: impl Serialize,
+    ) -> Result<EventStream, Error> {
         tracing::debug!(method, "kernel stream");
         let body = RpcRequest::body(method, params);
         // Boxed: the opening's state lives only while it runs, not inside every caller's
         // future for the whole stream.
-        Box::pin(async {
+        Box::pin(self.observed(method, async {
             let Some(t) = &self.target else {
                 return Err(Error::transport("unsupported kernel URL scheme"));
             };
@@ -193,10 +266,12 @@ impl Client {
             .map_err(|_| Error::transport("connect"))?
             .map_err(|_| Error::transport("connect"))?;
             let _ = tcp.set_nodelay(true);
+            let extra = self.extra_headers();
             let head = stream::Head {
                 path: &t.path,
                 host: &t.authority,
                 bearer: self.bearer.as_deref(),
+                extra: &extra,
             };
             stream::open(
                 hyper_util::rt::TokioIo::new(tcp),
@@ -206,7 +281,7 @@ impl Client {
                 sse::Limits::default(),
             )
             .await
-        })
+        }))
         .await
     }
 
@@ -265,8 +340,13 @@ impl Client {
 
     /// `GET /health` of the kernel.
     pub async fn health(&self, timeout: Duration) -> Result<(), Error> {
+        // Not observed: a liveness probe is no call of a run (and would be a trace of its own).
         let url = format!("{}health", self.base);
-        let resp = tokio::time::timeout(timeout, self.request(reqwest::Method::GET, &url).send())
+        let mut rb = self.http.get(&url).header("A2A-Version", "1.0");
+        if let Some(b) = &self.bearer {
+            rb = rb.header(reqwest::header::AUTHORIZATION, b);
+        }
+        let resp = tokio::time::timeout(timeout, rb.send())
             .await
             .map_err(|_| Error::transport("timeout"))??;
         if resp.status().is_success() {
@@ -294,7 +374,7 @@ impl Client {
             task_id,
         })
         .expect("serialises");
-        self.bounded(async {
+        let call = self.bounded(async {
             let resp = self
                 .request(reqwest::Method::POST, &url)
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -330,8 +410,8 @@ impl Client {
                 }
                 _ => Err(Error::Status { status, body: v }),
             }
-        })
-        .await
+        });
+        self.observed("ensure-restored", call).await
     }
 
     /// `GET /iac-code/pipeline/state?taskId=…&afterSequence=…`: the pipeline's events after a
@@ -342,7 +422,7 @@ impl Client {
         after_sequence: u64,
     ) -> Result<Option<Value>, Error> {
         let url = format!("{}iac-code/pipeline/state", self.base);
-        self.bounded(async {
+        let call = self.bounded(async {
             let resp = self
                 .request(reqwest::Method::GET, &url)
                 .query(&[
@@ -362,8 +442,8 @@ impl Client {
                 return Err(Error::Status { status, body: v });
             }
             Ok(Some(v))
-        })
-        .await
+        });
+        self.observed("pipeline-state", call).await
     }
 }
 

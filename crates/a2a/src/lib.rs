@@ -23,7 +23,7 @@ mod wire;
 
 use serde_json::Value;
 
-pub use client::{Client, RestoreOutcome, Timeouts, POOL_IDLE_PER_KERNEL};
+pub use client::{Client, Observer, RestoreOutcome, Timeouts, POOL_IDLE_PER_KERNEL};
 pub use error::{Error, RpcError};
 pub use item::{ItemView, Task};
 #[doc(hidden)]

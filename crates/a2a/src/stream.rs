@@ -77,6 +77,8 @@ pub(crate) struct Head<'a> {
     pub path: &'a str,
     pub host: &'a str,
     pub bearer: Option<&'a str>,
+    /// The observer's headers (trace context).
+    pub extra: &'a [(hyper::header::HeaderName, hyper::header::HeaderValue)],
 }
 
 /// Sends one streaming request on `io` and reads the response head; the body is read as the
@@ -99,6 +101,9 @@ where
         .header(hyper::header::CONNECTION, "close");
     if let Some(b) = head.bearer {
         req = req.header(hyper::header::AUTHORIZATION, b);
+    }
+    for (k, v) in head.extra {
+        req = req.header(k, v);
     }
     // A header value with a line break (a token, say) is refused here, never sent.
     let req = req
@@ -347,6 +352,7 @@ pub async fn decode_response_pieces(pieces: Vec<Vec<u8>>) -> (Vec<Value>, Option
         path: "/",
         host: "kernel",
         bearer: None,
+        extra: &[],
     };
     let timeouts = Timeouts {
         stream_idle: Duration::ZERO,
@@ -492,6 +498,7 @@ mod tests {
             path: "/",
             host: "kernel",
             bearer: Some("Bearer x\r\nx-injected: 1"),
+            extra: &[],
         };
         let r = open(
             hyper_util::rt::TokioIo::new(client),

@@ -94,6 +94,32 @@ pub enum Outcome {
     Cancelled,
 }
 
+/// Every event type this crate builds, in [`Event::type_index`] order.
+pub const EVENT_TYPES: [&str; 19] = [
+    "RUN_STARTED",
+    "RUN_FINISHED",
+    "RUN_ERROR",
+    "STEP_STARTED",
+    "STEP_FINISHED",
+    "TEXT_MESSAGE_START",
+    "TEXT_MESSAGE_CONTENT",
+    "TEXT_MESSAGE_END",
+    "TOOL_CALL_START",
+    "TOOL_CALL_ARGS",
+    "TOOL_CALL_END",
+    "TOOL_CALL_RESULT",
+    "REASONING_START",
+    "REASONING_MESSAGE_START",
+    "REASONING_MESSAGE_CONTENT",
+    "REASONING_MESSAGE_END",
+    "REASONING_END",
+    "ACTIVITY_SNAPSHOT",
+    "CUSTOM",
+];
+
+/// [`Event::type_index`] of `TEXT_MESSAGE_CONTENT` (the text fast path has no event to ask).
+pub const TEXT_MESSAGE_CONTENT_INDEX: usize = 6;
+
 /// One AG-UI event (without its timestamp, which is stamped at encoding time).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -202,6 +228,31 @@ impl Event {
             Event::ReasoningEnd { .. } => "REASONING_END",
             Event::ActivitySnapshot { .. } => "ACTIVITY_SNAPSHOT",
             Event::Custom { .. } => "CUSTOM",
+        }
+    }
+
+    /// The position of this event's type in [`EVENT_TYPES`] (counters indexed by type).
+    pub fn type_index(&self) -> usize {
+        match self {
+            Event::RunStarted { .. } => 0,
+            Event::RunFinished { .. } => 1,
+            Event::RunError { .. } => 2,
+            Event::StepStarted { .. } => 3,
+            Event::StepFinished { .. } => 4,
+            Event::TextMessageStart { .. } => 5,
+            Event::TextMessageContent { .. } => TEXT_MESSAGE_CONTENT_INDEX,
+            Event::TextMessageEnd { .. } => 7,
+            Event::ToolCallStart { .. } => 8,
+            Event::ToolCallArgs { .. } => 9,
+            Event::ToolCallEnd { .. } => 10,
+            Event::ToolCallResult { .. } => 11,
+            Event::ReasoningStart { .. } => 12,
+            Event::ReasoningMessageStart { .. } => 13,
+            Event::ReasoningMessageContent { .. } => 14,
+            Event::ReasoningMessageEnd { .. } => 15,
+            Event::ReasoningEnd { .. } => 16,
+            Event::ActivitySnapshot { .. } => 17,
+            Event::Custom { .. } => 18,
         }
     }
 
@@ -647,5 +698,80 @@ mod tests {
         }
         .to_value(1);
         assert_eq!(rs["role"], "reasoning");
+    }
+
+    /// Each event's index names its own type in `EVENT_TYPES` (counters by type rely on it).
+    #[test]
+    fn type_indexes_match_type_names() {
+        let s = String::new;
+        let events = [
+            Event::RunStarted {
+                thread_id: s(),
+                run_id: s(),
+                parent_run_id: None,
+                protocol_version: None,
+            },
+            Event::RunFinished {
+                thread_id: s(),
+                run_id: s(),
+                outcome: Outcome::Success,
+                usage: None,
+            },
+            Event::RunError {
+                message: s(),
+                code: s(),
+                usage: None,
+            },
+            Event::StepStarted { step_name: s() },
+            Event::StepFinished { step_name: s() },
+            Event::TextMessageStart { message_id: s() },
+            Event::TextMessageContent {
+                message_id: s(),
+                delta: s(),
+            },
+            Event::TextMessageEnd { message_id: s() },
+            Event::ToolCallStart {
+                tool_call_id: s(),
+                tool_call_name: s(),
+                parent_message_id: None,
+            },
+            Event::ToolCallArgs {
+                tool_call_id: s(),
+                delta: s(),
+            },
+            Event::ToolCallEnd { tool_call_id: s() },
+            Event::ToolCallResult {
+                message_id: s(),
+                tool_call_id: s(),
+                content: s(),
+            },
+            Event::ReasoningStart { message_id: s() },
+            Event::ReasoningMessageStart { message_id: s() },
+            Event::ReasoningMessageContent {
+                message_id: s(),
+                delta: s(),
+            },
+            Event::ReasoningMessageEnd { message_id: s() },
+            Event::ReasoningEnd { message_id: s() },
+            Event::ActivitySnapshot {
+                message_id: s(),
+                activity_type: s(),
+                content: Value::Null,
+                replace: false,
+            },
+            Event::Custom {
+                name: s(),
+                value: Value::Null,
+            },
+        ];
+        assert_eq!(events.len(), EVENT_TYPES.len());
+        for (i, e) in events.iter().enumerate() {
+            assert_eq!(e.type_index(), i, "{}", e.type_name());
+            assert_eq!(EVENT_TYPES[i], e.type_name());
+        }
+        assert_eq!(
+            EVENT_TYPES[TEXT_MESSAGE_CONTENT_INDEX],
+            "TEXT_MESSAGE_CONTENT"
+        );
     }
 }

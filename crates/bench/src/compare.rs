@@ -86,7 +86,11 @@ pub(crate) async fn compare(
     let med = |i: usize, f: fn(&Round) -> f64| median(figures[i].iter().map(f).collect());
     println!("== medians over {rounds} rounds (variant: {label})");
     for (name, f, unit) in [
-        ("throughput", (|r: &Round| r.throughput_eps) as fn(&Round) -> f64, "events/s"),
+        (
+            "throughput",
+            (|r: &Round| r.throughput_eps) as fn(&Round) -> f64,
+            "events/s",
+        ),
         ("fan-in", |r: &Round| r.fan_in_s, "s"),
         ("CPU per event", |r: &Round| r.event_cpu_us, "µs"),
     ] {

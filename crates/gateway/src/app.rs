@@ -11,6 +11,8 @@ use crate::http::{self, AppState};
 use crate::kernel::{ChildSpec, Kernel};
 use crate::run::{Clock, Env, Runtime, SystemClock};
 use crate::store::{FileStore, StoreError, ThreadStore, Unavailable};
+use crate::telemetry::observer::KernelObserver;
+use crate::telemetry::{admin, Metrics};
 
 /// Options for building a runtime (tests inject the store, clock and kernel).
 pub struct Options {
@@ -21,6 +23,8 @@ pub struct Options {
     pub kernel: Option<Arc<Kernel>>,
     pub heartbeat: Duration,
     pub channel_capacity: usize,
+    /// The metrics (the binary makes them first: the trace exporter counts into them).
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 impl Options {
@@ -33,14 +37,22 @@ impl Options {
             kernel: None,
             heartbeat: http::HEARTBEAT,
             channel_capacity: 64,
+            metrics: None,
         }
     }
 }
 
-/// The kernel of a configuration: external URL, or a managed child.
-pub fn kernel_for(cfg: &Config, env: &Env) -> Arc<Kernel> {
+/// The kernel of a configuration: external URL, or a managed child; its calls are timed in
+/// `metrics` and carry the trace context.
+pub fn kernel_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Kernel> {
+    let observer: Arc<dyn a2a::Observer> = KernelObserver::new(metrics.clone());
     match &cfg.a2a_url {
-        Some(url) => Kernel::external(url, cfg.a2a_token.clone(), cfg.kernel_timeouts()),
+        Some(url) => Kernel::external(
+            url,
+            cfg.a2a_token.clone(),
+            cfg.kernel_timeouts(),
+            Some(observer),
+        ),
         None => {
             let mut child_env = Vec::new();
             if let Some(v) = env("IAC_CODE_AGUI_ALLOWED_CWDS").filter(|v| !v.is_empty()) {
@@ -51,12 +63,15 @@ pub fn kernel_for(cfg: &Config, env: &Env) -> Arc<Kernel> {
                     child_env.push(("IACCODE_A2A_ALLOWED_CWDS".to_owned(), v));
                 }
             }
-            Kernel::managed(ChildSpec {
-                command: cfg.a2a_command.clone(),
-                env: child_env,
-                ready_timeout: Duration::from_secs(20),
-                timeouts: cfg.kernel_timeouts(),
-            })
+            Kernel::managed(
+                ChildSpec {
+                    command: cfg.a2a_command.clone(),
+                    env: child_env,
+                    ready_timeout: Duration::from_secs(20),
+                    timeouts: cfg.kernel_timeouts(),
+                },
+                Some(observer),
+            )
         }
     }
 }
@@ -96,9 +111,11 @@ pub fn build(opts: Options) -> AppState {
             Arc::new(Unavailable(e.to_string()))
         }),
     };
+    let metrics = opts.metrics.unwrap_or_default();
     let kernel = opts
         .kernel
-        .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env));
+        .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env, &metrics));
+    metrics.watch_kernel(kernel.clone());
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
     let rt = Arc::new(Runtime::new(
         opts.cfg,
@@ -107,6 +124,7 @@ pub fn build(opts: Options) -> AppState {
         clock,
         opts.env,
         opts.channel_capacity,
+        metrics,
     ));
     AppState {
         rt,
@@ -121,7 +139,27 @@ pub async fn serve(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_with_admin(listener, None, state, shutdown).await
+}
+
+/// [`serve`], with the admin listener (`/metrics`) on `admin` when given: it answers until the
+/// public server has drained, so that a scrape sees the end of the drain.
+pub async fn serve_with_admin(
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let rt = state.rt.clone();
+    let (admin_stop, admin_done) = tokio::sync::oneshot::channel::<()>();
+    let admin_task = admin.map(|l| {
+        // An external kernel is probed for `agui_kernel_up`; a managed one is watched anyway.
+        rt.kernel().probe_external(Duration::from_secs(5));
+        let router = admin::router(rt.metrics().clone());
+        tokio::spawn(crate::server::serve(l, router, async move {
+            let _ = admin_done.await;
+        }))
+    });
     let (stop_tx, mut stop_rx) = watch::channel(false);
     // External shutdown signal.
     {
@@ -178,6 +216,10 @@ pub async fn serve(
     rt.kernel().stop().await;
     if let Err(e) = rt.threads().store().flush().await {
         tracing::warn!(error = %e, "state journal checkpoint at shutdown failed");
+    }
+    let _ = admin_stop.send(());
+    if let Some(t) = admin_task {
+        let _ = t.await;
     }
     result
 }

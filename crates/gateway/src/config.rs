@@ -22,7 +22,8 @@ use crate::paths;
 pub struct Cli {
     /// YAML configuration file (keys: host, port, a2a_url, debug, log_stdout, state_dir,
     /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
-    /// kernel_idle_timeout, cors_origins, detach_grace, replay_buffer; dashes or underscores).
+    /// kernel_idle_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
+    /// log_format; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -107,6 +108,15 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub replay_buffer: Option<String>,
+    /// Address (HOST:PORT) of an admin listener that serves GET /metrics in the Prometheus text
+    /// format, without a token: bind it where only operators reach [default: none, no metrics
+    /// listener].
+    #[arg(long, value_name = "ADDR", env = "IAC_CODE_AGUI_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Log lines as `text` or `json` (one object per line, with thread, run and execution ids
+    /// as fields) [default: text].
+    #[arg(long, value_name = "FORMAT", env = "IAC_CODE_AGUI_LOG_FORMAT")]
+    pub log_format: Option<String>,
 }
 
 /// The YAML file's keys (after `-` → `_`); unknown keys are ignored. Each value is checked where
@@ -130,6 +140,8 @@ struct FileConfig {
     cors_origins: Option<Yaml>,
     detach_grace: Option<Yaml>,
     replay_buffer: Option<Yaml>,
+    metrics_listen: Option<Yaml>,
+    log_format: Option<Yaml>,
 }
 
 /// The validated configuration.
@@ -169,6 +181,31 @@ pub struct Config {
     pub detach_grace_secs: f64,
     /// The replay buffer of a run, in bytes.
     pub replay_buffer_bytes: usize,
+    /// The admin listener's address (`/metrics`); `None` ⇒ no metrics listener.
+    pub metrics_listen: Option<String>,
+    pub log_format: LogFormat,
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// tracing-subscriber's human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `HOST:PORT` (a name or an address; `[v6]:port`), port 0..=65535.
+fn listen_address(v: &str) -> Result<String, String> {
+    let err = || "--metrics-listen must be HOST:PORT.".to_owned();
+    let v = v.trim();
+    let (host, port) = v.rsplit_once(':').ok_or_else(err)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(err());
+    }
+    Ok(v.to_owned())
 }
 
 /// Environment lookup (injected so tests never mutate the process environment).
@@ -418,6 +455,23 @@ impl Config {
             return Err(replay_err.into());
         }
 
+        let metrics_listen = match given(cli.metrics_listen) {
+            Some(v) => Some(v),
+            None => yaml_string(file.metrics_listen, "--metrics-listen must be HOST:PORT.")?,
+        };
+        let metrics_listen = metrics_listen.as_deref().map(listen_address).transpose()?;
+        let format_err = "--log-format must be text or json.";
+        let log_format = match given(cli.log_format) {
+            Some(v) => Some(v),
+            None => yaml_string(file.log_format, format_err)?,
+        };
+        let log_format = match log_format.as_deref().map(str::trim) {
+            None => LogFormat::Text,
+            Some(f) if f.eq_ignore_ascii_case("text") => LogFormat::Text,
+            Some(f) if f.eq_ignore_ascii_case("json") => LogFormat::Json,
+            Some(_) => return Err(format_err.into()),
+        };
+
         let home = env("HOME");
         let process_cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let expand = |raw: &str| -> PathBuf {
@@ -477,6 +531,8 @@ impl Config {
             cors_origins,
             detach_grace_secs,
             replay_buffer_bytes: replay_buffer as usize,
+            metrics_listen,
+            log_format,
         })
     }
 
@@ -540,6 +596,8 @@ mod tests {
             ("cors_origin", "IAC_CODE_AGUI_CORS_ORIGINS"),
             ("detach_grace", "IAC_CODE_AGUI_DETACH_GRACE"),
             ("replay_buffer", "IAC_CODE_AGUI_REPLAY_BUFFER"),
+            ("metrics_listen", "IAC_CODE_AGUI_METRICS_LISTEN"),
+            ("log_format", "IAC_CODE_AGUI_LOG_FORMAT"),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }
@@ -653,6 +711,46 @@ mod tests {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(text.as_bytes()).unwrap();
         f
+    }
+
+    #[test]
+    fn metrics_listener_and_log_format() {
+        let c = load(&[], &[]).unwrap();
+        assert_eq!((c.metrics_listen, c.log_format), (None, LogFormat::Text));
+        let f = yaml("metrics-listen: 127.0.0.1:9464\nlog_format: json\n");
+        let p = f.path().to_str().unwrap();
+        let c = load(&["--config", p], &[]).unwrap();
+        assert_eq!(c.metrics_listen.as_deref(), Some("127.0.0.1:9464"));
+        assert_eq!(c.log_format, LogFormat::Json);
+        let c = load(
+            &[
+                "--config",
+                p,
+                "--metrics-listen",
+                "[::1]:0",
+                "--log-format",
+                "TEXT",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.metrics_listen.as_deref(), Some("[::1]:0"));
+        assert_eq!(c.log_format, LogFormat::Text);
+        for bad in ["9464", ":9464", "localhost:x", "h:70000"] {
+            assert_eq!(
+                load(&["--metrics-listen", bad], &[]).unwrap_err(),
+                "--metrics-listen must be HOST:PORT."
+            );
+        }
+        assert_eq!(
+            load(&["--log-format", "xml"], &[]).unwrap_err(),
+            "--log-format must be text or json."
+        );
+        let f = yaml("log_format: 1\n");
+        assert_eq!(
+            load(&["--config", f.path().to_str().unwrap()], &[]).unwrap_err(),
+            "--log-format must be text or json."
+        );
     }
 
     #[test]

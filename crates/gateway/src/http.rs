@@ -26,6 +26,7 @@ use crate::error::{msg, ApiError, Code};
 use crate::i18n::Lang;
 use crate::run::admit::{self, RunRequest};
 use crate::run::{cancel, sink, spawn_run, Runtime};
+use crate::telemetry::{self, observer, otel};
 use crate::threads_api;
 use crate::validate::{self, content, cwd, props};
 
@@ -43,6 +44,7 @@ pub struct AppState {
 /// The router.
 pub fn router(state: AppState) -> Router {
     let cors = state.rt.cfg().cors_origins.clone();
+    let metrics = state.rt.metrics().clone();
     let router = Router::new()
         .route("/health", any(health))
         .route("/", any(run))
@@ -56,7 +58,11 @@ pub fn router(state: AppState) -> Router {
             any(events_route),
         )
         .fallback(not_found)
-        .with_state(state);
+        .with_state(state)
+        // The access line and the HTTP counters see every answer, CORS headers included.
+        .layer(axum::middleware::from_fn(move |req, next| {
+            telemetry::access::layer(metrics.clone(), req, next)
+        }));
     if cors.is_empty() {
         // No CORS: not even a layer in the way.
         return router;
@@ -295,25 +301,74 @@ async fn json_object(
     }
 }
 
+/// The trace span of a run: from its request to its end. Its fields are the attributes an
+/// operator filters on, filled in as they become known (never a secret).
+fn run_span(headers: &HeaderMap) -> tracing::Span {
+    use tracing::field::Empty;
+    let span = tracing::info_span!(
+        "agui.run",
+        otel.kind = "server",
+        thread_id = Empty,
+        run_id = Empty,
+        execution_id = Empty,
+        mode = Empty,
+        outcome = Empty,
+        error_code = Empty,
+        event_count = Empty,
+    );
+    otel::continue_trace(&span, headers);
+    span
+}
+
 async fn run(State(s): State<AppState>, req: Request) -> Response {
-    let rt = s.rt.clone();
-    if let Some(r) = preflight(&rt, &req) {
+    use tracing::Instrument as _;
+    if let Some(r) = preflight(&s.rt, &req) {
         return r;
     }
+    let span = run_span(req.headers());
+    let trace_headers = otel::client_headers(req.headers());
+    run_request(s, req, span.clone(), trace_headers)
+        .instrument(span)
+        .await
+}
+
+async fn run_request(
+    s: AppState,
+    req: Request,
+    span: tracing::Span,
+    trace_headers: Vec<(axum::http::HeaderName, HeaderValue)>,
+) -> Response {
+    let rt = s.rt.clone();
     let (hl, body, obj) = match json_object(&rt, req, &RUN_RULES).await {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => {
+            span.record("outcome", "refused");
+            return r;
+        }
     };
     let obj = &obj;
     let lang = props::raw_preferred_language(obj)
         .and_then(Lang::from_tag)
         .unwrap_or(hl);
-    match prepare(&rt, obj, &body, lang).await {
-        Ok(request) => match admit::admit(&rt, request).await {
-            Ok(adm) => sse_response(&s, adm),
-            Err(e) => e.into_response_in(lang),
-        },
-        Err(e) => e.into_response_in(lang),
+    let refused = |e: ApiError| {
+        span.record("outcome", "refused");
+        span.record("error_code", e.code.as_str());
+        e.into_response_in(lang)
+    };
+    let request = match prepare(&rt, obj, &body, lang).await {
+        Ok(r) => r,
+        Err(e) => return refused(e),
+    };
+    span.record("thread_id", request.envelope.thread_id.as_str());
+    span.record("run_id", request.envelope.run_id.as_str());
+    match admit::admit(&rt, request).await {
+        Ok(adm) => {
+            span.record("execution_id", adm.execution_id.as_str());
+            span.record("mode", adm.mode.name());
+            let rx = spawn_run(s.rt.clone(), adm, span, trace_headers);
+            sse_response(&s, rx)
+        }
+        Err(e) => refused(e),
     }
 }
 
@@ -369,8 +424,7 @@ async fn prepare(
     })
 }
 
-fn sse_response(s: &AppState, adm: admit::Admitted) -> Response {
-    let rx = spawn_run(s.rt.clone(), adm);
+fn sse_response(s: &AppState, rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response {
     let body = Body::from_stream(sink::body_stream(rx, s.heartbeat));
     Response::builder()
         .status(StatusCode::OK)
@@ -394,6 +448,7 @@ async fn cancel_route(
     if let Some(r) = preflight(&rt, &req) {
         return r;
     }
+    let trace = req.headers().clone();
     let (hl, _, obj) = match json_object(&rt, req, &CANCEL_RULES).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -402,7 +457,13 @@ async fn cancel_route(
     let (Some(thread_id), Some(ros)) = (field("threadId"), field("rosInvocationId")) else {
         return ApiError::new(Code::InvalidInput, msg::CANCEL_FIELDS).into_response_in(hl);
     };
-    match cancel::cancel(&rt, &execution_id, thread_id, ros).await {
+    let cancelled = observer::with_incoming(
+        otel::client_headers(&trace),
+        cancel::cancel(&rt, &execution_id, thread_id, ros),
+    );
+    let span = tracing::info_span!("agui.cancel", otel.kind = "server", thread_id, execution_id = %execution_id);
+    otel::continue_trace(&span, &trace);
+    match tracing::Instrument::instrument(cancelled, span).await {
         Ok(outcome) => {
             let body = json!({"executionId": execution_id, "status": outcome.as_str()});
             (

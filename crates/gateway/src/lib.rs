@@ -19,5 +19,6 @@ pub mod run;
 pub mod server;
 pub mod shutdown;
 pub mod store;
+pub mod telemetry;
 pub mod threads_api;
 pub mod validate;

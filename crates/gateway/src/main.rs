@@ -6,22 +6,7 @@ use clap::Parser;
 use iac_code_agui::app;
 use iac_code_agui::config::{Cli, Config};
 use iac_code_agui::run::Env;
-
-fn init_logging(cfg: &Config) {
-    let level = if cfg.debug { "debug" } else { "info" };
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("IAC_CODE_AGUI_LOG").unwrap_or_else(|_| {
-            tracing_subscriber::EnvFilter::new(format!("iac_code_agui={level},a2a={level},warn"))
-        });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    if cfg.log_stdout {
-        builder.with_writer(std::io::stdout).init();
-    } else {
-        builder.with_writer(std::io::stderr).init();
-    }
-}
+use iac_code_agui::telemetry::{self, Metrics};
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
@@ -46,7 +31,6 @@ fn main() {
             std::process::exit(1);
         }
     };
-    init_logging(&cfg);
     if cfg.state_dir_is_default {
         if let Some(parent) = cfg.state_dir.parent() {
             if !parent.exists() {
@@ -63,6 +47,9 @@ fn main() {
         .build()
         .expect("tokio runtime");
     let code = rt.block_on(async move {
+        // Logging (and the trace exporter, which runs on this runtime) first.
+        let metrics = Arc::new(Metrics::new());
+        let telemetry = telemetry::init(&cfg, &env, metrics.clone());
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let listener = match app::bind(&addr).await {
             Ok(l) => l,
@@ -70,6 +57,16 @@ fn main() {
                 eprintln!("Unable to listen on {addr}: {e}");
                 return 1;
             }
+        };
+        let admin = match cfg.metrics_listen.as_deref() {
+            None => None,
+            Some(a) => match app::bind(a).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    eprintln!("Unable to listen on {a} (--metrics-listen): {e}");
+                    return 1;
+                }
+            },
         };
         let store = match app::open_store(&cfg) {
             Ok(s) => s,
@@ -83,15 +80,21 @@ fn main() {
         };
         let mut opts = app::Options::new(cfg, env);
         opts.store = Some(store);
+        opts.metrics = Some(metrics);
         let state = app::build(opts);
+        if let Some(a) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
+            tracing::info!(addr = %a, "metrics listening");
+        }
         tracing::info!(%addr, "iac-code-agui listening");
-        match app::serve(listener, state, shutdown_signal()).await {
+        let code = match app::serve_with_admin(listener, admin, state, shutdown_signal()).await {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("server error: {e}");
                 1
             }
-        }
+        };
+        telemetry.shutdown().await;
+        code
     });
     std::process::exit(code);
 }

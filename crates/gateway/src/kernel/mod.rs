@@ -6,7 +6,7 @@
 
 mod supervisor;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -56,23 +56,85 @@ pub struct Kernel {
     stop: AtomicBool,
     /// Notified on state changes (readiness waiters).
     changed: tokio::sync::Notify,
+    /// Told of every call of the kernel's clients (metrics, trace context).
+    observer: Option<Arc<dyn a2a::Observer>>,
+    /// An external kernel answered its last liveness probe ([`Kernel::probe_external`]).
+    external_up: AtomicBool,
+    /// Restarts of a managed kernel, readable without the lock (metrics).
+    restarts: AtomicU64,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("managed", &self.managed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Kernel {
     /// An external kernel at a validated loopback URL.
-    pub fn external(url: &str, token: Option<String>, timeouts: a2a::Timeouts) -> Arc<Kernel> {
-        Arc::new(Kernel {
+    pub fn external(
+        url: &str,
+        token: Option<String>,
+        timeouts: a2a::Timeouts,
+        observer: Option<Arc<dyn a2a::Observer>>,
+    ) -> Arc<Kernel> {
+        let k = Kernel::new(false, KernelState::External, observer);
+        let client = k.client_for(url, token, timeouts);
+        k.inner.lock().expect("kernel lock").client = Some(client);
+        Arc::new(k)
+    }
+
+    fn new(managed: bool, state: KernelState, observer: Option<Arc<dyn a2a::Observer>>) -> Kernel {
+        Kernel {
             inner: Mutex::new(Inner {
-                client: Some(a2a::Client::new(url, token, timeouts)),
-                state: KernelState::External,
+                client: None,
+                state,
                 pid: None,
                 generation: 0,
                 restarts: 0,
             }),
-            managed: false,
+            managed,
             stop: AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
-        })
+            observer,
+            external_up: AtomicBool::new(false),
+            restarts: AtomicU64::new(0),
+        }
+    }
+
+    /// A client of the kernel at `url`, observed.
+    fn client_for(&self, url: &str, token: Option<String>, t: a2a::Timeouts) -> a2a::Client {
+        let c = a2a::Client::new(url, token, t);
+        match &self.observer {
+            Some(o) => c.with_observer(o.clone()),
+            None => c,
+        }
+    }
+
+    /// Probes an external kernel's `/health` every `every` for as long as the gateway runs, so
+    /// that `agui_kernel_up` tells whether it answers (a managed kernel's supervisor knows).
+    pub fn probe_external(self: &Arc<Self>, every: Duration) {
+        if self.managed {
+            return;
+        }
+        let k = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while let Some(k) = k.upgrade() {
+                let client = k.inner.lock().expect("kernel lock").client.clone();
+                let up = match client {
+                    Some(c) => c.health(Duration::from_secs(2)).await.is_ok(),
+                    None => false,
+                };
+                k.external_up.store(up, Ordering::Relaxed);
+                if k.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                drop(k);
+                tokio::time::sleep(every).await;
+            }
+        });
     }
 
     /// A client for the kernel; `None` while no kernel can be reached.
@@ -128,19 +190,8 @@ impl Kernel {
     }
 
     /// Starts a managed kernel: a supervisor thread spawns, probes and restarts the child.
-    pub fn managed(spec: ChildSpec) -> Arc<Kernel> {
-        let k = Arc::new(Kernel {
-            inner: Mutex::new(Inner {
-                client: None,
-                state: KernelState::Starting,
-                pid: None,
-                generation: 0,
-                restarts: 0,
-            }),
-            managed: true,
-            stop: AtomicBool::new(false),
-            changed: tokio::sync::Notify::new(),
-        });
+    pub fn managed(spec: ChildSpec, observer: Option<Arc<dyn a2a::Observer>>) -> Arc<Kernel> {
+        let k = Arc::new(Kernel::new(true, KernelState::Starting, observer));
         supervisor::start(k.clone(), spec);
         k
     }
@@ -148,6 +199,7 @@ impl Kernel {
     /// Stops the managed child (SIGTERM, SIGKILL after 5 s) and waits for it to exit.
     pub async fn stop(&self) {
         if !self.managed {
+            self.stop.store(true, Ordering::SeqCst);
             return;
         }
         self.stop.store(true, Ordering::SeqCst);
@@ -156,5 +208,19 @@ impl Kernel {
         while self.state() != KernelState::Stopped && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+impl crate::telemetry::KernelGauges for Kernel {
+    fn up(&self) -> bool {
+        match self.state() {
+            KernelState::Ready => true,
+            KernelState::External => self.external_up.load(Ordering::Relaxed),
+            _ => false,
+        }
+    }
+
+    fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
     }
 }

@@ -170,7 +170,7 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
             let mut g = k.inner.lock().expect("kernel lock");
             g.pid = Some(child.id());
             g.generation += 1;
-            g.client = Some(a2a::Client::new(&url, Some(token.clone()), spec.timeouts));
+            g.client = Some(k.client_for(&url, Some(token.clone()), spec.timeouts));
         }
         tracing::info!(pid = child.id(), port, "managed kernel started");
         // Readiness.
@@ -233,6 +233,7 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
         {
             let mut g = k.inner.lock().expect("kernel lock");
             g.restarts += 1;
+            k.restarts.store(g.restarts, Ordering::Relaxed);
             g.pid = None;
             if !matches!(g.state, KernelState::Failed(_)) {
                 g.state = KernelState::Restarting;

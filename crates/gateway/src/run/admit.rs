@@ -46,8 +46,18 @@ fn state_unavailable(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
 }
 
-/// Admits a validated request, or says why not.
+/// Admits a validated request, or says why not (in a span of its own, timed).
 pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> {
+    use tracing::Instrument as _;
+    let started = std::time::Instant::now();
+    let admitted = admit_now(rt, req)
+        .instrument(tracing::info_span!("agui.admission"))
+        .await;
+    rt.metrics().admission(started.elapsed());
+    admitted
+}
+
+async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> {
     if rt.shutdown().is_draining() {
         return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN));
     }

@@ -24,6 +24,7 @@ use crate::config::Config;
 use crate::kernel::Kernel;
 use crate::shutdown::{Activity, Shutdown};
 use crate::store::ThreadStore;
+use crate::telemetry::Metrics;
 
 pub use decide::admission::context_id;
 pub use driver::spawn_run;
@@ -75,6 +76,7 @@ pub struct Runtime {
     /// The replay buffers of runs that may outlive their client (with a detach grace): live runs,
     /// and ended ones for the grace period after their end.
     replays: Replays,
+    metrics: Arc<Metrics>,
 }
 
 /// `(threadId, runId)` → the run's replay buffer.
@@ -122,10 +124,14 @@ impl Runtime {
         clock: Arc<dyn Clock>,
         env: Env,
         channel_capacity: usize,
+        metrics: Arc<Metrics>,
     ) -> Runtime {
         let rt = Runtime {
             cfg: Arc::new(cfg),
-            threads: Threads::new(store),
+            threads: Threads::new(
+                crate::store::Metered::wrap(store, metrics.clone()),
+                metrics.clone(),
+            ),
             kernel,
             clock,
             env,
@@ -133,6 +139,7 @@ impl Runtime {
             shutdown: Shutdown::default(),
             channel_capacity,
             replays: Replays::default(),
+            metrics,
         };
         rt.touch();
         rt
@@ -172,6 +179,10 @@ impl Runtime {
 
     pub fn channel_capacity(&self) -> usize {
         self.channel_capacity
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     pub fn replays(&self) -> &Replays {

@@ -17,6 +17,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 
 use super::replay::{Attached, RunEvents};
+use crate::telemetry::Metrics;
 
 /// The client went away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +42,7 @@ pub struct Sink {
     /// The run is known to be without a client for good: nothing more is sent.
     gone: bool,
     replay: Option<Replay>,
+    metrics: Arc<Metrics>,
 }
 
 impl Sink {
@@ -49,6 +51,7 @@ impl Sink {
         capacity: usize,
         clock: Arc<dyn super::Clock>,
         replay: Option<Arc<RunEvents>>,
+        metrics: Arc<Metrics>,
     ) -> (Sink, mpsc::Receiver<Bytes>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let replay = replay.map(|events| {
@@ -78,6 +81,7 @@ impl Sink {
                 terminal_sent: false,
                 gone: false,
                 replay,
+                metrics,
             },
             rx,
         )
@@ -102,7 +106,9 @@ impl Sink {
         }
         self.start_frame();
         e.encode_sse(self.clock.now_ms(), &mut self.buf);
-        self.send(terminal).await
+        self.send(terminal).await?;
+        self.metrics.event_sent(e.type_index());
+        Ok(())
     }
 
     /// Sends the encoded event in `buf`.
@@ -133,7 +139,14 @@ impl Sink {
         debug_assert!(!self.terminal_sent, "text after the terminal event");
         self.start_frame();
         Event::encode_text_content_sse(self.clock.now_ms(), message_id, delta, &mut self.buf);
-        self.send(false).await
+        self.send(false).await?;
+        self.metrics.event_sent(agui::TEXT_MESSAGE_CONTENT_INDEX);
+        Ok(())
+    }
+
+    /// How many events the run sent (its last id).
+    pub fn events_sent(&self) -> u64 {
+        self.last_id
     }
 
     /// Whether the run's frames are buffered for readers that attach later.

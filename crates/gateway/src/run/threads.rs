@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::latch::Latch;
 use crate::store::{StoreError, ThreadDoc, ThreadStore};
+use crate::telemetry::{InterruptEvent, Metrics};
 
 /// Controls of an active run, shared with the cancellation extension.
 #[derive(Debug, Default)]
@@ -88,15 +89,72 @@ pub struct Threads {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Soft cap of threads kept in memory.
     cap: usize,
+    metrics: Arc<Metrics>,
+}
+
+/// The pending interrupts of a document, keyed by execution.
+fn pending_keys(doc: Option<&ThreadDoc>) -> Vec<(&str, &str)> {
+    doc.map_or_else(Vec::new, |d| {
+        d.execution
+            .pending
+            .iter()
+            .map(|(id, _)| (d.execution.execution_id.as_str(), id.as_str()))
+            .collect()
+    })
+}
+
+/// What a change of a thread's document did to its interrupts: how many appeared, and why each
+/// one that went away did (answered, expired, or cleared without an answer).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct InterruptChanges {
+    pub created: usize,
+    pub resolved: usize,
+    pub expired: usize,
+    pub cleared: usize,
+}
+
+pub(crate) fn interrupt_changes(before: Option<&ThreadDoc>, after: &ThreadDoc) -> InterruptChanges {
+    let (old, new) = (pending_keys(before), pending_keys(Some(after)));
+    let mut c = InterruptChanges {
+        created: new.iter().filter(|k| !old.contains(k)).count(),
+        ..Default::default()
+    };
+    for (execution, id) in old.iter().filter(|k| !new.contains(k)) {
+        let key = ((*execution).to_owned(), (*id).to_owned());
+        if after.expired_interrupts.contains(&key) {
+            c.expired += 1;
+        } else if after
+            .applied_resume_digests
+            .iter()
+            .any(|a| a.execution_id == *execution && a.interrupt_id == *id)
+        {
+            c.resolved += 1;
+        } else {
+            c.cleared += 1;
+        }
+    }
+    c
 }
 
 impl Threads {
-    pub fn new(store: Arc<dyn ThreadStore>) -> Threads {
+    pub fn new(store: Arc<dyn ThreadStore>, metrics: Arc<Metrics>) -> Threads {
         Threads {
             store,
             slots: Mutex::new(HashMap::new()),
             cap: 10_000,
+            metrics,
         }
+    }
+
+    /// Counts what a change of a document did to its interrupts.
+    fn account(&self, before: Option<&ThreadDoc>, after: &ThreadDoc) {
+        let c = interrupt_changes(before, after);
+        let m = &self.metrics;
+        m.interrupts(InterruptEvent::Created, c.created);
+        m.interrupts(InterruptEvent::Resolved, c.resolved);
+        m.interrupts(InterruptEvent::Expired, c.expired);
+        m.interrupts(InterruptEvent::Cancelled, c.cleared);
+        m.pending_changed(c.created as i64 - (c.resolved + c.expired + c.cleared) as i64);
     }
 
     pub fn store(&self) -> &Arc<dyn ThreadStore> {
@@ -130,6 +188,8 @@ impl Threads {
         if !st.loaded {
             st.doc = self.store.load(thread_id).await?;
             st.loaded = true;
+            let pending = st.doc.as_ref().map_or(0, |d| d.execution.pending.len());
+            self.metrics.pending_changed(pending as i64);
         }
         Ok(st)
     }
@@ -144,6 +204,7 @@ impl Threads {
     /// changes nothing.
     pub async fn store_doc(&self, st: &mut ThreadState, next: ThreadDoc) -> Result<(), StoreError> {
         self.store.save(&next).await?;
+        self.account(st.doc.as_ref(), &next);
         st.doc = Some(next);
         Ok(())
     }
@@ -158,7 +219,9 @@ impl Threads {
         change: impl FnOnce(&mut ThreadDoc),
     ) -> Option<Result<(), StoreError>> {
         let doc = st.doc.as_mut()?;
+        let before = doc.clone();
         change(doc);
+        self.account(Some(&before), doc);
         Some(self.store.save(doc).await)
     }
 
@@ -172,5 +235,61 @@ impl Threads {
         let mut next = st.doc.clone()?;
         let r = change(&mut next);
         Some(self.store_doc(st, next).await.map(|()| r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::run::decide::testing::doc_with_pending;
+    use crate::store::AppliedDigest;
+
+    #[test]
+    fn interrupt_changes_tell_created_answered_expired_and_cleared_apart() {
+        let none = doc_with_pending(&[]);
+        let two = doc_with_pending(&[("p1", None), ("p2", None)]);
+        assert_eq!(
+            interrupt_changes(Some(&none), &two),
+            InterruptChanges {
+                created: 2,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            interrupt_changes(Some(&two), &two),
+            InterruptChanges::default()
+        );
+        // p1 answered, p2 expired.
+        let mut after = none.clone();
+        after.applied_resume_digests.insert(AppliedDigest {
+            execution_id: "exec-0".into(),
+            interrupt_id: "p1".into(),
+            digest: "d".into(),
+        });
+        after
+            .expired_interrupts
+            .insert(("exec-0".into(), "p2".into()));
+        assert_eq!(
+            interrupt_changes(Some(&two), &after),
+            InterruptChanges {
+                resolved: 1,
+                expired: 1,
+                ..Default::default()
+            }
+        );
+        // Cleared without an answer (cancelled), and the same ids of a new execution are new.
+        assert_eq!(interrupt_changes(Some(&two), &none).cleared, 2);
+        let mut next = two.clone();
+        next.execution.execution_id = "exec-1".into();
+        assert_eq!(
+            interrupt_changes(Some(&two), &next),
+            InterruptChanges {
+                created: 2,
+                cleared: 2,
+                ..Default::default()
+            }
+        );
+        // A first document.
+        assert_eq!(interrupt_changes(None, &two).created, 2);
     }
 }

@@ -7,11 +7,13 @@
 //! - `file`: the file store (thread files in the reference layout).
 //! - `journal`: the write-ahead journal in front of the thread files (group commit).
 //! - `fs`: filesystem primitives both build on.
+//! - `metered`: the store as the run core sees it: saves timed and counted.
 
 mod doc;
 mod file;
 mod fs;
 mod journal;
+mod metered;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +23,7 @@ pub use doc::{
     ThreadDoc, PENDING_ALLOW_LIST,
 };
 pub use file::{file_stem, FileStore};
+pub use metered::Metered;
 
 /// A boxed future of a store operation.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

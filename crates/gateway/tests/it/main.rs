@@ -13,4 +13,5 @@ mod protocol;
 mod real_kernel;
 mod reattach;
 mod support;
+mod telemetry;
 mod wire;

@@ -260,9 +260,17 @@ fn external_kernel_ready_fast_idle_shutdown_and_sigterm() {
 /// Secrets sent in a request never appear in debug logs, SSE output or the state dir.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_never_reach_debug_logs() {
+    // Text and JSON logs at trace level, and the spans exported over OTLP.
+    for format in ["text", "json"] {
+        secrets_never_reach_logs_or_spans(format).await;
+    }
+}
+
+async fn secrets_never_reach_logs_or_spans(format: &str) {
     use serde_json::json;
     use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
     let k = FakeKernel::start().await;
+    let otlp = testkit::otlp::OtlpReceiver::start().await;
     let c = iac_code_agui::run::context_id("t1");
     // The kernel echoes the request metadata (with secrets) in its first task event, like the real one.
     k.on("SendStreamingMessage", Reply::Sse(vec![
@@ -280,6 +288,8 @@ async fn secrets_never_reach_debug_logs() {
             "--port",
             &port.to_string(),
             "--debug",
+            "--log-format",
+            format,
             "--a2a-url",
             &k.url(),
             "--state-dir",
@@ -287,6 +297,8 @@ async fn secrets_never_reach_debug_logs() {
         .arg(dir.path().join("state"))
         .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
         .env("IAC_CODE_AGUI_LOG", "trace")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint())
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .stderr(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -320,6 +332,17 @@ async fn secrets_never_reach_debug_logs() {
         out.contains("DEBUG") || out.contains("INFO"),
         "logging is on: {out}"
     );
+    if format == "json" {
+        assert!(
+            out.lines()
+                .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+            "{out}"
+        );
+    }
+    // The run's spans were exported (the shutdown flushed them), so the search below means something.
+    let spans = otlp.spans();
+    assert!(spans.iter().any(|s| s.name == "agui.run"), "{spans:?}");
+    let exported = format!("{}{spans:?}", otlp.raw_text());
     let mut files = String::new();
     for e in walkdir(&dir.path().join("state")) {
         files.push_str(&String::from_utf8_lossy(&std::fs::read(e).unwrap()));
@@ -330,7 +353,8 @@ async fn secrets_never_reach_debug_logs() {
         "SECRET-AK-3",
         "SECRET-STS-4",
     ] {
-        assert!(!out.contains(secret), "{secret} in logs");
+        assert!(!out.contains(secret), "{secret} in {format} logs");
+        assert!(!exported.contains(secret), "{secret} in exported spans");
         assert!(!r.raw.contains(secret), "{secret} in SSE");
         assert!(!r2.raw.contains(secret), "{secret} in an error body");
         assert!(!files.contains(secret), "{secret} in state");

@@ -299,12 +299,15 @@ pub async fn managed(env: &KernelEnv) -> Arc<Kernel> {
 
 /// [`managed`] with the kernel client's timeouts.
 pub async fn managed_with(env: &KernelEnv, timeouts: a2a::Timeouts) -> Arc<Kernel> {
-    let k = Kernel::managed(ChildSpec {
-        command: env.command(),
-        env: env.vars(),
-        ready_timeout: Duration::from_secs(60),
-        timeouts,
-    });
+    let k = Kernel::managed(
+        ChildSpec {
+            command: env.command(),
+            env: env.vars(),
+            ready_timeout: Duration::from_secs(60),
+            timeouts,
+        },
+        None,
+    );
     let state = k.wait_ready(Duration::from_secs(90)).await;
     assert_eq!(state, KernelState::Ready, "{:?}", k.health());
     k

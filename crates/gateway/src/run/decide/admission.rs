@@ -28,6 +28,17 @@ pub enum Mode {
     Guidance,
 }
 
+impl Mode {
+    /// The mode's name in traces and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mode::NewTurn => "turn",
+            Mode::Resume(_) => "resume",
+            Mode::Guidance => "guidance",
+        }
+    }
+}
+
 /// The facts of a request that admission decides on.
 #[derive(Debug, Clone)]
 pub struct Ask<'a> {

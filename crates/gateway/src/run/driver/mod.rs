@@ -23,12 +23,15 @@ use agui::{Dialect, Event, Outcome};
 use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 use crate::error::{msg, Code};
 use crate::i18n;
 use crate::mapping::interrupt::rfc3339_ms;
 use crate::mapping::{interrupt, Mapper};
 use crate::store::{LastRun, ThreadDoc};
+use crate::telemetry::observer::with_incoming;
+use crate::telemetry::RunOutcome;
 
 use super::admit::{Admitted, Mode};
 use super::replay::RunEvents;
@@ -43,8 +46,15 @@ const KERNEL_WAIT: Duration = Duration::from_secs(60);
 /// Bound on best-effort cancellations.
 pub(super) const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
-/// Starts the driver of an admitted run; returns the receiving end of its SSE bytes.
-pub fn spawn_run(rt: Arc<Runtime>, adm: Admitted) -> mpsc::Receiver<Bytes> {
+/// Starts the driver of an admitted run; returns the receiving end of its SSE bytes. The run is
+/// driven inside `span` (the run's trace span, which ends with it); `trace_headers` are the
+/// client's W3C headers, passed on to the kernel when tracing is off.
+pub fn spawn_run(
+    rt: Arc<Runtime>,
+    adm: Admitted,
+    span: tracing::Span,
+    trace_headers: Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
+) -> mpsc::Receiver<Bytes> {
     let grace = rt.detach_grace();
     let replay = (!grace.is_zero()).then(|| {
         let events = RunEvents::new(rt.cfg().replay_buffer_bytes, grace);
@@ -56,12 +66,26 @@ pub fn spawn_run(rt: Arc<Runtime>, adm: Admitted) -> mpsc::Receiver<Bytes> {
         rt.channel_capacity(),
         rt.clock().clone(),
         replay.as_ref().map(|(_, _, e)| e.clone()),
+        rt.metrics().clone(),
     );
+    let started = std::time::Instant::now();
+    rt.metrics().run_started();
     tokio::spawn(async move {
         rt.activity().stream_opened();
         let mut d = Driver::new(rt.clone(), adm, sink);
-        d.run().await;
+        with_incoming(trace_headers, d.run())
+            .instrument(span.clone())
+            .await;
+        let (outcome, code) = d.outcome;
+        span.record("outcome", outcome.as_str());
+        if let Some(c) = code {
+            span.record("error_code", c.as_str());
+        }
+        span.record("event_count", d.sink.events_sent() as i64);
         drop(d);
+        // The span ends with the run (not with the buffer kept after it).
+        drop(span);
+        rt.metrics().run_finished(outcome, code, started.elapsed());
         rt.activity().stream_closed(rt.now_ms());
         // An ended run's events stay for late readers for the grace period.
         if let Some((thread, run, events)) = replay {
@@ -112,8 +136,9 @@ struct Driver {
     mapper: Mapper,
     seen: Seen,
     answers: Answers,
-    /// How the run ended (`lastRun` of the thread): outcome and error code.
-    outcome: (&'static str, Option<&'static str>),
+    /// How the run ended (`lastRun` of the thread, the metrics, the run's span): outcome and
+    /// error code.
+    outcome: (RunOutcome, Option<Code>),
 }
 
 impl Driver {
@@ -128,7 +153,7 @@ impl Driver {
             mapper,
             seen: Seen::default(),
             answers: Answers::default(),
-            outcome: ("disconnected", None),
+            outcome: (RunOutcome::Disconnected, None),
         }
     }
 
@@ -182,8 +207,8 @@ impl Driver {
             End::Disconnected => return self.on_disconnect().await,
         };
         self.outcome = match outcome {
-            Outcome::Interrupt(_) => ("interrupt", None),
-            _ => ("success", None),
+            Outcome::Interrupt(_) => (RunOutcome::Interrupt, None),
+            _ => (RunOutcome::Success, None),
         };
         let mut events = Vec::new();
         self.mapper.close_all(&mut events);
@@ -227,8 +252,8 @@ impl Driver {
             return;
         }
         self.outcome = match f.code {
-            Code::Cancelled => ("cancelled", None),
-            code => ("error", Some(code.as_str())),
+            Code::Cancelled => (RunOutcome::Cancelled, None),
+            code => (RunOutcome::Error, Some(code)),
         };
         let mut events = Vec::new();
         self.mapper.close_all(&mut events);
@@ -295,8 +320,8 @@ impl Driver {
         });
         let last = LastRun {
             run_id: self.run_id().to_owned(),
-            outcome: self.outcome.0.to_owned(),
-            code: self.outcome.1.map(str::to_owned),
+            outcome: self.outcome.0.as_str().to_owned(),
+            code: self.outcome.1.map(|c| c.as_str().to_owned()),
             ended_at: rfc3339_ms(self.rt.now_ms()),
         };
         let run_id = self.run_id().to_owned();

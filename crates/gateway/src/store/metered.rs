@@ -1,0 +1,46 @@
+//! A store that times its saves and counts their failures (`agui_state_save_*`), each save in a
+//! trace span of its own (a child of the run or admission that saves).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::Instrument as _;
+
+use super::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
+use crate::telemetry::Metrics;
+
+pub struct Metered {
+    inner: Arc<dyn ThreadStore>,
+    metrics: Arc<Metrics>,
+}
+
+impl Metered {
+    pub fn wrap(inner: Arc<dyn ThreadStore>, metrics: Arc<Metrics>) -> Arc<dyn ThreadStore> {
+        Arc::new(Metered { inner, metrics })
+    }
+}
+
+impl ThreadStore for Metered {
+    fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
+        self.inner.load(thread_id)
+    }
+
+    fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
+        let span = tracing::info_span!("agui.state_save");
+        let save = span.in_scope(|| self.inner.save(doc));
+        let metrics = self.metrics.clone();
+        Box::pin(
+            async move {
+                let started = Instant::now();
+                let saved = save.await;
+                metrics.state_save(started.elapsed(), saved.is_ok());
+                saved
+            }
+            .instrument(span),
+        )
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.flush()
+    }
+}

@@ -1,0 +1,487 @@
+//! The gateway's Prometheus metrics, kept with `prometheus-client` and exposed in its text format
+//! on the admin listener (`admin`).
+//!
+//! Every family is registered once, at start. Handles the hot path uses (events by type, the
+//! outcomes of runs) are looked up then and kept, so that counting an event is one atomic add:
+//! no lock, no allocation, no label lookup. Labels have few values: never a thread, run,
+//! execution or user id.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::error::Code;
+
+/// How a run ended, as `agui_runs_finished_total{outcome}` tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunOutcome {
+    Success,
+    Interrupt,
+    Error,
+    Cancelled,
+    /// The client went away (or, with a detach grace, nobody re-attached in time).
+    Disconnected,
+}
+
+impl RunOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Success => "success",
+            RunOutcome::Interrupt => "interrupt",
+            RunOutcome::Error => "error",
+            RunOutcome::Cancelled => "cancelled",
+            RunOutcome::Disconnected => "disconnected",
+        }
+    }
+}
+
+/// What happened to an interrupt (`agui_interrupts_total{event}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterruptEvent {
+    /// Announced to a client, pending.
+    Created = 0,
+    /// Answered (allowed, denied or cancelled by its answer) and accepted by the kernel.
+    Resolved = 1,
+    /// Cleared because it expired.
+    Expired = 2,
+    /// Cleared by the cancellation extension.
+    Cancelled = 3,
+}
+
+const INTERRUPT_EVENTS: [&str; 4] = ["created", "resolved", "expired", "cancelled"];
+
+/// Why trace spans were lost (`agui_trace_spans_dropped_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The export queue was full (the exporter is down or slow).
+    QueueFull = 0,
+    /// Their batch could not be exported.
+    ExportFailed = 1,
+}
+
+const DROP_REASONS: [&str; 2] = ["queue_full", "export_failed"];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FinishedLabels {
+    outcome: &'static str,
+    code: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TypeLabel {
+    r#type: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct EventLabel {
+    event: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct MethodLabel {
+    method: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct HttpLabels {
+    route: &'static str,
+    status: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct VersionLabel {
+    version: &'static str,
+}
+
+/// Seconds: 1 ms to about 1 h, for runs (a parked run may last hours: the last bucket catches it).
+fn run_buckets() -> impl Iterator<Item = f64> {
+    [
+        0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+        600.0, 1800.0, 3600.0,
+    ]
+    .into_iter()
+}
+
+/// Seconds: 50 µs to 10 s, for admissions, saves and kernel calls.
+fn short_buckets() -> impl Iterator<Item = f64> {
+    [
+        0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+        1.0, 2.5, 5.0, 10.0,
+    ]
+    .into_iter()
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn short_histogram() -> Histogram {
+    Histogram::new(short_buckets())
+}
+
+/// What the kernel reports at each scrape (read from its supervisor, not counted here).
+pub trait KernelGauges: Send + Sync + std::fmt::Debug + 'static {
+    /// Whether the kernel answers.
+    fn up(&self) -> bool;
+    /// How often the managed kernel was restarted.
+    fn restarts(&self) -> u64;
+}
+
+/// The kernel's figures, encoded at scrape time (once the kernel is known).
+#[derive(Debug, Default)]
+struct KernelCollector(Arc<OnceLock<Arc<dyn KernelGauges>>>);
+
+impl prometheus_client::collector::Collector for KernelCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(kernel) = self.0.get() else {
+            return Ok(());
+        };
+        let up = ConstGauge::new(i64::from(kernel.up()));
+        up.encode(encoder.encode_descriptor(
+            "agui_kernel_up",
+            "Whether the execution kernel answers (1) or not (0)",
+            None,
+            up.metric_type(),
+        )?)?;
+        let restarts = ConstCounter::new(kernel.restarts());
+        restarts.encode(encoder.encode_descriptor(
+            "agui_kernel_restarts",
+            "Restarts of the managed execution kernel",
+            None,
+            restarts.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
+/// Every metric of the gateway.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    runs_started: Counter,
+    runs_finished: Family<FinishedLabels, Counter>,
+    run_duration: Histogram,
+    active_runs: Gauge,
+    pending_interrupts: Gauge,
+    interrupts: [Counter; 4],
+    events_sent: [Counter; agui::EVENT_TYPES.len()],
+    client_disconnects: Counter,
+    admission_duration: Histogram,
+    state_save_duration: Histogram,
+    state_save_failures: Counter,
+    kernel_request_duration: HistogramFamily<MethodLabel>,
+    http_requests: Family<HttpLabels, Counter>,
+    spans_dropped: [Counter; 2],
+    kernel: Arc<OnceLock<Arc<dyn KernelGauges>>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut r = Registry::default();
+        let runs_started = Counter::default();
+        r.register(
+            "agui_runs_started",
+            "Runs admitted (each ends once in agui_runs_finished_total)",
+            runs_started.clone(),
+        );
+        let runs_finished = Family::<FinishedLabels, Counter>::default();
+        r.register(
+            "agui_runs_finished",
+            "Runs ended, by outcome (success, interrupt, error, cancelled, disconnected) and error code",
+            runs_finished.clone(),
+        );
+        let run_duration = Histogram::new(run_buckets());
+        r.register(
+            "agui_run_duration_seconds",
+            "From admission to the end of a run",
+            run_duration.clone(),
+        );
+        let active_runs = Gauge::default();
+        r.register(
+            "agui_active_runs",
+            "Runs admitted and not ended",
+            active_runs.clone(),
+        );
+        let pending_interrupts = Gauge::default();
+        r.register(
+            "agui_pending_interrupts",
+            "Interrupts waiting for an answer, in the thread state this instance knows",
+            pending_interrupts.clone(),
+        );
+        let interrupt_family = Family::<EventLabel, Counter>::default();
+        r.register(
+            "agui_interrupts",
+            "Interrupts by what happened to them (created, resolved, expired, cancelled)",
+            interrupt_family.clone(),
+        );
+        let interrupts = INTERRUPT_EVENTS
+            .map(|event| interrupt_family.get_or_create_owned(&EventLabel { event }));
+        let events_family = Family::<TypeLabel, Counter>::default();
+        r.register(
+            "agui_events_sent",
+            "AG-UI events sent, by type",
+            events_family.clone(),
+        );
+        let events_sent =
+            agui::EVENT_TYPES.map(|t| events_family.get_or_create_owned(&TypeLabel { r#type: t }));
+        let client_disconnects = Counter::default();
+        r.register(
+            "agui_client_disconnects",
+            "Runs whose client went away before the run ended",
+            client_disconnects.clone(),
+        );
+        let admission_duration = short_histogram();
+        r.register(
+            "agui_admission_duration_seconds",
+            "Admission of a run: thread lock, load, decision and the durable save before the stream starts",
+            admission_duration.clone(),
+        );
+        let state_save_duration = short_histogram();
+        r.register(
+            "agui_state_save_duration_seconds",
+            "Durable saves of thread state",
+            state_save_duration.clone(),
+        );
+        let state_save_failures = Counter::default();
+        r.register(
+            "agui_state_save_failures",
+            "Saves of thread state that failed",
+            state_save_failures.clone(),
+        );
+        let kernel_request_duration =
+            HistogramFamily::<MethodLabel>::new_with_constructor(short_histogram);
+        r.register(
+            "agui_kernel_request_duration_seconds",
+            "Kernel calls by method (a stream until its response head)",
+            kernel_request_duration.clone(),
+        );
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        r.register(
+            "agui_http_requests",
+            "HTTP requests by route and status",
+            http_requests.clone(),
+        );
+        let dropped_family = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "agui_trace_spans_dropped",
+            "Trace spans lost: the export queue was full, or their export failed",
+            dropped_family.clone(),
+        );
+        let spans_dropped =
+            DROP_REASONS.map(|reason| dropped_family.get_or_create_owned(&ReasonLabel { reason }));
+        let kernel = Arc::new(OnceLock::new());
+        r.register_collector(Box::new(KernelCollector(kernel.clone())));
+        // A gauge of 1 (the Prometheus convention for build info; promtool knows no `info` type).
+        let build = Family::<VersionLabel, Gauge>::default();
+        build
+            .get_or_create(&VersionLabel {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        r.register("agui_build_info", "The gateway's version", build);
+        Metrics {
+            registry: r,
+            runs_started,
+            runs_finished,
+            run_duration,
+            active_runs,
+            pending_interrupts,
+            interrupts,
+            events_sent,
+            client_disconnects,
+            admission_duration,
+            state_save_duration,
+            state_save_failures,
+            kernel_request_duration,
+            http_requests,
+            spans_dropped,
+            kernel,
+        }
+    }
+
+    /// Reports `kernel`'s state at each scrape (the first kernel given; there is one).
+    pub fn watch_kernel(&self, kernel: Arc<dyn KernelGauges>) {
+        let _ = self.kernel.set(kernel);
+    }
+
+    /// The text exposition (OpenMetrics, ending with `# EOF`).
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(8 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    pub fn run_started(&self) {
+        self.runs_started.inc();
+        self.active_runs.inc();
+    }
+
+    pub fn run_finished(&self, outcome: RunOutcome, code: Option<Code>, took: Duration) {
+        self.active_runs.dec();
+        self.run_duration.observe(took.as_secs_f64());
+        let labels = FinishedLabels {
+            outcome: outcome.as_str(),
+            code: code.map_or("", Code::as_str),
+        };
+        self.runs_finished.get_or_create(&labels).inc();
+        if outcome == RunOutcome::Disconnected {
+            self.client_disconnects.inc();
+        }
+    }
+
+    /// One event of type `index` ([`agui::Event::type_index`]) sent: one atomic add.
+    #[inline]
+    pub fn event_sent(&self, index: usize) {
+        if let Some(c) = self.events_sent.get(index) {
+            c.inc();
+        }
+    }
+
+    pub fn interrupts(&self, event: InterruptEvent, n: usize) {
+        if n > 0 {
+            self.interrupts[event as usize].inc_by(n as u64);
+        }
+    }
+
+    /// The number of pending interrupts changed by `delta`.
+    pub fn pending_changed(&self, delta: i64) {
+        if delta != 0 {
+            self.pending_interrupts.inc_by(delta);
+        }
+    }
+
+    pub fn admission(&self, took: Duration) {
+        self.admission_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn state_save(&self, took: Duration, ok: bool) {
+        self.state_save_duration.observe(took.as_secs_f64());
+        if !ok {
+            self.state_save_failures.inc();
+        }
+    }
+
+    pub fn kernel_request(&self, method: &'static str, took: Duration) {
+        self.kernel_request_duration
+            .get_or_create(&MethodLabel { method })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn http_request(&self, route: &'static str, status: u16) {
+        self.http_requests
+            .get_or_create(&HttpLabels { route, status })
+            .inc();
+    }
+
+    pub fn spans_dropped(&self, reason: DropReason, n: u64) {
+        self.spans_dropped[reason as usize].inc_by(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Down;
+    impl KernelGauges for Down {
+        fn up(&self) -> bool {
+            false
+        }
+        fn restarts(&self) -> u64 {
+            3
+        }
+    }
+
+    fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(prefix))
+    }
+
+    #[test]
+    fn every_family_is_exposed_with_its_values() {
+        let m = Metrics::new();
+        m.watch_kernel(Arc::new(Down));
+        m.run_started();
+        m.run_started();
+        m.run_finished(
+            RunOutcome::Error,
+            Some(Code::A2aUnavailable),
+            Duration::from_millis(20),
+        );
+        m.event_sent(agui::TEXT_MESSAGE_CONTENT_INDEX);
+        m.event_sent(agui::TEXT_MESSAGE_CONTENT_INDEX);
+        m.event_sent(usize::MAX);
+        m.interrupts(InterruptEvent::Created, 2);
+        m.pending_changed(2);
+        m.pending_changed(-1);
+        m.state_save(Duration::from_millis(1), false);
+        m.kernel_request("CancelTask", Duration::from_millis(3));
+        m.http_request("/", 200);
+        let text = m.encode();
+        for (prefix, value) in [
+            ("agui_runs_started_total ", "2"),
+            (
+                "agui_runs_finished_total{outcome=\"error\",code=\"A2A_UNAVAILABLE\"} ",
+                "1",
+            ),
+            ("agui_active_runs ", "1"),
+            ("agui_pending_interrupts ", "1"),
+            ("agui_interrupts_total{event=\"created\"} ", "2"),
+            ("agui_interrupts_total{event=\"expired\"} ", "0"),
+            (
+                "agui_events_sent_total{type=\"TEXT_MESSAGE_CONTENT\"} ",
+                "2",
+            ),
+            ("agui_events_sent_total{type=\"RUN_STARTED\"} ", "0"),
+            ("agui_state_save_failures_total ", "1"),
+            ("agui_state_save_duration_seconds_count ", "1"),
+            (
+                "agui_kernel_request_duration_seconds_count{method=\"CancelTask\"} ",
+                "1",
+            ),
+            ("agui_http_requests_total{route=\"/\",status=\"200\"} ", "1"),
+            ("agui_kernel_up ", "0"),
+            ("agui_kernel_restarts_total ", "3"),
+            ("agui_run_duration_seconds_count ", "1"),
+            ("agui_client_disconnects_total ", "0"),
+        ] {
+            let l = line(&text, prefix).unwrap_or_else(|| panic!("{prefix} missing in\n{text}"));
+            assert_eq!(&l[prefix.len()..], value, "{l}");
+        }
+        assert!(
+            text.contains(&format!(
+                "agui_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn a_disconnected_run_counts_as_a_client_disconnect() {
+        let m = Metrics::new();
+        m.run_started();
+        m.run_finished(RunOutcome::Disconnected, None, Duration::ZERO);
+        let text = m.encode();
+        assert!(text.contains("agui_client_disconnects_total 1"), "{text}");
+        assert!(text.contains("agui_runs_finished_total{outcome=\"disconnected\",code=\"\"} 1"));
+        assert!(text.contains("agui_active_runs 0"));
+    }
+}
