@@ -126,6 +126,9 @@ pub fn build(opts: Options) -> AppState {
         opts.channel_capacity,
         metrics,
     ));
+    // Interrupts already waiting in the store count before their threads are loaded.
+    let counting = rt.clone();
+    tokio::spawn(async move { counting.threads().count_stored_interrupts().await });
     AppState {
         rt,
         heartbeat: opts.heartbeat,

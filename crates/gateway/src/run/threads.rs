@@ -5,7 +5,7 @@
 //! sits behind a short std mutex, never held across an `.await`. Idle threads are dropped from
 //! memory (their state is on disk) when the map grows past its cap.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::latch::Latch;
@@ -90,6 +90,17 @@ pub struct Threads {
     /// Soft cap of threads kept in memory.
     cap: usize,
     metrics: Arc<Metrics>,
+    unloaded: Mutex<Unloaded>,
+}
+
+/// Interrupts pending in stored threads that are not loaded yet, as the start-up count found them
+/// (`agui_pending_interrupts` counts them until their thread is loaded, then from its document).
+#[derive(Debug, Default)]
+struct Unloaded {
+    /// The count runs: threads loaded meanwhile are counted from their documents, not by it.
+    counting: bool,
+    loaded_meanwhile: HashSet<String>,
+    pending: HashMap<String, usize>,
 }
 
 /// The pending interrupts of a document, keyed by execution.
@@ -143,7 +154,45 @@ impl Threads {
             slots: Mutex::new(HashMap::new()),
             cap: 10_000,
             metrics,
+            unloaded: Mutex::new(Unloaded {
+                counting: true,
+                ..Default::default()
+            }),
         }
+    }
+
+    fn unloaded(&self) -> std::sync::MutexGuard<'_, Unloaded> {
+        self.unloaded.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts the interrupts pending in the store (once, at start-up; until it has, threads
+    /// loaded meanwhile are set aside so that none is counted twice).
+    pub async fn count_stored_interrupts(&self) {
+        let found = self.store.pending_interrupts().await;
+        let mut u = self.unloaded();
+        let mut added = 0;
+        for (thread, n) in found {
+            if !u.loaded_meanwhile.contains(&thread) {
+                added += n;
+                u.pending.insert(thread, n);
+            }
+        }
+        u.counting = false;
+        u.loaded_meanwhile = HashSet::new();
+        drop(u);
+        self.metrics.pending_changed(added as i64);
+    }
+
+    /// A thread's document was loaded: it counts from now on, not the start-up figure.
+    fn loaded(&self, thread_id: &str, pending: usize) {
+        let mut u = self.unloaded();
+        let counted = u.pending.remove(thread_id).unwrap_or(0);
+        if u.counting {
+            u.loaded_meanwhile.insert(thread_id.to_owned());
+        }
+        drop(u);
+        self.metrics
+            .pending_changed(pending as i64 - counted as i64);
     }
 
     /// Counts what a change of a document did to its interrupts.
@@ -189,7 +238,7 @@ impl Threads {
             st.doc = self.store.load(thread_id).await?;
             st.loaded = true;
             let pending = st.doc.as_ref().map_or(0, |d| d.execution.pending.len());
-            self.metrics.pending_changed(pending as i64);
+            self.loaded(thread_id, pending);
         }
         Ok(st)
     }

@@ -201,6 +201,36 @@ impl FileStore {
         self.replace_durably(&doc.thread_id, &bytes)
     }
 
+    /// The threads whose files hold pending interrupts, and how many (blocking). A file that is
+    /// not a valid document of the thread it names is skipped, as a load would refuse it.
+    pub fn pending_interrupts_blocking(&self) -> Vec<(String, usize)> {
+        let Ok(entries) = std::fs::read_dir(self.threads_dir()) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || !name.ends_with(".json") {
+                continue;
+            }
+            let Ok(fs::Loaded::Bytes(bytes)) = fs::read_private(&e.path(), MAX_FILE) else {
+                continue;
+            };
+            let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("threadId")?.as_str().map(str::to_owned));
+            let Some(id) = id.filter(|id| file_name(id).is_ok_and(|n| n == name)) else {
+                continue;
+            };
+            if let Ok(doc) = ThreadDoc::from_json(&bytes, &id) {
+                if !doc.execution.pending.is_empty() {
+                    out.push((id, doc.execution.pending.len()));
+                }
+            }
+        }
+        out
+    }
+
     /// Makes every completed save durable in its thread file (blocking).
     pub fn flush_blocking(&self) -> Result<(), StoreError> {
         if let Some(j) = &self.journal {
@@ -253,6 +283,15 @@ impl ThreadStore for FileStore {
             tokio::task::spawn_blocking(move || store.flush_blocking())
                 .await
                 .map_err(blocking_failed)?
+        })
+    }
+
+    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
+        let store = self.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || store.pending_interrupts_blocking())
+                .await
+                .unwrap_or_default()
         })
     }
 }

@@ -43,4 +43,8 @@ impl ThreadStore for Metered {
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
         self.inner.flush()
     }
+
+    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
+        self.inner.pending_interrupts()
+    }
 }

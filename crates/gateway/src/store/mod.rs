@@ -48,6 +48,11 @@ pub trait ThreadStore: Send + Sync + 'static {
     fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>>;
     /// Makes every completed save durable in its final place (clean shutdown).
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>>;
+    /// The threads with pending interrupts, and how many each: what the metrics count before
+    /// those threads are loaded. A store that cannot tell cheaply knows none.
+    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
+        Box::pin(std::future::ready(Vec::new()))
+    }
 }
 
 /// The store of a state directory that could not be opened: every load and save fails with the

@@ -420,3 +420,14 @@ impl ThreadStore for FaultyStore {
         self.inner.flush()
     }
 }
+
+/// A sample of the server's metrics (`name{labels}` as exposed), 0 when absent.
+pub fn metric(s: &TestServer, key: &str) -> f64 {
+    s.state
+        .rt
+        .metrics()
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}

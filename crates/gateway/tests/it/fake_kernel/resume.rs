@@ -931,3 +931,59 @@ async fn an_answer_the_kernel_does_not_accept_stays_retryable() {
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
     assert!(s.thread_doc("t1")["execution"]["pending"]["perm-1"].is_object());
 }
+
+/// `agui_pending_interrupts` and `agui_interrupts_total`: an interrupt counts when it is created,
+/// still counts after a restart before its thread is loaded (the store's start-up count), and
+/// stops counting when it expires (then once as expired); the process never counts it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pending_interrupt_gauge_holds_across_a_restart_and_an_expiry() {
+    use crate::support::metric;
+    let k = FakeKernel::start().await;
+    let clock = Arc::new(OffsetClock::default());
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .clock(clock.clone())
+        .ttl(60)
+        .start()
+        .await;
+    interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
+    assert_eq!(metric(&s, "agui_pending_interrupts"), 1.0);
+    assert_eq!(metric(&s, "agui_interrupts_total{event=\"created\"}"), 1.0);
+    let ws = s.ws("w");
+    let dir = s.stop().await;
+    let s = Builder::new()
+        .dir(dir)
+        .a2a(&k.url(), None)
+        .clock(clock.clone())
+        .ttl(60)
+        .start()
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while metric(&s, "agui_pending_interrupts") != 1.0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        metric(&s, "agui_pending_interrupts"),
+        1.0,
+        "counted from the store"
+    );
+    clock.offset_ms.store(61_000, Ordering::SeqCst);
+    let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let res = post(&s.url, &resume_body("t1", "r2", &ws, "inv-1", entries), &[]).await;
+    assert_valid_run(&res, "t1", "r2");
+    assert_eq!(res.last()["code"], "EXECUTION_EXPIRED");
+    assert_eq!(
+        metric(&s, "agui_pending_interrupts"),
+        0.0,
+        "loaded, then expired"
+    );
+    assert_eq!(metric(&s, "agui_interrupts_total{event=\"expired\"}"), 1.0);
+    assert_eq!(metric(&s, "agui_interrupts_total{event=\"created\"}"), 0.0);
+    assert_eq!(
+        metric(
+            &s,
+            "agui_runs_finished_total{outcome=\"error\",code=\"EXECUTION_EXPIRED\"}"
+        ),
+        1.0
+    );
+}
