@@ -616,10 +616,23 @@ async fn managed_kernel_crash_is_reported_and_restarted() {
     let r = run.await.unwrap();
     assert_valid_run(&r, "k1", "r1");
     assert_eq!(r.last()["code"], "A2A_UNAVAILABLE", "{}", r.raw);
+    assert_eq!(
+        crate::support::metric(
+            &s,
+            "agui_runs_finished_total{outcome=\"error\",code=\"A2A_UNAVAILABLE\"}"
+        ),
+        1.0
+    );
+    let mut seen_down = false;
     let start = Instant::now();
     loop {
         let h = kernel.health();
-        if h["state"] == "ready" && h["restarts"].as_u64() >= Some(1) {
+        // The metrics say what /health says: down while it restarts, then up, one restart.
+        let up = crate::support::metric(&s, "agui_kernel_up");
+        seen_down |= up == 0.0;
+        if h["state"] == "ready" && h["restarts"].as_u64() >= Some(1) && up == 1.0 {
+            assert!(seen_down, "agui_kernel_up never went to 0");
+            assert!(crate::support::metric(&s, "agui_kernel_restarts_total") >= 1.0);
             break;
         }
         assert!(
