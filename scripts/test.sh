@@ -14,16 +14,18 @@ export IAC_CODE_AGUI_KERNEL_BIN
 echo "== conformance clients (@ag-ui/client 1.0.0, 0.0.59 and 0.0.58; puppeteer-core, esbuild)"
 npm ci --prefix conformance --no-audit --no-fund --loglevel=error \
   --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
-echo "== chromium and prometheus (the real-browser and operability tiers; Debian's packages:"
-echo "   puppeteer-core downloads no browser; prometheus brings promtool)"
+echo "== chromium, prometheus and postgresql (the real-browser, operability and several-instances"
+echo "   tiers; Debian's packages: puppeteer-core downloads no browser; prometheus brings promtool)"
 missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ] || missing+=(prometheus)
+compgen -G "/usr/lib/postgresql/*/bin/initdb" > /dev/null || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
   as_root=()
   [ "$(id -u)" -eq 0 ] || as_root=(sudo)
   apt_install() {
-    # The tests start a Prometheus of their own (on a free port, with a config of their own).
+    # The tests start a Prometheus and PostgreSQL clusters of their own (free ports, temporary
+    # directories).
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
       apt-get install -y -q --no-install-recommends "${missing[@]}"
   }

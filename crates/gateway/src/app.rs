@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::http::{self, AppState};
 use crate::kernel::{ChildSpec, Kernel};
 use crate::run::{Clock, Env, Runtime, SystemClock};
-use crate::store::{FileStore, StoreError, ThreadStore, Unavailable};
+use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::{admin, Metrics};
 
@@ -63,17 +63,51 @@ pub fn kernel_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Kernel
                     child_env.push(("IACCODE_A2A_ALLOWED_CWDS".to_owned(), v));
                 }
             }
+            // Shared by several instances: the kernel backs its sessions up there, and keeps its
+            // tasks there, so that another instance's kernel restores and finds them.
+            if let Some(dir) = &cfg.kernel_backup_dir {
+                child_env.push((
+                    "IAC_CODE_CONFIG_BACKUP_DIR".to_owned(),
+                    dir.display().to_string(),
+                ));
+            }
+            let config_file = cfg.kernel_persistence_dir.as_deref().and_then(|dir| {
+                match kernel_config(dir) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        tracing::error!(error = %e, "the kernel configuration cannot be written");
+                        None
+                    }
+                }
+            });
             Kernel::managed(
                 ChildSpec {
                     command: cfg.a2a_command.clone(),
                     env: child_env,
                     ready_timeout: Duration::from_secs(20),
                     timeouts: cfg.kernel_timeouts(),
+                    config_file,
                 },
                 Some(observer),
             )
         }
     }
+}
+
+/// Writes the managed kernel's configuration file (`persistence_dir: <dir>`) into a private
+/// temporary file, removed when the gateway exits.
+fn kernel_config(persistence_dir: &std::path::Path) -> std::io::Result<Arc<tempfile::TempPath>> {
+    use std::io::Write as _;
+    std::fs::create_dir_all(persistence_dir)?;
+    let mut f = tempfile::Builder::new()
+        .prefix("iac-code-agui-kernel-")
+        .suffix(".yml")
+        .tempfile()?;
+    // A JSON string is a YAML scalar: any path, quoted right.
+    let dir =
+        serde_json::to_string(&persistence_dir.display().to_string()).expect("a string serialises");
+    writeln!(f, "persistence_dir: {dir}")?;
+    Ok(Arc::new(f.into_temp_path()))
 }
 
 /// Binds the listening socket with a deep accept queue: a burst of new streams must not overflow
@@ -96,9 +130,32 @@ pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
     Err(last.unwrap_or_else(|| std::io::Error::other("no address to listen on")))
 }
 
-/// Opens the gateway's thread store: sweeps temporary files of interrupted writes and replays the
-/// state journal a previous process left.
-pub fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, StoreError> {
+/// Opens the gateway's thread store: the PostgreSQL store of `--state-url` (connected, migrated,
+/// this instance registered and its heartbeat running), else the file store of `--state-dir`
+/// (temporary files of interrupted writes swept, the journal a previous process left replayed).
+/// The error says what could not be opened.
+pub async fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, String> {
+    if let Some(url) = &cfg.state_url {
+        let ttl = Duration::from_secs_f64(cfg.lease_ttl_secs);
+        let store = PgStore::open(url, &cfg.advertise_url, ttl).await?;
+        store.start_heartbeat();
+        tracing::info!(
+            instance = store.instance_id(),
+            advertise = %cfg.advertise_url,
+            "thread state in PostgreSQL"
+        );
+        return Ok(Arc::new(store));
+    }
+    open_file_store(cfg).map_err(|e| {
+        format!(
+            "Unable to open the state directory {}: {e}",
+            cfg.state_dir.display()
+        )
+    })
+}
+
+/// The file store of `--state-dir`.
+pub fn open_file_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, StoreError> {
     Ok(Arc::new(FileStore::open(cfg.state_dir.clone())?))
 }
 
@@ -106,7 +163,7 @@ pub fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, StoreError> {
 pub fn build(opts: Options) -> AppState {
     let store = match opts.store {
         Some(s) => s,
-        None => open_store(&opts.cfg).unwrap_or_else(|e| {
+        None => open_file_store(&opts.cfg).unwrap_or_else(|e| {
             tracing::error!(error = %e, "the state directory cannot be opened");
             Arc::new(Unavailable(e.to_string()))
         }),

@@ -23,7 +23,8 @@ pub struct Cli {
     /// YAML configuration file (keys: host, port, a2a_url, debug, log_stdout, state_dir,
     /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
     /// kernel_idle_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
-    /// log_format; dashes or underscores).
+    /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
+    /// kernel_persistence_dir; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -117,6 +118,31 @@ pub struct Cli {
     /// as fields) [default: text].
     #[arg(long, value_name = "FORMAT", env = "IAC_CODE_AGUI_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// Thread state in PostgreSQL (postgres://user@host:port/db) instead of --state-dir: several
+    /// gateways share it, each thread owned by one at a time [default: none, the file store].
+    #[arg(long, value_name = "URL", env = "IAC_CODE_AGUI_STATE_URL")]
+    pub state_url: Option<String>,
+    /// Seconds an instance's heartbeat in PostgreSQL stays valid: another instance takes over
+    /// the threads of one silent longer than this (with --state-url) [default: 15].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_LEASE_TTL",
+        allow_hyphen_values = true
+    )]
+    pub lease_ttl: Option<String>,
+    /// URL other instances forward this one's threads to (with --state-url) [default: http://
+    /// the bound host and port].
+    #[arg(long, value_name = "URL", env = "IAC_CODE_AGUI_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+    /// Directory the managed kernel backs its sessions up to (IAC_CODE_CONFIG_BACKUP_DIR), shared
+    /// by the instances so that another's kernel can restore them [default: the kernel's own].
+    #[arg(long, value_name = "DIR", env = "IAC_CODE_AGUI_KERNEL_BACKUP_DIR")]
+    pub kernel_backup_dir: Option<String>,
+    /// Directory the managed kernel keeps its A2A tasks in (its persistence_dir), shared by the
+    /// instances so that another's kernel finds a task [default: the kernel's own].
+    #[arg(long, value_name = "DIR", env = "IAC_CODE_AGUI_KERNEL_PERSISTENCE_DIR")]
+    pub kernel_persistence_dir: Option<String>,
 }
 
 /// The YAML file's keys (after `-` → `_`); unknown keys are ignored. Each value is checked where
@@ -142,6 +168,11 @@ struct FileConfig {
     replay_buffer: Option<Yaml>,
     metrics_listen: Option<Yaml>,
     log_format: Option<Yaml>,
+    state_url: Option<Yaml>,
+    lease_ttl: Option<Yaml>,
+    advertise_url: Option<Yaml>,
+    kernel_backup_dir: Option<Yaml>,
+    kernel_persistence_dir: Option<Yaml>,
 }
 
 /// The validated configuration.
@@ -184,6 +215,15 @@ pub struct Config {
     /// The admin listener's address (`/metrics`); `None` ⇒ no metrics listener.
     pub metrics_listen: Option<String>,
     pub log_format: LogFormat,
+    /// The PostgreSQL store's URL; `None` ⇒ the file store.
+    pub state_url: Option<String>,
+    /// How long an instance's heartbeat stays valid.
+    pub lease_ttl_secs: f64,
+    /// The URL other instances forward to (normalised, one trailing `/`).
+    pub advertise_url: String,
+    /// The managed kernel's shared session backup and task directories.
+    pub kernel_backup_dir: Option<PathBuf>,
+    pub kernel_persistence_dir: Option<PathBuf>,
 }
 
 /// How log lines look.
@@ -194,6 +234,36 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// The URL other instances reach this one at: the given one (plain `http://`, normalised to one
+/// trailing `/`), else the bound host and port (a wildcard host has no address to give).
+fn advertise(given: Option<&str>, host: &str, port: u16) -> Result<String, String> {
+    match given {
+        Some(u) => {
+            let err = "--advertise-url must be an http:// URL.";
+            let uri: http::Uri = u.trim().parse().map_err(|_| err.to_owned())?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                return Err(err.into());
+            }
+            Ok(format!("{}/", u.trim().trim_end_matches('/')))
+        }
+        None => {
+            let h = host.trim_start_matches('[').trim_end_matches(']');
+            let wildcard = h
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|a| a.is_unspecified());
+            if wildcard {
+                return Ok(String::new());
+            }
+            let h = if h.contains(':') {
+                format!("[{h}]")
+            } else {
+                h.to_owned()
+            };
+            Ok(format!("http://{h}:{port}/"))
+        }
+    }
 }
 
 /// `HOST:PORT` (a name or an address; `[v6]:port`), port 0..=65535.
@@ -472,6 +542,37 @@ impl Config {
             Some(_) => return Err(format_err.into()),
         };
 
+        let state_url = match given(cli.state_url) {
+            Some(v) => Some(v),
+            None => yaml_string(file.state_url, "--state-url must be a postgres:// URL.")?,
+        };
+        if let Some(u) = &state_url {
+            if !(u.starts_with("postgres://") || u.starts_with("postgresql://"))
+                || u.parse::<tokio_postgres::Config>().is_err()
+            {
+                return Err("--state-url must be a postgres:// URL.".into());
+            }
+        }
+        let lease_err = "--lease-ttl must be a number of seconds, at least 1.";
+        let lease_ttl_secs = seconds(cli.lease_ttl, file.lease_ttl, 15.0, lease_err)?;
+        if !(1.0..=86400.0).contains(&lease_ttl_secs) {
+            return Err(lease_err.into());
+        }
+        let advertise_url = match given(cli.advertise_url) {
+            Some(v) => Some(v),
+            None => yaml_string(
+                file.advertise_url,
+                "--advertise-url must be an http:// URL.",
+            )?,
+        };
+        let advertise_url = advertise(advertise_url.as_deref(), &host, port)?;
+        if state_url.is_some() && advertise_url.is_empty() {
+            return Err(
+                "--advertise-url is needed with --state-url when --host is a wildcard address."
+                    .into(),
+            );
+        }
+
         let home = env("HOME");
         let process_cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let expand = |raw: &str| -> PathBuf {
@@ -499,6 +600,24 @@ impl Config {
                 (config_dir.join("agui"), true)
             }
         };
+
+        let dir_option = |flag: Option<String>, yaml: Option<Yaml>, err: &str| {
+            let v = match given(flag) {
+                Some(v) => Some(v),
+                None => yaml_string(yaml, err)?,
+            };
+            Ok::<_, String>(v.map(|v| expand(&v)))
+        };
+        let kernel_backup_dir = dir_option(
+            cli.kernel_backup_dir,
+            file.kernel_backup_dir,
+            "--kernel-backup-dir must be a string.",
+        )?;
+        let kernel_persistence_dir = dir_option(
+            cli.kernel_persistence_dir,
+            file.kernel_persistence_dir,
+            "--kernel-persistence-dir must be a string.",
+        )?;
 
         let allowed_cwds = env_nonempty("IAC_CODE_AGUI_ALLOWED_CWDS")
             .or_else(|| env_nonempty("IACCODE_A2A_ALLOWED_CWDS"));
@@ -533,6 +652,11 @@ impl Config {
             replay_buffer_bytes: replay_buffer as usize,
             metrics_listen,
             log_format,
+            state_url,
+            lease_ttl_secs,
+            advertise_url,
+            kernel_backup_dir,
+            kernel_persistence_dir,
         })
     }
 
@@ -557,6 +681,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn load(args: &[&str], env: &[(&str, &str)]) -> Result<Config, String> {
         let mut argv = vec!["iac-code-agui"];
@@ -598,6 +723,14 @@ mod tests {
             ("replay_buffer", "IAC_CODE_AGUI_REPLAY_BUFFER"),
             ("metrics_listen", "IAC_CODE_AGUI_METRICS_LISTEN"),
             ("log_format", "IAC_CODE_AGUI_LOG_FORMAT"),
+            ("state_url", "IAC_CODE_AGUI_STATE_URL"),
+            ("lease_ttl", "IAC_CODE_AGUI_LEASE_TTL"),
+            ("advertise_url", "IAC_CODE_AGUI_ADVERTISE_URL"),
+            ("kernel_backup_dir", "IAC_CODE_AGUI_KERNEL_BACKUP_DIR"),
+            (
+                "kernel_persistence_dir",
+                "IAC_CODE_AGUI_KERNEL_PERSISTENCE_DIR",
+            ),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }
@@ -711,6 +844,92 @@ mod tests {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(text.as_bytes()).unwrap();
         f
+    }
+
+    #[test]
+    fn several_instances_options() {
+        let c = load(&[], &[]).unwrap();
+        assert_eq!(c.state_url, None);
+        assert_eq!(c.lease_ttl_secs, 15.0);
+        assert_eq!(c.advertise_url, "http://127.0.0.1:8000/");
+        assert_eq!(
+            (c.kernel_backup_dir, c.kernel_persistence_dir),
+            (None, None)
+        );
+        let c = load(
+            &[
+                "--state-url",
+                "postgres://agui@127.0.0.1:5432/agui",
+                "--lease-ttl",
+                "3",
+                "--advertise-url",
+                "http://10.0.0.5:8000",
+                "--kernel-backup-dir",
+                "/shared/backup",
+                "--kernel-persistence-dir",
+                "/shared/tasks",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            c.state_url.as_deref(),
+            Some("postgres://agui@127.0.0.1:5432/agui")
+        );
+        assert_eq!(c.lease_ttl_secs, 3.0);
+        assert_eq!(c.advertise_url, "http://10.0.0.5:8000/");
+        assert_eq!(
+            c.kernel_backup_dir.as_deref(),
+            Some(Path::new("/shared/backup"))
+        );
+        assert_eq!(
+            c.kernel_persistence_dir.as_deref(),
+            Some(Path::new("/shared/tasks"))
+        );
+        // A wildcard bind has no address to advertise: other instances cannot forward to it.
+        assert_eq!(load(&["--host", "0.0.0.0"], &[]).unwrap().advertise_url, "");
+        assert_eq!(
+            load(
+                &["--host", "0.0.0.0", "--state-url", "postgres://h/db"],
+                &[]
+            )
+            .unwrap_err(),
+            "--advertise-url is needed with --state-url when --host is a wildcard address."
+        );
+        assert_eq!(
+            load(&["--host", "::1", "--port", "9"], &[])
+                .unwrap()
+                .advertise_url,
+            "http://[::1]:9/"
+        );
+        for (args, err) in [
+            (
+                &["--state-url", "mysql://x"][..],
+                "--state-url must be a postgres:// URL.",
+            ),
+            (
+                &["--state-url", "postgres://h:notaport/db"][..],
+                "--state-url must be a postgres:// URL.",
+            ),
+            (
+                &["--lease-ttl", "0"][..],
+                "--lease-ttl must be a number of seconds, at least 1.",
+            ),
+            (
+                &["--lease-ttl", "x"][..],
+                "--lease-ttl must be a number of seconds, at least 1.",
+            ),
+            (
+                &["--advertise-url", "https://a"][..],
+                "--advertise-url must be an http:// URL.",
+            ),
+            (
+                &["--advertise-url", "nope"][..],
+                "--advertise-url must be an http:// URL.",
+            ),
+        ] {
+            assert_eq!(load(args, &[]).unwrap_err(), err, "{args:?}");
+        }
     }
 
     #[test]

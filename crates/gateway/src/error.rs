@@ -228,6 +228,9 @@ pub mod msg {
         PERMISSION_NOT_ACCEPTED = "The A2A permission response was not accepted.";
         ANSWER_NOT_ACCEPTED = "The A2A interrupt response was not accepted.";
         SHUTTING_DOWN = "The execution service is shutting down.";
+        HOLDER_UNREACHABLE = "The gateway instance that serves this thread cannot be reached.";
+        TAKEN_OVER = "This thread was taken over by another gateway instance.";
+        LEASE_LAPSED = "This gateway instance lost its lease on the shared state.";
         PERMISSION_REQUIRED = "Permission required";
         INPUT_REQUIRED = "Input required";
     }

@@ -23,9 +23,10 @@ use subtle::ConstantTimeEq;
 
 use crate::canonical;
 use crate::error::{msg, ApiError, Code};
+use crate::forward;
 use crate::i18n::Lang;
 use crate::run::admit::{self, RunRequest};
-use crate::run::{cancel, sink, spawn_run, Runtime};
+use crate::run::{cancel, sink, spawn_run, Holder, Runtime};
 use crate::telemetry::{self, observer, otel};
 use crate::threads_api;
 use crate::validate::{self, content, cwd, props};
@@ -101,6 +102,66 @@ fn get_checks(rt: &Runtime, req: &Request) -> Result<Lang, Response> {
     Ok(hl)
 }
 
+/// Answers with what the instance holding the thread answers (a forwarded request is never
+/// forwarded again: two instances that disagree about a holder answer 503).
+async fn to_holder(
+    rt: &Runtime,
+    url: &str,
+    method: Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+    lang: Lang,
+) -> Response {
+    let unreachable = || ApiError::new(Code::StateUnavailable, msg::HOLDER_UNREACHABLE);
+    if forward::is_forwarded(headers) || url.is_empty() {
+        return unreachable().into_response_in(lang);
+    }
+    let me = rt.threads().store().instance_id().unwrap_or_default();
+    match forward::forward(url, method, path, headers, body, &me).await {
+        Ok(r) => r,
+        Err(forward::Unreachable(why)) => {
+            tracing::warn!(holder = url, error = %why, "the thread's holder cannot be reached");
+            unreachable().into_response_in(lang)
+        }
+    }
+}
+
+/// With a shared store, a request for a thread another live instance holds goes there (`None`:
+/// it is served here).
+async fn held_elsewhere(
+    rt: &Runtime,
+    thread_id: &str,
+    req_headers: &HeaderMap,
+    method: Method,
+    path: &str,
+    body: Bytes,
+    lang: Lang,
+) -> Option<Response> {
+    if !rt.threads().store().shared() || forward::is_forwarded(req_headers) {
+        return None;
+    }
+    match rt.threads().holder(thread_id).await {
+        Ok(Holder::Here { .. }) => None,
+        Ok(Holder::Elsewhere(url)) => {
+            Some(to_holder(rt, &url, method, path, req_headers, body, lang).await)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "thread state unavailable");
+            Some(
+                ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
+                    .into_response_in(lang),
+            )
+        }
+    }
+}
+
+fn path_of(req: &Request) -> String {
+    req.uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned())
+}
+
 async fn events_route(
     State(s): State<AppState>,
     Path((thread_id, run_id)): Path<(String, String)>,
@@ -113,6 +174,20 @@ async fn events_route(
     let Ok(after) = threads_api::resume_point(req.headers(), req.uri().query()) else {
         return ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl);
     };
+    let path = path_of(&req);
+    if let Some(r) = held_elsewhere(
+        &s.rt,
+        &thread_id,
+        req.headers(),
+        Method::GET,
+        &path,
+        Bytes::new(),
+        hl,
+    )
+    .await
+    {
+        return r;
+    }
     match threads_api::events(&s.rt, &thread_id, &run_id, after, s.heartbeat).await {
         Ok(r) => r,
         Err(e) => e.into_response_in(hl),
@@ -128,6 +203,20 @@ async fn thread_route(
         Ok(hl) => hl,
         Err(r) => return r,
     };
+    let path = path_of(&req);
+    if let Some(r) = held_elsewhere(
+        &s.rt,
+        &thread_id,
+        req.headers(),
+        Method::GET,
+        &path,
+        Bytes::new(),
+        hl,
+    )
+    .await
+    {
+        return r;
+    }
     match threads_api::thread(&s.rt, &thread_id).await {
         Ok(v) => (
             StatusCode::OK,
@@ -327,7 +416,13 @@ async fn run(State(s): State<AppState>, req: Request) -> Response {
     }
     let span = run_span(req.headers());
     let trace_headers = otel::client_headers(req.headers());
-    run_request(s, req, span.clone(), trace_headers)
+    // Kept for a forward to the thread's holder (a shared store only).
+    let forwardable =
+        s.rt.threads()
+            .store()
+            .shared()
+            .then(|| (req.headers().clone(), path_of(&req)));
+    run_request(s, req, span.clone(), trace_headers, forwardable)
         .instrument(span)
         .await
 }
@@ -337,6 +432,7 @@ async fn run_request(
     req: Request,
     span: tracing::Span,
     trace_headers: Vec<(axum::http::HeaderName, HeaderValue)>,
+    forwardable: Option<(HeaderMap, String)>,
 ) -> Response {
     let rt = s.rt.clone();
     let (hl, body, obj) = match json_object(&rt, req, &RUN_RULES).await {
@@ -368,7 +464,12 @@ async fn run_request(
             let rx = spawn_run(s.rt.clone(), adm, span, trace_headers);
             sse_response(&s, rx)
         }
-        Err(e) => refused(e),
+        Err(admit::NotAdmitted::Refused(e)) => refused(e),
+        Err(admit::NotAdmitted::HeldElsewhere(url)) => {
+            span.record("outcome", "forwarded");
+            let (headers, path) = forwardable.unwrap_or_default();
+            to_holder(&rt, &url, Method::POST, &path, &headers, body, lang).await
+        }
     }
 }
 
@@ -448,8 +549,10 @@ async fn cancel_route(
     if let Some(r) = preflight(&rt, &req) {
         return r;
     }
+    // The headers: the trace context, and a forward to the thread's holder.
     let trace = req.headers().clone();
-    let (hl, _, obj) = match json_object(&rt, req, &CANCEL_RULES).await {
+    let path = path_of(&req);
+    let (hl, raw, obj) = match json_object(&rt, req, &CANCEL_RULES).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -457,6 +560,9 @@ async fn cancel_route(
     let (Some(thread_id), Some(ros)) = (field("threadId"), field("rosInvocationId")) else {
         return ApiError::new(Code::InvalidInput, msg::CANCEL_FIELDS).into_response_in(hl);
     };
+    if let Some(r) = held_elsewhere(&rt, thread_id, &trace, Method::POST, &path, raw, hl).await {
+        return r;
+    }
     let cancelled = observer::with_incoming(
         otel::client_headers(&trace),
         cancel::cancel(&rt, &execution_id, thread_id, ros),

@@ -9,6 +9,7 @@ pub mod canonical;
 pub mod config;
 pub mod cors;
 pub mod error;
+pub mod forward;
 pub mod http;
 pub mod i18n;
 pub mod kernel;

@@ -68,13 +68,10 @@ fn main() {
                 }
             },
         };
-        let store = match app::open_store(&cfg) {
+        let store = match app::open_store(&cfg).await {
             Ok(s) => s,
             Err(e) => {
-                eprintln!(
-                    "Unable to open the state directory {}: {e}",
-                    cfg.state_dir.display()
-                );
+                eprintln!("{e}");
                 return 1;
             }
         };

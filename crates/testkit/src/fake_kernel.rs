@@ -125,6 +125,12 @@ impl FakeKernel {
             .push_back(reply);
     }
 
+    /// Queues an answer for a JSON-RPC method of the context `context_id` only (a streaming
+    /// message's `contextId`): it is given before any queued with [`FakeKernel::on`].
+    pub fn on_context(&self, key: &str, context_id: &str, reply: Reply) {
+        self.on(&format!("{key}@{context_id}"), reply);
+    }
+
     /// SSE result items accepted by the socket so far.
     pub fn items_written(&self) -> usize {
         self.inner
@@ -257,7 +263,12 @@ async fn rpc(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap, body: B
         addr: "127.0.0.1:0".parse().expect("addr"),
         inner: inner.clone(),
     };
-    let reply = fk.next(&method).unwrap_or_else(|| match method.as_str() {
+    // A reply queued for the message's context comes first (concurrent runs of many threads).
+    let context = v["params"]["message"]["contextId"].as_str().unwrap_or("");
+    let reply = fk
+        .next(&format!("{method}@{context}"))
+        .or_else(|| fk.next(&method));
+    let reply = reply.unwrap_or_else(|| match method.as_str() {
         "SendStreamingMessage" | "SubscribeToTask" => Reply::Sse(vec![]),
         "CancelTask" => {
             let task = v["params"]["id"].as_str().unwrap_or("").to_owned();

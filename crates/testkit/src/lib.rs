@@ -1,11 +1,12 @@
 //! Test kit: a scriptable fake A2A kernel, a scripted fake LLM for the real kernel, an SSE client
 //! with stream invariants, helpers to locate and configure the pinned real kernel, an OTLP trace
-//! receiver and a real Prometheus.
+//! receiver, a real Prometheus and a private PostgreSQL cluster.
 
 pub mod chaos;
 pub mod fake_kernel;
 pub mod fake_llm;
 pub mod otlp;
+pub mod postgres;
 pub mod prometheus;
 pub mod real_kernel;
 pub mod sse;

@@ -25,6 +25,9 @@ pub struct ChildSpec {
     pub ready_timeout: Duration,
     /// Timeouts of the client talking to it.
     pub timeouts: a2a::Timeouts,
+    /// A kernel configuration file to start it with (`--config`: its `persistence_dir`),
+    /// removed when the gateway exits.
+    pub config_file: Option<std::sync::Arc<tempfile::TempPath>>,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -59,6 +62,11 @@ fn spawn_child(spec: &ChildSpec, port: u16, token: &str) -> std::io::Result<Chil
         "--thinking-exposure",
         "all",
     ])
+    .args(
+        spec.config_file
+            .iter()
+            .flat_map(|f| [std::ffi::OsStr::new("--config"), f.as_os_str()]),
+    )
     .env("IACCODE_A2A_HTTP_TOKEN", token)
     .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     .stdin(Stdio::null())

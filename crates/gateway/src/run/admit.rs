@@ -8,12 +8,12 @@ use std::sync::Arc;
 use crate::error::{msg, ApiError, Code};
 use crate::i18n::Lang;
 use crate::mapping::interrupt::rfc3339_ms;
-use crate::store::RunMark;
+use crate::store::{RunMark, ThreadDoc};
 use crate::validate::{Envelope, IacCode, RunMode, UserMessage};
 
 use super::decide::admission::{self, Ask};
 pub use super::decide::admission::{Mode, Orphan};
-use super::{ActiveRun, RunControl, Runtime, Slot};
+use super::{ActiveRun, Holder, RunControl, Runtime, Slot};
 
 /// A request that passed validation.
 #[derive(Debug)]
@@ -39,6 +39,9 @@ pub struct Admitted {
     pub context_id: String,
     /// The kernel task a crashed run left behind, to cancel before the new turn starts.
     pub orphan: Option<Orphan>,
+    /// This instance took the thread over from a dead one: the kernel session is restored
+    /// from the shared backup before the run talks to the kernel.
+    pub took_over: bool,
 }
 
 fn state_unavailable(e: impl std::fmt::Display) -> ApiError {
@@ -46,8 +49,23 @@ fn state_unavailable(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
 }
 
+/// Why a request was not admitted here.
+#[derive(Debug)]
+pub enum NotAdmitted {
+    /// Refused: the JSON error to answer.
+    Refused(ApiError),
+    /// Another live instance holds the thread: the request goes there (its URL).
+    HeldElsewhere(String),
+}
+
+impl From<ApiError> for NotAdmitted {
+    fn from(e: ApiError) -> NotAdmitted {
+        NotAdmitted::Refused(e)
+    }
+}
+
 /// Admits a validated request, or says why not (in a span of its own, timed).
-pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> {
+pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitted> {
     use tracing::Instrument as _;
     let started = std::time::Instant::now();
     let admitted = admit_now(rt, req)
@@ -57,9 +75,9 @@ pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> 
     admitted
 }
 
-async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> {
+async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitted> {
     if rt.shutdown().is_draining() {
-        return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN));
+        return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN).into());
     }
     let mode = if req.iac.active_guidance {
         Mode::Guidance
@@ -72,7 +90,7 @@ async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> 
     let slot = rt.threads().slot(thread_id);
     let mut st = rt
         .threads()
-        .lock(&slot, thread_id)
+        .lock_for_admission(&slot, thread_id)
         .await
         .map_err(state_unavailable)?;
     let cwd = req.cwd.to_string_lossy();
@@ -87,34 +105,45 @@ async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> 
         pipeline: req.iac.run_mode == Some(RunMode::Pipeline),
         has_resume: req.envelope.resume.is_some(),
     };
-    let mut decision = admission::decide(
-        st.doc.as_ref(),
-        st.active.is_some(),
-        &ask,
-        rt.now_ms(),
-        &mut || uuid::Uuid::new_v4().to_string(),
-    );
-    // The run that holds the thread is durable with its admission: a thread whose run was lost
-    // with its process says so (`GET /threads/{threadId}`).
-    if let (Some(doc), Ok(a)) = (&mut decision.doc, &decision.verdict) {
-        if a.holds_thread {
-            doc.active_run = Some(RunMark {
-                run_id: req.envelope.run_id.clone(),
-                since: rfc3339_ms(rt.now_ms()),
-            });
+    let now = rt.now_ms();
+    let mut decided = None;
+    // The decision is made on the thread's current document inside the store's admission (with
+    // a shared store: under the row's lock, in one transaction with the save).
+    let decide = |doc: Option<&ThreadDoc>, held: bool| {
+        let mut decision = admission::decide(doc, held, &ask, now, &mut || {
+            uuid::Uuid::new_v4().to_string()
+        });
+        // The run that holds the thread is durable with its admission: a thread whose run was
+        // lost with its process says so (`GET /threads/{threadId}`).
+        if let (Some(doc), Ok(a)) = (&mut decision.doc, &decision.verdict) {
+            if a.holds_thread {
+                doc.active_run = Some(RunMark {
+                    run_id: ask.run_id.to_owned(),
+                    since: rfc3339_ms(now),
+                });
+            }
         }
-    }
-    if let Some(doc) = decision.doc {
-        rt.threads()
-            .store_doc(&mut st, doc)
-            .await
-            .map_err(state_unavailable)?;
-    }
+        let next = decision.doc.take();
+        decided = Some((decision.verdict, decision.expired));
+        next
+    };
+    let holder = rt
+        .threads()
+        .admit(&mut st, thread_id, Box::new(decide))
+        .await
+        .map_err(state_unavailable)?;
+    let took_over = match holder {
+        Holder::Elsewhere(url) => return Err(NotAdmitted::HeldElsewhere(url)),
+        Holder::Here { took_over } => took_over,
+    };
+    let Some((verdict, expired)) = decided else {
+        return Err(state_unavailable("no admission decision").into());
+    };
     // The task of interrupts that expired waits for answers nobody may give any more.
-    if let Some(task) = decision.expired.and_then(|e| e.task) {
+    if let Some(task) = expired.and_then(|e| e.task) {
         rt.cancel_task_later(task);
     }
-    let admission = decision.verdict?;
+    let admission = verdict?;
     let control = Arc::new(RunControl::default());
     if admission.holds_thread {
         st.active = Some(ActiveRun {
@@ -134,5 +163,6 @@ async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, ApiError> 
         execution_id: admission.execution_id,
         context_id: admission.context_id,
         orphan: admission.orphan,
+        took_over,
     })
 }

@@ -44,10 +44,18 @@ pub async fn cancel(
     let threads = rt.threads();
     let slot = threads.slot(thread_id);
     let (task_id, control) = {
-        let mut st = threads
-            .lock(&slot, thread_id)
+        // A shared store hands the thread to this instance first (its holder dead), or says
+        // another holds it (the route forwarded there already: it moved just now).
+        let (mut st, holder) = threads
+            .claim(&slot, thread_id)
             .await
             .map_err(|_| state_unavailable())?;
+        if let super::Holder::Elsewhere(_) = holder {
+            return Err(ApiError::new(
+                Code::StateUnavailable,
+                msg::HOLDER_UNREACHABLE,
+            ));
+        }
         let control = st
             .active
             .as_ref()

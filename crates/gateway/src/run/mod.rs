@@ -28,7 +28,7 @@ use crate::telemetry::Metrics;
 
 pub use decide::admission::context_id;
 pub use driver::spawn_run;
-pub use threads::{ActiveRun, Locked, RunControl, Slot, ThreadState, Threads};
+pub use threads::{ActiveRun, Holder, Locked, RunControl, Slot, ThreadState, Threads};
 
 /// Time source (injected so expiry can be tested without waiting).
 pub trait Clock: Send + Sync + 'static {

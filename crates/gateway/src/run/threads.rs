@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::latch::Latch;
-use crate::store::{StoreError, ThreadDoc, ThreadStore};
+use crate::store::{Admission, Claim, Decide, StoreError, ThreadDoc, ThreadStore};
 use crate::telemetry::{InterruptEvent, Metrics};
 
 /// Controls of an active run, shared with the cancellation extension.
@@ -42,6 +42,15 @@ pub struct ActiveRun {
     pub since_ms: i64,
     pub execution_id: String,
     pub control: Arc<RunControl>,
+}
+
+/// Where a thread is held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// By this instance; `took_over` when it just became so (its holder was dead).
+    Here { took_over: bool },
+    /// By another live instance, at this URL.
+    Elsewhere(String),
 }
 
 /// One thread in memory.
@@ -195,6 +204,29 @@ impl Threads {
             .pending_changed(pending as i64 - counted as i64);
     }
 
+    /// What this process has of a thread is replaced by what a shared store read: counted as a
+    /// load (the interrupts were created elsewhere), not as changes.
+    fn replace(&self, st: &mut ThreadState, thread_id: &str, doc: Option<ThreadDoc>) {
+        if st.loaded {
+            let old = st.doc.as_ref().map_or(0, |d| d.execution.pending.len());
+            self.metrics.pending_changed(-(old as i64));
+        }
+        let pending = doc.as_ref().map_or(0, |d| d.execution.pending.len());
+        self.loaded(thread_id, pending);
+        st.doc = doc;
+        st.loaded = true;
+    }
+
+    /// Another instance holds the thread: what this process had of it is stale.
+    fn forget(&self, st: &mut ThreadState) {
+        if st.loaded {
+            let old = st.doc.as_ref().map_or(0, |d| d.execution.pending.len());
+            self.metrics.pending_changed(-(old as i64));
+        }
+        st.doc = None;
+        st.loaded = false;
+    }
+
     /// Counts what a change of a document did to its interrupts.
     fn account(&self, before: Option<&ThreadDoc>, after: &ThreadDoc) {
         let c = interrupt_changes(before, after);
@@ -226,14 +258,20 @@ impl Threads {
             .clone()
     }
 
-    /// Locks a thread and loads its document if it is not in memory yet. A failed load leaves
-    /// it unloaded (the next access tries again).
+    /// Locks a thread and loads its document if it is not in memory yet (or, from a shared
+    /// store, when this instance does not hold the thread: another may have changed it). A
+    /// failed load leaves it unloaded (the next access tries again).
     pub async fn lock<'a>(
         &self,
         slot: &'a Slot,
         thread_id: &str,
     ) -> Result<Locked<'a>, StoreError> {
         let mut st = slot.lock().await;
+        if st.loaded && self.store.shared() && !self.store.holds(thread_id) {
+            let doc = self.store.load(thread_id).await?;
+            self.replace(&mut st, thread_id, doc);
+            return Ok(st);
+        }
         if !st.loaded {
             st.doc = self.store.load(thread_id).await?;
             st.loaded = true;
@@ -241,6 +279,103 @@ impl Threads {
             self.loaded(thread_id, pending);
         }
         Ok(st)
+    }
+
+    /// Locks a thread for an admission: loaded first from a store of this process alone; a
+    /// shared store reads it in [`Threads::admit`] itself.
+    pub async fn lock_for_admission<'a>(
+        &self,
+        slot: &'a Slot,
+        thread_id: &str,
+    ) -> Result<Locked<'a>, StoreError> {
+        if self.store.shared() {
+            Ok(slot.lock().await)
+        } else {
+            self.lock(slot, thread_id).await
+        }
+    }
+
+    /// Admits on the locked thread `st`: the store decides with `decide` and saves in one step
+    /// ([`ThreadStore::admit`]); the thread's document in memory becomes the store's.
+    pub async fn admit(
+        &self,
+        st: &mut ThreadState,
+        thread_id: &str,
+        decide: Decide<'_>,
+    ) -> Result<Holder, StoreError> {
+        let cached = if self.store.shared() {
+            None
+        } else {
+            st.doc.clone()
+        };
+        match self
+            .store
+            .admit(thread_id, cached, st.active.is_some(), decide)
+            .await?
+        {
+            Admission::Elsewhere(url) => {
+                self.forget(st);
+                Ok(Holder::Elsewhere(url))
+            }
+            Admission::Here {
+                read,
+                current,
+                took_over,
+            } => {
+                if let Some(read) = read {
+                    self.replace(st, thread_id, read);
+                }
+                if took_over {
+                    st.active = None;
+                }
+                if let Some(next) = &current {
+                    if st.doc.as_ref() != Some(next) {
+                        self.account(st.doc.as_ref(), next);
+                    }
+                }
+                st.doc = current;
+                st.loaded = true;
+                Ok(Holder::Here { took_over })
+            }
+        }
+    }
+
+    /// Locks a thread for a change that is no admission (a cancellation): a shared store hands it
+    /// to this instance first (taken over when its holder is dead), or says who holds it.
+    pub async fn claim<'a>(
+        &self,
+        slot: &'a Slot,
+        thread_id: &str,
+    ) -> Result<(Locked<'a>, Holder), StoreError> {
+        let mut st = slot.lock().await;
+        match self.store.claim(thread_id).await? {
+            Claim::Elsewhere(url) => {
+                self.forget(&mut st);
+                Ok((st, Holder::Elsewhere(url)))
+            }
+            Claim::Here { current, took_over } => {
+                match current {
+                    Some(doc) => self.replace(&mut st, thread_id, doc),
+                    None if !st.loaded => {
+                        let doc = self.store.load(thread_id).await?;
+                        self.replace(&mut st, thread_id, doc);
+                    }
+                    None => {}
+                }
+                if took_over {
+                    st.active = None;
+                }
+                Ok((st, Holder::Here { took_over }))
+            }
+        }
+    }
+
+    /// Where a request for a thread is served: here, or at the instance that holds it.
+    pub async fn holder(&self, thread_id: &str) -> Result<Holder, StoreError> {
+        Ok(match self.store.holder(thread_id).await? {
+            Claim::Elsewhere(url) => Holder::Elsewhere(url),
+            Claim::Here { took_over, .. } => Holder::Here { took_over },
+        })
     }
 
     /// True when any thread in memory is held by a run or waits for answers (idle shutdown).

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tracing::Instrument as _;
 
-use super::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
+use super::{Admission, BoxFuture, Claim, Decide, Lease, StoreError, ThreadDoc, ThreadStore};
 use crate::telemetry::Metrics;
 
 pub struct Metered {
@@ -46,5 +46,50 @@ impl ThreadStore for Metered {
 
     fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
         self.inner.pending_interrupts()
+    }
+
+    fn shared(&self) -> bool {
+        self.inner.shared()
+    }
+
+    fn claim(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.inner.claim(thread_id)
+    }
+
+    fn holder(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.inner.holder(thread_id)
+    }
+
+    fn holds(&self, thread_id: &str) -> bool {
+        self.inner.holds(thread_id)
+    }
+
+    fn lease(&self) -> Option<std::sync::Arc<Lease>> {
+        self.inner.lease()
+    }
+
+    fn instance_id(&self) -> Option<String> {
+        self.inner.instance_id()
+    }
+
+    /// The admission's durable write counts as a save (timed, in a span of its own).
+    fn admit<'a>(
+        &'a self,
+        thread_id: &'a str,
+        cached: Option<ThreadDoc>,
+        held: bool,
+        decide: Decide<'a>,
+    ) -> BoxFuture<'a, Result<Admission, StoreError>> {
+        let span = tracing::info_span!("agui.state_save");
+        let admit = span.in_scope(|| self.inner.admit(thread_id, cached, held, decide));
+        Box::pin(
+            async move {
+                let started = Instant::now();
+                let done = admit.await;
+                self.metrics.state_save(started.elapsed(), done.is_ok());
+                done
+            }
+            .instrument(span),
+        )
     }
 }

@@ -7,6 +7,8 @@
 //! - `file`: the file store (thread files in the reference layout).
 //! - `journal`: the write-ahead journal in front of the thread files (group commit).
 //! - `fs`: filesystem primitives both build on.
+//! - `pg`: the PostgreSQL store several instances share (`--state-url`): held threads, fenced
+//!   writes, heartbeats.
 //! - `metered`: the store as the run core sees it: saves timed and counted.
 
 mod doc;
@@ -14,6 +16,7 @@ mod file;
 mod fs;
 mod journal;
 mod metered;
+mod pg;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,6 +27,7 @@ pub use doc::{
 };
 pub use file::{file_stem, FileStore};
 pub use metered::Metered;
+pub use pg::{Lapse, Lease, PgStore};
 
 /// A boxed future of a store operation.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -37,6 +41,50 @@ pub enum StoreError {
     Invalid(String),
     #[error("thread state I/O failed: {0}")]
     Io(#[from] std::io::Error),
+    /// A shared store refused the write: the thread is not this instance's any more (another
+    /// took it over), or this instance's lease lapsed. Nothing was written.
+    #[error("thread {0} is not held by this instance")]
+    NotHeld(String),
+    /// The shared store cannot be reached (or did not answer in time).
+    #[error("the state database is unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Who holds a thread (a store shared by several instances; the file store is always `Here`).
+// Returned once per request and moved into the thread's slot at once: boxing the document would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// This instance holds it and may write. `current` is its document as the store has it,
+    /// read under the claim (`None`: the store is this process's alone, what it has in memory
+    /// is current); `took_over` when it was another's (dead) instance's, or nobody's, until now.
+    Here {
+        current: Option<Option<ThreadDoc>>,
+        took_over: bool,
+    },
+    /// Another live instance holds it: requests for it go to this URL.
+    Elsewhere(String),
+}
+
+/// The decision of an admission: given the thread's current document and whether this
+/// instance's own runs hold it, the document to save (`None`: nothing changes).
+pub type Decide<'a> = Box<dyn FnOnce(Option<&ThreadDoc>, bool) -> Option<ThreadDoc> + Send + 'a>;
+
+/// What an admission did.
+#[allow(clippy::large_enum_variant)] // As `Claim`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admission {
+    /// Decided here: the thread's document now (saved when the decision changed it). `read`:
+    /// the document the decision was made on, when the store read it itself (a shared store;
+    /// what this process had in memory was not used).
+    Here {
+        read: Option<Option<ThreadDoc>>,
+        current: Option<ThreadDoc>,
+        took_over: bool,
+    },
+    /// Another live instance holds the thread: nothing was decided.
+    Elsewhere(String),
 }
 
 /// Where thread documents live. Every operation is asynchronous and holds no runtime thread
@@ -52,6 +100,64 @@ pub trait ThreadStore: Send + Sync + 'static {
     /// those threads are loaded. A store that cannot tell cheaply knows none.
     fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
         Box::pin(std::future::ready(Vec::new()))
+    }
+    /// Whether other instances share this store (then a thread's document is read from it at
+    /// each claim or admission, not kept from an earlier load).
+    fn shared(&self) -> bool {
+        false
+    }
+    /// Claims a thread for this instance before a change that is no admission (a cancellation,
+    /// an expiry): taken over when its holder is dead. A store of one instance: always here.
+    fn claim(&self, _thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        Box::pin(std::future::ready(Ok(Claim::Here {
+            current: None,
+            took_over: false,
+        })))
+    }
+    /// Who holds a thread, without claiming it (where a request for it is served).
+    fn holder(&self, _thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        self.claim(_thread_id)
+    }
+    /// An admission in one step: the thread's document (`cached`: what this process has in
+    /// memory; a shared store reads its own under a lock other instances wait on), `decide`, and
+    /// the document it returns saved, before anything is answered. `held`: this instance's runs
+    /// hold the thread (meaningful only where this instance held it already).
+    fn admit<'a>(
+        &'a self,
+        _thread_id: &'a str,
+        cached: Option<ThreadDoc>,
+        held: bool,
+        decide: Decide<'a>,
+    ) -> BoxFuture<'a, Result<Admission, StoreError>> {
+        Box::pin(async move {
+            match decide(cached.as_ref(), held) {
+                Some(next) => {
+                    self.save(&next).await?;
+                    Ok(Admission::Here {
+                        read: None,
+                        current: Some(next),
+                        took_over: false,
+                    })
+                }
+                None => Ok(Admission::Here {
+                    read: None,
+                    current: cached,
+                    took_over: false,
+                }),
+            }
+        })
+    }
+    /// Whether this instance holds the thread now (what it has in memory is current).
+    fn holds(&self, _thread_id: &str) -> bool {
+        true
+    }
+    /// This instance's lease on a shared store (`None`: a store of one instance needs none).
+    fn lease(&self) -> Option<std::sync::Arc<Lease>> {
+        None
+    }
+    /// This instance's id in a shared store.
+    fn instance_id(&self) -> Option<String> {
+        None
     }
 }
 

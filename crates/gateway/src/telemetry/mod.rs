@@ -50,14 +50,23 @@ pub fn init(cfg: &Config, env: &Env, metrics: Arc<Metrics>) -> Telemetry {
     let filter = env("IAC_CODE_AGUI_LOG")
         .and_then(|v| EnvFilter::try_new(v).ok())
         .unwrap_or_else(|| EnvFilter::new(format!("iac_code_agui={level},a2a={level},warn")));
-    let writer = if cfg.log_stdout {
-        BoxMakeWriter::new(std::io::stdout)
+    use std::io::IsTerminal as _;
+    // Colours for a terminal only: a file or a log collector gets plain text.
+    let (writer, ansi) = if cfg.log_stdout {
+        (
+            BoxMakeWriter::new(std::io::stdout),
+            std::io::stdout().is_terminal(),
+        )
     } else {
-        BoxMakeWriter::new(std::io::stderr)
+        (
+            BoxMakeWriter::new(std::io::stderr),
+            std::io::stderr().is_terminal(),
+        )
     };
     let fmt = match cfg.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_target(false)
+            .with_ansi(ansi)
             .with_writer(writer)
             .with_filter(filter)
             .boxed(),

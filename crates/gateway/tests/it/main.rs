@@ -2,6 +2,8 @@
 
 mod browser;
 mod chaos;
+mod cluster;
+mod cluster_real;
 mod conformance;
 mod crash;
 mod fake_kernel;

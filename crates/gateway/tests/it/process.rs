@@ -184,6 +184,16 @@ fn help_documents_every_option() {
         "IAC_CODE_AGUI_A2A_TOKEN",
         "--cors-origin",
         "IAC_CODE_AGUI_CORS_ORIGINS",
+        "--metrics-listen",
+        "IAC_CODE_AGUI_METRICS_LISTEN",
+        "--log-format",
+        "IAC_CODE_AGUI_LOG_FORMAT",
+        "--state-url",
+        "IAC_CODE_AGUI_STATE_URL",
+        "--lease-ttl",
+        "--advertise-url",
+        "--kernel-backup-dir",
+        "--kernel-persistence-dir",
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");
     }

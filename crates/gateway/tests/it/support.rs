@@ -305,6 +305,7 @@ pub async fn managed_with(env: &KernelEnv, timeouts: a2a::Timeouts) -> Arc<Kerne
             env: env.vars(),
             ready_timeout: Duration::from_secs(60),
             timeouts,
+            config_file: None,
         },
         None,
     );

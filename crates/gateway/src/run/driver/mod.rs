@@ -29,7 +29,7 @@ use crate::error::{msg, Code};
 use crate::i18n;
 use crate::mapping::interrupt::rfc3339_ms;
 use crate::mapping::{interrupt, Mapper};
-use crate::store::{LastRun, ThreadDoc};
+use crate::store::{Lapse, LastRun, StoreError, ThreadDoc};
 use crate::telemetry::observer::with_incoming;
 use crate::telemetry::RunOutcome;
 
@@ -96,6 +96,14 @@ pub fn spawn_run(
     rx
 }
 
+/// Why a change of the thread's document was not saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unsaved {
+    /// A shared store refused it: the thread is not this instance's (any more).
+    NotHeld,
+    Failed,
+}
+
 /// What the kernel told this run so far.
 #[derive(Debug, Default)]
 struct Seen {
@@ -139,12 +147,15 @@ struct Driver {
     /// How the run ended (`lastRun` of the thread, the metrics, the run's span): outcome and
     /// error code.
     outcome: (RunOutcome, Option<Code>),
+    /// With a shared store: the lapse of this instance's lease, as of the run's start.
+    lapse: Option<Arc<Lapse>>,
 }
 
 impl Driver {
     fn new(rt: Arc<Runtime>, adm: Admitted, sink: Sink) -> Driver {
         let envelope = &adm.req.envelope;
         let mapper = Mapper::new(&envelope.run_id, Default::default(), &envelope.thread_id);
+        let lapse = rt.threads().store().lease().map(|l| l.watch());
         Driver {
             rt,
             cwd: adm.req.cwd.to_string_lossy().into_owned(),
@@ -154,6 +165,7 @@ impl Driver {
             seen: Seen::default(),
             answers: Answers::default(),
             outcome: (RunOutcome::Disconnected, None),
+            lapse,
         }
     }
 
@@ -418,34 +430,39 @@ impl Driver {
             .is_some_and(|d| d.is_current(&self.adm.execution_id) && d.is_waiting())
     }
 
-    /// Changes the execution's document, durable first. `false` when it could not be saved, or
-    /// the execution is not the thread's current one any more.
-    async fn edit(&self, change: impl FnOnce(&mut ThreadDoc)) -> bool {
+    /// Changes the execution's document, durable first. An error when it could not be saved,
+    /// or the execution is not the thread's current one any more.
+    async fn try_edit(&self, change: impl FnOnce(&mut ThreadDoc)) -> Result<(), Unsaved> {
         let mut st = self.adm.slot.lock().await;
         let current = st
             .doc
             .as_ref()
             .is_some_and(|d| d.is_current(&self.adm.execution_id));
         if !current {
-            return false;
+            return Err(Unsaved::Failed);
         }
         match self.rt.threads().edit(&mut st, change).await {
-            Some(Ok(())) => true,
+            Some(Ok(())) => Ok(()),
+            Some(Err(StoreError::NotHeld(_))) => {
+                tracing::warn!("state write refused: the thread is not this instance's any more");
+                Err(Unsaved::NotHeld)
+            }
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "state write failed");
-                false
+                Err(Unsaved::Failed)
             }
-            None => false,
+            None => Err(Unsaved::Failed),
         }
     }
 
-    /// [`Driver::edit`] of a recovery-critical change: the run fails closed when it is not
-    /// durable.
+    /// [`Driver::try_edit`] of a recovery-critical change: the run fails closed when it is not
+    /// durable. A thread another instance took over (this one was presumed dead) is left to it:
+    /// its task is that instance's now, and is not cancelled from here.
     async fn commit(&self, what: &'static str, change: impl FnOnce(&mut ThreadDoc)) -> Flow {
-        if self.edit(change).await {
-            Ok(())
-        } else {
-            Err(End::not_committed(what))
+        match self.try_edit(change).await {
+            Ok(()) => Ok(()),
+            Err(Unsaved::NotHeld) => Err(End::fail(Code::StatePersistenceFailed, msg::TAKEN_OVER)),
+            Err(Unsaved::Failed) => Err(End::not_committed(what)),
         }
     }
 

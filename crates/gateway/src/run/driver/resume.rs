@@ -24,7 +24,7 @@ impl Driver {
             plan::precheck(&doc, &self.adm.execution_id, &entries).map_err(End::refused)?;
         let client = self.client().await?;
         if let Some(session) = &doc.session_id {
-            self.restore_session(&client, &doc.cwd, session, &task_id)
+            self.restore_session(&client, &doc.cwd, session, Some(&task_id))
                 .await?;
         }
         let task = client
@@ -82,26 +82,43 @@ impl Driver {
     }
 
     /// Makes sure the kernel has the session the task runs in (a kernel restarted from a backup
-    /// restores it on demand).
-    async fn restore_session(
+    /// restores it on demand). After a takeover the session was another instance's kernel's: the
+    /// shared backup may still be catching up, so a backup not ready yet is waited for, up to
+    /// [`TAKEOVER_RESTORE_WAIT`], then reported (retryable).
+    pub(super) async fn restore_session(
         &self,
         client: &a2a::Client,
         cwd: &str,
         session: &str,
-        task_id: &str,
+        task_id: Option<&str>,
     ) -> Flow {
-        match client.ensure_restored(cwd, session, Some(task_id)).await {
-            Ok(a2a::RestoreOutcome::Ready) => Ok(()),
-            Ok(a2a::RestoreOutcome::NotFound) => {
-                Err(End::fail(Code::ExecutionLost, msg::SESSION_GONE))
+        let deadline = tokio::time::Instant::now() + TAKEOVER_RESTORE_WAIT;
+        loop {
+            match client.ensure_restored(cwd, session, task_id).await {
+                Ok(a2a::RestoreOutcome::Ready) => return Ok(()),
+                Ok(a2a::RestoreOutcome::NotFound) => {
+                    return Err(End::fail(Code::ExecutionLost, msg::SESSION_GONE))
+                }
+                Ok(a2a::RestoreOutcome::BackupNotReady(_))
+                    if self.adm.took_over && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::info!("the session backup is not ready yet; retrying");
+                    tokio::time::sleep(RESTORE_RETRY).await;
+                }
+                Ok(a2a::RestoreOutcome::BackupNotReady(m)) => {
+                    return Err(End::Failed(Failure {
+                        code: Code::SessionBackupNotReady,
+                        message: m.map_or(Cow::Borrowed(msg::BACKUP_NOT_READY), Cow::Owned),
+                        cancel_task: false,
+                        fail_closed: false,
+                    }))
+                }
+                Err(e) => return Err(End::kernel(&e).keep_task()),
             }
-            Ok(a2a::RestoreOutcome::BackupNotReady(m)) => Err(End::Failed(Failure {
-                code: Code::SessionBackupNotReady,
-                message: m.map_or(Cow::Borrowed(msg::BACKUP_NOT_READY), Cow::Owned),
-                cancel_task: false,
-                fail_closed: false,
-            })),
-            Err(e) => Err(End::kernel(&e).keep_task()),
         }
     }
 }
+
+/// How long a run that took its thread over waits for the shared session backup.
+const TAKEOVER_RESTORE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const RESTORE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);

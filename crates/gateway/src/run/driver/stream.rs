@@ -46,7 +46,23 @@ impl Driver {
         let mut drained = pin!(rt.shutdown().drained());
         let mut cancel_asked = pin!(control.cancelled());
         let mut client_gone = pin!(gone.wait());
+        let lapse = self.lapse.clone();
+        let mut lapsed = pin!(async {
+            match &lapse {
+                Some(l) => l.wait().await,
+                None => std::future::pending().await,
+            }
+        });
         loop {
+            if let Some(l) = lapse.as_deref().filter(|l| l.is_set()) {
+                // In time, nobody can have taken the thread over: its task is cancelled, as on
+                // any failed save. Late, it may be another instance's now: it is left alone.
+                return Err(if l.is_late() {
+                    End::fail(Code::StatePersistenceFailed, msg::LEASE_LAPSED)
+                } else {
+                    End::fail_and_cancel(Code::StatePersistenceFailed, msg::LEASE_LAPSED)
+                });
+            }
             if rt.shutdown().is_draining() {
                 return Err(End::fail_and_cancel(
                     Code::A2aUnavailable,
@@ -77,6 +93,7 @@ impl Driver {
                 }
                 _ = cancel_asked.as_mut(), if cancel_deadline.is_none() => continue,
                 _ = drained.as_mut() => continue,
+                _ = lapsed.as_mut() => continue,
                 _ = sleep_until_opt(cancel_deadline) => {
                     // The kernel did not confirm in time: ask it once more; nothing is left
                     // running.

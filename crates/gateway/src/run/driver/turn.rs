@@ -11,9 +11,17 @@ use super::{Driver, End, Flow, CANCEL_WAIT};
 
 impl Driver {
     pub(super) async fn new_turn(&mut self) -> Flow<End> {
-        self.init_from_doc().await;
+        let doc = self.init_from_doc().await;
         self.emit_session().await?;
         let client = self.client().await?;
+        // Taken over from a dead instance: its kernel had the thread's session; this one
+        // restores it from the shared backup before the turn goes on in it.
+        if let Some((session, cwd)) = doc
+            .filter(|_| self.adm.took_over)
+            .and_then(|d| d.session_id.clone().map(|s| (s, d.cwd.clone())))
+        {
+            Box::pin(self.restore_session(&client, &cwd, &session, None)).await?;
+        }
         if let Some(orphan) = self.adm.orphan.take() {
             // Boxed: a rare path that would otherwise size every run's future.
             Box::pin(cancel_orphan(&client, &self.adm.context_id, orphan)).await;

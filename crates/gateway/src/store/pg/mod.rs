@@ -1,0 +1,512 @@
+//! The PostgreSQL store (`--state-url`): thread documents shared by several gateway instances.
+//!
+//! Each thread row names the instance that holds it and a fencing epoch. An instance writes a
+//! thread only while it holds it: every save is conditional on (owner, epoch), and zero rows
+//! updated means the thread is not this instance's any more (`StoreError::NotHeld`: the run fails
+//! closed, as on any failed save). Admission is one transaction under the row's lock: the
+//! holder's liveness (its heartbeat in `agui_instances`, `lease`), the decision, the new document
+//! and an epoch bump. A thread held by another live instance is not decided here: the caller
+//! forwards the request to that instance. One whose holder is dead is taken over.
+//!
+//! The document is the file store's JSON, byte for byte (`doc.to_json()`); the row also keeps the
+//! thread's active run and its count of pending interrupts, for operators' queries.
+
+mod lease;
+mod schema;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+pub use lease::{Lapse, Lease};
+
+use super::{Admission, BoxFuture, Claim, Decide, StoreError, ThreadDoc, ThreadStore};
+
+/// Every database operation is bounded: a database that is down or restarting gives a clear
+/// `STATE_UNAVAILABLE` within seconds, never a request that hangs.
+const OP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Connections kept per instance.
+const POOL_SIZE: usize = 16;
+
+/// The row of a thread as an admission or a claim reads it (locked).
+const LOCK_ROW: &str = "WITH t AS (
+        INSERT INTO agui_threads AS t (thread_id) VALUES ($1)
+        ON CONFLICT (thread_id) DO UPDATE SET thread_id = t.thread_id
+        RETURNING t.doc, t.owner, t.epoch)
+    SELECT t.doc, t.owner, t.epoch, i.advertise_url,
+           COALESCE(i.heartbeat_at > now() - make_interval(secs => $2), false)
+    FROM t LEFT JOIN agui_instances i ON i.id = t.owner";
+
+/// The holder of a thread, unlocked.
+const HOLDER: &str = "SELECT t.owner, i.advertise_url,
+           COALESCE(i.heartbeat_at > now() - make_interval(secs => $2), false)
+    FROM agui_threads t LEFT JOIN agui_instances i ON i.id = t.owner
+    WHERE t.thread_id = $1";
+
+/// A save: only by the holder, at its epoch.
+const SAVE: &str = "UPDATE agui_threads
+    SET doc = $3, active_run = $4, pending = $5, updated_at = now()
+    WHERE thread_id = $1 AND owner = $2 AND epoch = $6";
+
+/// An admission's or a takeover's write: the holder becomes this instance, at a new epoch.
+const HOLD: &str = "UPDATE agui_threads
+    SET doc = $3, active_run = $4, pending = $5, owner = $2, epoch = epoch + 1,
+        updated_at = now()
+    WHERE thread_id = $1
+    RETURNING epoch";
+
+const HEARTBEAT: &str = "INSERT INTO agui_instances (id, advertise_url) VALUES ($1, $2)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), advertise_url = EXCLUDED.advertise_url";
+
+/// Rows of instances dead for a week that hold no thread any more.
+const FORGET_INSTANCES: &str = "DELETE FROM agui_instances i
+    WHERE i.heartbeat_at < now() - interval '7 days'
+      AND NOT EXISTS (SELECT 1 FROM agui_threads t WHERE t.owner = i.id)";
+
+fn unavailable(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+async fn bounded<T>(
+    what: &'static str,
+    fut: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(OP_TIMEOUT, fut)
+        .await
+        .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("{what}: timed out"))))
+}
+
+/// The columns kept beside the document.
+fn columns(doc: &ThreadDoc) -> (String, Option<String>, i32) {
+    (
+        String::from_utf8(doc.to_json()).expect("documents are UTF-8 JSON"),
+        doc.active_run.as_ref().map(|r| r.run_id.clone()),
+        i32::try_from(doc.execution.pending.len()).unwrap_or(i32::MAX),
+    )
+}
+
+fn parse(doc: Option<String>, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError> {
+    doc.map(|d| ThreadDoc::from_json(d.as_bytes(), thread_id))
+        .transpose()
+}
+
+/// A row as [`LOCK_ROW`] reads it.
+struct Locked {
+    doc: Option<ThreadDoc>,
+    owner: Option<String>,
+    epoch: i64,
+    url: Option<String>,
+    alive: bool,
+}
+
+struct Inner {
+    pool: Pool,
+    /// This process's instance id (new at every start).
+    me: String,
+    advertise_url: String,
+    lease: Arc<Lease>,
+    /// The epoch of each thread this instance holds.
+    epochs: Mutex<HashMap<String, i64>>,
+}
+
+/// The store. Cheap to clone.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("instance", &self.inner.me)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Connects, migrates the schema and registers this instance (its first heartbeat). Fails
+    /// when the database cannot be reached or migrated: the gateway does not start without its
+    /// state.
+    pub async fn open(url: &str, advertise_url: &str, ttl: Duration) -> Result<PgStore, String> {
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| format!("invalid --state-url: {e}"))?;
+        config.connect_timeout(OP_TIMEOUT);
+        if config.get_application_name().is_none() {
+            config.application_name("iac-code-agui");
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .wait_timeout(Some(OP_TIMEOUT))
+            .create_timeout(Some(OP_TIMEOUT))
+            .recycle_timeout(Some(OP_TIMEOUT))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| format!("state database pool: {e}"))?;
+        let mut client = pool
+            .get()
+            .await
+            .map_err(|e| format!("cannot connect to the state database: {e}"))?;
+        schema::migrate(&mut client).await?;
+        drop(client);
+        let store = PgStore {
+            inner: Arc::new(Inner {
+                pool,
+                me: uuid::Uuid::new_v4().to_string(),
+                advertise_url: advertise_url.to_owned(),
+                lease: Arc::new(Lease::new(ttl)),
+                epochs: Mutex::new(HashMap::new()),
+            }),
+        };
+        store
+            .heartbeat()
+            .await
+            .map_err(|e| format!("cannot register with the state database: {e}"))?;
+        if let Ok(c) = store.inner.pool.get().await {
+            let _ = c.execute(FORGET_INSTANCES, &[]).await;
+        }
+        Ok(store)
+    }
+
+    pub fn instance_id(&self) -> &str {
+        &self.inner.me
+    }
+
+    pub fn lease(&self) -> &Arc<Lease> {
+        &self.inner.lease
+    }
+
+    fn ttl_secs(&self) -> f64 {
+        self.inner.lease.ttl().as_secs_f64()
+    }
+
+    fn epochs(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
+        self.inner.epochs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
+        self.inner.pool.get().await.map_err(unavailable)
+    }
+
+    /// Renews this instance's heartbeat once.
+    pub async fn heartbeat(&self) -> Result<(), StoreError> {
+        let sent = Instant::now();
+        bounded("heartbeat", async {
+            let c = self.client().await?;
+            let st = c.prepare_cached(HEARTBEAT).await.map_err(unavailable)?;
+            c.execute(&st, &[&self.inner.me, &self.inner.advertise_url])
+                .await
+                .map_err(unavailable)?;
+            Ok(())
+        })
+        .await?;
+        self.inner.lease.renewed(sent);
+        Ok(())
+    }
+
+    /// Renews the heartbeat every third of the TTL for as long as the store lives, and watches
+    /// the lease: one that lapses (the database unreachable for most of a TTL, or this process
+    /// stopped) ends the runs of its time.
+    pub fn start_heartbeat(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        let every = self.inner.lease.ttl() / 3;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let store = PgStore { inner };
+                let held = store.inner.lease.holds();
+                match store.heartbeat().await {
+                    Ok(()) if !held => tracing::info!("the lease on the shared state is renewed"),
+                    Ok(()) => {}
+                    Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                }
+            }
+        });
+        // The watchdog wakes when the lease would lapse, not at the next heartbeat: a lapse is
+        // noticed before another instance may take over.
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let lease = inner.lease.clone();
+                drop(inner);
+                let wake = lease
+                    .lapses_at()
+                    .filter(|t| *t > Instant::now())
+                    .unwrap_or_else(|| Instant::now() + Duration::from_millis(100));
+                tokio::time::sleep_until(wake.into()).await;
+                if lease.check() {
+                    tracing::error!(
+                        late = lease.watch().is_late(),
+                        "the lease on the shared state lapsed: nothing is written until it is \
+                         renewed, and the runs in flight end"
+                    );
+                }
+            }
+        });
+    }
+
+    /// Whether this instance may write: its lease holds. A lapsed lease writes nothing (another
+    /// instance may hold the thread by now): the thread is not this instance's to write.
+    fn may_write(&self, thread_id: &str) -> Result<(), StoreError> {
+        if self.inner.lease.holds() {
+            Ok(())
+        } else {
+            Err(StoreError::NotHeld(thread_id.to_owned()))
+        }
+    }
+
+    /// Locks a thread's row (creating an empty one) inside `tx`.
+    async fn lock_row(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        thread_id: &str,
+    ) -> Result<Locked, StoreError> {
+        let st = tx.prepare_cached(LOCK_ROW).await.map_err(unavailable)?;
+        let row = tx
+            .query_one(&st, &[&thread_id, &self.ttl_secs()])
+            .await
+            .map_err(unavailable)?;
+        Ok(Locked {
+            doc: parse(row.get(0), thread_id)?,
+            owner: row.get(1),
+            epoch: row.get(2),
+            url: row.get(3),
+            alive: row.get(4),
+        })
+    }
+
+    /// Whether the row shows this instance's own hold (its owner, at the epoch it knows).
+    fn ours(&self, thread_id: &str, row: &Locked) -> bool {
+        row.owner.as_deref() == Some(self.inner.me.as_str())
+            && self.epochs().get(thread_id) == Some(&row.epoch)
+    }
+
+    /// Another live instance holds the row.
+    fn elsewhere(&self, row: &Locked) -> Option<String> {
+        let other = row
+            .owner
+            .as_deref()
+            .is_some_and(|o| o != self.inner.me.as_str());
+        (other && row.alive).then(|| row.url.clone().unwrap_or_default())
+    }
+
+    /// Writes `doc` (or the row's own) with this instance as the holder, at the next epoch.
+    async fn hold(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        thread_id: &str,
+        doc: Option<&ThreadDoc>,
+    ) -> Result<i64, StoreError> {
+        let (json, active, pending) = match doc {
+            Some(d) => {
+                let (j, a, p) = columns(d);
+                (Some(j), a, p)
+            }
+            None => (None, None, 0),
+        };
+        let st = tx.prepare_cached(HOLD).await.map_err(unavailable)?;
+        let row = tx
+            .query_one(&st, &[&thread_id, &self.inner.me, &json, &active, &pending])
+            .await
+            .map_err(unavailable)?;
+        Ok(row.get(0))
+    }
+
+    async fn do_save(&self, doc: ThreadDoc) -> Result<(), StoreError> {
+        self.may_write(&doc.thread_id)?;
+        let thread_id = doc.thread_id.clone();
+        let Some(epoch) = self.epochs().get(&thread_id).copied() else {
+            return Err(StoreError::NotHeld(thread_id));
+        };
+        let (json, active, pending) = columns(&doc);
+        let c = self.client().await?;
+        let st = c.prepare_cached(SAVE).await.map_err(unavailable)?;
+        let n = c
+            .execute(
+                &st,
+                &[&thread_id, &self.inner.me, &json, &active, &pending, &epoch],
+            )
+            .await
+            .map_err(unavailable)?;
+        if n == 0 {
+            // Taken over (this instance was presumed dead): never write it again.
+            self.epochs().remove(&thread_id);
+            return Err(StoreError::NotHeld(thread_id));
+        }
+        Ok(())
+    }
+
+    async fn do_claim(&self, thread_id: String) -> Result<Claim, StoreError> {
+        if !self.inner.lease.holds() {
+            return Err(StoreError::Unavailable(
+                "this instance's lease lapsed".into(),
+            ));
+        }
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(unavailable)?;
+        let row = self.lock_row(&tx, &thread_id).await?;
+        if let Some(url) = self.elsewhere(&row) {
+            let _ = tx.rollback().await;
+            return Ok(Claim::Elsewhere(url));
+        }
+        if self.ours(&thread_id, &row) {
+            let _ = tx.rollback().await;
+            return Ok(Claim::Here {
+                current: Some(row.doc),
+                took_over: false,
+            });
+        }
+        if row.doc.is_none() {
+            // Nothing to hold (the row was made by the lock): leave no trace.
+            let _ = tx.rollback().await;
+            return Ok(Claim::Here {
+                current: Some(None),
+                took_over: false,
+            });
+        }
+        let epoch = self.hold(&tx, &thread_id, row.doc.as_ref()).await?;
+        tx.commit().await.map_err(unavailable)?;
+        self.epochs().insert(thread_id, epoch);
+        Ok(Claim::Here {
+            current: Some(row.doc),
+            took_over: true,
+        })
+    }
+
+    async fn do_holder(&self, thread_id: String) -> Result<Claim, StoreError> {
+        let c = self.client().await?;
+        let st = c.prepare_cached(HOLDER).await.map_err(unavailable)?;
+        let row = c
+            .query_opt(&st, &[&thread_id, &self.ttl_secs()])
+            .await
+            .map_err(unavailable)?;
+        let here = Claim::Here {
+            current: None,
+            took_over: false,
+        };
+        let Some(row) = row else { return Ok(here) };
+        let owner: Option<String> = row.get(0);
+        let alive: bool = row.get(2);
+        match owner {
+            Some(o) if o != self.inner.me && alive => Ok(Claim::Elsewhere(
+                row.get::<_, Option<String>>(1).unwrap_or_default(),
+            )),
+            _ => Ok(here),
+        }
+    }
+
+    async fn do_admit(
+        &self,
+        thread_id: &str,
+        held: bool,
+        decide: Decide<'_>,
+    ) -> Result<Admission, StoreError> {
+        if !self.inner.lease.holds() {
+            return Err(StoreError::Unavailable(
+                "this instance's lease lapsed".into(),
+            ));
+        }
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(unavailable)?;
+        let row = self.lock_row(&tx, thread_id).await?;
+        if let Some(url) = self.elsewhere(&row) {
+            let _ = tx.rollback().await;
+            return Ok(Admission::Elsewhere(url));
+        }
+        let ours = self.ours(thread_id, &row);
+        match decide(row.doc.as_ref(), held && ours) {
+            Some(next) => {
+                let epoch = self.hold(&tx, thread_id, Some(&next)).await?;
+                tx.commit().await.map_err(unavailable)?;
+                self.epochs().insert(thread_id.to_owned(), epoch);
+                Ok(Admission::Here {
+                    read: Some(row.doc),
+                    current: Some(next),
+                    took_over: !ours,
+                })
+            }
+            None => {
+                let _ = tx.rollback().await;
+                Ok(Admission::Here {
+                    current: row.doc.clone(),
+                    read: Some(row.doc),
+                    took_over: false,
+                })
+            }
+        }
+    }
+}
+
+impl ThreadStore for PgStore {
+    fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(bounded("load", async move {
+            let c = store.client().await?;
+            let st = c
+                .prepare_cached("SELECT doc FROM agui_threads WHERE thread_id = $1")
+                .await
+                .map_err(unavailable)?;
+            let row = c.query_opt(&st, &[&id]).await.map_err(unavailable)?;
+            parse(row.and_then(|r| r.get(0)), &id)
+        }))
+    }
+
+    fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
+        let (store, doc) = (self.clone(), doc.clone());
+        Box::pin(bounded("save", async move { store.do_save(doc).await }))
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        // Every save is committed when it returns.
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn claim(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(bounded("claim", async move { store.do_claim(id).await }))
+    }
+
+    fn holder(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(bounded("holder", async move { store.do_holder(id).await }))
+    }
+
+    fn holds(&self, thread_id: &str) -> bool {
+        self.inner.lease.holds() && self.epochs().contains_key(thread_id)
+    }
+
+    fn admit<'a>(
+        &'a self,
+        thread_id: &'a str,
+        _cached: Option<ThreadDoc>,
+        held: bool,
+        decide: Decide<'a>,
+    ) -> BoxFuture<'a, Result<Admission, StoreError>> {
+        Box::pin(bounded("admission", self.do_admit(thread_id, held, decide)))
+    }
+
+    fn lease(&self) -> Option<Arc<Lease>> {
+        Some(self.inner.lease.clone())
+    }
+
+    fn instance_id(&self) -> Option<String> {
+        Some(self.inner.me.clone())
+    }
+}

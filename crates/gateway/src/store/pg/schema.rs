@@ -1,0 +1,91 @@
+//! The PostgreSQL schema and its versioned migrations, applied at start-up.
+//!
+//! Each migration runs once, in order, inside one transaction that holds an advisory lock, so
+//! that instances starting together do not race; `agui_schema_migrations` records what ran. A
+//! database migrated by a newer gateway (a version this one does not know) is refused: this one
+//! might misread it.
+
+/// Taken for the migration transaction (any constant of our own).
+const MIGRATION_LOCK: i64 = 0x6167_7569_5f6d_6967; // "agui_mig"
+
+/// `(version, SQL)`, in order. Never edit one that has shipped: add the next.
+pub const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    "CREATE TABLE agui_instances (
+        id text PRIMARY KEY,
+        advertise_url text NOT NULL,
+        started_at timestamptz NOT NULL DEFAULT now(),
+        heartbeat_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE agui_threads (
+        thread_id text PRIMARY KEY,
+        -- The thread document, byte for byte what the file store writes (schemaVersion 1).
+        doc text,
+        -- The instance that holds the thread, and the fencing epoch of its hold: every write
+        -- is conditional on both.
+        owner text,
+        epoch bigint NOT NULL DEFAULT 0,
+        active_run text,
+        pending integer NOT NULL DEFAULT 0,
+        updated_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX agui_threads_owner ON agui_threads (owner);",
+)];
+
+/// Applies the migrations this database has not had yet.
+pub async fn migrate(client: &mut deadpool_postgres::Client) -> Result<(), String> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| format!("migration: {e}"))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(|e| format!("migration lock: {e}"))?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS agui_schema_migrations (
+            version integer PRIMARY KEY,
+            applied_at timestamptz NOT NULL DEFAULT now()
+        )",
+    )
+    .await
+    .map_err(|e| format!("migration table: {e}"))?;
+    let row = tx
+        .query_one(
+            "SELECT COALESCE(max(version), 0) FROM agui_schema_migrations",
+            &[],
+        )
+        .await
+        .map_err(|e| format!("migration version: {e}"))?;
+    let current: i32 = row.get(0);
+    let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+    if current > latest {
+        return Err(format!(
+            "the state database has schema version {current}, newer than this gateway knows ({latest})"
+        ));
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        tx.batch_execute(sql)
+            .await
+            .map_err(|e| format!("migration {version}: {e}"))?;
+        tx.execute(
+            "INSERT INTO agui_schema_migrations (version) VALUES ($1)",
+            &[version],
+        )
+        .await
+        .map_err(|e| format!("migration {version}: {e}"))?;
+    }
+    tx.commit().await.map_err(|e| format!("migration: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_from_one_without_gaps() {
+        for (i, (v, sql)) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(*v as usize, i + 1);
+            assert!(!sql.trim().is_empty());
+        }
+    }
+}

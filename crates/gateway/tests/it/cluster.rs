@@ -1,0 +1,852 @@
+//! Several gateway instances on one PostgreSQL (a private cluster per test, `testkit::postgres`):
+//! exactly one admission per thread across instances, idempotency across them, forwarding to the
+//! holder, takeover of a dead holder's threads, a stopped instance that writes nothing once its
+//! lease lapsed, PostgreSQL restarts, and a load of two instances. The real-kernel takeover is
+//! `real_kernel_cluster`.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::postgres::{Cluster, Stop};
+use testkit::sse::{assert_valid_run, post, RunResult};
+
+use crate::support::{body, ctx, free_port, resume_body, wait_health};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_iac-code-agui")
+}
+
+/// One gateway process on the shared database.
+pub struct Instance {
+    pub child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Instance {
+    /// Starts an instance in front of `kernel` (`--a2a-url`), or with `args` of its own.
+    pub fn start(db: &str, args: &[&str], env: &[(String, String)]) -> Instance {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let log = dir.path().join("gateway.log");
+        let child = Command::new(bin())
+            .args(["--port", &port.to_string(), "--state-url", db])
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(args)
+            .envs(env.iter().cloned())
+            .env("IAC_CODE_AGUI_LOG", "iac_code_agui=debug,a2a=info,warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        assert!(
+            wait_health(port, Duration::from_secs(30)).is_some(),
+            "instance did not start: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        Instance {
+            child,
+            port,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn signal(&self, sig: i32) {
+        #[allow(unsafe_code)]
+        // SAFETY: plain kill syscall.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A workspace root both instances allow.
+pub struct Workspace {
+    dir: tempfile::TempDir,
+}
+
+impl Workspace {
+    pub fn new() -> Workspace {
+        Workspace {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().canonicalize().unwrap()
+    }
+    pub fn cwd(&self, name: &str) -> String {
+        self.root().join(name).display().to_string()
+    }
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![(
+            "IAC_CODE_AGUI_ALLOWED_CWDS".into(),
+            self.root().display().to_string(),
+        )]
+    }
+}
+
+/// A turn on the fake kernel: the task, `text`, then `then` (completion by default).
+fn turn(k: &FakeKernel, thread: &str, task: &str, text: &str, then: Vec<Item>) {
+    let c = ctx(thread);
+    let mut items = vec![
+        Item::Result(items::task(
+            task,
+            &c,
+            "TASK_STATE_SUBMITTED",
+            json!({"iacCodeSessionId": format!("sess-{thread}")}),
+        )),
+        Item::Result(items::text(task, &c, text, &format!("m-{task}"), json!({}))),
+    ];
+    if then.is_empty() {
+        items.push(Item::Result(items::status(
+            task,
+            &c,
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({}),
+        )));
+    } else {
+        items.extend(then);
+    }
+    k.on_context("SendStreamingMessage", &c, Reply::Sse(items));
+}
+
+fn perm(id: &str, thread: &str, task: &str) -> Value {
+    json!({"schemaVersion":1,"kind":"permission","requestTaskId":task,"contextId":ctx(thread),"inputId":id,"toolUseId":format!("tu-{id}"),
+        "toolName":"bash","prompt":"Run bash?","title":"Run bash","options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}],
+        "required":true})
+}
+
+/// A turn that ends in a permission interrupt.
+fn interrupting_turn(k: &FakeKernel, thread: &str, task: &str, input: &str) {
+    let c = ctx(thread);
+    turn(
+        k,
+        thread,
+        task,
+        "Let me run",
+        vec![Item::Result(items::status(
+            task,
+            &c,
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm(input, thread, task)}),
+        ))],
+    );
+}
+
+/// The kernel's side of a resume: the task as it waits, then the answer's stream.
+fn accepting_resume(k: &FakeKernel, thread: &str, task: &str, input: &str) {
+    let c = ctx(thread);
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                task,
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm(input, thread, task)}),
+            ),
+        ),
+    );
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::status(
+                task,
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"inputReceived": {"kind": "permission", "inputId": input}}),
+            )),
+            Item::Result(items::text(task, &c, "Done.", "m-done", json!({}))),
+            Item::Result(items::status(
+                task,
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({}),
+            )),
+        ]),
+    );
+}
+
+fn allow(input: &str) -> Value {
+    json!([{"interruptId": input, "status": "resolved", "payload": {"decision": "allow_once"}}])
+}
+
+/// The thread's row: owner, epoch, document.
+fn row(pg: &Cluster, db: &str, thread: &str) -> (String, i64, Value) {
+    let out = pg.psql(
+        db,
+        &format!("SELECT owner || '|' || epoch || '|' || coalesce(doc, 'null') FROM agui_threads WHERE thread_id = '{thread}'"),
+    );
+    let mut parts = out.splitn(3, '|');
+    let owner = parts.next().unwrap_or("").to_owned();
+    let epoch = parts.next().and_then(|e| e.parse().ok()).unwrap_or(-1);
+    let doc = parts
+        .next()
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or(Value::Null);
+    (owner, epoch, doc)
+}
+
+fn instance_ids(pg: &Cluster, db: &str) -> Vec<(String, String)> {
+    pg.psql(db, "SELECT id || '|' || advertise_url FROM agui_instances")
+        .lines()
+        .filter_map(|l| l.split_once('|'))
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        .collect()
+}
+
+fn id_of(pg: &Cluster, db: &str, i: &Instance) -> String {
+    instance_ids(pg, db)
+        .into_iter()
+        .find(|(_, url)| *url == i.url())
+        .map(|(id, _)| id)
+        .expect("the instance is registered")
+}
+
+async fn get_json(url: &str) -> (u16, Value) {
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let r = c.get(url).send().await.unwrap();
+    let status = r.status().as_u16();
+    let bytes = r.bytes().await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// Two instances, two fake kernels: a thread is served by the instance that holds it, whichever
+/// instance the client asks (its requests are forwarded there and the stream relayed); the
+/// holder's kernel gets every turn; reading the thread works at either instance; the file of
+/// the thread document in the row is the file store's JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_is_served_by_its_holder_whichever_instance_is_asked() {
+    let pg = Cluster::start();
+    let db = pg.create_db("forward");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let a = Instance::start(&db, &["--a2a-url", &ka.url()], &ws.env());
+    let b = Instance::start(&db, &["--a2a-url", &kb.url()], &ws.env());
+    turn(&ka, "t1", "task-1", "Hello from A", vec![]);
+    let r = post(
+        &a.url(),
+        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "t1", "r1");
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let (owner, epoch, doc) = row(&pg, "forward", "t1");
+    assert_eq!(owner, id_of(&pg, "forward", &a));
+    assert_eq!(epoch, 1);
+    assert_eq!(doc["threadId"], "t1");
+    assert_eq!(doc["iacCodeSessionId"], "sess-t1");
+    // The second turn asked at B runs at A, on A's kernel.
+    ka.on_context(
+        "SendStreamingMessage",
+        &ctx("t1"),
+        Reply::Sse(vec![
+            Item::Result(items::status(
+                "task-1",
+                &ctx("t1"),
+                "TASK_STATE_WORKING",
+                json!({}),
+            )),
+            Item::Result(items::text(
+                "task-1",
+                &ctx("t1"),
+                "Again from A",
+                "m-2",
+                json!({}),
+            )),
+            Item::Result(items::status(
+                "task-1",
+                &ctx("t1"),
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({}),
+            )),
+        ]),
+    );
+    let r2 = post(
+        &b.url(),
+        &body("t1", "r2", "again", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "t1", "r2");
+    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
+    let text: String = r2
+        .of("TEXT_MESSAGE_CONTENT")
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Again from A");
+    assert_eq!(ka.calls("SendStreamingMessage").len(), 2);
+    assert!(
+        kb.calls("SendStreamingMessage").is_empty(),
+        "B's kernel never saw the thread"
+    );
+    assert_eq!(
+        row(&pg, "forward", "t1").0,
+        id_of(&pg, "forward", &a),
+        "still A's"
+    );
+    // Reading the thread back: the same answer at both instances.
+    let (sa, ta) = get_json(&format!("{}threads/t1", a.url())).await;
+    let (sb, tb) = get_json(&format!("{}threads/t1", b.url())).await;
+    assert_eq!((sa, sb), (200, 200));
+    assert_eq!(ta, tb);
+    assert_eq!(ta["lastRun"]["runId"], "r2");
+    // The same run id again at B: the holder's idempotency answers.
+    let again = post(
+        &b.url(),
+        &body("t1", "r2", "again", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(again.status, 409);
+    assert_eq!(again.error_code(), Some("DUPLICATE_RUN_ID"));
+    let other = post(
+        &a.url(),
+        &body("t1", "r2", "different", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(other.error_code(), Some("RUN_ID_CONFLICT"));
+    // A bad request is refused where it arrives, before any forward.
+    let bad = post(&b.url(), &json!({"threadId": "t1"}), &[]).await;
+    assert_eq!(bad.status, 400);
+}
+
+/// 50 rounds, each a new thread asked at both instances at once (runs that last a while): exactly
+/// one of the two is admitted, the other gets THREAD_BUSY from the holder; then the admitted
+/// request is idempotent across instances.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_racing_on_a_thread_admit_exactly_one() {
+    let pg = Cluster::start();
+    let db = pg.create_db("race");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let rounds = 50;
+    for k in [&ka, &kb] {
+        for i in 0..rounds {
+            let t = format!("race-{i}");
+            turn(
+                k,
+                &t,
+                &format!("task-{i}"),
+                "working",
+                vec![
+                    Item::Sleep(Duration::from_millis(1500)),
+                    Item::Result(items::status(
+                        &format!("task-{i}"),
+                        &ctx(&t),
+                        "TASK_STATE_INPUT_REQUIRED",
+                        json!({}),
+                    )),
+                ],
+            );
+        }
+    }
+    let a = Instance::start(&db, &["--a2a-url", &ka.url()], &ws.env());
+    let b = Instance::start(&db, &["--a2a-url", &kb.url()], &ws.env());
+    let mut tasks = vec![];
+    for i in 0..rounds {
+        for (n, url) in [(0, a.url()), (1, b.url())] {
+            let thread = format!("race-{i}");
+            let b = body(
+                &thread,
+                &format!("run-{n}"),
+                "go",
+                &ws.cwd(&thread),
+                json!({}),
+            );
+            tasks.push(tokio::spawn(
+                async move { (i, n, post(&url, &b, &[]).await) },
+            ));
+        }
+    }
+    let mut results: Vec<Vec<(usize, RunResult)>> = (0..rounds).map(|_| vec![]).collect();
+    for t in tasks {
+        let (i, n, r) = t.await.unwrap();
+        results[i].push((n, r));
+    }
+    for (i, rs) in results.iter().enumerate() {
+        let admitted: Vec<&(usize, RunResult)> =
+            rs.iter().filter(|(_, r)| r.status == 200).collect();
+        assert_eq!(
+            admitted.len(),
+            1,
+            "round {i}: {:?}\nA: {}\nB: {}",
+            rs.iter()
+                .map(|(n, r)| (n, r.status, r.error_code()))
+                .collect::<Vec<_>>(),
+            a.log(),
+            b.log()
+        );
+        let (n, won) = admitted[0];
+        assert_valid_run(won, &format!("race-{i}"), &format!("run-{n}"));
+        let lost = rs.iter().find(|(m, _)| m != n).unwrap();
+        assert_eq!(lost.1.status, 409, "round {i}");
+        assert_eq!(lost.1.error_code(), Some("THREAD_BUSY"), "round {i}");
+    }
+    // Idempotency across instances: the admitted request again, at the other instance.
+    for (i, rs) in results.iter().enumerate().take(5) {
+        let (n, _) = rs.iter().find(|(_, r)| r.status == 200).unwrap();
+        let thread = format!("race-{i}");
+        let other = if *n == 0 { b.url() } else { a.url() };
+        let r = post(
+            &other,
+            &body(
+                &thread,
+                &format!("run-{n}"),
+                "go",
+                &ws.cwd(&thread),
+                json!({}),
+            ),
+            &[],
+        )
+        .await;
+        assert_eq!(
+            r.error_code(),
+            Some("DUPLICATE_RUN_ID"),
+            "round {i}: {:?}",
+            r.json
+        );
+    }
+}
+
+/// The holder dies (`kill -9`) with an interrupt pending: once its heartbeat is older than the
+/// TTL, the next request for the thread, at another instance, takes it over (a new epoch),
+/// restores the session on its kernel and resumes; the answer is applied once, and a replay is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holders_thread_is_taken_over_by_the_next_request() {
+    let pg = Cluster::start();
+    let db = pg.create_db("takeover");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let ttl = ["--lease-ttl", "2"];
+    let mut a = Instance::start(
+        &db,
+        &[&["--a2a-url", &ka.url()][..], &ttl].concat(),
+        &ws.env(),
+    );
+    let b = Instance::start(
+        &db,
+        &[&["--a2a-url", &kb.url()][..], &ttl].concat(),
+        &ws.env(),
+    );
+    interrupting_turn(&ka, "t1", "task-1", "perm-1");
+    let r = post(
+        &a.url(),
+        &body("t1", "r1", "go", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "t1", "r1");
+    assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
+    let a_id = id_of(&pg, "takeover", &a);
+    let b_id = id_of(&pg, "takeover", &b);
+    assert_eq!(row(&pg, "takeover", "t1").0, a_id);
+    a.kill9();
+    // While A's heartbeat is fresh, B forwards (and A is gone: a clear 503, nothing decided).
+    let early = post(
+        &b.url(),
+        &resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1")),
+        &[],
+    )
+    .await;
+    assert_eq!(early.status, 503, "{}", early.raw);
+    assert_eq!(early.error_code(), Some("STATE_UNAVAILABLE"));
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    accepting_resume(&kb, "t1", "task-1", "perm-1");
+    let r2 = post(
+        &b.url(),
+        &resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1")),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "t1", "r2");
+    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
+    let (owner, epoch, doc) = row(&pg, "takeover", "t1");
+    assert_eq!(owner, b_id);
+    assert!(epoch >= 2, "a new epoch: {epoch}");
+    assert_eq!(doc["execution"]["pending"], json!({}));
+    assert_eq!(doc["appliedResumeDigests"].as_array().unwrap().len(), 1);
+    // B's kernel restored the session (the backup is shared) before the answer.
+    let restores: Vec<_> = kb
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/iac-code/session/ensure-restored")
+        .collect();
+    assert_eq!(restores[0].body["sessionId"], "sess-t1");
+    assert_eq!(
+        kb.calls("SendStreamingMessage").len(),
+        1,
+        "the answer went once"
+    );
+    // The same answer again: refused, not delivered again.
+    let replay = post(
+        &b.url(),
+        &resume_body("t1", "r3", &ws.cwd("t1"), "inv-1", allow("perm-1")),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        replay.last()["code"],
+        "RESUME_ALREADY_APPLIED",
+        "{}",
+        replay.raw
+    );
+    assert_eq!(kb.calls("SendStreamingMessage").len(), 1);
+}
+
+/// A holder stopped (`SIGSTOP`) past the TTL: another instance takes its thread over; once the
+/// stopped one continues (`SIGCONT`) it writes nothing more to that thread, and its run ends with
+/// one terminal event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_holder_writes_nothing_after_its_lease_lapsed() {
+    let pg = Cluster::start();
+    let db = pg.create_db("stopped");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let ttl = ["--lease-ttl", "2"];
+    let a = Instance::start(
+        &db,
+        &[&["--a2a-url", &ka.url()][..], &ttl].concat(),
+        &ws.env(),
+    );
+    let b = Instance::start(
+        &db,
+        &[&["--a2a-url", &kb.url()][..], &ttl].concat(),
+        &ws.env(),
+    );
+    // A's run: a task, text, a long pause (A is stopped in it), more text, the end.
+    let c = ctx("t1");
+    turn(
+        &ka,
+        "t1",
+        "task-a",
+        "before",
+        vec![
+            Item::Sleep(Duration::from_secs(5)),
+            Item::Result(items::text(
+                "task-a",
+                &c,
+                "before after",
+                "m-task-a",
+                json!({}),
+            )),
+            Item::Result(items::status(
+                "task-a",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({}),
+            )),
+        ],
+    );
+    let url = a.url();
+    let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
+    let run_a = tokio::spawn(async move { post(&url, &b1, &[]).await });
+    let start = Instant::now();
+    while row(&pg, "stopped", "t1").2["execution"]["taskId"] != "task-a" {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    a.signal(libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // B takes the thread over with a new turn (A's task is an orphan to cancel first).
+    turn(&kb, "t1", "task-b", "from B", vec![]);
+    let r = post(
+        &b.url(),
+        &body("t1", "r2", "go", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "t1", "r2");
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let taken = row(&pg, "stopped", "t1");
+    assert_eq!(taken.0, id_of(&pg, "stopped", &b));
+    assert_eq!(taken.2["lastRun"]["runId"], "r2");
+    a.signal(libc::SIGCONT);
+    let ra = run_a.await.unwrap();
+    assert_valid_run(&ra, "t1", "r1");
+    assert_eq!(
+        ra.last()["type"],
+        "RUN_ERROR",
+        "A cannot finish a run it no longer holds: {}",
+        ra.raw
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        row(&pg, "stopped", "t1"),
+        taken,
+        "A wrote nothing after it continued"
+    );
+    // A is alive again (its heartbeat renewed) and forwards the thread to B.
+    turn(&kb, "t1", "task-b", "again from B", vec![]);
+    let r3 = post(
+        &a.url(),
+        &body("t1", "r3", "go", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r3, "t1", "r3");
+    assert_eq!(r3.last()["outcome"]["type"], "success", "{}", r3.raw);
+    assert_eq!(kb.calls("SendStreamingMessage").len(), 2);
+}
+
+/// PostgreSQL restarted mid-run (`-m fast`, then `-m immediate`): a run in flight ends with one
+/// terminal event (RUN_ERROR with its task cancelled when a save could not be made); admissions
+/// while the database is down get 503 `STATE_UNAVAILABLE` within seconds; once it is back, the
+/// pool recovers without a restart of the gateway and runs work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_restart_mid_run_fails_closed_and_the_pool_recovers() {
+    let pg = Cluster::start();
+    let db = pg.create_db("restart");
+    let ws = Workspace::new();
+    let k = FakeKernel::start().await;
+    let a = Instance::start(&db, &["--a2a-url", &k.url()], &ws.env());
+    for (round, how) in [Stop::Fast, Stop::Immediate].into_iter().enumerate() {
+        let thread = format!("t{round}");
+        let c = ctx(&thread);
+        let task = format!("task-{round}");
+        // The task id comes after the pause: its save falls in the outage.
+        k.on(
+            "SendStreamingMessage",
+            Reply::Sse(vec![
+                Item::Sleep(Duration::from_millis(1500)),
+                Item::Result(items::task(
+                    &task,
+                    &c,
+                    "TASK_STATE_SUBMITTED",
+                    json!({"iacCodeSessionId": "s"}),
+                )),
+                Item::Result(items::text(&task, &c, "hello", "m", json!({}))),
+                Item::Result(items::status(
+                    &task,
+                    &c,
+                    "TASK_STATE_INPUT_REQUIRED",
+                    json!({}),
+                )),
+            ]),
+        );
+        let url = a.url();
+        let b1 = body(&thread, "r1", "go", &ws.cwd(&thread), json!({}));
+        let run = tokio::spawn(async move { post(&url, &b1, &[]).await });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        pg.stop(how);
+        // Down: a new admission is refused clearly, and soon.
+        let t = Instant::now();
+        let refused = post(
+            &a.url(),
+            &body(
+                "down",
+                &format!("r{round}"),
+                "go",
+                &ws.cwd("down"),
+                json!({}),
+            ),
+            &[],
+        )
+        .await;
+        assert_eq!(refused.status, 503, "{}", refused.raw);
+        assert_eq!(refused.error_code(), Some("STATE_UNAVAILABLE"));
+        assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+        let r = run.await.unwrap();
+        assert_valid_run(&r, &thread, "r1");
+        assert_eq!(r.last()["code"], "STATE_PERSISTENCE_FAILED", "{}", r.raw);
+        assert_eq!(
+            k.wait_calls("CancelTask", round + 1, Duration::from_secs(10))
+                .await
+                .len(),
+            round + 1,
+            "the task of a run that could not save is cancelled"
+        );
+        pg.start_again();
+        // Back: the pool recovers, runs work again.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let next = format!("after-{round}");
+        loop {
+            k.on(
+                "SendStreamingMessage",
+                Reply::Sse(vec![
+                    Item::Result(items::task(
+                        "task-n",
+                        &ctx(&next),
+                        "TASK_STATE_SUBMITTED",
+                        json!({}),
+                    )),
+                    Item::Result(items::status(
+                        "task-n",
+                        &ctx(&next),
+                        "TASK_STATE_INPUT_REQUIRED",
+                        json!({}),
+                    )),
+                ]),
+            );
+            let r = post(
+                &a.url(),
+                &body(
+                    &next,
+                    &format!("r-{}", deadline.elapsed().as_millis()),
+                    "go",
+                    &ws.cwd(&next),
+                    json!({}),
+                ),
+                &[],
+            )
+            .await;
+            if r.status == 200 {
+                assert_valid_run(&r, &next, r.events[0]["runId"].as_str().unwrap());
+                assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pool did not recover: {}",
+                r.raw
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Two instances, 200 concurrent runs each (half of them asked at the other instance and
+/// forwarded): every stream valid and successful; afterwards no connection, descriptor or
+/// database session is left over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_serve_two_hundred_concurrent_runs_each_without_leaks() {
+    testkit::raise_fd_limit();
+    let pg = Cluster::start();
+    let db = pg.create_db("load");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let per = 200;
+    let a = Instance::start(&db, &["--a2a-url", &ka.url()], &ws.env());
+    let b = Instance::start(&db, &["--a2a-url", &kb.url()], &ws.env());
+    // Warm up both (pools, kernels' first connections), then take the baselines.
+    for (i, (inst, k)) in [(&a, &ka), (&b, &kb)].into_iter().enumerate() {
+        let t = format!("warm-{i}");
+        turn(k, &t, "task-w", "w", vec![]);
+        let r = post(
+            &inst.url(),
+            &body(&t, "r", "w", &ws.cwd(&t), json!({})),
+            &[],
+        )
+        .await;
+        assert_valid_run(&r, &t, "r");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let base = (open_fds(a.child.id()), open_fds(b.child.id()));
+    // Each thread's first turn runs where it is asked; every other thread is asked again at the
+    // other instance, forwarded to its holder.
+    let mut tasks = vec![];
+    for (n, (inst, k)) in [(&a, &ka), (&b, &kb)].into_iter().enumerate() {
+        for i in 0..per {
+            let t = format!("load-{n}-{i}");
+            turn(k, &t, &format!("task-{n}-{i}"), "hello", vec![]);
+            let (url, b) = (inst.url(), body(&t, "r1", "go", &ws.cwd(&t), json!({})));
+            tasks.push(tokio::spawn(async move { (t, post(&url, &b, &[]).await) }));
+        }
+    }
+    for t in tasks {
+        let (thread, r) = t.await.unwrap();
+        assert_valid_run(&r, &thread, "r1");
+        assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    }
+    let mut tasks = vec![];
+    for (n, (other, k)) in [(&b, &ka), (&a, &kb)].into_iter().enumerate() {
+        for i in (0..per).step_by(2) {
+            let t = format!("load-{n}-{i}");
+            let task = format!("task-{n}-{i}");
+            k.on_context(
+                "SendStreamingMessage",
+                &ctx(&t),
+                Reply::Sse(vec![
+                    Item::Result(items::status(
+                        &task,
+                        &ctx(&t),
+                        "TASK_STATE_WORKING",
+                        json!({}),
+                    )),
+                    Item::Result(items::status(
+                        &task,
+                        &ctx(&t),
+                        "TASK_STATE_INPUT_REQUIRED",
+                        json!({}),
+                    )),
+                ]),
+            );
+            let (url, b) = (other.url(), body(&t, "r2", "again", &ws.cwd(&t), json!({})));
+            tasks.push(tokio::spawn(async move { (t, post(&url, &b, &[]).await) }));
+        }
+    }
+    for t in tasks {
+        let (thread, r) = t.await.unwrap();
+        assert_valid_run(&r, &thread, "r2");
+        assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = (open_fds(a.child.id()), open_fds(b.child.id()));
+        // The kernels' and the database's pools keep a few idle connections.
+        if now.0 <= base.0 + 40 && now.1 <= base.1 + 40 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "descriptors left over: {base:?} -> {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let sessions: usize = pg
+        .psql(
+            "load",
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'iac-code-agui'",
+        )
+        .parse()
+        .unwrap();
+    assert!(sessions <= 32, "database sessions: {sessions}");
+    let rows: usize = pg
+        .psql(
+            "load",
+            "SELECT count(*) FROM agui_threads WHERE doc IS NOT NULL",
+        )
+        .parse()
+        .unwrap();
+    assert_eq!(rows, 2 * per + 2);
+}

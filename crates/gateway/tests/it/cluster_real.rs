@@ -1,0 +1,185 @@
+//! Two instances on one PostgreSQL, each with its own managed real kernel (its own config dir),
+//! the kernels' session backup and task directories shared (`--kernel-backup-dir`,
+//! `--kernel-persistence-dir`): a permission interrupt made at A is resumed at B while A lives
+//! (forwarded to A), and after A is killed with -9 (B takes the thread over and its kernel
+//! restores the session and finds the task). The tool runs exactly once each time, and a replay
+//! of the answer is refused.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use testkit::postgres::Cluster;
+use testkit::real_kernel::KernelEnv;
+use testkit::sse::{assert_valid_run, post, RunResult};
+
+use crate::cluster::Instance;
+use crate::support::{body, resume_body};
+
+fn answer(r: &RunResult) -> Value {
+    let id = r.last()["outcome"]["interrupts"][0]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no interrupt: {}", r.raw))
+        .to_owned();
+    json!([{"interruptId": id, "status": "resolved", "payload": {"decision": "allow_once"}}])
+}
+
+async fn kernel_ready(i: &Instance) {
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let start = Instant::now();
+    loop {
+        if let Ok(r) = c.get(format!("{}health", i.url())).send().await {
+            let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap_or_default();
+            if v["kernel"]["state"] == "ready" {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "kernel never ready: {}",
+            i.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The environment of one instance: the test's kernel environment, with a home (config dir)
+/// of its own.
+fn instance_env(env: &KernelEnv, home: &Path) -> Vec<(String, String)> {
+    std::fs::create_dir_all(home.join(".iac-code")).unwrap();
+    env.vars()
+        .into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "HOME" => (k, home.display().to_string()),
+            "IAC_CODE_CONFIG_DIR" => (k, home.join(".iac-code").display().to_string()),
+            _ => (k, v),
+        })
+        .collect()
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
+    let env = KernelEnv::new().await;
+    let pg = Cluster::start();
+    let db = pg.create_db("realcluster");
+    let shared = env.dir.path().join("shared");
+    let (backup, tasks) = (shared.join("backup"), shared.join("tasks"));
+    let args = |_me: &str| {
+        vec![
+            "--a2a-command".to_owned(),
+            env.command(),
+            "--lease-ttl".to_owned(),
+            "3".to_owned(),
+            "--kernel-backup-dir".to_owned(),
+            backup.display().to_string(),
+            "--kernel-persistence-dir".to_owned(),
+            tasks.display().to_string(),
+        ]
+    };
+    let start = |me: &str| {
+        let a = args(me);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        Instance::start(
+            &db,
+            &a,
+            &instance_env(&env, &env.dir.path().join(format!("home-{me}"))),
+        )
+    };
+    let mut a = start("a");
+    let b = start("b");
+    kernel_ready(&a).await;
+    kernel_ready(&b).await;
+    let ws = |name: &str| env.ws().join(name).display().to_string();
+
+    // A alive: the resume asked at B is forwarded to A, whose kernel has the task.
+    let r1 = post(
+        &a.url(),
+        &body("p1", "r1", "Run it. scenario:bash", &ws("p1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r1, "p1", "r1");
+    assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
+    let r2 = post(
+        &b.url(),
+        &resume_body("p1", "r2", &ws("p1"), "inv-1", answer(&r1)),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "p1", "r2");
+    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
+    let out = env.ws().join("p1").join("out.txt");
+    assert_eq!(lines(&out), 1, "the tool ran once");
+    let replay = post(
+        &b.url(),
+        &resume_body("p1", "r3", &ws("p1"), "inv-1", answer(&r1)),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        replay.last()["code"],
+        "RESUME_ALREADY_APPLIED",
+        "{}",
+        replay.raw
+    );
+    assert_eq!(lines(&out), 1);
+
+    // A killed: B takes the thread over, its kernel restores the session from the shared
+    // backup and finds the task in the shared directory.
+    let r1 = post(
+        &a.url(),
+        &body("p2", "r1", "Run it. scenario:bash", &ws("p2"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r1, "p2", "r1");
+    assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
+    // The kernel backs the session up in the background: give it the moment it takes.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    a.kill9();
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let r2 = post(
+        &b.url(),
+        &resume_body("p2", "r2", &ws("p2"), "inv-1", answer(&r1)),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "p2", "r2");
+    assert_eq!(
+        r2.last()["outcome"]["type"],
+        "success",
+        "{}\nB: {}",
+        r2.raw,
+        b.log()
+    );
+    let out = env.ws().join("p2").join("out.txt");
+    assert_eq!(lines(&out), 1, "the tool ran once");
+    let replay = post(
+        &b.url(),
+        &resume_body("p2", "r3", &ws("p2"), "inv-1", answer(&r1)),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        replay.last()["code"],
+        "RESUME_ALREADY_APPLIED",
+        "{}",
+        replay.raw
+    );
+    assert_eq!(lines(&out), 1);
+    // And the thread goes on at B.
+    let r4 = post(
+        &b.url(),
+        &body("p2", "r4", "Hi. scenario:text", &ws("p2"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r4, "p2", "r4");
+    assert_eq!(r4.last()["outcome"]["type"], "success", "{}", r4.raw);
+}
