@@ -103,6 +103,11 @@ pub struct ThreadDoc {
     /// interrupts that
     /// expired, remembered with their execution so later answers get `EXECUTION_EXPIRED`.
     pub expired_interrupts: BTreeSet<(String, String)>,
+    /// `deliveringAnswers` (written only when non-empty): answers on their way to the kernel,
+    /// marked before they are sent and cleared when the kernel's acceptance is recorded. One left
+    /// by a run that did not finish (a crash, a takeover) is settled from the task's state rather
+    /// than sent again.
+    pub delivering: BTreeSet<AppliedDigest>,
     /// `activeRun`: set at admission, cleared when the run lets go of the thread. Still set after
     /// a start-up means the run was lost with the process that ran it.
     pub active_run: Option<RunMark>,
@@ -149,6 +154,8 @@ impl ThreadDoc {
             .insert(self.execution.execution_id.clone());
         self.execution.task_id = None;
         self.execution.pending.clear();
+        let ended = &self.execution.execution_id;
+        self.delivering.retain(|d| d.execution_id != *ended);
     }
 
     /// The document as JSON text: sorted keys, 2-space indent, raw UTF-8, trailing newline.
@@ -190,6 +197,16 @@ impl ThreadDoc {
                 self.expired_interrupts
                     .iter()
                     .map(|(e, i)| json!({"executionId": e, "interruptId": i}))
+                    .collect(),
+            );
+        }
+        if !self.delivering.is_empty() {
+            v["deliveringAnswers"] = Value::Array(
+                self.delivering
+                    .iter()
+                    .map(|a| {
+                        json!({"executionId": a.execution_id, "interruptId": a.interrupt_id, "digest": a.digest})
+                    })
                     .collect(),
             );
         }
@@ -321,21 +338,26 @@ impl ThreadDoc {
                 .collect(),
             _ => return Err(invalid("runDigests")),
         };
-        let applied_resume_digests = match o.get("appliedResumeDigests") {
-            Some(Value::Array(a)) => a
-                .iter()
+        let digests = |a: &[Value], key: &str| {
+            a.iter()
                 .map(|x| {
-                    let x = x
-                        .as_object()
-                        .ok_or_else(|| invalid("appliedResumeDigests"))?;
+                    let x = x.as_object().ok_or_else(|| invalid(key))?;
                     Ok(AppliedDigest {
                         execution_id: req(x, "executionId")?,
                         interrupt_id: req(x, "interruptId")?,
                         digest: req(x, "digest")?,
                     })
                 })
-                .collect::<Result<_, StoreError>>()?,
+                .collect::<Result<BTreeSet<_>, StoreError>>()
+        };
+        let applied_resume_digests = match o.get("appliedResumeDigests") {
+            Some(Value::Array(a)) => digests(a, "appliedResumeDigests")?,
             _ => return Err(invalid("appliedResumeDigests")),
+        };
+        let delivering = match o.get("deliveringAnswers") {
+            None | Some(Value::Null) => BTreeSet::new(),
+            Some(Value::Array(a)) => digests(a, "deliveringAnswers")?,
+            Some(_) => return Err(invalid("deliveringAnswers")),
         };
         let terminal_execution_ids = match o.get("terminalExecutionIds") {
             Some(Value::Array(a)) => a
@@ -392,6 +414,7 @@ impl ThreadDoc {
             applied_resume_digests,
             terminal_execution_ids,
             expired_interrupts,
+            delivering,
             active_run,
             last_run,
         })
@@ -472,5 +495,32 @@ mod tests {
         let mut v: Value = serde_json::from_slice(&good).unwrap();
         v["execution"]["textSnapshotDigests"] = json!(["ABC"]);
         assert!(ThreadDoc::from_json(&serde_json::to_vec(&v).unwrap(), "thread-s3").is_err());
+    }
+
+    /// Answers on their way to the kernel are written only while there are some (reference
+    /// files stay as they are), read back, and cleared with their execution's end.
+    #[test]
+    fn delivering_answers_round_trip_and_end_with_their_execution() {
+        let bytes = reference("S03_after_interrupt.thread-s3.json");
+        let mut doc = ThreadDoc::from_json(&bytes, "thread-s3").unwrap();
+        assert!(doc.delivering.is_empty());
+        assert!(!String::from_utf8(doc.to_json())
+            .unwrap()
+            .contains("deliveringAnswers"));
+        let mark = AppliedDigest {
+            execution_id: doc.execution.execution_id.clone(),
+            interrupt_id: "perm-1".into(),
+            digest: "d".into(),
+        };
+        doc.delivering.insert(mark.clone());
+        let text = doc.to_json();
+        let back = ThreadDoc::from_json(&text, "thread-s3").unwrap();
+        assert_eq!(back.delivering.iter().collect::<Vec<_>>(), vec![&mark]);
+        assert_eq!(back, doc);
+        let mut v: Value = serde_json::from_slice(&text).unwrap();
+        v["deliveringAnswers"] = json!("x");
+        assert!(ThreadDoc::from_json(&serde_json::to_vec(&v).unwrap(), "thread-s3").is_err());
+        doc.end_execution();
+        assert!(doc.delivering.is_empty());
     }
 }

@@ -352,6 +352,7 @@ mod tests {
             applied_resume_digests: Default::default(),
             terminal_execution_ids: Default::default(),
             expired_interrupts: Default::default(),
+            delivering: Default::default(),
             active_run: None,
             last_run: None,
         }

@@ -850,3 +850,92 @@ async fn two_instances_serve_two_hundred_concurrent_runs_each_without_leaks() {
         .unwrap();
     assert_eq!(rows, 2 * per + 2);
 }
+
+/// An answer on its way when its holder died: the holder marked it before sending it, its
+/// kernel took it (the task moved on), and the holder was killed before it could record it. The
+/// instance that takes the thread over sees the mark and the task, records the answer as
+/// applied and does not send it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_on_its_way_when_its_holder_died_is_settled_not_sent_again() {
+    let pg = Cluster::start();
+    let db = pg.create_db("onitsway");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let ttl = ["--lease-ttl", "2"];
+    let mut a = Instance::start(
+        &db,
+        &[&["--a2a-url", &ka.url()][..], &ttl].concat(),
+        &ws.env(),
+    );
+    let b = Instance::start(
+        &db,
+        &[&["--a2a-url", &kb.url()][..], &ttl].concat(),
+        &ws.env(),
+    );
+    interrupting_turn(&ka, "t1", "task-1", "perm-1");
+    let r = post(
+        &a.url(),
+        &body("t1", "r1", "go", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
+    // A's kernel takes the answer and says nothing yet; A dies in between.
+    let c = ctx("t1");
+    ka.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm("perm-1", "t1", "task-1")}),
+            ),
+        ),
+    );
+    ka.on("SendStreamingMessage", Reply::Sse(vec![Item::Stall]));
+    let url = a.url();
+    let resume = resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1"));
+    let dying = tokio::spawn(async move { post(&url, &resume, &[]).await });
+    let start = Instant::now();
+    while ka.calls("SendStreamingMessage").len() < 2 {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let marked = row(&pg, "onitsway", "t1").2;
+    assert_eq!(
+        marked["deliveringAnswers"][0]["interruptId"], "perm-1",
+        "marked before it was sent: {marked}"
+    );
+    a.kill9();
+    let _ = dying.await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // B's kernel (shared task store) shows the task finished with the answer.
+    for _ in 0..2 {
+        kb.on(
+            "GetTask",
+            Reply::Json(
+                200,
+                items::bare_task("task-1", &c, "TASK_STATE_COMPLETED", json!({})),
+            ),
+        );
+    }
+    let r2 = post(
+        &b.url(),
+        &resume_body("t1", "r3", &ws.cwd("t1"), "inv-1", allow("perm-1")),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "t1", "r3");
+    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
+    assert!(
+        kb.calls("SendStreamingMessage").is_empty(),
+        "the answer was not sent again"
+    );
+    let (owner, _, doc) = row(&pg, "onitsway", "t1");
+    assert_eq!(owner, id_of(&pg, "onitsway", &b));
+    assert_eq!(doc["appliedResumeDigests"][0]["interruptId"], "perm-1");
+    assert!(doc.get("deliveringAnswers").is_none(), "{doc}");
+    assert_eq!(doc["execution"]["pending"], json!({}));
+}

@@ -158,6 +158,7 @@ fn admit(
                 applied_resume_digests: Default::default(),
                 terminal_execution_ids: Default::default(),
                 expired_interrupts: Default::default(),
+                delivering: Default::default(),
                 active_run: None,
                 last_run: None,
             })

@@ -49,6 +49,8 @@ pub enum Then {
     Reinterrupt,
     /// Every answer, in request order.
     Deliver(Vec<Delivery>),
+    /// Every answer was settled (see [`Plan::settled`]): nothing is sent, the task is followed.
+    Follow,
 }
 
 /// A resume plan.
@@ -56,6 +58,10 @@ pub enum Then {
 pub struct Plan {
     /// The pending interrupts as they are now (store them first).
     pub pending: Vec<(String, PendingEntry)>,
+    /// Answers an earlier run was delivering when it stopped (a crash, a takeover), which the
+    /// task shows it has: `(interrupt, digest)`, recorded as applied with the pending
+    /// interrupts, never sent again.
+    pub settled: Vec<(String, String)>,
     pub then: Then,
 }
 
@@ -117,6 +123,21 @@ pub fn plan(
         .iter()
         .map(|(id, _)| id.as_str())
         .collect();
+    // An answer marked as on its way to the kernel by a run that did not finish, to an input
+    // the task no longer waits for: the kernel had it. It is settled, not sent again.
+    let waits_for = |id: &str| task.required.iter().any(|r| r.id == id);
+    let settled: Vec<(String, String)> = entries
+        .iter()
+        .filter_map(|e| {
+            let digest = answer::digest(e);
+            let marked = doc.delivering.iter().any(|m| {
+                m.execution_id == exec && m.interrupt_id == e.interrupt_id && m.digest == digest
+            });
+            let gone = task.finished || (task.lists_inputs && !waits_for(&e.interrupt_id));
+            (marked && gone && applied(doc, exec, &e.interrupt_id).is_none())
+                .then(|| (e.interrupt_id.clone(), digest))
+        })
+        .collect();
     let mut pending = doc.execution.pending.clone();
     // The task's view wins: a finished task waits for nothing; a task that lists its inputs and
     // is answered on none the gateway knew waits only for what it lists.
@@ -161,8 +182,13 @@ pub fn plan(
     if conflict {
         return Err(refuse(Code::ResumeAlreadyApplied, msg::ALREADY_APPLIED));
     }
-    let then = then(doc, exec, entries, &pending, &known);
-    Ok(Plan { pending, then })
+    pending.retain(|(id, _)| !settled.iter().any(|(s, _)| s == id));
+    let then = then(doc, exec, entries, &pending, &known, &settled);
+    Ok(Plan {
+        pending,
+        settled,
+        then,
+    })
 }
 
 /// The plan's second half: against the merged pending interrupts.
@@ -172,12 +198,20 @@ fn then(
     entries: &[ResumeEntry],
     pending: &[(String, PendingEntry)],
     known: &[&str],
+    settled: &[(String, String)],
 ) -> Then {
+    if pending.is_empty() && !settled.is_empty() {
+        return Then::Follow;
+    }
     if pending.is_empty() {
         return Then::Refuse(refuse(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE));
     }
     let is_pending = |id: &str| pending.iter().any(|(p, _)| p == id);
-    for e in entries.iter().filter(|e| !is_pending(&e.interrupt_id)) {
+    let is_settled = |id: &str| settled.iter().any(|(s, _)| s == id);
+    for e in entries
+        .iter()
+        .filter(|e| !is_pending(&e.interrupt_id) && !is_settled(&e.interrupt_id))
+    {
         match applied(doc, exec, &e.interrupt_id) {
             Some(d) if d == answer::digest(e) => {}
             Some(_) => {
@@ -377,6 +411,82 @@ mod tests {
             )),
             Some("RESUME_ALREADY_APPLIED")
         );
+    }
+
+    fn marked(doc: &mut ThreadDoc, e: &ResumeEntry) {
+        doc.delivering.insert(AppliedDigest {
+            execution_id: doc.execution.execution_id.clone(),
+            interrupt_id: e.interrupt_id.clone(),
+            digest: answer::digest(e),
+        });
+    }
+
+    /// An answer an earlier run was delivering when it stopped: settled when the task shows it
+    /// has it (it waits for something else, or finished), delivered when the task still waits
+    /// for it; a different answer, or one never marked, is not settled.
+    #[test]
+    fn answers_on_their_way_are_settled_from_the_task() {
+        let mut doc = doc_with_pending(&[("a", None), ("b", None)]);
+        marked(&mut doc, &allow("a"));
+        let moved_on = TaskView {
+            lists_inputs: true,
+            required: vec![required("b")],
+            ..TaskView::default()
+        };
+        let p = plan(&doc, &[allow("a"), allow("b")], moved_on.clone(), None).unwrap();
+        assert_eq!(
+            p.settled,
+            vec![("a".to_owned(), answer::digest(&allow("a")))]
+        );
+        assert_eq!(p.pending.len(), 1, "only b stays pending");
+        let Then::Deliver(d) = &p.then else {
+            panic!("{:?}", p.then)
+        };
+        assert_eq!(
+            d.iter()
+                .map(|d| d.interrupt_id.as_str())
+                .collect::<Vec<_>>(),
+            ["b"]
+        );
+        // All settled: nothing to send, the task is followed.
+        let mut only_a = doc_with_pending(&[("a", None)]);
+        marked(&mut only_a, &allow("a"));
+        let waits_for_nothing = TaskView {
+            lists_inputs: true,
+            ..TaskView::default()
+        };
+        let p = plan(&only_a, &[allow("a")], waits_for_nothing, None).unwrap();
+        assert_eq!(p.then, Then::Follow);
+        assert!(p.pending.is_empty());
+        // Settled, and the task asks something new: the run ends with the new interrupt.
+        let p = plan(&only_a, &[allow("a")], moved_on.clone(), None).unwrap();
+        assert_eq!(p.settled.len(), 1);
+        assert_eq!(p.then, Then::Reinterrupt);
+        assert_eq!(p.pending.len(), 1);
+        let finished = TaskView {
+            finished: true,
+            ..TaskView::default()
+        };
+        assert_eq!(
+            plan(&only_a, &[allow("a")], finished, None).unwrap().then,
+            Then::Follow
+        );
+        // Still waited for: the mark settles nothing, the answer goes (the kernel knows a
+        // duplicate).
+        let waits = TaskView {
+            lists_inputs: true,
+            required: vec![required("a")],
+            ..TaskView::default()
+        };
+        let p = plan(&only_a, &[allow("a")], waits, None).unwrap();
+        assert!(p.settled.is_empty());
+        assert!(matches!(p.then, Then::Deliver(_)));
+        // A task that lists nothing (a kernel restarted: its durable summary) settles nothing.
+        let p = plan(&only_a, &[allow("a")], TaskView::default(), None).unwrap();
+        assert!(p.settled.is_empty());
+        // Another answer than the one on its way is not settled by it.
+        let p = plan(&only_a, &[deny("a")], moved_on, None);
+        assert!(p.as_ref().is_ok_and(|p| p.settled.is_empty()), "{p:?}");
     }
 
     #[test]

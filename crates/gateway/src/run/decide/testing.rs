@@ -41,6 +41,7 @@ pub fn doc_with_pending(pending: &[(&str, Option<i64>)]) -> ThreadDoc {
         applied_resume_digests: Default::default(),
         terminal_execution_ids: Default::default(),
         expired_interrupts: Default::default(),
+        delivering: Default::default(),
         active_run: None,
         last_run: None,
     }

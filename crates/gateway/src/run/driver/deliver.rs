@@ -44,6 +44,9 @@ impl Driver {
         let mut last_stream = None;
         for (i, d) in answers.into_iter().enumerate() {
             let last = i + 1 == count;
+            // Marked before it reaches the kernel: a run that takes over after a crash or on
+            // another instance settles it from the task instead of sending it again.
+            self.mark_delivering(&d).await?;
             let accepted = match &d.answer {
                 Answer::Permission {
                     decision,
@@ -78,7 +81,13 @@ impl Driver {
                             self.seen.acknowledged_only = true;
                             Accepted::Held
                         }
-                        Err(e) => return Err(rejected(&e)),
+                        Err(e) => {
+                            if e.rpc().is_some() {
+                                // Refused, not lost on the way: nothing to settle later.
+                                self.unmark_delivering(&d).await;
+                            }
+                            return Err(rejected(&e));
+                        }
                     }
                 }
                 Answer::CancelQuestion => {
@@ -146,7 +155,8 @@ impl Driver {
                 ))
             }
             Err(e) if e.rpc().is_some() => {
-                return Err(End::fail(Code::A2aUnavailable, msg::ANSWER_REJECTED))
+                self.unmark_delivering(d).await;
+                return Err(End::fail(Code::A2aUnavailable, msg::ANSWER_REJECTED));
             }
             Err(_) => return Err(End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
         }
@@ -203,6 +213,8 @@ impl Driver {
                     self.seen.acknowledged_only = true;
                     return Ok(Accepted::Held);
                 }
+                // Not accepted: the interrupt stays answerable, and nothing is on its way.
+                self.unmark_delivering(d).await;
                 Err(End::fail(Code::A2aUnavailable, not_accepted))
             }
             Err(e) => Err(End::kernel(&e).keep_task()),
@@ -262,7 +274,36 @@ impl Driver {
             doc.execution
                 .pending
                 .retain(|(p, _)| *p != applied.interrupt_id);
+            doc.delivering.remove(&applied);
             doc.applied_resume_digests.insert(applied);
+        })
+        .await
+    }
+
+    /// The kernel refused an answer: it is not on its way any more (best effort: a mark left
+    /// behind is settled only if the task shows it has the answer).
+    async fn unmark_delivering(&mut self, d: &Delivery) {
+        let mark = AppliedDigest {
+            execution_id: self.adm.execution_id.clone(),
+            interrupt_id: d.interrupt_id.clone(),
+            digest: d.digest.clone(),
+        };
+        let _ = self
+            .try_edit(|doc| {
+                doc.delivering.remove(&mark);
+            })
+            .await;
+    }
+
+    /// Records that an answer is on its way to the kernel, durable before it is sent.
+    async fn mark_delivering(&mut self, d: &Delivery) -> Flow {
+        let mark = AppliedDigest {
+            execution_id: self.adm.execution_id.clone(),
+            interrupt_id: d.interrupt_id.clone(),
+            digest: d.digest.clone(),
+        };
+        self.commit(msg::ANSWER_NOT_COMMITTED, |doc| {
+            doc.delivering.insert(mark);
         })
         .await
     }

@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use crate::error::{msg, Code};
 use crate::mapping::{self, interrupt};
 use crate::run::decide::resume::{self as plan, Then};
+use crate::store::AppliedDigest;
 use crate::validate::ResumeEntry;
 
 use super::{Driver, End, Failure, Flow};
@@ -68,16 +69,37 @@ impl Driver {
         let seq = self.mapper.pipeline_sequence();
         let steps = self.mapper.durable_open_steps().clone();
         let pending = plan.pending;
+        let execution = self.adm.execution_id.clone();
+        let settled = plan.settled;
+        for (id, _) in &settled {
+            self.answers.applied.push(id.clone());
+        }
         self.commit(msg::INTERRUPT_NOT_COMMITTED, |d| {
             d.execution.pending = pending;
             d.execution.pipeline_sequence = d.execution.pipeline_sequence.max(seq);
             d.execution.pipeline_open_steps = steps;
+            for (interrupt_id, digest) in settled {
+                let a = AppliedDigest {
+                    execution_id: execution.clone(),
+                    interrupt_id,
+                    digest,
+                };
+                d.delivering.remove(&a);
+                d.applied_resume_digests.insert(a);
+            }
         })
         .await?;
         match plan.then {
             Then::Refuse(e) => Err(End::refused(e)),
             Then::Reinterrupt => Ok(End::Interrupted),
             Then::Deliver(answers) => self.deliver(&client, &task_id, answers).await,
+            Then::Follow => {
+                // The kernel has every answer (an earlier run delivered them): the run shows
+                // what the task did with them.
+                self.seen.acknowledged_only = true;
+                self.settle_acknowledged(&client, &task_id, true).await?;
+                self.finish().await
+            }
         }
     }
 

@@ -522,9 +522,9 @@ async fn a_failed_answer_commit_stops_before_the_next_answer() {
             json!({}),
         ))]),
     );
-    // Saves of the resume: admission, preparation, first commit (fails), and the save that ends
-    // the execution (fails too).
-    switch.fail_saves(2, 2);
+    // Saves of the resume: admission, preparation, the first answer's mark (on its way), its
+    // commit (fails), and the save that ends the execution (fails too).
+    switch.fail_saves(3, 2);
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}},
                          {"interruptId": "q-1", "status": "resolved", "payload": {"freeText": "x"}}]);
     let res = post(
