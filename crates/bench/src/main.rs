@@ -9,6 +9,11 @@
 //! `--compare` measures only throughput, fan-in and CPU per event, of the gateway as it is and of
 //! the variant (the same binary with ARGS added, or `--compare-gateway`), side by side.
 //!
+//!   cargo run --release -p agui-bench -- --postgres [--rounds N] [--parked N] …
+//!
+//! `--postgres` runs the whole measurement with the file store and with the PostgreSQL store (a
+//! private cluster, `synchronous_commit` on, a fresh database each round), alternating.
+//!
 //! The latency test also runs once straight from the synthetic kernel to the client (no gateway):
 //! that floor is what the generator, the client and the loopback cost on this machine, and the
 //! gateway's own share is the difference. Both ends of the latency test are lean on purpose (one
@@ -341,6 +346,23 @@ async fn main() -> Result<()> {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    if args.iter().any(|a| a == "--postgres") {
+        let pg = testkit::postgres::Cluster::start();
+        let rounds = flag("--rounds").unwrap_or(1) as usize;
+        for round in 0..rounds {
+            let file = measure(&Target::Rust(gateway.clone(), vec![]), &kernel, z).await?;
+            print(&format!("round {}: file store", round + 1), &file, z);
+            let url = pg.create_db(&format!("bench{round}"));
+            let extra = vec!["--state-url".to_owned(), url];
+            let on_pg = measure(&Target::Rust(gateway.clone(), extra), &kernel, z).await?;
+            print(
+                &format!("round {}: PostgreSQL store (synchronous_commit on)", round + 1),
+                &on_pg,
+                z,
+            );
+        }
+        return Ok(());
+    }
     if let Some(extra) = text("--compare") {
         let variant_bin = text("--compare-gateway").map_or_else(|| gateway.clone(), PathBuf::from);
         let extra: Vec<String> = extra.split_whitespace().map(str::to_owned).collect();

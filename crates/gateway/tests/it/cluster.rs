@@ -939,3 +939,102 @@ async fn an_answer_on_its_way_when_its_holder_died_is_settled_not_sent_again() {
     assert!(doc.get("deliveringAnswers").is_none(), "{doc}");
     assert_eq!(doc["execution"]["pending"], json!({}));
 }
+
+/// The cancellation extension and a run's events, asked at the instance that does not hold the
+/// thread: forwarded to the holder (a cancel that stops the run there; the events replayed from
+/// its buffer, with `--detach-grace`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_events_reach_the_holder() {
+    let pg = Cluster::start();
+    let db = pg.create_db("cancelfwd");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let grace = ["--detach-grace", "10"];
+    let a = Instance::start(&db, &[&["--a2a-url", &ka.url()][..], &grace].concat(), &ws.env());
+    let b = Instance::start(&db, &[&["--a2a-url", &kb.url()][..], &grace].concat(), &ws.env());
+    turn(&ka, "t1", "task-1", "working", vec![Item::Stall]);
+    let url = a.url();
+    let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
+    let run = tokio::spawn(async move { post(&url, &b1, &[]).await });
+    let start = Instant::now();
+    let exec = loop {
+        let doc = row(&pg, "cancelfwd", "t1").2;
+        if doc["execution"]["taskId"] == "task-1" {
+            break doc["execution"]["executionId"].as_str().unwrap().to_owned();
+        }
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let cancel = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .post(format!("{}extensions/iac-code/v1/executions/{exec}/cancel", b.url()))
+        .header("content-type", "application/json")
+        .body(json!({"threadId": "t1", "rosInvocationId": "inv-1"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), 200);
+    let answer: Value = serde_json::from_slice(&cancel.bytes().await.unwrap()).unwrap();
+    assert_eq!(answer["status"], "cancelled");
+    let r = run.await.unwrap();
+    assert_valid_run(&r, "t1", "r1");
+    assert_eq!(r.last()["code"], "CANCELLED", "{}", r.raw);
+    assert_eq!(ka.calls("CancelTask")[0].body["params"]["id"], "task-1", "A's kernel cancelled it");
+    assert!(kb.calls("CancelTask").is_empty());
+    // The run's events, from A's buffer, asked at B.
+    let c2 = reqwest::Client::builder().no_proxy().build().unwrap();
+    let replay = c2
+        .get(format!("{}threads/t1/runs/r1/events?after=0", b.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), 200);
+    let text = String::from_utf8(replay.bytes().await.unwrap().to_vec()).unwrap();
+    assert_eq!(text, r.raw, "the same events, byte for byte");
+}
+
+/// The database goes away for longer than the lease: the holder's lease lapses (noticed before
+/// another instance could take over), its run in flight ends with RUN_ERROR and its kernel task
+/// is cancelled; once the database is back the instance serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lapsed_with_the_database_down_ends_the_runs_in_flight() {
+    let pg = Cluster::start();
+    let db = pg.create_db("lapse");
+    let ws = Workspace::new();
+    let k = FakeKernel::start().await;
+    let a = Instance::start(&db, &["--a2a-url", &k.url(), "--lease-ttl", "2"], &ws.env());
+    turn(&k, "t1", "task-1", "working", vec![Item::Stall]);
+    let url = a.url();
+    let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
+    let run = tokio::spawn(async move { post(&url, &b1, &[]).await });
+    let start = Instant::now();
+    while row(&pg, "lapse", "t1").2["execution"]["taskId"] != "task-1" {
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let down = Instant::now();
+    pg.stop(Stop::Fast);
+    let r = run.await.unwrap();
+    assert_valid_run(&r, "t1", "r1");
+    assert_eq!(r.last()["code"], "STATE_PERSISTENCE_FAILED", "{}", r.raw);
+    assert_eq!(
+        r.last()["message"],
+        "This gateway instance lost its lease on the shared state."
+    );
+    assert!(down.elapsed() < Duration::from_secs(4), "ended within the TTL: {:?}", down.elapsed());
+    assert_eq!(k.wait_calls("CancelTask", 1, Duration::from_secs(5)).await.len(), 1);
+    pg.start_again();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        turn(&k, "t2", "task-2", "again", vec![]);
+        let r = post(&a.url(), &body("t2", &format!("r{}", deadline.elapsed().as_millis()), "go", &ws.cwd("t2"), json!({})), &[]).await;
+        if r.status == 200 {
+            assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+            break;
+        }
+        assert!(Instant::now() < deadline, "never served again: {}", r.raw);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
