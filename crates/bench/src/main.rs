@@ -356,7 +356,10 @@ async fn main() -> Result<()> {
             let extra = vec!["--state-url".to_owned(), url];
             let on_pg = measure(&Target::Rust(gateway.clone(), extra), &kernel, z).await?;
             print(
-                &format!("round {}: PostgreSQL store (synchronous_commit on)", round + 1),
+                &format!(
+                    "round {}: PostgreSQL store (synchronous_commit on)",
+                    round + 1
+                ),
                 &on_pg,
                 z,
             );

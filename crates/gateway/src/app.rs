@@ -277,6 +277,7 @@ pub async fn serve_with_admin(
     if let Err(e) = rt.threads().store().flush().await {
         tracing::warn!(error = %e, "state journal checkpoint at shutdown failed");
     }
+    rt.threads().store().release().await;
     let _ = admin_stop.send(());
     if let Some(t) = admin_task {
         let _ = t.await;

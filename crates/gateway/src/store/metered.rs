@@ -72,6 +72,10 @@ impl ThreadStore for Metered {
         self.inner.instance_id()
     }
 
+    fn release(&self) -> BoxFuture<'static, ()> {
+        self.inner.release()
+    }
+
     /// The admission's durable write counts as a save (timed, in a span of its own).
     fn admit<'a>(
         &'a self,

@@ -159,6 +159,11 @@ pub trait ThreadStore: Send + Sync + 'static {
     fn instance_id(&self) -> Option<String> {
         None
     }
+    /// A clean stop: a shared store gives this instance's threads up at once (another instance
+    /// takes them over without waiting for the lease to run out); nothing is written after it.
+    fn release(&self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// The store of a state directory that could not be opened: every load and save fails with the

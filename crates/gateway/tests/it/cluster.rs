@@ -950,8 +950,16 @@ async fn cancel_and_events_reach_the_holder() {
     let ws = Workspace::new();
     let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
     let grace = ["--detach-grace", "10"];
-    let a = Instance::start(&db, &[&["--a2a-url", &ka.url()][..], &grace].concat(), &ws.env());
-    let b = Instance::start(&db, &[&["--a2a-url", &kb.url()][..], &grace].concat(), &ws.env());
+    let a = Instance::start(
+        &db,
+        &[&["--a2a-url", &ka.url()][..], &grace].concat(),
+        &ws.env(),
+    );
+    let b = Instance::start(
+        &db,
+        &[&["--a2a-url", &kb.url()][..], &grace].concat(),
+        &ws.env(),
+    );
     turn(&ka, "t1", "task-1", "working", vec![Item::Stall]);
     let url = a.url();
     let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
@@ -969,7 +977,10 @@ async fn cancel_and_events_reach_the_holder() {
         .no_proxy()
         .build()
         .unwrap()
-        .post(format!("{}extensions/iac-code/v1/executions/{exec}/cancel", b.url()))
+        .post(format!(
+            "{}extensions/iac-code/v1/executions/{exec}/cancel",
+            b.url()
+        ))
         .header("content-type", "application/json")
         .body(json!({"threadId": "t1", "rosInvocationId": "inv-1"}).to_string())
         .send()
@@ -981,7 +992,11 @@ async fn cancel_and_events_reach_the_holder() {
     let r = run.await.unwrap();
     assert_valid_run(&r, "t1", "r1");
     assert_eq!(r.last()["code"], "CANCELLED", "{}", r.raw);
-    assert_eq!(ka.calls("CancelTask")[0].body["params"]["id"], "task-1", "A's kernel cancelled it");
+    assert_eq!(
+        ka.calls("CancelTask")[0].body["params"]["id"],
+        "task-1",
+        "A's kernel cancelled it"
+    );
     assert!(kb.calls("CancelTask").is_empty());
     // The run's events, from A's buffer, asked at B.
     let c2 = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -1023,13 +1038,33 @@ async fn a_lease_lapsed_with_the_database_down_ends_the_runs_in_flight() {
         r.last()["message"],
         "This gateway instance lost its lease on the shared state."
     );
-    assert!(down.elapsed() < Duration::from_secs(4), "ended within the TTL: {:?}", down.elapsed());
-    assert_eq!(k.wait_calls("CancelTask", 1, Duration::from_secs(5)).await.len(), 1);
+    assert!(
+        down.elapsed() < Duration::from_secs(4),
+        "ended within the TTL: {:?}",
+        down.elapsed()
+    );
+    assert_eq!(
+        k.wait_calls("CancelTask", 1, Duration::from_secs(5))
+            .await
+            .len(),
+        1
+    );
     pg.start_again();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         turn(&k, "t2", "task-2", "again", vec![]);
-        let r = post(&a.url(), &body("t2", &format!("r{}", deadline.elapsed().as_millis()), "go", &ws.cwd("t2"), json!({})), &[]).await;
+        let r = post(
+            &a.url(),
+            &body(
+                "t2",
+                &format!("r{}", deadline.elapsed().as_millis()),
+                "go",
+                &ws.cwd("t2"),
+                json!({}),
+            ),
+            &[],
+        )
+        .await;
         if r.status == 200 {
             assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
             break;
@@ -1037,4 +1072,43 @@ async fn a_lease_lapsed_with_the_database_down_ends_the_runs_in_flight() {
         assert!(Instant::now() < deadline, "never served again: {}", r.raw);
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// A clean stop (SIGTERM) gives the instance's threads up at once: another instance resumes one
+/// right away, without waiting for the lease (15 s here) to run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_hands_the_threads_over_at_once() {
+    let pg = Cluster::start();
+    let db = pg.create_db("handover");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let mut a = Instance::start(&db, &["--a2a-url", &ka.url()], &ws.env());
+    let b = Instance::start(&db, &["--a2a-url", &kb.url()], &ws.env());
+    interrupting_turn(&ka, "t1", "task-1", "perm-1");
+    let r = post(
+        &a.url(),
+        &body("t1", "r1", "go", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
+    a.signal(libc::SIGTERM);
+    let status = a.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let stopped = Instant::now();
+    accepting_resume(&kb, "t1", "task-1", "perm-1");
+    let r2 = post(
+        &b.url(),
+        &resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1")),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "t1", "r2");
+    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
+    assert!(
+        stopped.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        stopped.elapsed()
+    );
+    assert_eq!(row(&pg, "handover", "t1").0, id_of(&pg, "handover", &b));
 }

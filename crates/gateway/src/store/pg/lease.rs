@@ -55,6 +55,7 @@ pub struct Lease {
     /// Set when the lease lapses; replaced by a fresh one when it is regained (runs that started
     /// before a lapse watch the one of their time).
     lapsed: Mutex<Arc<Lapse>>,
+    given_up: AtomicBool,
 }
 
 impl Lease {
@@ -63,6 +64,7 @@ impl Lease {
             ttl,
             renewed: Mutex::new(None),
             lapsed: Mutex::new(Arc::default()),
+            given_up: AtomicBool::new(false),
         }
     }
 
@@ -72,6 +74,11 @@ impl Lease {
 
     fn last_renewal(&self) -> Option<Instant> {
         *self.renewed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the lease was given up (a clean stop).
+    pub fn given_up(&self) -> bool {
+        self.given_up.load(Ordering::SeqCst)
     }
 
     /// Whether this instance may write now.
@@ -85,8 +92,17 @@ impl Lease {
             .map(|r| r + self.ttl.saturating_sub(margin(self.ttl)))
     }
 
+    /// Gives the lease up for good (a clean stop): it never holds again.
+    pub fn give_up(&self) {
+        self.given_up.store(true, Ordering::SeqCst);
+        *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// A renewal sent at `sent` succeeded.
     pub fn renewed(&self, sent: Instant) {
+        if self.given_up.load(Ordering::SeqCst) {
+            return;
+        }
         let mut r = self.renewed.lock().unwrap_or_else(|e| e.into_inner());
         if r.is_none_or(|old| sent > old) {
             *r = Some(sent);
@@ -168,6 +184,13 @@ mod tests {
         *lease.renewed.lock().unwrap() = Some(Instant::now() - Duration::from_secs(20));
         assert!(lease.check());
         assert!(after.is_late());
+        // Given up at a clean stop: no renewal brings it back.
+        lease.renewed(Instant::now());
+        assert!(lease.holds());
+        lease.give_up();
+        assert!(!lease.holds());
+        lease.renewed(Instant::now());
+        assert!(!lease.holds());
         // A late answer to an older renewal does not move the lease back.
         let now = Instant::now();
         lease.renewed(now);

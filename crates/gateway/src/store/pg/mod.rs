@@ -62,6 +62,9 @@ const HOLD: &str = "UPDATE agui_threads
 const HEARTBEAT: &str = "INSERT INTO agui_instances (id, advertise_url) VALUES ($1, $2)
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), advertise_url = EXCLUDED.advertise_url";
 
+/// A clean stop: the heartbeat as old as can be, so that the threads are taken over at once.
+const GONE: &str = "UPDATE agui_instances SET heartbeat_at = '-infinity' WHERE id = $1";
+
 /// Rows of instances dead for a week that hold no thread any more.
 const FORGET_INSTANCES: &str = "DELETE FROM agui_instances i
     WHERE i.heartbeat_at < now() - interval '7 days'
@@ -225,6 +228,9 @@ impl PgStore {
             loop {
                 tokio::time::sleep(every).await;
                 let Some(inner) = weak.upgrade() else { return };
+                if inner.lease.given_up() {
+                    return;
+                }
                 let store = PgStore { inner };
                 let held = store.inner.lease.holds();
                 match store.heartbeat().await {
@@ -242,12 +248,15 @@ impl PgStore {
                 let Some(inner) = weak.upgrade() else { return };
                 let lease = inner.lease.clone();
                 drop(inner);
+                if lease.given_up() {
+                    return;
+                }
                 let wake = lease
                     .lapses_at()
                     .filter(|t| *t > Instant::now())
                     .unwrap_or_else(|| Instant::now() + Duration::from_millis(100));
                 tokio::time::sleep_until(wake.into()).await;
-                if lease.check() {
+                if !lease.given_up() && lease.check() {
                     tracing::error!(
                         late = lease.watch().is_late(),
                         "the lease on the shared state lapsed: nothing is written until it is \
@@ -508,5 +517,27 @@ impl ThreadStore for PgStore {
 
     fn instance_id(&self) -> Option<String> {
         Some(self.inner.me.clone())
+    }
+
+    fn release(&self) -> BoxFuture<'static, ()> {
+        let store = self.clone();
+        Box::pin(async move {
+            // First: nothing is written after this, whatever the database says.
+            store.inner.lease.give_up();
+            let gone = bounded("release", async {
+                let c = store.client().await?;
+                c.execute(GONE, &[&store.inner.me])
+                    .await
+                    .map_err(unavailable)?;
+                Ok(())
+            })
+            .await;
+            match gone {
+                Ok(()) => tracing::info!("this instance's threads are given up"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the threads could not be given up: another instance takes them over once the lease runs out")
+                }
+            }
+        })
     }
 }
