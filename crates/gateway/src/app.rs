@@ -139,6 +139,22 @@ pub async fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, String> {
         let ttl = Duration::from_secs_f64(cfg.lease_ttl_secs);
         let store = PgStore::open(url, &cfg.advertise_url, ttl).await?;
         store.start_heartbeat();
+        let loopback = cfg
+            .advertise_url
+            .parse::<::http::Uri>()
+            .ok()
+            .and_then(|u| u.host().map(str::to_owned))
+            .is_some_and(|h| {
+                let h = h.trim_start_matches('[').trim_end_matches(']');
+                h == "localhost" || h.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback())
+            });
+        if loopback {
+            tracing::warn!(
+                advertise = %cfg.advertise_url,
+                "the advertised URL is a loopback address: only instances on this machine can \
+                 forward to this one (set --advertise-url)"
+            );
+        }
         tracing::info!(
             instance = store.instance_id(),
             advertise = %cfg.advertise_url,

@@ -138,7 +138,10 @@ async fn held_elsewhere(
     body: Bytes,
     lang: Lang,
 ) -> Option<Response> {
-    if !rt.threads().store().shared() || forward::is_forwarded(req_headers) {
+    // A forwarded request is looked up too: one that reached a non-holder (the thread moved
+    // meanwhile, or a client sent the mark itself) is refused by `to_holder`, never served
+    // from what this instance has.
+    if !rt.threads().store().shared() {
         return None;
     }
     match rt.threads().holder(thread_id).await {

@@ -42,6 +42,8 @@ pub struct Admitted {
     /// This instance took the thread over from a dead one: the kernel session is restored
     /// from the shared backup before the run talks to the kernel.
     pub took_over: bool,
+    /// This instance's hold on the thread the run was admitted in (see `ThreadState::hold`).
+    pub hold: u64,
 }
 
 fn state_unavailable(e: impl std::fmt::Display) -> ApiError {
@@ -145,6 +147,7 @@ async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
     }
     let admission = verdict?;
     let control = Arc::new(RunControl::default());
+    let hold = st.hold();
     if admission.holds_thread {
         st.active = Some(ActiveRun {
             since_ms: rt.now_ms(),
@@ -164,5 +167,6 @@ async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
         context_id: admission.context_id,
         orphan: admission.orphan,
         took_over,
+        hold,
     })
 }

@@ -60,6 +60,16 @@ pub struct ThreadState {
     pub doc: Option<ThreadDoc>,
     pub active: Option<ActiveRun>,
     loaded: bool,
+    /// Bumped whenever this instance's hold on the thread ends or begins anew (another instance
+    /// took it, or this one took it over): a run admitted in an earlier hold writes nothing.
+    hold: u64,
+}
+
+impl ThreadState {
+    /// The hold a run admitted now belongs to.
+    pub fn hold(&self) -> u64 {
+        self.hold
+    }
 }
 
 impl ThreadState {
@@ -217,7 +227,8 @@ impl Threads {
         st.loaded = true;
     }
 
-    /// Another instance holds the thread: what this process had of it is stale.
+    /// Another instance holds the thread: what this process had of it is stale, and the runs of
+    /// its hold here write nothing more.
     fn forget(&self, st: &mut ThreadState) {
         if st.loaded {
             let old = st.doc.as_ref().map_or(0, |d| d.execution.pending.len());
@@ -225,6 +236,7 @@ impl Threads {
         }
         st.doc = None;
         st.loaded = false;
+        st.hold += 1;
     }
 
     /// Counts what a change of a document did to its interrupts.
@@ -327,6 +339,7 @@ impl Threads {
                 }
                 if took_over {
                     st.active = None;
+                    st.hold += 1;
                 }
                 if let Some(next) = &current {
                     if st.doc.as_ref() != Some(next) {
@@ -364,16 +377,27 @@ impl Threads {
                 }
                 if took_over {
                     st.active = None;
+                    st.hold += 1;
                 }
                 Ok((st, Holder::Here { took_over }))
             }
         }
     }
 
-    /// Where a request for a thread is served: here, or at the instance that holds it.
+    /// Where a request for a thread is served: here, or at the instance that holds it (what
+    /// this process had of the thread is then dropped: it no longer counts it, and may evict it).
     pub async fn holder(&self, thread_id: &str) -> Result<Holder, StoreError> {
         Ok(match self.store.holder(thread_id).await? {
-            Claim::Elsewhere(url) => Holder::Elsewhere(url),
+            Claim::Elsewhere(url) => {
+                let slot = self.map().get(thread_id).cloned();
+                if let Some(slot) = slot {
+                    let mut st = slot.lock().await;
+                    if st.loaded {
+                        self.forget(&mut st);
+                    }
+                }
+                Holder::Elsewhere(url)
+            }
             Claim::Here { took_over, .. } => Holder::Here { took_over },
         })
     }

@@ -45,6 +45,10 @@ pub enum StoreError {
     /// took it over), or this instance's lease lapsed. Nothing was written.
     #[error("thread {0} is not held by this instance")]
     NotHeld(String),
+    /// This instance's lease on the shared store lapsed: it writes nothing until it is renewed.
+    /// `late`: noticed after the whole TTL (another instance may hold the thread by now).
+    #[error("this instance's lease on the shared state lapsed")]
+    LeaseLapsed { late: bool },
     /// The shared store cannot be reached (or did not answer in time).
     #[error("the state database is unavailable: {0}")]
     Unavailable(String),

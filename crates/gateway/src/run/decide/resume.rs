@@ -23,6 +23,8 @@ use super::answer::{self, Answer};
 pub struct TaskView {
     /// The task reached a final state.
     pub finished: bool,
+    /// That final state is COMPLETED (not cancelled, failed or rejected).
+    pub completed: bool,
     /// The task reports its inputs (`input`/`pendingPermissions` in its metadata): what it does
     /// not list is not pending any more.
     pub lists_inputs: bool,
@@ -133,7 +135,9 @@ pub fn plan(
             let marked = doc.delivering.iter().any(|m| {
                 m.execution_id == exec && m.interrupt_id == e.interrupt_id && m.digest == digest
             });
-            let gone = task.finished || (task.lists_inputs && !waits_for(&e.interrupt_id));
+            // A task that completed, or goes on waiting for something else, had the answer; one
+            // that was cancelled or failed may have ended before it arrived.
+            let gone = task.completed || (task.lists_inputs && !waits_for(&e.interrupt_id));
             (marked && gone && applied(doc, exec, &e.interrupt_id).is_none())
                 .then(|| (e.interrupt_id.clone(), digest))
         })
@@ -200,10 +204,7 @@ fn then(
     known: &[&str],
     settled: &[(String, String)],
 ) -> Then {
-    if pending.is_empty() && !settled.is_empty() {
-        return Then::Follow;
-    }
-    if pending.is_empty() {
+    if pending.is_empty() && settled.is_empty() {
         return Then::Refuse(refuse(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE));
     }
     let is_pending = |id: &str| pending.iter().any(|(p, _)| p == id);
@@ -219,6 +220,10 @@ fn then(
             }
             None => return Then::Refuse(refuse(Code::UnknownInterrupt, msg::UNKNOWN_INTERRUPT)),
         }
+    }
+    if pending.is_empty() {
+        // Every answer was settled (the others checked above): the task is followed.
+        return Then::Follow;
     }
     let unanswered: Vec<&str> = pending
         .iter()
@@ -455,7 +460,7 @@ mod tests {
             lists_inputs: true,
             ..TaskView::default()
         };
-        let p = plan(&only_a, &[allow("a")], waits_for_nothing, None).unwrap();
+        let p = plan(&only_a, &[allow("a")], waits_for_nothing.clone(), None).unwrap();
         assert_eq!(p.then, Then::Follow);
         assert!(p.pending.is_empty());
         // Settled, and the task asks something new: the run ends with the new interrupt.
@@ -463,14 +468,30 @@ mod tests {
         assert_eq!(p.settled.len(), 1);
         assert_eq!(p.then, Then::Reinterrupt);
         assert_eq!(p.pending.len(), 1);
-        let finished = TaskView {
+        let completed = TaskView {
             finished: true,
+            completed: true,
             ..TaskView::default()
         };
         assert_eq!(
-            plan(&only_a, &[allow("a")], finished, None).unwrap().then,
+            plan(&only_a, &[allow("a")], completed, None).unwrap().then,
             Then::Follow
         );
+        // A task cancelled or failed may have ended before the answer arrived: not settled.
+        let cancelled = TaskView {
+            finished: true,
+            ..TaskView::default()
+        };
+        let p = plan(&only_a, &[allow("a")], cancelled, None);
+        assert_eq!(code(&p), Some("EXECUTION_LOST"));
+        // The other answers are still checked: an unknown one refuses the resume.
+        let p = plan(
+            &only_a,
+            &[allow("a"), allow("zz")],
+            waits_for_nothing.clone(),
+            None,
+        );
+        assert_eq!(code(&p), Some("UNKNOWN_INTERRUPT"));
         // Still waited for: the mark settles nothing, the answer goes (the kernel knows a
         // duplicate).
         let waits = TaskView {
@@ -561,6 +582,7 @@ mod tests {
             }
             let view = TaskView {
                 finished,
+                completed: finished,
                 lists_inputs: lists,
                 required: task_requires.iter().map(|i| required(i)).collect(),
             };

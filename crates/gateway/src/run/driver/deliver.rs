@@ -15,7 +15,7 @@ use crate::run::decide::answer::Answer;
 use crate::run::decide::resume::Delivery;
 use crate::store::AppliedDigest;
 
-use super::{Driver, End, Flow, CANCEL_WAIT};
+use super::{Driver, End, Flow, Unsaved, CANCEL_WAIT};
 
 /// How long a task that refused an answer is watched for an earlier delivery of it starting.
 const EARLIER_DELIVERY_WAIT: Duration = Duration::from_secs(2);
@@ -47,6 +47,7 @@ impl Driver {
             // Marked before it reaches the kernel: a run that takes over after a crash or on
             // another instance settles it from the task instead of sending it again.
             self.mark_delivering(&d).await?;
+            self.still_held().await?;
             let accepted = match &d.answer {
                 Answer::Permission {
                     decision,
@@ -103,10 +104,18 @@ impl Driver {
                         self.answers.questions.push((tool.clone(), text.clone()));
                     }
                     let id = format!("agui-resume-{}", self.run_id());
-                    let stream = self
+                    let stream = match self
                         .send_streaming(client, id, vec![Part::text(text.as_str())], Some(task_id))
                         .await
-                        .map_err(|e| End::kernel(&e))?;
+                    {
+                        Ok(s) => s,
+                        Err(e) => {
+                            if e.rpc().is_some() {
+                                self.unmark_delivering(&d).await;
+                            }
+                            return Err(End::kernel(&e));
+                        }
+                    };
                     self.accept(stream, &d, msg::ANSWER_NOT_ACCEPTED).await?
                 }
             };
@@ -302,10 +311,21 @@ impl Driver {
             interrupt_id: d.interrupt_id.clone(),
             digest: d.digest.clone(),
         };
-        self.commit(msg::ANSWER_NOT_COMMITTED, |doc| {
-            doc.delivering.insert(mark);
-        })
-        .await
+        // Nothing was sent yet: a failed mark leaves the interrupt answerable (no fail-closed).
+        match self
+            .try_edit(|doc| {
+                doc.delivering.insert(mark);
+            })
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(Unsaved::NotHeld) => Err(End::fail(Code::StatePersistenceFailed, msg::TAKEN_OVER)),
+            Err(Unsaved::Lapsed { late }) => Err(End::lapsed(late).keep_task()),
+            Err(Unsaved::Failed) => Err(End::fail(
+                Code::StatePersistenceFailed,
+                msg::INTERRUPT_NOT_COMMITTED,
+            )),
+        }
     }
 }
 

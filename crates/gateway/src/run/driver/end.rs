@@ -69,6 +69,17 @@ impl End {
         Self::fail_and_cancel(Code::A2aProtocolError, message)
     }
 
+    /// This instance's lease on the shared state lapsed: in time, nobody can have taken the
+    /// thread over, and its task is cancelled (nothing is left running); late, it may be
+    /// another instance's now, and is left alone.
+    pub(super) fn lapsed(late: bool) -> End {
+        if late {
+            End::fail(Code::StatePersistenceFailed, msg::LEASE_LAPSED)
+        } else {
+            End::fail_and_cancel(Code::StatePersistenceFailed, msg::LEASE_LAPSED)
+        }
+    }
+
     /// A recovery-critical write failed.
     pub(super) fn not_committed(message: &'static str) -> End {
         End::Failed(Failure {

@@ -101,6 +101,10 @@ pub fn spawn_run(
 enum Unsaved {
     /// A shared store refused it: the thread is not this instance's (any more).
     NotHeld,
+    /// This instance's lease lapsed; `late`: noticed after the whole TTL.
+    Lapsed {
+        late: bool,
+    },
     Failed,
 }
 
@@ -318,6 +322,10 @@ impl Driver {
             return;
         }
         let mut st = self.adm.slot.lock().await;
+        if st.hold() != self.adm.hold {
+            // The thread is another hold's now: nothing of this run is recorded.
+            return;
+        }
         if st
             .active
             .as_ref()
@@ -359,6 +367,9 @@ impl Driver {
     /// (nothing may be answered on a cancelled task), on disk if it can.
     async fn end_execution(&self) {
         let mut st = self.adm.slot.lock().await;
+        if st.hold() != self.adm.hold {
+            return;
+        }
         let current = st
             .doc
             .as_ref()
@@ -434,6 +445,10 @@ impl Driver {
     /// or the execution is not the thread's current one any more.
     async fn try_edit(&self, change: impl FnOnce(&mut ThreadDoc)) -> Result<(), Unsaved> {
         let mut st = self.adm.slot.lock().await;
+        if st.hold() != self.adm.hold {
+            // Admitted in an earlier hold of this instance: the thread moved on without it.
+            return Err(Unsaved::NotHeld);
+        }
         let current = st
             .doc
             .as_ref()
@@ -447,6 +462,7 @@ impl Driver {
                 tracing::warn!("state write refused: the thread is not this instance's any more");
                 Err(Unsaved::NotHeld)
             }
+            Some(Err(StoreError::LeaseLapsed { late })) => Err(Unsaved::Lapsed { late }),
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "state write failed");
                 Err(Unsaved::Failed)
@@ -462,7 +478,22 @@ impl Driver {
         match self.try_edit(change).await {
             Ok(()) => Ok(()),
             Err(Unsaved::NotHeld) => Err(End::fail(Code::StatePersistenceFailed, msg::TAKEN_OVER)),
+            Err(Unsaved::Lapsed { late }) => Err(End::lapsed(late)),
             Err(Unsaved::Failed) => Err(End::not_committed(what)),
+        }
+    }
+
+    /// Before the kernel is asked to do something in the thread's name (a turn, an answer):
+    /// this instance must still hold the thread and its lease must hold (a shared store; a
+    /// store of one instance always does). A lease that holds now holds for the margin before
+    /// its TTL, time enough for the request to reach the kernel before anyone could take over.
+    async fn still_held(&self) -> Flow {
+        if self.adm.slot.lock().await.hold() != self.adm.hold {
+            return Err(End::fail(Code::StatePersistenceFailed, msg::TAKEN_OVER));
+        }
+        match self.rt.threads().store().lease() {
+            Some(lease) if !lease.holds() => Err(End::lapsed(lease.is_late())),
+            _ => Ok(()),
         }
     }
 

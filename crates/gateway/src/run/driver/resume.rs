@@ -58,6 +58,7 @@ impl Driver {
         let meta = view.meta();
         let task_view = plan::TaskView {
             finished: view.state().is_some_and(|s| s.is_final()),
+            completed: view.state() == Some(a2a::TaskState::Completed),
             lists_inputs: meta
                 .is_some_and(|m| m.contains_key("input") || m.contains_key("pendingPermissions")),
             required: meta.map_or_else(Vec::new, |m| {
@@ -126,6 +127,14 @@ impl Driver {
                 {
                     tracing::info!("the session backup is not ready yet; retrying");
                     tokio::time::sleep(RESTORE_RETRY).await;
+                    // The wait ends with the client, a cancellation or the hold.
+                    if self.sink.is_closed() {
+                        return Err(End::Disconnected);
+                    }
+                    if self.adm.control.is_cancel_requested() {
+                        return Err(End::fail(Code::Cancelled, msg::CANCELLED));
+                    }
+                    self.still_held().await?;
                 }
                 Ok(a2a::RestoreOutcome::BackupNotReady(m)) => {
                     return Err(End::Failed(Failure {

@@ -55,13 +55,7 @@ impl Driver {
         });
         loop {
             if let Some(l) = lapse.as_deref().filter(|l| l.is_set()) {
-                // In time, nobody can have taken the thread over: its task is cancelled, as on
-                // any failed save. Late, it may be another instance's now: it is left alone.
-                return Err(if l.is_late() {
-                    End::fail(Code::StatePersistenceFailed, msg::LEASE_LAPSED)
-                } else {
-                    End::fail_and_cancel(Code::StatePersistenceFailed, msg::LEASE_LAPSED)
-                });
+                return Err(End::lapsed(l.is_late()));
             }
             if rt.shutdown().is_draining() {
                 return Err(End::fail_and_cancel(

@@ -26,6 +26,7 @@ impl Driver {
             // Boxed: a rare path that would otherwise size every run's future.
             Box::pin(cancel_orphan(&client, &self.adm.context_id, orphan)).await;
         }
+        self.still_held().await?;
         // Taken, not cloned: the message (images included) is not kept for the run's life.
         let um = self
             .adm

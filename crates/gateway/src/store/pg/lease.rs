@@ -117,17 +117,20 @@ impl Lease {
     /// Marks the lease lapsed, once per lapse, if it has: the runs of its time end. Returns
     /// whether this call did.
     pub fn check(&self) -> bool {
-        if self.holds() {
-            return false;
-        }
         let l = self.lapsed.lock().unwrap_or_else(|e| e.into_inner());
-        if l.is_set() {
+        // Under the lock: a renewal that lands meanwhile replaces the latch only once it holds.
+        if l.is_set() || self.holds() {
             return false;
         }
-        let late = self.last_renewal().is_none_or(|r| r.elapsed() >= self.ttl);
-        l.late.store(late, Ordering::SeqCst);
+        l.late.store(self.is_late(), Ordering::SeqCst);
         l.latch.set();
         true
+    }
+
+    /// The whole TTL has passed since the last renewal: another instance may hold this one's
+    /// threads by now.
+    pub fn is_late(&self) -> bool {
+        self.last_renewal().is_none_or(|r| r.elapsed() >= self.ttl)
     }
 
     /// The lapse a run started now watches: set if the lease lapses while it runs.

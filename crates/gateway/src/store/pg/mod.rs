@@ -32,18 +32,28 @@ const OP_TIMEOUT: Duration = Duration::from_secs(3);
 /// Connections kept per instance.
 const POOL_SIZE: usize = 16;
 
-/// The row of a thread as an admission or a claim reads it (locked).
-const LOCK_ROW: &str = "WITH t AS (
-        INSERT INTO agui_threads AS t (thread_id) VALUES ($1)
-        ON CONFLICT (thread_id) DO UPDATE SET thread_id = t.thread_id
-        RETURNING t.doc, t.owner, t.epoch)
-    SELECT t.doc, t.owner, t.epoch, i.advertise_url,
-           COALESCE(i.heartbeat_at > now() - make_interval(secs => $2), false)
-    FROM t LEFT JOIN agui_instances i ON i.id = t.owner";
+/// The server gives up too: a statement waiting on a lock, or running, is cancelled before the
+/// client's own bound, and a session left inside a transaction (its instance frozen, say) is
+/// ended, which frees the rows it locked.
+const SERVER_LIMITS: &str = "-c lock_timeout=2000 -c statement_timeout=2500 \
+    -c idle_in_transaction_session_timeout=5000";
+
+/// The row of a thread as an admission or a claim reads it, locked (made when missing: the
+/// conflict clause then locks the existing row, and returns its newest version).
+const LOCK_ROW: &str = "INSERT INTO agui_threads AS t (thread_id) VALUES ($1)
+    ON CONFLICT (thread_id) DO UPDATE SET thread_id = t.thread_id
+    RETURNING t.doc, t.owner, t.epoch";
+
+/// Whether an instance is alive, and where it is. A statement of its own, after the row's lock
+/// was taken: its snapshot sees a heartbeat renewed while the lock was waited for, and the clock
+/// is the statement's, not the transaction's.
+const LIVENESS: &str = "SELECT advertise_url,
+           heartbeat_at > clock_timestamp() - make_interval(secs => $2)
+    FROM agui_instances WHERE id = $1";
 
 /// The holder of a thread, unlocked.
 const HOLDER: &str = "SELECT t.owner, i.advertise_url,
-           COALESCE(i.heartbeat_at > now() - make_interval(secs => $2), false)
+           COALESCE(i.heartbeat_at > clock_timestamp() - make_interval(secs => $2), false)
     FROM agui_threads t LEFT JOIN agui_instances i ON i.id = t.owner
     WHERE t.thread_id = $1";
 
@@ -59,8 +69,10 @@ const HOLD: &str = "UPDATE agui_threads
     WHERE thread_id = $1
     RETURNING epoch";
 
+/// A renewal (never after a clean stop gave the instance up: a renewal in flight then loses).
 const HEARTBEAT: &str = "INSERT INTO agui_instances (id, advertise_url) VALUES ($1, $2)
-    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), advertise_url = EXCLUDED.advertise_url";
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), advertise_url = EXCLUDED.advertise_url
+    WHERE agui_instances.heartbeat_at > '-infinity'";
 
 /// A clean stop: the heartbeat as old as can be, so that the threads are taken over at once.
 const GONE: &str = "UPDATE agui_instances SET heartbeat_at = '-infinity' WHERE id = $1";
@@ -108,6 +120,8 @@ struct Locked {
 
 struct Inner {
     pool: Pool,
+    /// For heartbeats only.
+    beats: Pool,
     /// This process's instance id (new at every start).
     me: String,
     advertise_url: String,
@@ -142,21 +156,32 @@ impl PgStore {
         if config.get_application_name().is_none() {
             config.application_name("iac-code-agui");
         }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .wait_timeout(Some(OP_TIMEOUT))
-            .create_timeout(Some(OP_TIMEOUT))
-            .recycle_timeout(Some(OP_TIMEOUT))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| format!("state database pool: {e}"))?;
+        let options = match config.get_options() {
+            Some(o) if !o.trim().is_empty() => format!("{o} {SERVER_LIMITS}"),
+            _ => SERVER_LIMITS.to_owned(),
+        };
+        config.options(options);
+        let pool = |config: tokio_postgres::Config, size: usize| {
+            let manager = Manager::from_config(
+                config,
+                NoTls,
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            );
+            Pool::builder(manager)
+                .max_size(size)
+                .wait_timeout(Some(OP_TIMEOUT))
+                .create_timeout(Some(OP_TIMEOUT))
+                .recycle_timeout(Some(OP_TIMEOUT))
+                .runtime(deadpool_postgres::Runtime::Tokio1)
+                .build()
+                .map_err(|e| format!("state database pool: {e}"))
+        };
+        // Heartbeats have connections of their own: a pool busy with admissions never starves
+        // the lease.
+        let beats = pool(config.clone(), 2)?;
+        let pool = pool(config, POOL_SIZE)?;
         let mut client = pool
             .get()
             .await
@@ -166,6 +191,7 @@ impl PgStore {
         let store = PgStore {
             inner: Arc::new(Inner {
                 pool,
+                beats,
                 me: uuid::Uuid::new_v4().to_string(),
                 advertise_url: advertise_url.to_owned(),
                 lease: Arc::new(Lease::new(ttl)),
@@ -206,7 +232,7 @@ impl PgStore {
     pub async fn heartbeat(&self) -> Result<(), StoreError> {
         let sent = Instant::now();
         bounded("heartbeat", async {
-            let c = self.client().await?;
+            let c = self.inner.beats.get().await.map_err(unavailable)?;
             let st = c.prepare_cached(HEARTBEAT).await.map_err(unavailable)?;
             c.execute(&st, &[&self.inner.me, &self.inner.advertise_url])
                 .await
@@ -269,15 +295,18 @@ impl PgStore {
 
     /// Whether this instance may write: its lease holds. A lapsed lease writes nothing (another
     /// instance may hold the thread by now): the thread is not this instance's to write.
-    fn may_write(&self, thread_id: &str) -> Result<(), StoreError> {
+    fn may_write(&self) -> Result<(), StoreError> {
         if self.inner.lease.holds() {
             Ok(())
         } else {
-            Err(StoreError::NotHeld(thread_id.to_owned()))
+            Err(StoreError::LeaseLapsed {
+                late: self.inner.lease.is_late(),
+            })
         }
     }
 
-    /// Locks a thread's row (creating an empty one) inside `tx`.
+    /// Locks a thread's row (creating an empty one) inside `tx`, and reads its holder's
+    /// liveness after the lock.
     async fn lock_row(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
@@ -285,22 +314,39 @@ impl PgStore {
     ) -> Result<Locked, StoreError> {
         let st = tx.prepare_cached(LOCK_ROW).await.map_err(unavailable)?;
         let row = tx
-            .query_one(&st, &[&thread_id, &self.ttl_secs()])
+            .query_one(&st, &[&thread_id])
             .await
             .map_err(unavailable)?;
-        Ok(Locked {
+        let mut locked = Locked {
             doc: parse(row.get(0), thread_id)?,
             owner: row.get(1),
             epoch: row.get(2),
-            url: row.get(3),
-            alive: row.get(4),
-        })
+            url: None,
+            alive: false,
+        };
+        if let Some(owner) = locked.owner.as_deref().filter(|o| *o != self.inner.me) {
+            let st = tx.prepare_cached(LIVENESS).await.map_err(unavailable)?;
+            if let Some(r) = tx
+                .query_opt(&st, &[&owner, &self.ttl_secs()])
+                .await
+                .map_err(unavailable)?
+            {
+                locked.url = r.get(0);
+                locked.alive = r.get::<_, Option<bool>>(1).unwrap_or(false);
+            }
+        }
+        Ok(locked)
     }
 
-    /// Whether the row shows this instance's own hold (its owner, at the epoch it knows).
+    /// Whether the row shows this instance as its holder. Only this instance makes itself the
+    /// holder, so this is its own hold, whatever epoch it remembers (a commit whose answer timed
+    /// out leaves it one behind): the row's epoch is the one to write at.
     fn ours(&self, thread_id: &str, row: &Locked) -> bool {
-        row.owner.as_deref() == Some(self.inner.me.as_str())
-            && self.epochs().get(thread_id) == Some(&row.epoch)
+        let ours = row.owner.as_deref() == Some(self.inner.me.as_str());
+        if ours {
+            self.epochs().insert(thread_id.to_owned(), row.epoch);
+        }
+        ours
     }
 
     /// Another live instance holds the row.
@@ -335,7 +381,7 @@ impl PgStore {
     }
 
     async fn do_save(&self, doc: ThreadDoc) -> Result<(), StoreError> {
-        self.may_write(&doc.thread_id)?;
+        self.may_write()?;
         let thread_id = doc.thread_id.clone();
         let Some(epoch) = self.epochs().get(&thread_id).copied() else {
             return Err(StoreError::NotHeld(thread_id));
@@ -406,7 +452,10 @@ impl PgStore {
             current: None,
             took_over: false,
         };
-        let Some(row) = row else { return Ok(here) };
+        let Some(row) = row else {
+            self.epochs().remove(&thread_id);
+            return Ok(here);
+        };
         let owner: Option<String> = row.get(0);
         let alive: bool = row.get(2);
         match owner {
@@ -525,7 +574,7 @@ impl ThreadStore for PgStore {
             // First: nothing is written after this, whatever the database says.
             store.inner.lease.give_up();
             let gone = bounded("release", async {
-                let c = store.client().await?;
+                let c = store.inner.beats.get().await.map_err(unavailable)?;
                 c.execute(GONE, &[&store.inner.me])
                     .await
                     .map_err(unavailable)?;
