@@ -76,7 +76,8 @@ impl ThreadStore for Metered {
         self.inner.release()
     }
 
-    /// The admission's durable write counts as a save (timed, in a span of its own).
+    /// The admission's durable write counts as a save (timed, in a span of its own), when the
+    /// decision wrote one: a refusal that changes nothing is no save.
     fn admit<'a>(
         &'a self,
         thread_id: &'a str,
@@ -85,12 +86,22 @@ impl ThreadStore for Metered {
         decide: Decide<'a>,
     ) -> BoxFuture<'a, Result<Admission, StoreError>> {
         let span = tracing::info_span!("agui.state_save");
+        let wrote = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let noted = wrote.clone();
+        let decide: Decide<'a> = Box::new(move |doc, held| {
+            let next = decide(doc, held);
+            noted.store(next.is_some(), std::sync::atomic::Ordering::Relaxed);
+            next
+        });
         let admit = span.in_scope(|| self.inner.admit(thread_id, cached, held, decide));
         Box::pin(
             async move {
                 let started = Instant::now();
                 let done = admit.await;
-                self.metrics.state_save(started.elapsed(), done.is_ok());
+                // A store that failed before deciding (unreachable) failed its save too.
+                if wrote.load(std::sync::atomic::Ordering::Relaxed) || done.is_err() {
+                    self.metrics.state_save(started.elapsed(), done.is_ok());
+                }
                 done
             }
             .instrument(span),
