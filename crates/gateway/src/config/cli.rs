@@ -1,0 +1,164 @@
+//! The command line (clap: each flag with its environment variable) and the YAML file's keys.
+
+use clap::Parser;
+use serde::Deserialize;
+use serde_yaml::Value as Yaml;
+
+/// AG-UI gateway in front of the iac-code A2A execution kernel (drop-in for `iac-code agui`).
+#[derive(Debug, Default, Parser)]
+#[command(name = "iac-code-agui", version, about, long_about = None)]
+pub struct Cli {
+    /// YAML configuration file (keys: host, port, a2a_url, debug, log_stdout, state_dir,
+    /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
+    /// kernel_idle_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
+    /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
+    /// kernel_persistence_dir; dashes or underscores).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<String>,
+    /// Bind address [default: 127.0.0.1].
+    #[arg(long, env = "IAC_CODE_AGUI_HOST")]
+    pub host: Option<String>,
+    /// Bind port, 1..65535 [default: 8000].
+    #[arg(long, env = "IAC_CODE_AGUI_PORT", allow_hyphen_values = true)]
+    pub port: Option<String>,
+    /// URL of an existing loopback A2A kernel; empty starts a managed `iac-code a2a` child. Its
+    /// bearer token: env IAC_CODE_AGUI_A2A_TOKEN or YAML a2a_token.
+    #[arg(long, env = "IAC_CODE_AGUI_A2A_URL")]
+    pub a2a_url: Option<String>,
+    /// Debug logging (default: info).
+    #[arg(short, long)]
+    pub debug: bool,
+    /// Write logs to stdout instead of stderr.
+    #[arg(long, overrides_with = "no_log_stdout")]
+    pub log_stdout: bool,
+    /// Write logs to stderr (default).
+    #[arg(long, overrides_with = "log_stdout")]
+    pub no_log_stdout: bool,
+    /// Durable state root [default: <IAC_CODE_CONFIG_DIR or ~/.iac-code>/agui].
+    #[arg(long, env = "IAC_CODE_AGUI_STATE_DIR")]
+    pub state_dir: Option<String>,
+    /// Exit after this many idle seconds (no active run, no loaded pending interrupt); 0 disables.
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    pub idle_shutdown: Option<String>,
+    /// Interrupt time-to-live in seconds; 0 disables expiry [default: 86400].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_INTERRUPT_TTL",
+        allow_hyphen_values = true
+    )]
+    pub interrupt_ttl: Option<String>,
+    /// Command that starts the managed kernel [default: iac-code on PATH]. Arguments: a2a --host
+    /// 127.0.0.1 --port <free> --thinking-exposure all.
+    #[arg(long, env = "IAC_CODE_AGUI_A2A_COMMAND")]
+    pub a2a_command: Option<String>,
+    /// Seconds open streams get to finish after SIGTERM/SIGINT [default: 10].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_SHUTDOWN_TIMEOUT",
+        allow_hyphen_values = true
+    )]
+    pub shutdown_timeout: Option<String>,
+    /// Seconds a kernel stream may stay silent (no event, no ping) before the run fails with
+    /// A2A_UNAVAILABLE and its task is cancelled; 0 waits forever [default: 60].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT",
+        allow_hyphen_values = true
+    )]
+    pub kernel_idle_timeout: Option<String>,
+    /// An origin whose pages may call the gateway from a browser (CORS), such as
+    /// https://app.example.com; repeatable. The variable takes a comma-separated list [default:
+    /// none, no CORS headers].
+    #[arg(
+        long = "cors-origin",
+        value_name = "ORIGIN",
+        env = "IAC_CODE_AGUI_CORS_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub cors_origin: Vec<String>,
+    /// Seconds a running turn goes on without a client after its connection drops, buffered for
+    /// `GET /threads/{threadId}/runs/{runId}/events`; 0 cancels it at once [default: 0].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_DETACH_GRACE",
+        allow_hyphen_values = true
+    )]
+    pub detach_grace: Option<String>,
+    /// Bytes of events kept per run for clients that re-attach (with --detach-grace); the oldest
+    /// go first [default: 1048576].
+    #[arg(
+        long,
+        value_name = "BYTES",
+        env = "IAC_CODE_AGUI_REPLAY_BUFFER",
+        allow_hyphen_values = true
+    )]
+    pub replay_buffer: Option<String>,
+    /// Address (HOST:PORT) of an admin listener that serves GET /metrics in the Prometheus text
+    /// format, without a token: bind it where only operators reach [default: none, no metrics
+    /// listener].
+    #[arg(long, value_name = "ADDR", env = "IAC_CODE_AGUI_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Log lines as `text` or `json` (one object per line, with thread, run and execution ids
+    /// as fields) [default: text].
+    #[arg(long, value_name = "FORMAT", env = "IAC_CODE_AGUI_LOG_FORMAT")]
+    pub log_format: Option<String>,
+    /// Thread state in PostgreSQL (postgres://user@host:port/db) instead of --state-dir: several
+    /// gateways share it, each thread owned by one at a time [default: none, the file store].
+    #[arg(long, value_name = "URL", env = "IAC_CODE_AGUI_STATE_URL")]
+    pub state_url: Option<String>,
+    /// Seconds an instance's heartbeat in PostgreSQL stays valid: another instance takes over
+    /// the threads of one silent longer than this (with --state-url) [default: 15].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_LEASE_TTL",
+        allow_hyphen_values = true
+    )]
+    pub lease_ttl: Option<String>,
+    /// URL other instances forward this one's threads to (with --state-url) [default: http://
+    /// the bound host and port].
+    #[arg(long, value_name = "URL", env = "IAC_CODE_AGUI_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
+    /// Directory the managed kernel backs its sessions up to (IAC_CODE_CONFIG_BACKUP_DIR), shared
+    /// by the instances so that another's kernel can restore them [default: the kernel's own].
+    #[arg(long, value_name = "DIR", env = "IAC_CODE_AGUI_KERNEL_BACKUP_DIR")]
+    pub kernel_backup_dir: Option<String>,
+    /// Directory the managed kernel keeps its A2A tasks in (its persistence_dir), shared by the
+    /// instances so that another's kernel finds a task [default: the kernel's own].
+    #[arg(long, value_name = "DIR", env = "IAC_CODE_AGUI_KERNEL_PERSISTENCE_DIR")]
+    pub kernel_persistence_dir: Option<String>,
+}
+
+/// The YAML file's keys (after `-` → `_`); unknown keys are ignored. Each value is checked where
+/// it is used, so that a wrong type gets that option's own message.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub(super) struct FileConfig {
+    pub(super) host: Option<Yaml>,
+    pub(super) port: Option<Yaml>,
+    pub(super) a2a_url: Option<Yaml>,
+    pub(super) debug: Option<Yaml>,
+    pub(super) log_stdout: Option<Yaml>,
+    pub(super) state_dir: Option<Yaml>,
+    pub(super) idle_shutdown: Option<Yaml>,
+    pub(super) auth_token: Option<Yaml>,
+    pub(super) a2a_token: Option<Yaml>,
+    pub(super) interrupt_ttl: Option<Yaml>,
+    pub(super) a2a_command: Option<Yaml>,
+    pub(super) shutdown_timeout: Option<Yaml>,
+    pub(super) kernel_idle_timeout: Option<Yaml>,
+    pub(super) cors_origins: Option<Yaml>,
+    pub(super) detach_grace: Option<Yaml>,
+    pub(super) replay_buffer: Option<Yaml>,
+    pub(super) metrics_listen: Option<Yaml>,
+    pub(super) log_format: Option<Yaml>,
+    pub(super) state_url: Option<Yaml>,
+    pub(super) lease_ttl: Option<Yaml>,
+    pub(super) advertise_url: Option<Yaml>,
+    pub(super) kernel_backup_dir: Option<Yaml>,
+    pub(super) kernel_persistence_dir: Option<Yaml>,
+}
