@@ -111,6 +111,46 @@ impl Workspace {
     }
 }
 
+/// A private database, a workspace both instances allow, and two instances, A and B, each in
+/// front of a fake kernel of its own, started with `extra` arguments.
+struct Pair {
+    pg: Cluster,
+    ws: Workspace,
+    ka: FakeKernel,
+    kb: FakeKernel,
+    a: Instance,
+    b: Instance,
+}
+
+async fn pair(db: &str, extra: &[&str]) -> Pair {
+    let pg = Cluster::start();
+    let url = pg.create_db(db);
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let args = |k: &FakeKernel| {
+        let mut v = vec!["--a2a-url".to_owned(), k.url()];
+        v.extend(extra.iter().map(|a| (*a).to_owned()));
+        v
+    };
+    let start = |k: &FakeKernel| {
+        let a = args(k);
+        Instance::start(
+            &url,
+            &a.iter().map(String::as_str).collect::<Vec<_>>(),
+            &ws.env(),
+        )
+    };
+    let (a, b) = (start(&ka), start(&kb));
+    Pair {
+        pg,
+        ws,
+        ka,
+        kb,
+        a,
+        b,
+    }
+}
+
 /// A turn on the fake kernel: the task, `text`, then `then` (completion by default).
 fn turn(k: &FakeKernel, thread: &str, task: &str, text: &str, then: Vec<Item>) {
     let c = ctx(thread);
@@ -247,12 +287,14 @@ async fn get_json(url: &str) -> (u16, Value) {
 /// the thread document in the row is the file store's JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thread_is_served_by_its_holder_whichever_instance_is_asked() {
-    let pg = Cluster::start();
-    let db = pg.create_db("forward");
-    let ws = Workspace::new();
-    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
-    let a = Instance::start(&db, &["--a2a-url", &ka.url()], &ws.env());
-    let b = Instance::start(&db, &["--a2a-url", &kb.url()], &ws.env());
+    let Pair {
+        pg,
+        ws,
+        ka,
+        kb,
+        a,
+        b,
+    } = pair("forward", &[]).await;
     turn(&ka, "t1", "task-1", "Hello from A", vec![]);
     let r = post(
         &a.url(),
@@ -361,10 +403,15 @@ async fn a_thread_is_served_by_its_holder_whichever_instance_is_asked() {
 /// request is idempotent across instances.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_racing_on_a_thread_admit_exactly_one() {
-    let pg = Cluster::start();
-    let db = pg.create_db("race");
-    let ws = Workspace::new();
-    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    // The cluster lives as long as the test (`_pg`, not `..`: that would drop it at once).
+    let Pair {
+        pg: _pg,
+        ws,
+        ka,
+        kb,
+        a,
+        b,
+    } = pair("race", &[]).await;
     let rounds = 50;
     for k in [&ka, &kb] {
         for i in 0..rounds {
@@ -386,8 +433,6 @@ async fn two_instances_racing_on_a_thread_admit_exactly_one() {
             );
         }
     }
-    let a = Instance::start(&db, &["--a2a-url", &ka.url()], &ws.env());
-    let b = Instance::start(&db, &["--a2a-url", &kb.url()], &ws.env());
     let mut tasks = vec![];
     for i in 0..rounds {
         for (n, url) in [(0, a.url()), (1, b.url())] {
@@ -460,21 +505,14 @@ async fn two_instances_racing_on_a_thread_admit_exactly_one() {
 /// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_holders_thread_is_taken_over_by_the_next_request() {
-    let pg = Cluster::start();
-    let db = pg.create_db("takeover");
-    let ws = Workspace::new();
-    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
-    let ttl = ["--lease-ttl", "2"];
-    let mut a = Instance::start(
-        &db,
-        &[&["--a2a-url", &ka.url()][..], &ttl].concat(),
-        &ws.env(),
-    );
-    let b = Instance::start(
-        &db,
-        &[&["--a2a-url", &kb.url()][..], &ttl].concat(),
-        &ws.env(),
-    );
+    let Pair {
+        pg,
+        ws,
+        ka,
+        kb,
+        mut a,
+        b,
+    } = pair("takeover", &["--lease-ttl", "2"]).await;
     interrupting_turn(&ka, "t1", "task-1", "perm-1");
     let r = post(
         &a.url(),
@@ -545,21 +583,14 @@ async fn a_dead_holders_thread_is_taken_over_by_the_next_request() {
 /// one terminal event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_holder_writes_nothing_after_its_lease_lapsed() {
-    let pg = Cluster::start();
-    let db = pg.create_db("stopped");
-    let ws = Workspace::new();
-    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
-    let ttl = ["--lease-ttl", "2"];
-    let a = Instance::start(
-        &db,
-        &[&["--a2a-url", &ka.url()][..], &ttl].concat(),
-        &ws.env(),
-    );
-    let b = Instance::start(
-        &db,
-        &[&["--a2a-url", &kb.url()][..], &ttl].concat(),
-        &ws.env(),
-    );
+    let Pair {
+        pg,
+        ws,
+        ka,
+        kb,
+        a,
+        b,
+    } = pair("stopped", &["--lease-ttl", "2"]).await;
     // A's run: a task, text, a long pause (A is stopped in it), more text, the end.
     let c = ctx("t1");
     turn(
@@ -763,13 +794,15 @@ fn open_fds(pid: u32) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_serve_two_hundred_concurrent_runs_each_without_leaks() {
     testkit::raise_fd_limit();
-    let pg = Cluster::start();
-    let db = pg.create_db("load");
-    let ws = Workspace::new();
-    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let Pair {
+        pg,
+        ws,
+        ka,
+        kb,
+        a,
+        b,
+    } = pair("load", &[]).await;
     let per = 200;
-    let a = Instance::start(&db, &["--a2a-url", &ka.url()], &ws.env());
-    let b = Instance::start(&db, &["--a2a-url", &kb.url()], &ws.env());
     // Warm up both (pools, kernels' first connections), then take the baselines.
     for (i, (inst, k)) in [(&a, &ka), (&b, &kb)].into_iter().enumerate() {
         let t = format!("warm-{i}");
@@ -870,21 +903,14 @@ async fn two_instances_serve_two_hundred_concurrent_runs_each_without_leaks() {
 /// applied and does not send it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_on_its_way_when_its_holder_died_is_settled_not_sent_again() {
-    let pg = Cluster::start();
-    let db = pg.create_db("onitsway");
-    let ws = Workspace::new();
-    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
-    let ttl = ["--lease-ttl", "2"];
-    let mut a = Instance::start(
-        &db,
-        &[&["--a2a-url", &ka.url()][..], &ttl].concat(),
-        &ws.env(),
-    );
-    let b = Instance::start(
-        &db,
-        &[&["--a2a-url", &kb.url()][..], &ttl].concat(),
-        &ws.env(),
-    );
+    let Pair {
+        pg,
+        ws,
+        ka,
+        kb,
+        mut a,
+        b,
+    } = pair("onitsway", &["--lease-ttl", "2"]).await;
     interrupting_turn(&ka, "t1", "task-1", "perm-1");
     let r = post(
         &a.url(),
@@ -958,21 +984,14 @@ async fn an_answer_on_its_way_when_its_holder_died_is_settled_not_sent_again() {
 /// its buffer, with `--detach-grace`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_and_events_reach_the_holder() {
-    let pg = Cluster::start();
-    let db = pg.create_db("cancelfwd");
-    let ws = Workspace::new();
-    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
-    let grace = ["--detach-grace", "10"];
-    let a = Instance::start(
-        &db,
-        &[&["--a2a-url", &ka.url()][..], &grace].concat(),
-        &ws.env(),
-    );
-    let b = Instance::start(
-        &db,
-        &[&["--a2a-url", &kb.url()][..], &grace].concat(),
-        &ws.env(),
-    );
+    let Pair {
+        pg,
+        ws,
+        ka,
+        kb,
+        a,
+        b,
+    } = pair("cancelfwd", &["--detach-grace", "10"]).await;
     turn(&ka, "t1", "task-1", "working", vec![Item::Stall]);
     let url = a.url();
     let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
@@ -1091,12 +1110,14 @@ async fn a_lease_lapsed_with_the_database_down_ends_the_runs_in_flight() {
 /// right away, without waiting for the lease (15 s here) to run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clean_stop_hands_the_threads_over_at_once() {
-    let pg = Cluster::start();
-    let db = pg.create_db("handover");
-    let ws = Workspace::new();
-    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
-    let mut a = Instance::start(&db, &["--a2a-url", &ka.url()], &ws.env());
-    let b = Instance::start(&db, &["--a2a-url", &kb.url()], &ws.env());
+    let Pair {
+        pg,
+        ws,
+        ka,
+        kb,
+        mut a,
+        b,
+    } = pair("handover", &[]).await;
     interrupting_turn(&ka, "t1", "task-1", "perm-1");
     let r = post(
         &a.url(),
