@@ -24,22 +24,7 @@ async fn round(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<Ro
     let t = Instant::now();
     let n = run(&c, &g, "tp", &format!("deltas:{}", z.throughput), |_| {}).await?;
     let throughput_eps = n as f64 / t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let mut tasks = vec![];
-    for i in 0..z.fan_runs {
-        let (c, g) = (c.clone(), g.clone());
-        let text = format!("deltas:{}", z.fan_deltas);
-        tasks.push(tokio::spawn(async move {
-            run(&c, &g, &format!("fan-{i}"), &text, |_| {}).await
-        }));
-    }
-    for t in tasks {
-        let n = t.await??;
-        if n < z.fan_deltas as usize {
-            bail!("fan-in run lost events: {n}");
-        }
-    }
-    let fan_in_s = t.elapsed().as_secs_f64();
+    let fan_in_s = fan_in(&c, &g, z).await?;
     let events = z.throughput + (z.fan_runs as u64) * z.fan_deltas;
     let event_cpu_us = cpu_ms(pid).saturating_sub(cpu_before) as f64 * 1000.0 / events as f64;
     Ok(Round {

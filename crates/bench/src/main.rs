@@ -128,22 +128,9 @@ async fn run(
     read_events(resp, b"\n\n", on_event).await
 }
 
-async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<Report> {
-    let mut rep = Report::default();
-    let g = start(target, kernel).await?;
-    rep.ready_ms = g.ready.as_secs_f64() * 1000.0;
-    let c = client();
-
-    // Throughput: one run.
-    let pid = g.child.id();
-    let cpu_before = cpu_ms(pid);
+/// `z.fan_runs` runs of `z.fan_deltas` deltas at once: how long until the last ends (s).
+async fn fan_in(c: &reqwest::Client, g: &Arc<Gateway>, z: Sizes) -> Result<f64> {
     let t = Instant::now();
-    let n = run(&c, &g, "tp", &format!("deltas:{}", z.throughput), |_| {}).await?;
-    rep.throughput_eps = n as f64 / t.elapsed().as_secs_f64();
-
-    // Fan-in.
-    let t = Instant::now();
-    let g = Arc::new(g);
     let mut tasks = vec![];
     for i in 0..z.fan_runs {
         let (c, g) = (c.clone(), g.clone());
@@ -158,7 +145,25 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
             bail!("fan-in run lost events: {n}");
         }
     }
-    rep.fan_in_s = t.elapsed().as_secs_f64();
+    Ok(t.elapsed().as_secs_f64())
+}
+
+async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<Report> {
+    let mut rep = Report::default();
+    let g = start(target, kernel).await?;
+    rep.ready_ms = g.ready.as_secs_f64() * 1000.0;
+    let c = client();
+
+    // Throughput: one run.
+    let pid = g.child.id();
+    let cpu_before = cpu_ms(pid);
+    let t = Instant::now();
+    let n = run(&c, &g, "tp", &format!("deltas:{}", z.throughput), |_| {}).await?;
+    rep.throughput_eps = n as f64 / t.elapsed().as_secs_f64();
+
+    // Fan-in.
+    let g = Arc::new(g);
+    rep.fan_in_s = fan_in(&c, &g, z).await?;
     let events = z.throughput + (z.fan_runs as u64) * z.fan_deltas;
     rep.event_cpu_us = cpu_ms(pid).saturating_sub(cpu_before) as f64 * 1000.0 / events as f64;
 

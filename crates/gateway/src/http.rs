@@ -159,6 +159,26 @@ async fn held_elsewhere(
     }
 }
 
+/// [`held_elsewhere`] for the GET routes (no body).
+async fn get_held_elsewhere(
+    rt: &Runtime,
+    thread_id: &str,
+    headers: &HeaderMap,
+    path: String,
+    lang: Lang,
+) -> Option<Response> {
+    held_elsewhere(
+        rt,
+        thread_id,
+        headers,
+        Method::GET,
+        &path,
+        Bytes::new(),
+        lang,
+    )
+    .await
+}
+
 fn path_of(req: &Request) -> String {
     req.uri()
         .path_and_query()
@@ -177,18 +197,7 @@ async fn events_route(
     let Ok(after) = threads_api::resume_point(req.headers(), req.uri().query()) else {
         return ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl);
     };
-    let path = path_of(&req);
-    if let Some(r) = held_elsewhere(
-        &s.rt,
-        &thread_id,
-        req.headers(),
-        Method::GET,
-        &path,
-        Bytes::new(),
-        hl,
-    )
-    .await
-    {
+    if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
         return r;
     }
     match threads_api::events(&s.rt, &thread_id, &run_id, after, s.heartbeat).await {
@@ -206,18 +215,7 @@ async fn thread_route(
         Ok(hl) => hl,
         Err(r) => return r,
     };
-    let path = path_of(&req);
-    if let Some(r) = held_elsewhere(
-        &s.rt,
-        &thread_id,
-        req.headers(),
-        Method::GET,
-        &path,
-        Bytes::new(),
-        hl,
-    )
-    .await
-    {
+    if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
         return r;
     }
     match threads_api::thread(&s.rt, &thread_id).await {

@@ -159,7 +159,12 @@ fn value(samples: &[Value]) -> f64 {
 async fn a_real_prometheus_scrapes_what_real_kernel_runs_did() {
     let env = KernelEnv::new().await;
     let kernel_ws = |name: &str| env.ws().join(name).display().to_string();
-    let gw = gateway(&["--a2a-command", &env.command()], &env.vars()).await;
+    // The runs' traces too, of the real kernel's calls.
+    let traces = OtlpReceiver::start().await;
+    let mut vars = env.vars();
+    vars.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), traces.endpoint()));
+    vars.push(("OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()));
+    let gw = gateway(&["--a2a-command", &env.command()], &vars).await;
     let c = client();
     // The kernel starts in the background.
     let start = Instant::now();
@@ -340,6 +345,43 @@ async fn a_real_prometheus_scrapes_what_real_kernel_runs_did() {
         .starts_with("application/openmetrics-text"));
     assert!(open.text().await.unwrap().ends_with("# EOF\n"));
     gw.stop();
+    // One span tree per run: the turn's stream, and the resume's task lookup and answer.
+    let spans = traces.spans();
+    let run = |thread: &str, run: &str| {
+        spans
+            .iter()
+            .find(|s| {
+                s.name == "agui.run"
+                    && s.attr("thread_id") == Some(&json!(thread))
+                    && s.attr("run_id") == Some(&json!(run))
+            })
+            .unwrap_or_else(|| panic!("no span of {thread}/{run}: {spans:#?}"))
+    };
+    let calls = |root: &Span| -> Vec<String> {
+        descendants(&spans, root)
+            .iter()
+            .filter(|s| s.kind == 3)
+            .map(|s| s.name.clone())
+            .collect()
+    };
+    let turn = run("m1", "r1");
+    assert_eq!(turn.attr("outcome"), Some(&json!("success")));
+    assert_eq!(turn.attr("mode"), Some(&json!("turn")));
+    assert!(
+        calls(turn).contains(&"SendStreamingMessage".to_owned()),
+        "{:?}",
+        calls(turn)
+    );
+    let resume = run("m2", "r2");
+    assert_eq!(resume.attr("mode"), Some(&json!("resume")));
+    let resumed = calls(resume);
+    for call in ["ensure-restored", "GetTask", "SendStreamingMessage"] {
+        assert!(
+            resumed.contains(&call.to_owned()),
+            "{call} missing: {resumed:?}"
+        );
+    }
+    assert_eq!(run("m2", "r1").attr("outcome"), Some(&json!("interrupt")));
 }
 
 /// The alert rules and the dashboard in `ops/` are what Prometheus and Grafana read: promtool
