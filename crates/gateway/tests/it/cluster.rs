@@ -1146,3 +1146,49 @@ async fn a_clean_stop_hands_the_threads_over_at_once() {
     );
     assert_eq!(row(&pg, "handover", "t1").0, id_of(&pg, "handover", &b));
 }
+
+/// With a bearer token on the instances, a forwarded request carries the client's token: the
+/// instance the client asked checks it first (a request without it never leaves), and the holder
+/// accepts the forwarded one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_requests_carry_the_clients_token() {
+    let pg = Cluster::start();
+    let db = pg.create_db("token");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let mut env = ws.env();
+    env.push(("IAC_CODE_AGUI_AUTH_TOKEN".into(), "s3cret".into()));
+    let a = Instance::start(&db, &["--a2a-url", &ka.url()], &env);
+    let b = Instance::start(&db, &["--a2a-url", &kb.url()], &env);
+    let auth = [("authorization", "Bearer s3cret")];
+    turn(&ka, "t1", "task-1", "from A", vec![]);
+    let r = post(
+        &a.url(),
+        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
+        &auth,
+    )
+    .await;
+    assert_valid_run(&r, "t1", "r1");
+    let refused = post(
+        &b.url(),
+        &body("t1", "r2", "hi", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(refused.status, 401);
+    assert_eq!(
+        ka.calls("SendStreamingMessage").len(),
+        1,
+        "nothing was forwarded"
+    );
+    turn(&ka, "t1", "task-1", "again from A", vec![]);
+    let r2 = post(
+        &b.url(),
+        &body("t1", "r2", "hi", &ws.cwd("t1"), json!({})),
+        &auth,
+    )
+    .await;
+    assert_valid_run(&r2, "t1", "r2");
+    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
+    assert_eq!(ka.calls("SendStreamingMessage").len(), 2);
+}

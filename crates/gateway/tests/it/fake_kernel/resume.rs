@@ -949,6 +949,13 @@ async fn the_pending_interrupt_gauge_holds_across_a_restart_and_an_expiry() {
     interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
     assert_eq!(metric(&s, "agui_pending_interrupts"), 1.0);
     assert_eq!(metric(&s, "agui_interrupts_total{event=\"created\"}"), 1.0);
+    // A refused admission (the same run id again) saves nothing, and counts no save.
+    let saves = metric(&s, "agui_state_save_duration_seconds_count");
+    assert!(saves >= 2.0);
+    let again = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    assert_eq!(again.status, 409);
+    assert_eq!(metric(&s, "agui_state_save_duration_seconds_count"), saves);
+    assert_eq!(metric(&s, "agui_admission_duration_seconds_count"), 2.0);
     let ws = s.ws("w");
     let dir = s.stop().await;
     let s = Builder::new()
