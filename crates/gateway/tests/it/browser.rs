@@ -277,5 +277,6 @@ async fn official_clients_in_chromium_across_origins() {
         assert!(ids.len() > 10, "{page:#}");
         // It reconnected once after the end (with the terminal event's id) and the 204 stopped it.
         assert_eq!(run["opens"], 1, "{page:#}");
+        assert_eq!(page["eventsResponses"], json!([200, 204]), "{page:#}");
     }
 }
