@@ -289,6 +289,12 @@ pub async fn serve_with_admin(
             Ok(())
         }
     };
+    // Runs without a connection (detached) end with the drain too: their last writes (the run's
+    // end on the thread) land before the store is flushed, within the same deadline.
+    let runs_deadline = tokio::time::Instant::now() + timeout;
+    while rt.activity().open_streams() > 0 && tokio::time::Instant::now() < runs_deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     rt.kernel().stop().await;
     if let Err(e) = rt.threads().store().flush().await {
         tracing::warn!(error = %e, "state journal checkpoint at shutdown failed");
