@@ -6,10 +6,12 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
+use crate::config::Env;
 use crate::http::{self, AppState};
 use crate::kernel::{ChildSpec, Kernel};
-use crate::run::{Clock, Env, Runtime, SystemClock};
+use crate::run::Runtime;
 use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::{admin, Metrics};

@@ -6,6 +6,7 @@
 
 pub mod app;
 pub mod canonical;
+pub mod clock;
 pub mod config;
 pub mod cors;
 pub mod error;

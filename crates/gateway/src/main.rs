@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use iac_code_agui::app;
+use iac_code_agui::config::Env;
 use iac_code_agui::config::{Cli, Config};
-use iac_code_agui::run::Env;
 use iac_code_agui::telemetry::{self, Metrics};
 
 async fn shutdown_signal() {

@@ -16,9 +16,9 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
 use crate::mapping::interrupt;
-use crate::mapping::interrupt::rfc3339_ms;
 use crate::run::replay::{Batch, RunEvents};
 use crate::run::{sink, Runtime};
 

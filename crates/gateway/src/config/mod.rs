@@ -122,6 +122,9 @@ fn listen_address(v: &str) -> Result<String, String> {
     Ok(v.to_owned())
 }
 
+/// The environment snapshot taken at start-up, shared by whatever reads variables later.
+pub type Env = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// Environment lookup (injected so tests never mutate the process environment).
 pub type EnvFn<'a> = &'a dyn Fn(&str) -> Option<String>;
 

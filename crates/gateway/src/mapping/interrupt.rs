@@ -217,52 +217,6 @@ pub fn build(id: &str, value: &Map<String, Value>, expires_at: Option<&str>) -> 
     }
 }
 
-/// RFC 3339 UTC with millisecond precision and `Z`.
-pub fn rfc3339_ms(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let millis = ms.rem_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if mo <= 2 { y + 1 } else { y };
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{millis:03}Z")
-}
-
-/// Parses the format of [`rfc3339_ms`] (and any RFC 3339 UTC `Z` timestamp) back to ms.
-pub fn parse_rfc3339_ms(s: &str) -> Option<i64> {
-    let s = s.strip_suffix('Z')?;
-    let (date, time) = s.split_once('T')?;
-    let mut dp = date.split('-');
-    let y: i64 = dp.next()?.parse().ok()?;
-    let mo: i64 = dp.next()?.parse().ok()?;
-    let d: i64 = dp.next()?.parse().ok()?;
-    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
-    let mut tp = hms.split(':');
-    let h: i64 = tp.next()?.parse().ok()?;
-    let mi: i64 = tp.next()?.parse().ok()?;
-    let se: i64 = tp.next()?.parse().ok()?;
-    let frac = format!("{:0<3}", &frac[..frac.len().min(3)]);
-    let ms: i64 = frac.parse().ok()?;
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = if mo > 2 { mo - 3 } else { mo + 9 };
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 86_400 + h * 3600 + mi * 60 + se) * 1000) + ms)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,14 +310,5 @@ mod tests {
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].id, "input-0123");
         assert_eq!(r[0].value["inputId"], "input-0123");
-    }
-
-    #[test]
-    fn timestamps() {
-        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339_ms(1795980985782), "2026-11-29T19:36:25.782Z");
-        for ms in [0i64, 1795980985782, 951782400123, 4102444800999] {
-            assert_eq!(parse_rfc3339_ms(&rfc3339_ms(ms)), Some(ms));
-        }
     }
 }

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
 use crate::i18n::Lang;
-use crate::mapping::interrupt::rfc3339_ms;
 use crate::store::{RunMark, ThreadDoc};
 use crate::validate::{Envelope, IacCode, RunMode, UserMessage};
 

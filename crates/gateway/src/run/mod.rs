@@ -17,10 +17,10 @@ mod request;
 pub mod sink;
 mod threads;
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::clock::Clock;
+use crate::config::{Config, Env};
 use crate::kernel::Kernel;
 use crate::shutdown::{Activity, Shutdown};
 use crate::store::ThreadStore;
@@ -29,38 +29,6 @@ use crate::telemetry::Metrics;
 pub use decide::admission::context_id;
 pub use driver::spawn_run;
 pub use threads::{ActiveRun, Holder, Locked, RunControl, Slot, ThreadState, Threads};
-
-/// Time source (injected so expiry can be tested without waiting).
-pub trait Clock: Send + Sync + 'static {
-    fn now_ms(&self) -> i64;
-}
-
-/// The system clock.
-pub struct SystemClock;
-
-impl Clock for SystemClock {
-    fn now_ms(&self) -> i64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0)
-    }
-}
-
-/// A clock that can be moved forward (tests).
-#[derive(Default)]
-pub struct OffsetClock {
-    pub offset_ms: AtomicI64,
-}
-
-impl Clock for OffsetClock {
-    fn now_ms(&self) -> i64 {
-        SystemClock.now_ms() + self.offset_ms.load(Ordering::SeqCst)
-    }
-}
-
-/// Environment lookup (a snapshot of the process environment taken at start-up).
-pub type Env = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// Everything runs share.
 pub struct Runtime {

@@ -34,7 +34,7 @@ struct Replay {
 /// Sending half, owned by the run driver.
 pub struct Sink {
     tx: mpsc::Sender<Bytes>,
-    clock: Arc<dyn super::Clock>,
+    clock: Arc<dyn crate::clock::Clock>,
     buf: Vec<u8>,
     /// The id of the last event sent.
     last_id: u64,
@@ -49,7 +49,7 @@ impl Sink {
     /// A sink whose frames also go to `replay` when given (a run that may outlive its client).
     pub fn new(
         capacity: usize,
-        clock: Arc<dyn super::Clock>,
+        clock: Arc<dyn crate::clock::Clock>,
         replay: Option<Arc<RunEvents>>,
         metrics: Arc<Metrics>,
     ) -> (Sink, mpsc::Receiver<Bytes>) {

@@ -31,8 +31,8 @@ use tracing_subscriber::Layer as _;
 
 pub use metrics::{DropReason, InterruptEvent, KernelGauges, Metrics, RunOutcome};
 
+use crate::config::Env;
 use crate::config::{Config, LogFormat};
-use crate::run::Env;
 
 /// What [`init`] set up that shutdown must finish: the trace exporter's queue.
 pub struct Telemetry {

@@ -38,7 +38,7 @@ use opentelemetry_sdk::trace::{
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::metrics::{DropReason, Metrics};
-use crate::run::Env;
+use crate::config::Env;
 
 /// The tracer provider when tracing is on; why it is off otherwise (`None`: not asked for).
 pub struct Tracing {

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iac_code_agui::app::{self, Options};
+use iac_code_agui::clock::Clock;
 use iac_code_agui::config::Config;
+use iac_code_agui::config::Env;
 use iac_code_agui::http::AppState;
 use iac_code_agui::kernel::{ChildSpec, Kernel, KernelState};
-use iac_code_agui::run::{Clock, Env};
 use iac_code_agui::store::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
 use serde_json::{json, Value};
 use testkit::real_kernel::KernelEnv;

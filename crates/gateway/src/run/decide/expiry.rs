@@ -5,7 +5,7 @@
 //! remembered with their execution: every later answer to them gets `EXECUTION_EXPIRED`, never a
 //! vaguer "unknown" or "lost".
 
-use crate::mapping::interrupt::parse_rfc3339_ms;
+use crate::clock::parse_rfc3339_ms;
 use crate::store::ThreadDoc;
 
 /// What expired.

@@ -1,6 +1,6 @@
 //! Thread documents for the decisions' tests.
 
-use crate::mapping::interrupt::rfc3339_ms;
+use crate::clock::rfc3339_ms;
 use crate::store::{Execution, PendingEntry, ThreadDoc};
 
 /// The time the tests decide at.

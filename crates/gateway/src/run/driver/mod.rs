@@ -25,9 +25,9 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
 
+use crate::clock::rfc3339_ms;
 use crate::error::{msg, Code};
 use crate::i18n;
-use crate::mapping::interrupt::rfc3339_ms;
 use crate::mapping::{interrupt, Mapper};
 use crate::store::{Lapse, LastRun, StoreError, ThreadDoc};
 use crate::telemetry::observer::with_incoming;

@@ -280,7 +280,7 @@ impl Driver {
     /// When a new interrupt expires (none when expiry is off).
     pub(super) fn expires_at(&self) -> Option<String> {
         let ttl = self.rt.cfg().interrupt_ttl_secs;
-        (ttl > 0).then(|| interrupt::rfc3339_ms(self.rt.now_ms() + (ttl as i64) * 1000))
+        (ttl > 0).then(|| crate::clock::rfc3339_ms(self.rt.now_ms() + (ttl as i64) * 1000))
     }
 
     /// Commits new interrupts (durable before anything announces them), with what a resume of
