@@ -19,8 +19,10 @@ use tokio::sync::mpsc;
 use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
 use crate::mapping::interrupt;
+use crate::run::hold::read_thread;
 use crate::run::replay::{Batch, RunEvents};
-use crate::run::{sink, Runtime};
+use crate::run::{sink, Runtime, ThreadState};
+use crate::store::ThreadDoc;
 
 /// A `Last-Event-ID` or `after` that is not an event id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,17 +138,11 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let Some(events) = rt.replays().get(thread_id, run_id) else {
         // Not buffered: say whether the run ever existed.
-        let threads = rt.threads();
-        let slot = threads.slot(thread_id);
-        let st = threads
-            .lock(&slot, thread_id)
-            .await
-            .map_err(|_| ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE))?;
-        let doc = st
-            .doc
-            .as_ref()
-            .ok_or_else(|| ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND))?;
-        return Err(if doc.run_digests.contains_key(run_id) {
+        let existed = read_thread(rt.threads(), thread_id, |_, doc| {
+            doc.run_digests.contains_key(run_id)
+        })
+        .await?;
+        return Err(if existed {
             ApiError::new(Code::RunEventsGone, msg::RUN_EVENTS_GONE)
         } else {
             ApiError::new(Code::RunNotFound, msg::RUN_NOT_FOUND)
@@ -163,16 +159,14 @@ pub async fn events(
 /// `GET /threads/{threadId}`: the binding, the active run, the pending interrupts (as the run
 /// ended with them) and how the last run ended. Never a secret: the document holds none.
 pub async fn thread(rt: &Runtime, thread_id: &str) -> Result<Value, ApiError> {
-    let threads = rt.threads();
-    let slot = threads.slot(thread_id);
-    let st = threads
-        .lock(&slot, thread_id)
-        .await
-        .map_err(|_| ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE))?;
-    let doc = st
-        .doc
-        .as_ref()
-        .ok_or_else(|| ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND))?;
+    read_thread(rt.threads(), thread_id, |st, doc| {
+        describe(rt, thread_id, st, doc)
+    })
+    .await
+}
+
+/// The answer of `GET /threads/{threadId}` for a thread's state and document.
+fn describe(rt: &Runtime, thread_id: &str, st: &ThreadState, doc: &ThreadDoc) -> Value {
     let active = st.active.as_ref().map(|a| {
         let detached = rt
             .replays()
@@ -203,13 +197,13 @@ pub async fn thread(rt: &Runtime, thread_id: &str) -> Result<Value, ApiError> {
         .iter()
         .map(|(id, e)| interrupt::build(id, &e.value, e.expires_at.as_deref()))
         .collect();
-    Ok(json!({
+    json!({
         "threadId": doc.thread_id,
         "binding": {"cwd": doc.cwd, "userId": doc.user_id},
         "activeRun": active,
         "pendingInterrupts": pending,
         "lastRun": last,
-    }))
+    })
 }
 
 #[cfg(test)]

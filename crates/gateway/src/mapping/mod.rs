@@ -34,7 +34,7 @@ pub struct Mapper {
     /// Accumulated text per message id (for snapshot digests).
     accumulated: HashMap<String, String>,
     /// Durable: digests of finalised message texts (for resume replay trimming).
-    pub text_digests: BTreeSet<String>,
+    text_digests: BTreeSet<String>,
     /// Message ids already seen in this run (replay trimming applies to the first sight).
     seen_messages: HashSet<String>,
     /// Pipeline state.
@@ -530,6 +530,23 @@ impl Mapper {
             u.cached_input_tokens += r.cached.unwrap_or(0);
         }
         Some(sums.into_values().collect())
+    }
+
+    /// Takes over what a thread's document knows of its execution: the digests of the texts
+    /// already shown, and the pipeline's open steps and position.
+    pub fn restore(
+        &mut self,
+        text_digests: BTreeSet<String>,
+        open_steps: BTreeSet<String>,
+        seq: u64,
+    ) {
+        self.text_digests = text_digests;
+        self.set_pipeline_state(open_steps, seq);
+    }
+
+    /// Durable: the digests of the message texts finalised so far.
+    pub fn text_digests(&self) -> &BTreeSet<String> {
+        &self.text_digests
     }
 
     /// Pipeline: the durable open steps after this run's events.

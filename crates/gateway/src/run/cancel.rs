@@ -7,6 +7,7 @@
 //! read or saved 503 `STATE_UNAVAILABLE`.
 
 use super::decide::expiry::expire_if_due;
+use super::hold::ThreadHold;
 use super::Runtime;
 use crate::error::{msg, ApiError, Code};
 
@@ -43,7 +44,7 @@ pub async fn cancel(
 ) -> Result<CancelOutcome, ApiError> {
     let threads = rt.threads();
     let slot = threads.slot(thread_id);
-    let (task_id, control) = {
+    let (task_id, control, hold) = {
         // A shared store hands the thread to this instance first (its holder dead), or says
         // another holds it (the route forwarded there already: it moved just now).
         let (mut st, holder) = threads
@@ -90,7 +91,13 @@ pub async fn cancel(
         if let Some(c) = &control {
             c.request_cancel();
         }
-        (doc.execution.task_id.clone(), control)
+        let hold = ThreadHold::new(
+            rt.threads_arc().clone(),
+            slot.clone(),
+            st.hold(),
+            execution_id.to_owned(),
+        );
+        (doc.execution.task_id.clone(), control, hold)
     };
 
     // The kernel call runs without the thread lock (it may take up to 30 s to drain).
@@ -112,20 +119,10 @@ pub async fn cancel(
             Err(_) => return Err(ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
         }
     }
-    let mut st = threads
-        .lock(&slot, thread_id)
+    // Within the hold the thread was claimed in: a thread another instance took over meanwhile
+    // is not written (its store refuses it).
+    hold.end_execution_durably()
         .await
         .map_err(|_| state_unavailable())?;
-    let live = st
-        .doc
-        .as_ref()
-        .is_some_and(|d| d.is_current(execution_id) && !d.is_terminal(execution_id));
-    if live {
-        threads
-            .edit(&mut st, |d| d.end_execution())
-            .await
-            .ok_or_else(state_unavailable)?
-            .map_err(|_| state_unavailable())?;
-    }
     Ok(outcome)
 }

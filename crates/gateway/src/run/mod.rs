@@ -5,6 +5,7 @@
 //! - `threads`: the per-thread registry and its durable-first edits.
 //! - `admit`: admission's I/O (lock, load, decide, save) before the SSE response starts.
 //! - `driver/`: a run's life after admission: the kernel calls, the stream, the events.
+//! - `hold`: a run's hold on its thread, the one way it reads or changes its document.
 //! - `cancel`: the cancellation extension.
 //! - `request`: the kernel messages of a run; `sink`: its event channel and SSE body.
 
@@ -12,6 +13,7 @@ pub mod admit;
 pub mod cancel;
 pub mod decide;
 mod driver;
+pub mod hold;
 pub mod replay;
 mod request;
 pub mod sink;
@@ -33,7 +35,7 @@ pub use threads::{ActiveRun, Holder, Locked, RunControl, Slot, ThreadState, Thre
 /// Everything runs share.
 pub struct Runtime {
     cfg: Arc<Config>,
-    threads: Threads,
+    threads: Arc<Threads>,
     kernel: Arc<Kernel>,
     clock: Arc<dyn Clock>,
     env: Env,
@@ -96,10 +98,10 @@ impl Runtime {
     ) -> Runtime {
         let rt = Runtime {
             cfg: Arc::new(cfg),
-            threads: Threads::new(
+            threads: Arc::new(Threads::new(
                 crate::store::Metered::wrap(store, metrics.clone()),
                 metrics.clone(),
-            ),
+            )),
             kernel,
             clock,
             env,
@@ -118,6 +120,11 @@ impl Runtime {
     }
 
     pub fn threads(&self) -> &Threads {
+        &self.threads
+    }
+
+    /// The registry, shared (a run's [`hold::ThreadHold`] keeps it).
+    pub fn threads_arc(&self) -> &Arc<Threads> {
         &self.threads
     }
 

@@ -27,20 +27,31 @@ pub struct Disconnected;
 struct Replay {
     events: Arc<RunEvents>,
     client: Arc<Attached>,
-    /// That client went away (later events are only buffered).
-    client_gone: bool,
 }
 
-/// Sending half, owned by the run driver.
+/// Where a run's frames go; a sink moves through these in this order only (a state may be
+/// skipped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    /// To the client (and to the replay buffer, when there is one).
+    Attached,
+    /// With a detach grace: the client that started the run went away; frames are only
+    /// buffered, and the run goes on until it is abandoned.
+    Buffering,
+    /// The run is without a client for good: nothing more is sent.
+    Gone,
+    /// The terminal event was sent: nothing more may be.
+    Ended,
+}
+
+/// Sending half, owned by the run's output.
 pub struct Sink {
     tx: mpsc::Sender<Bytes>,
     clock: Arc<dyn crate::clock::Clock>,
     buf: Vec<u8>,
     /// The id of the last event sent.
     last_id: u64,
-    terminal_sent: bool,
-    /// The run is known to be without a client for good: nothing more is sent.
-    gone: bool,
+    life: Life,
     replay: Option<Replay>,
     metrics: Arc<Metrics>,
 }
@@ -66,11 +77,7 @@ impl Sink {
                     _ = watch_events.ended() => {}
                 }
             });
-            Replay {
-                events,
-                client,
-                client_gone: false,
-            }
+            Replay { events, client }
         });
         (
             Sink {
@@ -78,8 +85,7 @@ impl Sink {
                 clock,
                 buf: Vec::with_capacity(512),
                 last_id: 0,
-                terminal_sent: false,
-                gone: false,
+                life: Life::Attached,
                 replay,
                 metrics,
             },
@@ -99,14 +105,18 @@ impl Sink {
 
     /// Encodes and sends one event (waits while the channel is full).
     pub async fn emit(&mut self, e: &Event) -> Result<(), Disconnected> {
-        debug_assert!(!self.terminal_sent, "event after the terminal event: {e:?}");
+        debug_assert!(
+            self.life != Life::Ended,
+            "event after the terminal event: {e:?}"
+        );
         let terminal = e.is_terminal();
-        if terminal {
-            self.terminal_sent = true;
-        }
         self.start_frame();
         e.encode_sse(self.clock.now_ms(), &mut self.buf);
-        self.send(terminal).await?;
+        let sent = self.send(terminal).await;
+        if terminal {
+            self.life = Life::Ended;
+        }
+        sent?;
         self.metrics.event_sent(e.type_index());
         Ok(())
     }
@@ -114,17 +124,17 @@ impl Sink {
     /// Sends the encoded event in `buf`.
     async fn send(&mut self, terminal: bool) -> Result<(), Disconnected> {
         let bytes = Bytes::copy_from_slice(&self.buf);
-        let Some(replay) = &mut self.replay else {
+        let Some(replay) = &self.replay else {
             let sent = self.tx.send(bytes).await.map_err(|_| Disconnected);
             if sent.is_err() {
-                self.gone = true;
+                self.life = Life::Gone;
             }
             return sent;
         };
         replay.events.append(self.last_id, bytes.clone(), terminal);
-        if !replay.client_gone && self.tx.send(bytes).await.is_err() {
+        if self.life == Life::Attached && self.tx.send(bytes).await.is_err() {
             // Buffered only from now on; the run goes on until it is abandoned.
-            replay.client_gone = true;
+            self.life = Life::Buffering;
             replay.client.release();
         }
         Ok(())
@@ -136,7 +146,7 @@ impl Sink {
         message_id: &str,
         delta: &str,
     ) -> Result<(), Disconnected> {
-        debug_assert!(!self.terminal_sent, "text after the terminal event");
+        debug_assert!(self.life != Life::Ended, "text after the terminal event");
         self.start_frame();
         Event::encode_text_content_sse(self.clock.now_ms(), message_id, delta, &mut self.buf);
         self.send(false).await?;
@@ -154,8 +164,9 @@ impl Sink {
         self.replay.is_some()
     }
 
-    pub fn terminal_sent(&self) -> bool {
-        self.terminal_sent
+    /// Whether the terminal event was sent.
+    pub fn ended(&self) -> bool {
+        self.life == Life::Ended
     }
 
     /// A handle whose `wait()` resolves when the run is without a client for good (for a wait
@@ -177,18 +188,20 @@ impl Sink {
     pub fn is_closed(&self) -> bool {
         match &self.replay {
             None => self.tx.is_closed(),
-            Some(_) => self.gone,
+            Some(_) => self.life == Life::Gone,
         }
     }
 
-    /// Records that the client is gone.
+    /// Records that the run is without a client for good (an ended run stays ended).
     pub fn mark_gone(&mut self) {
-        self.gone = true;
+        if self.life != Life::Ended {
+            self.life = Life::Gone;
+        }
     }
 
-    /// Whether the client is known to be gone: nothing more is sent.
+    /// Whether the run is known to be without a client: nothing more is sent.
     pub fn is_gone(&self) -> bool {
-        self.gone
+        self.life == Life::Gone
     }
 }
 

@@ -239,6 +239,12 @@ impl Threads {
         st.hold += 1;
     }
 
+    /// [`Threads::forget`], for tests of what a run does once its hold ended.
+    #[cfg(test)]
+    pub(crate) fn forget_for_tests(&self, st: &mut ThreadState) {
+        self.forget(st)
+    }
+
     /// Counts what a change of a document did to its interrupts.
     fn account(&self, before: Option<&ThreadDoc>, after: &ThreadDoc) {
         let c = interrupt_changes(before, after);

@@ -79,7 +79,7 @@ impl Driver {
                                 && self.busy_with_earlier_delivery().await =>
                         {
                             self.commit_answer(&d).await?;
-                            self.seen.acknowledged_only = true;
+                            self.task.set_acknowledged_only();
                             Accepted::Held
                         }
                         Err(e) => {
@@ -96,7 +96,7 @@ impl Driver {
                         .cancel_task(task_id)
                         .await
                         .map_err(|e| End::kernel(&e).keep_task())?;
-                    self.end_execution().await;
+                    self.hold.end_execution().await;
                     return Err(End::fail(Code::Cancelled, msg::CANCELLED_BY_ANSWER));
                 }
                 Answer::Question { text, tool_use_id } => {
@@ -219,7 +219,7 @@ impl Driver {
             Ok(None) => {
                 if self.busy_with_earlier_delivery().await {
                     self.commit_answer(d).await?;
-                    self.seen.acknowledged_only = true;
+                    self.task.set_acknowledged_only();
                     return Ok(Accepted::Held);
                 }
                 // Not accepted: the interrupt stays answerable, and nothing is on its way.
@@ -236,7 +236,8 @@ impl Driver {
     /// not: the answer was then really not accepted, and stays pending. The earlier delivery may
     /// still be on its way into the task, so a waiting task is looked at again for a short while.
     async fn busy_with_earlier_delivery(&mut self) -> bool {
-        let (Some(task), Some(client)) = (self.seen.task_id.clone(), self.rt.kernel().client())
+        let (Some(task), Some(client)) =
+            (self.task.id().map(str::to_owned), self.task.client_now())
         else {
             return false;
         };
@@ -247,7 +248,7 @@ impl Driver {
                 Ok(Ok(_)) => {}
                 _ => return false,
             }
-            if tokio::time::Instant::now() >= deadline || self.sink.is_closed() {
+            if tokio::time::Instant::now() >= deadline || self.out.is_closed() {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -298,7 +299,8 @@ impl Driver {
             digest: d.digest.clone(),
         };
         let _ = self
-            .try_edit(|doc| {
+            .hold
+            .edit(|doc| {
                 doc.delivering.remove(&mark);
             })
             .await;
@@ -313,7 +315,8 @@ impl Driver {
         };
         // Nothing was sent yet: a failed mark leaves the interrupt answerable (no fail-closed).
         match self
-            .try_edit(|doc| {
+            .hold
+            .edit(|doc| {
                 doc.delivering.insert(mark);
             })
             .await

@@ -9,6 +9,7 @@ use agui::Dialect;
 
 use crate::error::{msg, ApiError, Code};
 
+use super::super::hold::Unsaved;
 use super::super::sink::Disconnected;
 
 /// How a run ended. Every path of the driver produces exactly one.
@@ -86,6 +87,16 @@ impl End {
             fail_closed: true,
             ..Self::failure(Code::StatePersistenceFailed, message)
         })
+    }
+
+    /// A recovery-critical change of the thread (`what`) was not saved: the thread was taken
+    /// over (left to its new holder), the lease lapsed, or the save failed (fail closed).
+    pub(super) fn unsaved(u: Unsaved, what: &'static str) -> End {
+        match u {
+            Unsaved::NotHeld => End::fail(Code::StatePersistenceFailed, msg::TAKEN_OVER),
+            Unsaved::Lapsed { late } => End::lapsed(late),
+            Unsaved::Failed => End::not_committed(what),
+        }
     }
 
     /// A refusal decided before anything was sent (the interrupt stays answerable).

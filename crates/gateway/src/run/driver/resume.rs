@@ -17,13 +17,11 @@ impl Driver {
         let Some(doc) = self.init_from_doc().await else {
             return Err(End::fail(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE));
         };
-        let mut out = Vec::new();
-        self.mapper.reopen_steps(&mut out);
-        self.emit_all(out).await?;
+        self.out.map(|m, out| m.reopen_steps(out)).await?;
         self.emit_session().await?;
         let task_id =
             plan::precheck(&doc, &self.adm.execution_id, &entries).map_err(End::refused)?;
-        let client = self.client().await?;
+        let client = self.task.client().await?;
         if let Some(session) = &doc.session_id {
             self.restore_session(&client, &doc.cwd, session, Some(&task_id))
                 .await?;
@@ -42,18 +40,16 @@ impl Driver {
             self.learn_session(s).await?;
         }
         // What the run missed while it waited: the task's state and the pipeline's events.
-        let mut missed = Vec::new();
         if let Some(meta) = view.meta() {
-            self.mapper.map_meta(meta, &mut missed);
+            self.out.map(|m, out| m.map_meta(meta, out)).await?;
         }
         let after = doc
             .execution
             .pipeline_sequence
-            .max(self.mapper.pipeline_sequence());
+            .max(self.out.mapper().pipeline_sequence());
         if let Ok(Some(state)) = client.pipeline_state(&task_id, after).await {
-            self.mapper.map_recovery(&state, &mut missed);
+            self.out.map(|m, out| m.map_recovery(&state, out)).await?;
         }
-        self.emit_all(missed).await?;
 
         let meta = view.meta();
         let task_view = plan::TaskView {
@@ -67,8 +63,8 @@ impl Driver {
         };
         let plan = plan::plan(&doc, &entries, task_view, self.expires_at().as_deref())
             .map_err(End::refused)?;
-        let seq = self.mapper.pipeline_sequence();
-        let steps = self.mapper.durable_open_steps().clone();
+        let seq = self.out.mapper().pipeline_sequence();
+        let steps = self.out.mapper().durable_open_steps().clone();
         let pending = plan.pending;
         let execution = self.adm.execution_id.clone();
         let settled = plan.settled;
@@ -97,7 +93,7 @@ impl Driver {
             Then::Follow => {
                 // The kernel has every answer (an earlier run delivered them): the run shows
                 // what the task did with them.
-                self.seen.acknowledged_only = true;
+                self.task.set_acknowledged_only();
                 self.settle_acknowledged(&client, &task_id, true).await?;
                 self.finish().await
             }
@@ -128,7 +124,7 @@ impl Driver {
                     tracing::info!("the session backup is not ready yet; retrying");
                     tokio::time::sleep(RESTORE_RETRY).await;
                     // The wait ends with the client, a cancellation or the hold.
-                    if self.sink.is_closed() {
+                    if self.out.is_closed() {
                         return Err(End::Disconnected);
                     }
                     if self.adm.control.is_cancel_requested() {

@@ -41,7 +41,7 @@ impl Driver {
         let (rt, control, gone) = (
             self.rt.clone(),
             self.adm.control.clone(),
-            self.sink.gone_signal(),
+            self.out.gone_signal(),
         );
         let mut drained = pin!(rt.shutdown().drained());
         let mut cancel_asked = pin!(control.cancelled());
@@ -67,19 +67,19 @@ impl Driver {
                 cancel_deadline = Some(tokio::time::Instant::now() + CANCEL_WAIT);
             }
             // Text deltas of the known task skip the generic JSON tree (see `mapping::fast`).
-            let known = match (&self.seen.task_id, self.answers.questions.is_empty()) {
+            let known = match (self.task.id(), self.answers.questions.is_empty()) {
                 (Some(t), true) => Some(fast::Known {
                     task_id: t,
                     context_id: &self.adm.context_id,
-                    session_id: self.seen.session_id.as_deref(),
+                    session_id: self.task.session(),
                 }),
                 _ => None,
             };
             let next = tokio::select! {
                 r = stream.next_with(move |d| known.and_then(|k| fast::text_delta(d, k))) => r,
-                _ = client_gone.as_mut(), if !self.sink.is_gone() => {
-                    self.sink.mark_gone();
-                    if self.seen.task_id.is_some() {
+                _ = client_gone.as_mut(), if !self.out.is_gone() => {
+                    self.out.mark_gone();
+                    if self.task.id().is_some() {
                         return Err(End::Disconnected);
                     }
                     // Keep reading until the task id is known, then cancel it.
@@ -91,8 +91,8 @@ impl Driver {
                 _ = sleep_until_opt(cancel_deadline) => {
                     // The kernel did not confirm in time: ask it once more; nothing is left
                     // running.
-                    Box::pin(self.cancel_task()).await;
-                    self.seen.last_state = Some(TaskState::Canceled);
+                    Box::pin(self.task.cancel()).await;
+                    self.task.assume_cancelled();
                     break;
                 }
             };
@@ -115,17 +115,17 @@ impl Driver {
             };
             match read {
                 Ok(ControlFlow::Continue(())) => {
-                    if self.sink.is_gone() && self.seen.task_id.is_some() {
+                    if self.out.is_gone() && self.task.id().is_some() {
                         return Err(End::Disconnected);
                     }
                 }
                 Ok(ControlFlow::Break(())) => break,
                 // Gone before the kernel named the task: read on until it does, to cancel it.
-                Err(End::Disconnected) if self.seen.task_id.is_none() => {}
+                Err(End::Disconnected) if self.task.id().is_none() => {}
                 Err(end) => return Err(end),
             }
         }
-        if self.sink.is_gone() {
+        if self.out.is_gone() {
             return Err(End::Disconnected);
         }
         Box::pin(self.finish()).await
@@ -135,7 +135,7 @@ impl Driver {
     pub(super) async fn finish(&mut self) -> Flow<End> {
         self.catch_up().await?;
         Ok(ending(
-            self.seen.last_state.as_ref(),
+            self.task.last_state(),
             self.adm.control.is_cancel_requested(),
         ))
     }
@@ -146,18 +146,13 @@ impl Driver {
         let view = ItemView::new(result);
         let mut ids_changed = false;
         if let Some(t) = view.task_id() {
-            match &self.seen.task_id {
-                None => {
-                    let t = t.to_owned();
-                    self.seen.task_id = Some(t.clone());
-                    self.commit(msg::MAPPING_NOT_COMMITTED, |d| {
-                        d.execution.task_id = Some(t)
-                    })
-                    .await?;
-                    ids_changed = true;
-                }
-                Some(x) if x != t => return Err(End::protocol(msg::TASK_CHANGED)),
-                Some(_) => {}
+            if self.task.learn_task(t)? {
+                let t = t.to_owned();
+                self.commit(msg::MAPPING_NOT_COMMITTED, |d| {
+                    d.execution.task_id = Some(t)
+                })
+                .await?;
+                ids_changed = true;
             }
         }
         if view.context_id().is_some_and(|c| c != self.adm.context_id) {
@@ -166,7 +161,7 @@ impl Driver {
         // The kernel had this answer already (a run that crashed delivered it) or runs its
         // continuation on another stream: this stream will not carry the continuation.
         if resume && view.is_acknowledgement() {
-            self.seen.acknowledged_only = true;
+            self.task.set_acknowledged_only();
         }
         let meta = view.meta();
         if let Some(s) = meta.and_then(mapping::session_id) {
@@ -176,18 +171,16 @@ impl Driver {
             self.emit_session().await?;
         }
         if self.adm.control.is_cancel_requested() {
-            self.cancel_task().await;
+            self.task.cancel().await;
         }
         if resume {
             for (tool, answer) in std::mem::take(&mut self.answers.questions) {
-                let mut out = Vec::new();
-                self.mapper.tool_result(&tool, answer, &mut out);
-                self.emit_all(out).await?;
+                self.out
+                    .map(|m, out| m.tool_result(&tool, answer, out))
+                    .await?;
             }
         }
-        let mut events = Vec::new();
-        self.mapper.map_item(view.obj, &mut events);
-        self.emit_all(events).await?;
+        self.out.map(|m, out| m.map_item(view.obj, out)).await?;
 
         if let Some(meta) = meta {
             let inputs = self.new_inputs(meta).await;
@@ -198,11 +191,7 @@ impl Driver {
             }
         }
         if let Some(s) = view.state() {
-            tracing::trace!(state = ?s, "kernel item");
-            self.seen.failed |= s == TaskState::Failed;
-            let stop = s.is_final() || s == TaskState::InputRequired;
-            self.seen.last_state = Some(s);
-            if stop {
+            if self.task.observe(s) {
                 return Ok(ControlFlow::Break(()));
             }
         }
@@ -219,9 +208,7 @@ impl Driver {
                 .map(str::to_owned)
         };
         for r in inputs {
-            if field(r, "requestTaskId")
-                .is_some_and(|t| Some(t.as_str()) != self.seen.task_id.as_deref())
-            {
+            if field(r, "requestTaskId").is_some_and(|t| Some(t.as_str()) != self.task.id()) {
                 return Err(End::protocol(msg::INTERRUPT_OTHER_TASK));
             }
             if field(r, "contextId").is_some_and(|c| c != self.adm.context_id) {
@@ -236,21 +223,10 @@ impl Driver {
     /// WORKING state.
     async fn text_delta(&mut self, d: fast::TextDelta) -> Flow<Read> {
         if self.adm.control.is_cancel_requested() {
-            Box::pin(self.cancel_task()).await;
+            Box::pin(self.task.cancel()).await;
         }
-        if self.mapper.continue_text(&d.message_id, &d.text) {
-            // The message being streamed goes on: one event, encoded straight from the frame.
-            if !self.sink.is_gone() {
-                self.sink.emit_text_content(&d.message_id, &d.text).await?;
-            }
-        } else {
-            let mut events = Vec::new();
-            self.mapper
-                .status_text(Some(d.message_id), &d.text, false, &mut events);
-            self.emit_all(events).await?;
-        }
-        tracing::trace!(state = ?TaskState::Working, "kernel item");
-        self.seen.last_state = Some(TaskState::Working);
+        self.out.text_delta(d.message_id, &d.text).await?;
+        self.task.observe(TaskState::Working);
         Ok(ControlFlow::Continue(()))
     }
 
@@ -260,7 +236,7 @@ impl Driver {
         if found.is_empty() {
             return found;
         }
-        let Some(doc) = self.doc().await else {
+        let Some(doc) = self.hold.doc().await else {
             return found;
         };
         let exec = &self.adm.execution_id;
@@ -286,11 +262,11 @@ impl Driver {
     /// Commits new interrupts (durable before anything announces them), with what a resume of
     /// them needs to know of the run so far; then catches up on the pipeline.
     async fn commit_interrupt(&mut self, inputs: Vec<RequiredInput>) -> Flow {
-        self.mapper.finalise_all_digests();
+        self.out.mapper().finalise_all_digests();
         let expires_at = self.expires_at();
-        let digests = self.mapper.text_digests.clone();
-        let steps = self.mapper.durable_open_steps().clone();
-        let seq = self.mapper.pipeline_sequence();
+        let digests = self.out.mapper().text_digests().clone();
+        let steps = self.out.mapper().durable_open_steps().clone();
+        let seq = self.out.mapper().pipeline_sequence();
         self.commit(msg::INTERRUPT_NOT_COMMITTED, |d| {
             for r in inputs {
                 match d.execution.pending.iter_mut().find(|(id, _)| *id == r.id) {
@@ -319,17 +295,15 @@ impl Driver {
         let Some(task) = self.answers.catch_up.take() else {
             return Ok(());
         };
-        let after = self.mapper.pipeline_sequence();
+        let after = self.out.mapper().pipeline_sequence();
         if after == 0 {
             return Ok(());
         }
-        let Some(client) = self.rt.kernel().client() else {
+        let Some(client) = self.task.client_now() else {
             return Ok(());
         };
         if let Ok(Some(state)) = client.pipeline_state(&task, after).await {
-            let mut out = Vec::new();
-            self.mapper.map_recovery(&state, &mut out);
-            self.emit_all(out).await?;
+            self.out.map(|m, out| m.map_recovery(&state, out)).await?;
         }
         Ok(())
     }
@@ -341,25 +315,20 @@ impl Driver {
     /// run as usual, a live task is followed (SubscribeToTask). Bounded by `budget`; anything
     /// that fails leaves the run to end as it would have. `None`: end from what is known.
     async fn reattach(&mut self, resume: bool, budget: &mut u8) -> Flow<Option<EventStream>> {
-        let live = self
-            .seen
-            .last_state
-            .as_ref()
-            .is_none_or(TaskState::is_active);
         if *budget == 0
-            || !live
-            || self.seen.failed
-            || self.sink.is_gone()
+            || !self.task.may_be_live()
+            || self.out.is_gone()
             || self.adm.control.is_cancel_requested()
         {
             return Ok(None);
         }
-        let (Some(task), Some(client)) = (self.seen.task_id.clone(), self.rt.kernel().client())
+        let (Some(task), Some(client)) =
+            (self.task.id().map(str::to_owned), self.task.client_now())
         else {
             return Ok(None);
         };
         *budget -= 1;
-        if self.seen.acknowledged_only {
+        if self.task.acknowledged_only() {
             self.settle_acknowledged(&client, &task, resume).await?;
             return Ok(None);
         }
@@ -405,7 +374,7 @@ impl Driver {
             }
             if tokio::time::Instant::now() >= deadline
                 || self.adm.control.is_cancel_requested()
-                || self.sink.is_closed()
+                || self.out.is_closed()
             {
                 return Err(End::fail(Code::ResumeAlreadyApplied, msg::ALREADY_APPLIED));
             }

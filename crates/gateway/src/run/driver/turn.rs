@@ -13,7 +13,7 @@ impl Driver {
     pub(super) async fn new_turn(&mut self) -> Flow<End> {
         let doc = self.init_from_doc().await;
         self.emit_session().await?;
-        let client = self.client().await?;
+        let client = self.task.client().await?;
         // Taken over from a dead instance: its kernel had the thread's session; this one
         // restores it from the shared backup before the turn goes on in it.
         if let Some((session, cwd)) = doc
@@ -45,14 +45,14 @@ impl Driver {
     /// Guidance joins the thread's running pipeline task: its stream is only checked (never
     /// mapped: the running turn's stream carries the effects), and it never cancels the task.
     pub(super) async fn guidance(&mut self) -> Flow<End> {
-        let doc = self.doc().await;
-        self.seen.session_id = doc.as_ref().and_then(|d| d.session_id.clone());
+        let doc = self.hold.doc().await;
+        let session = doc.as_ref().and_then(|d| d.session_id.clone());
         let Some(task) = doc.and_then(|d| d.execution.task_id) else {
             return Err(End::fail(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE));
         };
-        self.seen.task_id = Some(task.clone());
+        self.task.adopt(Some(task.clone()), session);
         self.emit_session().await?;
-        let client = self.client().await?;
+        let client = self.task.client().await?;
         let um = self
             .adm
             .req
@@ -66,7 +66,7 @@ impl Driver {
         loop {
             let next = tokio::select! {
                 r = stream.next() => r,
-                _ = self.sink.closed(), if !self.sink.is_gone() => return Err(End::Disconnected),
+                _ = self.out.closed(), if !self.out.is_gone() => return Err(End::Disconnected),
             };
             let item = match next {
                 Ok(Some(item)) => item,

@@ -1,0 +1,224 @@
+//! A run's output: the events its client sees, in order, ending with exactly one terminal event.
+//!
+//! [`Output`] owns the run's sink (the channel to the client and the replay buffer) and its
+//! mapper (the spans a client has open). Only this type builds a terminal event (`RUN_FINISHED`
+//! or `RUN_ERROR`), always after closing every open span, and it sends at most one: once the sink
+//! has ended, every later ending is ignored. Phases send their other events through
+//! [`Output::emit`] and [`Output::map`].
+
+use agui::{Dialect, Event, Outcome};
+
+use crate::error::{msg, Code};
+use crate::i18n::{self, Lang};
+use crate::mapping::Mapper;
+use crate::run::sink::{GoneSignal, Sink};
+use crate::telemetry::RunOutcome;
+
+use super::end::{is_cancelled_outcome, Flow};
+
+/// The events of one run.
+pub(super) struct Output {
+    sink: Sink,
+    mapper: Mapper,
+    /// How the run ended (the thread's `lastRun`, the metrics, the run's span): outcome and
+    /// error code. A run that never ends otherwise ended with its client.
+    outcome: (RunOutcome, Option<Code>),
+    dialect: Dialect,
+    lang: Lang,
+    thread_id: String,
+    run_id: String,
+}
+
+impl Output {
+    pub(super) fn new(
+        sink: Sink,
+        mapper: Mapper,
+        dialect: Dialect,
+        lang: Lang,
+        thread_id: &str,
+        run_id: &str,
+    ) -> Output {
+        Output {
+            sink,
+            mapper,
+            outcome: (RunOutcome::Disconnected, None),
+            dialect,
+            lang,
+            thread_id: thread_id.to_owned(),
+            run_id: run_id.to_owned(),
+        }
+    }
+
+    /// `RUN_STARTED` (the 1.0 wire declares its protocol version).
+    pub(super) async fn start(&mut self, parent_run_id: Option<String>) -> Flow {
+        let started = Event::RunStarted {
+            thread_id: self.thread_id.clone(),
+            run_id: self.run_id.clone(),
+            parent_run_id,
+            protocol_version: (self.dialect == Dialect::V1).then_some(agui::PROTOCOL_VERSION),
+        };
+        self.emit(started).await
+    }
+
+    /// Sends an event that does not end the run; once the client is known to be gone, sends
+    /// nothing and carries on (a run may still need to read its stream, to learn the task to
+    /// cancel).
+    pub(super) async fn emit(&mut self, e: Event) -> Flow {
+        debug_assert!(
+            !e.is_terminal(),
+            "terminal events are the output's own: {e:?}"
+        );
+        if self.sink.is_gone() || self.sink.ended() {
+            return Ok(());
+        }
+        Ok(self.sink.emit(&e).await?)
+    }
+
+    pub(super) async fn emit_all(&mut self, events: Vec<Event>) -> Flow {
+        for e in events {
+            self.emit(e).await?;
+        }
+        Ok(())
+    }
+
+    /// Maps with the run's mapper and sends what it produced.
+    pub(super) async fn map(&mut self, f: impl FnOnce(&mut Mapper, &mut Vec<Event>)) -> Flow {
+        let mut events = Vec::new();
+        f(&mut self.mapper, &mut events);
+        self.emit_all(events).await
+    }
+
+    /// A text delta of the kernel's fast path: the message being streamed goes on with one
+    /// event encoded straight from the frame; anything else is status text.
+    pub(super) async fn text_delta(&mut self, message_id: String, text: &str) -> Flow {
+        if self.mapper.continue_text(&message_id, text) {
+            if !self.sink.is_gone() {
+                self.sink.emit_text_content(&message_id, text).await?;
+            }
+            return Ok(());
+        }
+        self.map(|m, out| m.status_text(Some(message_id), text, false, out))
+            .await
+    }
+
+    /// The run's mapper, for what it knows (digests, pipeline position) and is told.
+    pub(super) fn mapper(&mut self) -> &mut Mapper {
+        &mut self.mapper
+    }
+
+    /// Ends the run with `RUN_FINISHED`: success, or the interrupts it waits for.
+    pub(super) async fn finish(&mut self, interrupts: Option<Vec<agui::Interrupt>>) {
+        let (outcome, recorded) = match interrupts {
+            Some(i) => (Outcome::Interrupt(i), RunOutcome::Interrupt),
+            None => (Outcome::Success, RunOutcome::Success),
+        };
+        let terminal = Event::RunFinished {
+            thread_id: self.thread_id.clone(),
+            run_id: self.run_id.clone(),
+            outcome,
+            usage: self.mapper.usage(),
+        };
+        self.end(terminal, (recorded, None)).await;
+    }
+
+    /// Ends the run with `RUN_ERROR` (`message`: a catalogue text, translated here, or the
+    /// kernel's own words); a cancellation told to a 1.0 client is `RUN_FINISHED` with the
+    /// `cancelled` outcome instead.
+    pub(super) async fn fail(&mut self, code: Code, message: &str) {
+        let terminal = self.failure_event(code, message);
+        let recorded = match code {
+            Code::Cancelled => (RunOutcome::Cancelled, None),
+            code => (RunOutcome::Error, Some(code)),
+        };
+        self.end(terminal, recorded).await;
+    }
+
+    /// The client went away for good. With a replay buffer, a late reader still gets a whole
+    /// run: spans balanced and one terminal event (cancelled, abandoned). Nothing more is sent.
+    pub(super) async fn abandon(&mut self) {
+        if self.sink.has_replay() && !self.sink.ended() {
+            let mut events = Vec::new();
+            self.mapper.close_all(&mut events);
+            events.push(self.failure_event(Code::Cancelled, msg::ABANDONED));
+            for e in events {
+                let _ = self.sink.emit(&e).await;
+            }
+        }
+        self.sink.mark_gone();
+    }
+
+    /// Spans closed, then the terminal event; only the first ending of a run is sent.
+    async fn end(&mut self, terminal: Event, outcome: (RunOutcome, Option<Code>)) {
+        if self.sink.ended() {
+            return;
+        }
+        self.outcome = outcome;
+        let mut events = Vec::new();
+        self.mapper.close_all(&mut events);
+        debug_assert!(!self.mapper.has_open_spans());
+        events.push(terminal);
+        for e in events {
+            if self.sink.is_gone() {
+                return;
+            }
+            if self.sink.emit(&e).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn failure_event(&self, code: Code, message: &str) -> Event {
+        if is_cancelled_outcome(self.dialect, code) {
+            Event::RunFinished {
+                thread_id: self.thread_id.clone(),
+                run_id: self.run_id.clone(),
+                outcome: Outcome::Cancelled,
+                usage: self.mapper.usage(),
+            }
+        } else {
+            Event::RunError {
+                message: i18n::tr(self.lang, message),
+                code: code.as_str().into(),
+                usage: self.mapper.usage(),
+            }
+        }
+    }
+
+    /// How the run ended, as recorded.
+    pub(super) fn outcome(&self) -> (RunOutcome, Option<Code>) {
+        self.outcome
+    }
+
+    /// Whether the terminal event was sent.
+    pub(super) fn ended(&self) -> bool {
+        self.sink.ended()
+    }
+
+    pub(super) fn events_sent(&self) -> u64 {
+        self.sink.events_sent()
+    }
+
+    /// Resolves when the run is without a client for good (see [`Sink::closed`]).
+    pub(super) async fn closed(&self) {
+        self.sink.closed().await
+    }
+
+    pub(super) fn gone_signal(&self) -> GoneSignal {
+        self.sink.gone_signal()
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.sink.is_closed()
+    }
+
+    pub(super) fn is_gone(&self) -> bool {
+        self.sink.is_gone()
+    }
+
+    pub(super) fn mark_gone(&mut self) {
+        self.sink.mark_gone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,307 @@
+//! The driver's paths through its parts, without HTTP: a runtime on a file store in a temporary
+//! directory and the test kit's scripted fake kernel; each run admitted as `POST /` would.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use tokio::sync::mpsc;
+
+use super::*;
+use crate::clock::SystemClock;
+use crate::config::{Config, Env};
+use crate::i18n::Lang;
+use crate::kernel::Kernel;
+use crate::run::admit::{admit, RunRequest};
+use crate::store::FileStore;
+use crate::telemetry::Metrics;
+use crate::validate::{content, envelope, props};
+
+struct Harness {
+    rt: Arc<Runtime>,
+    kernel: FakeKernel,
+    dir: tempfile::TempDir,
+}
+
+async fn harness() -> Harness {
+    let kernel = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = Config::for_state_dir(dir.path().join("state"), &|_| None);
+    let store = Arc::new(FileStore::open(dir.path().join("state")).unwrap());
+    let env: Env = Arc::new(|_| None);
+    let k = Kernel::external(&kernel.url(), None, Default::default(), None);
+    let rt = Arc::new(Runtime::new(
+        cfg,
+        store,
+        k,
+        Arc::new(SystemClock),
+        env,
+        64,
+        Arc::new(Metrics::new()),
+    ));
+    Harness { rt, kernel, dir }
+}
+
+impl Harness {
+    /// A validated request of a new turn on `thread` (or a resume with `resume`).
+    fn request(&self, thread: &str, run: &str, resume: Option<Value>) -> RunRequest {
+        let mut body = json!({
+            "threadId": thread, "runId": run, "state": {}, "tools": [], "context": [],
+            "messages": [{"id": format!("m-{run}"), "role": "user", "content": "hello"}],
+            "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "inv-1",
+                "cwd": self.dir.path().to_string_lossy()}},
+        });
+        if let Some(r) = resume {
+            body["resume"] = r;
+        }
+        let obj = body.as_object().unwrap();
+        let envelope = envelope::parse(obj).unwrap();
+        let iac = props::parse(obj.get("forwardedProps")).unwrap();
+        let user_message = (envelope.resume.is_none())
+            .then(|| {
+                content::latest_user_message(&envelope.messages, content::ImageLimits::default())
+            })
+            .transpose()
+            .unwrap();
+        RunRequest {
+            envelope,
+            iac,
+            cwd: self.dir.path().to_path_buf(),
+            digest: format!("digest-{run}"),
+            user_message,
+            lang: Lang::En,
+        }
+    }
+
+    /// Admits and drives a run; its receiving end.
+    async fn run(&self, req: RunRequest) -> mpsc::Receiver<Bytes> {
+        let adm = admit(&self.rt, req).await.expect("admitted");
+        spawn_run(self.rt.clone(), adm, tracing::Span::none(), Vec::new())
+    }
+
+    fn ctx(&self, thread: &str) -> String {
+        crate::run::context_id(thread)
+    }
+}
+
+/// Every event of a run, to its end.
+async fn events(mut rx: mpsc::Receiver<Bytes>) -> Vec<Value> {
+    let mut out = Vec::new();
+    while let Some(frame) = rx.recv().await {
+        for line in std::str::from_utf8(&frame).unwrap().lines() {
+            if let Some(data) = line.strip_prefix("data: ") {
+                out.push(serde_json::from_str(data).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn terminals(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .filter(|t| *t == "RUN_FINISHED" || *t == "RUN_ERROR")
+        .collect()
+}
+
+fn r(v: Value) -> Item {
+    Item::Result(v)
+}
+
+#[tokio::test]
+async fn a_turn_makes_its_ids_durable_and_finishes_once() {
+    let h = harness().await;
+    let c = h.ctx("t1");
+    h.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "s1"}),
+            )),
+            r(items::text("task-1", &c, "hi", "m1", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+    let ev = events(h.run(h.request("t1", "r1", None)).await).await;
+    assert_eq!(terminals(&ev), ["RUN_FINISHED"]);
+    assert_eq!(ev.last().unwrap()["outcome"]["type"], "success");
+    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    assert_eq!(doc.session_id.as_deref(), Some("s1"));
+    let last = doc.last_run.clone().unwrap();
+    assert_eq!(
+        (last.run_id.as_str(), last.outcome.as_str()),
+        ("r1", "success")
+    );
+    assert!(
+        doc.is_terminal(&doc.execution.execution_id),
+        "a completed turn ends its execution"
+    );
+    assert!(h.kernel.calls("CancelTask").is_empty());
+}
+
+#[tokio::test]
+async fn a_task_that_changes_identity_fails_the_run_and_is_cancelled() {
+    let h = harness().await;
+    let c = h.ctx("t1");
+    h.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
+            r(items::status("task-2", &c, "TASK_STATE_WORKING", json!({}))),
+        ]),
+    );
+    let ev = events(h.run(h.request("t1", "r1", None)).await).await;
+    assert_eq!(terminals(&ev), ["RUN_ERROR"]);
+    assert_eq!(ev.last().unwrap()["code"], "A2A_PROTOCOL_ERROR");
+    let cancels = h.kernel.calls("CancelTask");
+    assert_eq!(cancels.len(), 1, "cancelled once");
+    assert_eq!(cancels[0].body["params"]["id"], "task-1");
+}
+
+#[tokio::test]
+async fn an_interrupt_is_durable_before_the_run_ends_with_it() {
+    let h = harness().await;
+    let c = h.ctx("t1");
+    interrupt(&h, &c).await;
+    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    assert_eq!(doc.execution.pending.len(), 1);
+    assert_eq!(doc.last_run.unwrap().outcome, "interrupt");
+    assert!(
+        h.kernel.calls("CancelTask").is_empty(),
+        "the task waits for its answer"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_cancels_the_task_once_known() {
+    let h = harness().await;
+    let c = h.ctx("t1");
+    h.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
+            Item::Stall,
+        ]),
+    );
+    let mut rx = h.run(h.request("t1", "r1", None)).await;
+    // RUN_STARTED, then the session events: the task is known once the second one is sent.
+    let mut seen = 0;
+    while seen < 3 {
+        rx.recv().await.expect("the run streams");
+        seen += 1;
+    }
+    drop(rx);
+    let cancels = h
+        .kernel
+        .wait_calls("CancelTask", 1, std::time::Duration::from_secs(10))
+        .await;
+    assert_eq!(cancels.len(), 1);
+    // The thread is free again, its last run recorded as disconnected.
+    let slot = h.rt.threads().slot("t1");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if slot.lock().await.active.is_none() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the thread stays held"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    assert_eq!(doc.last_run.unwrap().outcome, "disconnected");
+}
+
+/// The kernel's permission request `p1` for tool `tool-1` of `task-1`.
+fn permission(c: &str) -> Value {
+    json!({"input": {"schemaVersion": 1, "kind": "permission", "requestTaskId": "task-1",
+        "contextId": c, "inputId": "p1", "toolUseId": "tool-1", "toolName": "bash",
+        "prompt": "Run bash?", "options": [{"id": "allow_once", "label": "Allow once"},
+        {"id": "deny", "label": "Deny"}], "required": true}})
+}
+
+/// Runs `r1` on `t1` to the permission interrupt `p1`.
+async fn interrupt(h: &Harness, c: &str) {
+    h.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "s1"}),
+            )),
+            r(items::status(
+                "task-1",
+                c,
+                "TASK_STATE_INPUT_REQUIRED",
+                permission(c),
+            )),
+        ]),
+    );
+    let ev = events(h.run(h.request("t1", "r1", None)).await).await;
+    assert_eq!(terminals(&ev), ["RUN_FINISHED"]);
+    assert_eq!(
+        ev.last().unwrap()["outcome"]["type"],
+        "interrupt",
+        "{:?}",
+        ev.last()
+    );
+}
+
+#[tokio::test]
+async fn an_answer_is_delivered_once_and_recorded_before_the_run_goes_on() {
+    let h = harness().await;
+    let c = h.ctx("t1");
+    interrupt(&h, &c).await;
+    h.kernel.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task("task-1", &c, "TASK_STATE_INPUT_REQUIRED", permission(&c)),
+        ),
+    );
+    h.kernel.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+    let resume = json!([{"interruptId": "p1", "status": "resolved",
+        "payload": {"decision": "allow_once"}}]);
+    let ev = events(h.run(h.request("t1", "r2", Some(resume))).await).await;
+    assert_eq!(terminals(&ev), ["RUN_FINISHED"], "{ev:?}");
+    assert_eq!(ev.last().unwrap()["outcome"]["type"], "success");
+    let sent = h.kernel.calls("SendStreamingMessage");
+    assert_eq!(sent.len(), 2, "the turn, then the answer once");
+    let answer = sent[1].body.to_string();
+    assert!(
+        answer.contains("allow_once") && answer.contains("tool-1"),
+        "{answer}"
+    );
+    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    assert!(doc.execution.pending.is_empty());
+    assert!(
+        doc.delivering.is_empty(),
+        "the mark is cleared with the acceptance"
+    );
+    assert_eq!(doc.applied_resume_digests.len(), 1);
+    assert_eq!(doc.last_run.unwrap().outcome, "success");
+}

@@ -1,0 +1,212 @@
+//! A run's hold on its thread: the one way an admitted run reads or changes its thread's
+//! document.
+//!
+//! A run was admitted in one hold of this instance on the thread (`ThreadState::hold`). When
+//! that hold ends (another instance took the thread, or this one took it over anew), the run's
+//! writes are refused here, whatever it remembers; and with a shared store, a run asks the kernel
+//! to act only while this instance's lease holds ([`ThreadHold::still_held`]). Changes are
+//! durable first (`Threads::edit`): a failed save changes nothing, except the facts that are true
+//! whether or not the disk records them (`record`: a task cancelled, an execution ended).
+//!
+//! The threads API and the cancellation extension read and change threads through the same
+//! registry calls: [`read_thread`] for the reads, [`ThreadHold`] for the cancellation's end of
+//! the execution.
+
+use std::sync::Arc;
+
+use crate::error::{msg, ApiError, Code};
+use crate::store::{LastRun, StoreError, ThreadDoc};
+
+use super::threads::{Slot, ThreadState, Threads};
+
+/// Why a change of the thread's document was not saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unsaved {
+    /// The hold ended, or a shared store refused the write: the thread is not this instance's
+    /// (any more).
+    NotHeld,
+    /// This instance's lease lapsed; `late`: noticed after the whole TTL.
+    Lapsed { late: bool },
+    /// The save failed, or the execution is not the thread's current one any more.
+    Failed,
+}
+
+/// A run's hold on its thread.
+pub struct ThreadHold {
+    threads: Arc<Threads>,
+    slot: Arc<Slot>,
+    /// The hold the run was admitted in.
+    hold: u64,
+    /// The execution the run belongs to: only its document may be changed.
+    execution_id: String,
+}
+
+impl ThreadHold {
+    pub fn new(threads: Arc<Threads>, slot: Arc<Slot>, hold: u64, execution_id: String) -> Self {
+        ThreadHold {
+            threads,
+            slot,
+            hold,
+            execution_id,
+        }
+    }
+
+    pub fn execution_id(&self) -> &str {
+        &self.execution_id
+    }
+
+    /// The thread's document (in memory: the run holds the thread).
+    pub async fn doc(&self) -> Option<ThreadDoc> {
+        self.slot.lock().await.doc.clone()
+    }
+
+    /// Whether the run's execution waits for answers.
+    pub async fn waiting(&self) -> bool {
+        self.doc()
+            .await
+            .is_some_and(|d| d.is_current(&self.execution_id) && d.is_waiting())
+    }
+
+    /// Changes the execution's document, durable first. An error when the hold ended, it could
+    /// not be saved, or the execution is not the thread's current one any more.
+    pub async fn edit(&self, change: impl FnOnce(&mut ThreadDoc)) -> Result<(), Unsaved> {
+        let mut st = self.slot.lock().await;
+        if st.hold() != self.hold {
+            // Admitted in an earlier hold of this instance: the thread moved on without it.
+            return Err(Unsaved::NotHeld);
+        }
+        let current = st
+            .doc
+            .as_ref()
+            .is_some_and(|d| d.is_current(&self.execution_id));
+        if !current {
+            return Err(Unsaved::Failed);
+        }
+        match self.threads.edit(&mut st, change).await {
+            Some(Ok(())) => Ok(()),
+            Some(Err(StoreError::NotHeld(_))) => {
+                tracing::warn!("state write refused: the thread is not this instance's any more");
+                Err(Unsaved::NotHeld)
+            }
+            Some(Err(StoreError::LeaseLapsed { late })) => Err(Unsaved::Lapsed { late }),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "state write failed");
+                Err(Unsaved::Failed)
+            }
+            None => Err(Unsaved::Failed),
+        }
+    }
+
+    /// Before the kernel is asked to do something in the thread's name (a turn, an answer):
+    /// this instance must still hold the thread and its lease must hold (a shared store; a
+    /// store of one instance always does). A lease that holds now holds for the margin before
+    /// its TTL, time enough for the request to reach the kernel before anyone could take over.
+    pub async fn still_held(&self) -> Result<(), Unsaved> {
+        if self.slot.lock().await.hold() != self.hold {
+            return Err(Unsaved::NotHeld);
+        }
+        match self.threads.store().lease() {
+            Some(lease) if !lease.holds() => Err(Unsaved::Lapsed {
+                late: lease.is_late(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Ends the execution after its task was cancelled: in memory whatever the save says
+    /// (nothing may be answered on a cancelled task), on disk if it can.
+    pub async fn end_execution(&self) {
+        let mut st = self.slot.lock().await;
+        if !self.is_current(&st) {
+            return;
+        }
+        let recorded = self.threads.record(&mut st, ThreadDoc::end_execution).await;
+        if let Some(Err(e)) = recorded {
+            tracing::warn!(error = %e, "state write failed; the execution is ended in memory");
+        }
+    }
+
+    /// Ends the execution durably, when it is the thread's current one and not ended yet (the
+    /// cancellation extension, after the kernel cancelled its task): `Ok(false)` when there was
+    /// nothing to end.
+    pub async fn end_execution_durably(&self) -> Result<bool, Unsaved> {
+        {
+            let st = self.slot.lock().await;
+            let live = st.doc.as_ref().is_some_and(|d| {
+                d.is_current(&self.execution_id) && !d.is_terminal(&self.execution_id)
+            });
+            if !live {
+                return Ok(false);
+            }
+        }
+        self.edit(ThreadDoc::end_execution).await.map(|()| true)
+    }
+
+    /// Releases the thread at the end of run `last.run_id` and records how the run ended; the
+    /// execution becomes terminal when it ended without pending interrupts. Nothing is recorded
+    /// when the hold ended: the thread is another hold's now.
+    pub async fn release(&self, last: LastRun) {
+        let mut st = self.slot.lock().await;
+        if st.hold() != self.hold {
+            return;
+        }
+        if st.active.as_ref().is_some_and(|a| a.run_id == last.run_id) {
+            st.active = None;
+        }
+        let ended = st.doc.as_ref().is_some_and(|d| {
+            d.is_current(&self.execution_id)
+                && !d.is_waiting()
+                && !d.is_terminal(&self.execution_id)
+        });
+        let recorded = self
+            .threads
+            .record(&mut st, |d| {
+                if ended {
+                    d.end_execution();
+                }
+                if d.active_run
+                    .as_ref()
+                    .is_some_and(|a| a.run_id == last.run_id)
+                {
+                    d.active_run = None;
+                }
+                d.last_run = Some(last);
+            })
+            .await;
+        if let Some(Err(e)) = recorded {
+            tracing::warn!(error = %e, "end-of-run state write failed");
+        }
+    }
+
+    /// Within the run's hold, and the execution is the thread's current one.
+    fn is_current(&self, st: &ThreadState) -> bool {
+        st.hold() == self.hold
+            && st
+                .doc
+                .as_ref()
+                .is_some_and(|d| d.is_current(&self.execution_id))
+    }
+}
+
+/// Reads a thread that must exist: `read` sees its state and document under the thread's lock.
+/// A thread without a document is `THREAD_NOT_FOUND`; a store that cannot be read,
+/// `STATE_UNAVAILABLE`.
+pub async fn read_thread<R>(
+    threads: &Threads,
+    thread_id: &str,
+    read: impl FnOnce(&ThreadState, &ThreadDoc) -> R,
+) -> Result<R, ApiError> {
+    let slot = threads.slot(thread_id);
+    let st = threads
+        .lock(&slot, thread_id)
+        .await
+        .map_err(|_| ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE))?;
+    let doc = st
+        .doc
+        .as_ref()
+        .ok_or_else(|| ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND))?;
+    Ok(read(&st, doc))
+}
+
+#[cfg(test)]
+mod tests;
