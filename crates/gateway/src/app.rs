@@ -279,21 +279,27 @@ pub async fn serve_with_admin(
         crate::server::serve(listener, app, graceful).await;
         Ok::<(), std::io::Error>(())
     };
+    // One deadline for the whole drain, from the stop signal: open connections, then runs
+    // without a connection (detached), whose last writes (the run's end on the thread) land
+    // before the store is flushed. The kernel's own stop (SIGTERM, SIGKILL after 5 s) follows.
     let timeout = Duration::from_secs_f64(rt.cfg().shutdown_timeout_secs) + Duration::from_secs(2);
+    let drain_deadline = Arc::new(std::sync::OnceLock::new());
     let mut stop_rx2 = stop_tx.subscribe();
     let result = tokio::select! {
         r = server => r,
-        _ = async {
-            let _ = stop_rx2.wait_for(|v| *v).await;
-            tokio::time::sleep(timeout).await;
+        _ = {
+            let drain_deadline = drain_deadline.clone();
+            async move {
+                let _ = stop_rx2.wait_for(|v| *v).await;
+                let deadline = *drain_deadline.get_or_init(|| tokio::time::Instant::now() + timeout);
+                tokio::time::sleep_until(deadline).await;
+            }
         } => {
             tracing::warn!("drain deadline passed; closing remaining connections");
             Ok(())
         }
     };
-    // Runs without a connection (detached) end with the drain too: their last writes (the run's
-    // end on the thread) land before the store is flushed, within the same deadline.
-    let runs_deadline = tokio::time::Instant::now() + timeout;
+    let runs_deadline = *drain_deadline.get_or_init(|| tokio::time::Instant::now() + timeout);
     while rt.activity().open_streams() > 0 && tokio::time::Instant::now() < runs_deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
