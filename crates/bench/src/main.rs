@@ -78,6 +78,9 @@ struct Report {
     event_cpu_us: f64,
     lat_p50_us: f64,
     lat_p99_us: f64,
+    /// Gateway CPU per event of the paced streams (the latency test: many slow streams at once,
+    /// each event its own write; admissions included).
+    paced_cpu_us: f64,
     parked_admitted: usize,
     parked_rss_kib_per_stream: f64,
     /// Gateway CPU time per admission (µs), all its threads.
@@ -169,6 +172,7 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
 
     // Added latency: kernel send time (in the delta) → client read.
     let mut tasks = vec![];
+    let paced_cpu_before = cpu_ms(pid);
     let per = z.lat_rate * z.lat_secs;
     let interval = 1_000_000 / z.lat_rate;
     for i in 0..z.lat_streams {
@@ -186,6 +190,9 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     for t in tasks {
         all.extend(t.await??);
     }
+    let paced_events = (z.lat_streams as u64 * per).max(1);
+    rep.paced_cpu_us =
+        cpu_ms(pid).saturating_sub(paced_cpu_before) as f64 * 1000.0 / paced_events as f64;
     (rep.lat_p50_us, rep.lat_p99_us) = percentiles(all);
 
     // Parked streams: all admitted, RSS growth, admission rate.
@@ -283,6 +290,10 @@ fn print(name: &str, r: &Report, z: Sizes) {
     println!(
         "  added latency ({} × {}/s) p50/p99  {:>8.0} / {:.0} µs",
         z.lat_streams, z.lat_rate, r.lat_p50_us, r.lat_p99_us
+    );
+    println!(
+        "  gateway CPU per event ({} paced)  {:>10.2} µs",
+        z.lat_streams, r.paced_cpu_us
     );
     println!(
         "  parked streams admitted           {:>10} of {}",
