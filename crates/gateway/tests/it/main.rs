@@ -6,6 +6,7 @@ mod cluster;
 mod cluster_real;
 mod conformance;
 mod crash;
+mod docs;
 mod fake_kernel;
 mod fuzz;
 mod http_surface;
