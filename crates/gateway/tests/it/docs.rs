@@ -45,7 +45,9 @@ fn code_map() -> String {
 }
 
 fn is_path(t: &str) -> bool {
+    // A route (`/health`) is no module.
     (t.contains('/') || t.ends_with(".rs"))
+        && !t.starts_with('/')
         && t.chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_-./".contains(c))
 }
@@ -77,8 +79,11 @@ fn named_modules(map: &str) -> (Vec<String>, Vec<String>) {
 fn missing(map: &str, tree: &BTreeSet<String>) -> Vec<String> {
     let (paths, names) = named_modules(map);
     let paths = paths.into_iter().filter(|p| {
-        let p = p.trim_start_matches("./");
-        !tree.iter().any(|t| t == p || t.ends_with(&format!("/{p}")))
+        let p = p.trim_start_matches("./").trim_end_matches('/');
+        let dir = format!("{p}/");
+        !tree.iter().any(|t| {
+            t == p || *t == dir || t.ends_with(&format!("/{p}")) || t.ends_with(&format!("/{dir}"))
+        })
     });
     let names = names.into_iter().filter(|n| {
         !tree
@@ -110,7 +115,7 @@ fn a_module_that_is_gone_is_noticed() {
     let tree: BTreeSet<String> = ["crates/gateway/src/run/", "crates/gateway/src/run/hold.rs"]
         .map(String::from)
         .into();
-    let map = "## Code map\n- `run/`: see `run/hold.rs`, `hold.rs`, `run/gone.rs` and `x/`.\n\
+    let map = "## Code map\n- `run/`: `run/hold.rs`, `hold.rs`, `run/gone.rs`, `x/`, `/route`.\n\
                - `hold`: here. - `gone`: not.\n- `nothing_here`: gone.\n";
     assert_eq!(missing(map, &tree), ["run/gone.rs", "x/", "nothing_here"]);
 }
