@@ -394,7 +394,13 @@ mod tests {
         };
         let ids: Vec<&str> = d.iter().map(|d| d.interrupt_id.as_str()).collect();
         assert_eq!(ids, ["b", "a"]);
-        assert!(matches!(&d[0].answer, Answer::Permission { decision, .. } if decision == "deny"));
+        assert!(matches!(
+            &d[0].answer,
+            Answer::Permission {
+                decision: a2a::PermissionDecision::Deny,
+                ..
+            }
+        ));
     }
 
     #[test]
