@@ -41,6 +41,11 @@ impl RpcError {
 
     /// The kernel refused a permission answer because no such permission is pending (it may be
     /// carrying out an earlier delivery of the same answer).
+    ///
+    /// The message is all there is to go by: the kernel raises this as an `InvalidParamsError`
+    /// (-32602) whose text starts with its fixed reason, `permission_resume_invalid: …`; its
+    /// `data` is the generic `ErrorInfo` (reason `INVALID_PARAMS`) that every -32602 carries, with
+    /// no code of its own to tell this refusal from the others.
     pub fn is_permission_not_pending(&self) -> bool {
         self.message.starts_with("permission_resume_invalid")
     }
@@ -127,9 +132,27 @@ mod tests {
             !e(json!({"code": -32603, "data": {"code": "SESSION_BACKUP_NOT_READY"}}))
                 .is_backup_not_ready()
         );
+        // As the kernel sends it (the wire contract's stale answer).
         assert!(e(json!({"code": -32602,
-            "message": "permission_resume_invalid: pending permission is not active"}))
+            "message": "permission_resume_invalid: pending permission is not active.",
+            "data": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": "INVALID_PARAMS", "domain": "a2a-protocol.org", "metadata": {}}]}))
         .is_permission_not_pending());
+        assert!(
+            e(json!({"code": -32602, "message": "permission_resume_invalid"}))
+                .is_permission_not_pending()
+        );
+        for other in [
+            "input_response_mismatch: permission correlation does not match.",
+            "Permission response payload fields do not match schemaVersion 1.",
+            "Invalid params",
+            "",
+        ] {
+            assert!(
+                !e(json!({"code": -32602, "message": other})).is_permission_not_pending(),
+                "{other}"
+            );
+        }
         assert!(!Error::transport("timeout").is_task_gone());
     }
 }

@@ -30,7 +30,8 @@ pub use item::{ItemView, Task};
 pub use stream::decode_response_pieces;
 pub use stream::{EventStream, Next};
 pub use wire::{
-    Message, MessageMetadata, Part, PermissionAnswer, Role, TaskState, Thinking, TurnMetadata,
+    Message, MessageMetadata, Part, PermissionAnswer, PermissionDecision, Role, TaskState,
+    Thinking, TurnMetadata,
 };
 
 /// The `result` of a JSON-RPC response, or its error.

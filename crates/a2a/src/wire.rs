@@ -65,39 +65,61 @@ impl Part {
     /// The data part that answers a permission request of the kernel.
     pub fn permission_answer(answer: &PermissionAnswer<'_>) -> Part {
         Part::Data {
-            data: serde_json::to_value(answer).expect("a permission answer serialises"),
+            data: answer.data(),
             media_type: "application/json".into(),
         }
     }
 }
 
-/// The kernel's permission answer (`kind: permission`, schema version 1).
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PermissionAnswer<'a> {
-    schema_version: u8,
-    kind: &'static str,
-    request_task_id: &'a str,
-    input_id: &'a str,
-    tool_use_id: &'a str,
-    decision: &'a str,
+/// A decision on a permission request, as the kernel spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermissionDecision {
+    AllowOnce,
+    Deny,
 }
 
-impl<'a> PermissionAnswer<'a> {
-    pub fn new(
-        request_task_id: &'a str,
-        input_id: &'a str,
-        tool_use_id: &'a str,
-        decision: &'a str,
-    ) -> PermissionAnswer<'a> {
-        PermissionAnswer {
-            schema_version: 1,
-            kind: "permission",
-            request_task_id,
-            input_id,
-            tool_use_id,
-            decision,
+impl PermissionDecision {
+    pub fn wire_name(self) -> &'static str {
+        match self {
+            PermissionDecision::AllowOnce => "allow_once",
+            PermissionDecision::Deny => "deny",
         }
+    }
+
+    pub fn parse(raw: &str) -> Option<PermissionDecision> {
+        match raw {
+            "allow_once" => Some(PermissionDecision::AllowOnce),
+            "deny" => Some(PermissionDecision::Deny),
+            _ => None,
+        }
+    }
+}
+
+/// The kernel's permission answer (`kind: permission`, schema version 1). Built with named
+/// fields, so its ids cannot be swapped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionAnswer<'a> {
+    /// The task that asked.
+    pub request_task_id: &'a str,
+    /// The request's `inputId`.
+    pub input_id: &'a str,
+    /// The request's tool use id. The kernel checks the answer against Python's `str()` of its
+    /// own, so a request without one is answered with the text `None`.
+    pub tool_use_id: Option<&'a str>,
+    pub decision: PermissionDecision,
+}
+
+impl PermissionAnswer<'_> {
+    /// The answer's JSON, keys in the order the kernel has always been sent them.
+    fn data(&self) -> Value {
+        serde_json::json!({
+            "schemaVersion": 1,
+            "kind": "permission",
+            "requestTaskId": self.request_task_id,
+            "inputId": self.input_id,
+            "toolUseId": self.tool_use_id.unwrap_or("None"),
+            "decision": self.decision.wire_name(),
+        })
     }
 }
 
@@ -376,8 +398,41 @@ mod tests {
     }
 
     #[test]
+    fn permission_answers_are_the_bytes_the_kernel_reads() {
+        for d in [PermissionDecision::AllowOnce, PermissionDecision::Deny] {
+            assert_eq!(PermissionDecision::parse(d.wire_name()), Some(d));
+        }
+        assert_eq!(PermissionDecision::Deny.wire_name(), "deny");
+        assert_eq!(PermissionDecision::parse("allow_always"), None);
+        assert_eq!(PermissionDecision::parse("Deny"), None);
+        let part = |tool_use_id, decision| {
+            let answer = PermissionAnswer {
+                request_task_id: "T",
+                input_id: "in-1",
+                tool_use_id,
+                decision,
+            };
+            serde_json::to_string(&Part::permission_answer(&answer)).unwrap()
+        };
+        assert_eq!(
+            part(Some("tool-1"), PermissionDecision::AllowOnce),
+            r#"{"data":{"schemaVersion":1,"kind":"permission","requestTaskId":"T","inputId":"in-1","toolUseId":"tool-1","decision":"allow_once"},"mediaType":"application/json"}"#
+        );
+        // No tool use id: Python's `str(None)`, as the kernel compares it.
+        assert_eq!(
+            part(None, PermissionDecision::Deny),
+            r#"{"data":{"schemaVersion":1,"kind":"permission","requestTaskId":"T","inputId":"in-1","toolUseId":"None","decision":"deny"},"mediaType":"application/json"}"#
+        );
+    }
+
+    #[test]
     fn messages_serialise_as_the_kernel_reads_them() {
-        let answer = PermissionAnswer::new("T", "in-1", "tool-1", "allow_once");
+        let answer = PermissionAnswer {
+            request_task_id: "T",
+            input_id: "in-1",
+            tool_use_id: Some("tool-1"),
+            decision: PermissionDecision::AllowOnce,
+        };
         let m = Message {
             message_id: "m1".into(),
             role: Role::User,

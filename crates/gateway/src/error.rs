@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 
 use crate::i18n::{self, Lang};
 
-/// Every error code the gateway emits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Every error code the gateway emits. README.md lists each in its error table (a test checks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::VariantArray)]
 pub enum Code {
     Unauthorized,
     UnsupportedMediaType,
@@ -43,59 +43,64 @@ pub enum Code {
     RunEventsGone,
 }
 
-/// The contract: code → wire name → HTTP status when it is answered before the SSE stream.
-/// Codes that only occur inside a stream (`RUN_ERROR`) carry the status they would have if a
-/// future path answered them over HTTP.
-const TABLE: &[(Code, &str, u16)] = &[
-    (Code::Unauthorized, "UNAUTHORIZED", 401),
-    (Code::UnsupportedMediaType, "UNSUPPORTED_MEDIA_TYPE", 415),
-    (Code::RequestTooLarge, "REQUEST_TOO_LARGE", 413),
-    (Code::InvalidJson, "INVALID_JSON", 400),
-    (Code::InvalidInput, "INVALID_INPUT", 400),
-    (Code::DuplicateRunId, "DUPLICATE_RUN_ID", 409),
-    (Code::RunIdConflict, "RUN_ID_CONFLICT", 409),
-    (Code::ThreadBusy, "THREAD_BUSY", 409),
-    (Code::ThreadBindingConflict, "THREAD_BINDING_CONFLICT", 409),
-    (Code::ResumeRequired, "RESUME_REQUIRED", 409),
-    (Code::ExecutionLost, "EXECUTION_LOST", 409),
-    (Code::StateUnavailable, "STATE_UNAVAILABLE", 503),
-    (Code::ExecutionNotFound, "EXECUTION_NOT_FOUND", 404),
-    (Code::IncompleteResume, "INCOMPLETE_RESUME", 409),
-    (Code::UnknownInterrupt, "UNKNOWN_INTERRUPT", 409),
-    (Code::ResumePayloadInvalid, "RESUME_PAYLOAD_INVALID", 400),
-    (Code::ResumeAlreadyApplied, "RESUME_ALREADY_APPLIED", 409),
-    (Code::ExecutionExpired, "EXECUTION_EXPIRED", 409),
-    (Code::SessionBackupNotReady, "SESSION_BACKUP_NOT_READY", 503),
-    (
-        Code::StatePersistenceFailed,
-        "STATE_PERSISTENCE_FAILED",
-        503,
-    ),
-    (Code::A2aUnavailable, "A2A_UNAVAILABLE", 503),
-    (Code::A2aProtocolError, "A2A_PROTOCOL_ERROR", 502),
-    (Code::A2aExecutionFailed, "A2A_EXECUTION_FAILED", 502),
-    (Code::Cancelled, "CANCELLED", 409),
-    (Code::ThreadNotFound, "THREAD_NOT_FOUND", 404),
-    (Code::RunNotFound, "RUN_NOT_FOUND", 404),
-    (Code::RunEventsGone, "RUN_EVENTS_GONE", 410),
-];
-
 impl Code {
-    fn row(self) -> &'static (Code, &'static str, u16) {
-        TABLE
-            .iter()
-            .find(|r| r.0 == self)
-            .expect("every code has a row")
+    /// The contract: code → wire name → HTTP status when it is answered before the SSE stream.
+    /// Codes that only occur inside a stream (`RUN_ERROR`) carry the status they would have if a
+    /// future path answered them over HTTP. A match, so a code without its row does not compile.
+    const fn row(self) -> (&'static str, StatusCode) {
+        match self {
+            Code::Unauthorized => ("UNAUTHORIZED", StatusCode::UNAUTHORIZED),
+            Code::UnsupportedMediaType => {
+                ("UNSUPPORTED_MEDIA_TYPE", StatusCode::UNSUPPORTED_MEDIA_TYPE)
+            }
+            Code::RequestTooLarge => ("REQUEST_TOO_LARGE", StatusCode::PAYLOAD_TOO_LARGE),
+            Code::InvalidJson => ("INVALID_JSON", StatusCode::BAD_REQUEST),
+            Code::InvalidInput => ("INVALID_INPUT", StatusCode::BAD_REQUEST),
+            Code::DuplicateRunId => ("DUPLICATE_RUN_ID", StatusCode::CONFLICT),
+            Code::RunIdConflict => ("RUN_ID_CONFLICT", StatusCode::CONFLICT),
+            Code::ThreadBusy => ("THREAD_BUSY", StatusCode::CONFLICT),
+            Code::ThreadBindingConflict => ("THREAD_BINDING_CONFLICT", StatusCode::CONFLICT),
+            Code::ResumeRequired => ("RESUME_REQUIRED", StatusCode::CONFLICT),
+            Code::ExecutionLost => ("EXECUTION_LOST", StatusCode::CONFLICT),
+            Code::StateUnavailable => ("STATE_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE),
+            Code::ExecutionNotFound => ("EXECUTION_NOT_FOUND", StatusCode::NOT_FOUND),
+            Code::IncompleteResume => ("INCOMPLETE_RESUME", StatusCode::CONFLICT),
+            Code::UnknownInterrupt => ("UNKNOWN_INTERRUPT", StatusCode::CONFLICT),
+            Code::ResumePayloadInvalid => ("RESUME_PAYLOAD_INVALID", StatusCode::BAD_REQUEST),
+            Code::ResumeAlreadyApplied => ("RESUME_ALREADY_APPLIED", StatusCode::CONFLICT),
+            Code::ExecutionExpired => ("EXECUTION_EXPIRED", StatusCode::CONFLICT),
+            Code::SessionBackupNotReady => {
+                ("SESSION_BACKUP_NOT_READY", StatusCode::SERVICE_UNAVAILABLE)
+            }
+            Code::StatePersistenceFailed => {
+                ("STATE_PERSISTENCE_FAILED", StatusCode::SERVICE_UNAVAILABLE)
+            }
+            Code::A2aUnavailable => ("A2A_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE),
+            Code::A2aProtocolError => ("A2A_PROTOCOL_ERROR", StatusCode::BAD_GATEWAY),
+            Code::A2aExecutionFailed => ("A2A_EXECUTION_FAILED", StatusCode::BAD_GATEWAY),
+            Code::Cancelled => ("CANCELLED", StatusCode::CONFLICT),
+            Code::ThreadNotFound => ("THREAD_NOT_FOUND", StatusCode::NOT_FOUND),
+            Code::RunNotFound => ("RUN_NOT_FOUND", StatusCode::NOT_FOUND),
+            Code::RunEventsGone => ("RUN_EVENTS_GONE", StatusCode::GONE),
+        }
     }
 
     /// The wire name (`THREAD_BUSY`, …).
-    pub fn as_str(self) -> &'static str {
-        self.row().1
+    pub const fn as_str(self) -> &'static str {
+        self.row().0
     }
 
     /// The HTTP status used when this error is answered before the SSE stream.
-    pub fn status(self) -> StatusCode {
-        StatusCode::from_u16(self.row().2).expect("valid status")
+    pub const fn status(self) -> StatusCode {
+        self.row().1
+    }
+
+    /// The code of a wire name (`THREAD_BUSY` → [`Code::ThreadBusy`]), as stored or received.
+    pub fn from_wire(name: &str) -> Option<Code> {
+        <Code as strum::VariantArray>::VARIANTS
+            .iter()
+            .copied()
+            .find(|c| c.as_str() == name)
     }
 }
 
@@ -130,7 +135,8 @@ impl ApiError {
                 axum::http::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             )],
-            serde_json::to_vec(&body).expect("envelope serialises"),
+            // A JSON value's text (compact, as `to_vec` writes it): printing a value cannot fail.
+            body.to_string(),
         )
             .into_response();
         if self.code == Code::Unauthorized {
@@ -240,17 +246,78 @@ pub mod msg {
 mod tests {
     use super::*;
 
+    fn all() -> &'static [Code] {
+        <Code as strum::VariantArray>::VARIANTS
+    }
+
     #[test]
-    fn table_is_complete_and_unique() {
+    fn names_are_unique_and_round_trip() {
         let mut names = std::collections::HashSet::new();
-        for (code, name, status) in TABLE {
-            assert!(names.insert(*name), "duplicate {name}");
-            assert_eq!(code.as_str(), *name);
-            assert!(StatusCode::from_u16(*status).is_ok());
+        for &code in all() {
+            let name = code.as_str();
+            assert!(names.insert(name), "duplicate {name}");
+            assert_eq!(Code::from_wire(name), Some(code));
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'),
+                "{name}"
+            );
+            assert!(
+                code.status().is_client_error() || code.status().is_server_error(),
+                "{name}"
+            );
         }
+        assert_eq!(names.len(), 27);
+        assert_eq!(Code::from_wire("thread_busy"), None);
+        assert_eq!(Code::from_wire(""), None);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);
         assert_eq!(Code::StateUnavailable.status().as_u16(), 503);
         assert_eq!(Code::ExecutionNotFound.status().as_u16(), 404);
+        assert_eq!(Code::RequestTooLarge.status().as_u16(), 413);
+        assert_eq!(Code::RunEventsGone.status().as_u16(), 410);
+    }
+
+    /// README.md's error table (the table under its `| Code | HTTP status |` header): one row per
+    /// code with the status of [`Code::row`], and no row for a code that does not exist.
+    #[test]
+    fn readme_lists_every_code_with_its_status() {
+        let readme = include_str!("../../../README.md");
+        let table = readme
+            .split_once("\n| Code | HTTP status |")
+            .map(|(_, t)| t)
+            .expect("README.md has the error table");
+        let rows: Vec<(&str, &str)> = table
+            .lines()
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| {
+                let mut cells = l.split(" | ");
+                let name = cells.next().unwrap_or_default();
+                let name = name.trim_start_matches("| `").trim_end_matches('`');
+                (name, cells.next().unwrap_or_default())
+            })
+            .collect();
+        for &code in all() {
+            let found: Vec<_> = rows.iter().filter(|(n, _)| *n == code.as_str()).collect();
+            assert_eq!(
+                found.len(),
+                1,
+                "{} must have exactly one row in README.md's error table",
+                code.as_str()
+            );
+            assert_eq!(
+                found[0].1,
+                code.status().as_u16().to_string(),
+                "README.md gives {} another status",
+                code.as_str()
+            );
+        }
+        for (name, _) in &rows {
+            assert!(
+                Code::from_wire(name).is_some(),
+                "README.md lists unknown code {name}"
+            );
+        }
     }
 
     #[test]

@@ -80,6 +80,25 @@ pub fn required_inputs(
     out
 }
 
+/// What an interrupt asks for, read from its entry's `kind` (the entry keeps its raw value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InterruptKind {
+    /// A permission for a tool call (`permission`): answered with a decision.
+    Permission,
+    /// Anything else (the kernel's `ask_user_question`, or no kind): answered with text.
+    Question,
+}
+
+impl InterruptKind {
+    /// The kind of an interrupt's entry (a required input's projection).
+    pub fn of(value: &Map<String, Value>) -> InterruptKind {
+        match value.get("kind").and_then(Value::as_str) {
+            Some("permission") => InterruptKind::Permission,
+            _ => InterruptKind::Question,
+        }
+    }
+}
+
 const PERMISSION_SCHEMA: &str = r#"{"type":"object","properties":{"decision":{"type":"string","enum":["allow_once","deny"]}},"required":["decision"],"additionalProperties":false}"#;
 
 fn str_of(v: Option<&Value>) -> Option<&str> {
@@ -156,14 +175,13 @@ pub fn standard_options(value: &Map<String, Value>) -> Vec<(String, String)> {
 /// Builds the AG-UI interrupt of a pending entry. `expires_at`: RFC 3339, or none when expiry is
 /// off.
 pub fn build(id: &str, value: &Map<String, Value>, expires_at: Option<&str>) -> Interrupt {
-    let kind = str_of(value.get("kind")).unwrap_or("input_required");
     let lang = value
         .get("language")
         .and_then(Value::as_str)
         .and_then(Lang::from_tag)
         .unwrap_or(Lang::En);
     let options = standard_options(value);
-    let (reason, message, schema) = if kind == "permission" {
+    let (reason, message, schema) = if InterruptKind::of(value) == InterruptKind::Permission {
         let message = str_of(value.get("prompt"))
             .or_else(|| str_of(value.get("title")))
             .map(str::to_owned)
@@ -223,6 +241,25 @@ mod tests {
 
     fn obj(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn interrupt_kinds() {
+        let kind = |v: Value| InterruptKind::of(&obj(v));
+        assert_eq!(
+            kind(json!({"kind": "permission"})),
+            InterruptKind::Permission
+        );
+        for other in [
+            json!({"kind": "ask_user_question"}),
+            json!({"kind": "Permission"}),
+            json!({"kind": ""}),
+            json!({"kind": null}),
+            json!({"kind": ["permission"]}),
+            json!({}),
+        ] {
+            assert_eq!(kind(other), InterruptKind::Question);
+        }
     }
 
     #[test]

@@ -49,6 +49,39 @@ pub fn is_allow_listed(event_type: &str) -> bool {
     ALLOW_LIST.contains(&event_type)
 }
 
+/// What an envelope's `eventType` means to the projections (the CUSTOM allow-list aside).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    TextDelta,
+    ThinkingDelta,
+    ToolStarted,
+    ToolResult,
+    Usage,
+    /// A step (or a candidate's step) starts, or an answer resumes it.
+    StepOpened,
+    /// A step (or a candidate's step) ends, either way.
+    StepClosed,
+    Other,
+}
+
+impl Kind {
+    fn of(event_type: &str) -> Kind {
+        match event_type {
+            "text_delta" => Kind::TextDelta,
+            "thinking_delta" => Kind::ThinkingDelta,
+            "tool_started" => Kind::ToolStarted,
+            "tool_result" => Kind::ToolResult,
+            "usage" => Kind::Usage,
+            "step_started" | "candidate_step_started" | "input_received" => Kind::StepOpened,
+            "step_completed"
+            | "step_failed"
+            | "candidate_step_completed"
+            | "candidate_step_failed" => Kind::StepClosed,
+            _ => Kind::Other,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct PipelineState {
     seen_event_ids: HashSet<String>,
@@ -141,6 +174,7 @@ impl Mapper {
     #[allow(clippy::collapsible_match)]
     pub(crate) fn project_envelope(&mut self, e: &Map<String, Value>, out: &mut Vec<Event>) {
         let event_type = str_of(e.get("eventType")).unwrap_or("pipeline_event");
+        let kind = Kind::of(event_type);
         let step = e
             .get("candidateStep")
             .filter(|v| truthy(Some(v)))
@@ -148,14 +182,14 @@ impl Mapper {
             .and_then(Value::as_object);
         let step_id = step.and_then(|s| str_of(s.get("id")));
         if let Some(data) = e.get("data").and_then(Value::as_object) {
-            match event_type {
-                "text_delta" => {
+            match kind {
+                Kind::TextDelta => {
                     if let Some(text) = str_of(data.get("text")) {
                         let id = self.pipeline_message_id(e);
                         self.emit_text(&id, text, false, out);
                     }
                 }
-                "thinking_delta" => {
+                Kind::ThinkingDelta => {
                     if data.get("type").and_then(Value::as_str) == Some("raw_thinking") {
                         if let Some(text) = str_of(data.get("text")) {
                             let id = format!("reasoning-{}", self.pipeline_message_id(e));
@@ -163,7 +197,7 @@ impl Mapper {
                         }
                     }
                 }
-                "tool_started" => {
+                Kind::ToolStarted => {
                     let id = str_of(data.get("toolUseId"))
                         .map(str::to_owned)
                         .unwrap_or_else(|| format!("tool-{}", (self.gen)()));
@@ -176,7 +210,7 @@ impl Mapper {
                     };
                     self.tool_call(&id, &name, Some(args), out);
                 }
-                "tool_result" => {
+                Kind::ToolResult => {
                     if let Some(id) = str_of(data.get("toolUseId")) {
                         let content = match data.get("result") {
                             Some(Value::String(s)) => s.clone(),
@@ -186,8 +220,8 @@ impl Mapper {
                         self.tool_result(id, content, out);
                     }
                 }
-                "usage" => self.record_usage(data),
-                _ => {}
+                Kind::Usage => self.record_usage(data),
+                Kind::StepOpened | Kind::StepClosed | Kind::Other => {}
             }
         }
         if let Some(step_id) = step_id {
@@ -200,8 +234,8 @@ impl Mapper {
                 Some(c) => format!("candidate:{c}:{step_id}"),
                 None => format!("step:{step_id}"),
             };
-            match event_type {
-                "step_started" | "candidate_step_started" | "input_received" => {
+            match kind {
+                Kind::StepOpened => {
                     self.pipe.durable_open_steps.insert(key.clone());
                     if self.pipe.run_open_steps.insert(key.clone()) {
                         out.push(Event::StepStarted {
@@ -209,10 +243,7 @@ impl Mapper {
                         });
                     }
                 }
-                "step_completed"
-                | "step_failed"
-                | "candidate_step_completed"
-                | "candidate_step_failed" => {
+                Kind::StepClosed => {
                     if self.pipe.durable_open_steps.remove(&key) {
                         if !self.pipe.run_open_steps.remove(&key) {
                             out.push(Event::StepStarted {
@@ -295,6 +326,35 @@ impl Mapper {
         }
         if let Some(last) = seq_of(snapshot.get("lastSequence")) {
             self.pipe.high_water = self.pipe.high_water.max(last);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_kinds() {
+        for (t, k) in [
+            ("text_delta", Kind::TextDelta),
+            ("thinking_delta", Kind::ThinkingDelta),
+            ("tool_started", Kind::ToolStarted),
+            ("tool_result", Kind::ToolResult),
+            ("usage", Kind::Usage),
+            ("step_started", Kind::StepOpened),
+            ("candidate_step_started", Kind::StepOpened),
+            ("input_received", Kind::StepOpened),
+            ("step_completed", Kind::StepClosed),
+            ("step_failed", Kind::StepClosed),
+            ("candidate_step_completed", Kind::StepClosed),
+            ("candidate_step_failed", Kind::StepClosed),
+            ("pipeline_started", Kind::Other),
+            ("pipeline_event", Kind::Other),
+            ("Step_Started", Kind::Other),
+            ("", Kind::Other),
+        ] {
+            assert_eq!(Kind::of(t), k, "{t}");
         }
     }
 }

@@ -4,11 +4,12 @@
 //! Every answer of a resume is validated before any is sent, so a resume is either refused whole
 //! or delivered.
 
+use a2a::PermissionDecision;
 use serde_json::{json, Value};
 
 use crate::canonical;
 use crate::error::{msg, ApiError, Code};
-use crate::mapping::interrupt;
+use crate::mapping::interrupt::{self, InterruptKind};
 use crate::store::PendingEntry;
 use crate::validate::{ResumeEntry, ResumeStatus};
 
@@ -37,11 +38,13 @@ impl From<AnswerError> for ApiError {
 /// What the kernel is sent for one answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
-    /// A permission decision (`allow_once`, `deny`; a cancelled permission is a denial).
+    /// A permission decision (a cancelled permission is a denial).
     Permission {
-        decision: String,
-        /// The kernel's tool use id, as the kernel reads it back (Python's `str()` of it).
-        tool_use_id: String,
+        decision: PermissionDecision,
+        /// The request's tool use id: a string as it is, another JSON value as its canonical
+        /// text, none when the request has none (see [`a2a::PermissionAnswer`] for how that is
+        /// sent).
+        tool_use_id: Option<String>,
     },
     /// A question's answer text; the question's tool call, if any, gets it as its result.
     Question {
@@ -50,11 +53,6 @@ pub enum Answer {
     },
     /// A cancelled question: the execution is cancelled.
     CancelQuestion,
-}
-
-/// Whether a pending interrupt is a permission request (else a question).
-pub fn is_permission(p: &PendingEntry) -> bool {
-    p.value.get("kind").and_then(Value::as_str) == Some("permission")
 }
 
 /// The digest an applied answer is remembered by: SHA-256 of the canonical JSON of
@@ -68,10 +66,10 @@ pub fn digest(e: &ResumeEntry) -> String {
 
 /// Validates `e` as the answer to `p` (JSON Schema draft 2020-12) and says what to send.
 pub fn validate(e: &ResumeEntry, p: &PendingEntry) -> Result<Answer, AnswerError> {
-    let permission = is_permission(p);
-    let payload = match (e.status, permission) {
-        (ResumeStatus::Cancelled, true) => json!({"decision": "deny"}),
-        (ResumeStatus::Cancelled, false) => return Ok(Answer::CancelQuestion),
+    let kind = InterruptKind::of(&p.value);
+    let payload = match (e.status, kind) {
+        (ResumeStatus::Cancelled, InterruptKind::Permission) => json!({"decision": "deny"}),
+        (ResumeStatus::Cancelled, InterruptKind::Question) => return Ok(Answer::CancelQuestion),
         (ResumeStatus::Resolved, _) => e.payload.clone().ok_or(AnswerError::MissingPayload)?,
     };
     let schema = interrupt::build(&e.interrupt_id, &p.value, None)
@@ -85,16 +83,17 @@ pub fn validate(e: &ResumeEntry, p: &PendingEntry) -> Result<Answer, AnswerError
     if !valid {
         return Err(AnswerError::InvalidPayload);
     }
-    if permission {
+    if kind == InterruptKind::Permission {
+        // The schema admits only the kernel's decisions.
         let decision = payload
             .get("decision")
             .and_then(Value::as_str)
-            .unwrap_or("deny")
-            .to_owned();
+            .and_then(PermissionDecision::parse)
+            .unwrap_or(PermissionDecision::Deny);
         let tool_use_id = match p.value.get("toolUseId") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Null) | None => "None".into(),
-            Some(v) => canonical::canonical_value(v),
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Null) | None => None,
+            Some(v) => Some(canonical::canonical_value(v)),
         };
         return Ok(Answer::Permission {
             decision,
@@ -190,14 +189,18 @@ mod tests {
         assert_eq!(
             validate(&ok, &permission()),
             Ok(Answer::Permission {
-                decision: "allow_once".into(),
-                tool_use_id: "tu-1".into()
+                decision: PermissionDecision::AllowOnce,
+                tool_use_id: Some("tu-1".into())
             })
         );
         let cancelled = entry(ResumeStatus::Cancelled, None);
-        assert!(
-            matches!(validate(&cancelled, &permission()), Ok(Answer::Permission { decision, .. }) if decision == "deny")
-        );
+        assert!(matches!(
+            validate(&cancelled, &permission()),
+            Ok(Answer::Permission {
+                decision: PermissionDecision::Deny,
+                ..
+            })
+        ));
         let bad = entry(ResumeStatus::Resolved, Some(json!({"decision": "always"})));
         assert_eq!(
             validate(&bad, &permission()),
@@ -212,12 +215,21 @@ mod tests {
         let mut odd = permission();
         odd.value.insert("toolUseId".into(), json!(7));
         assert!(
-            matches!(validate(&ok, &odd), Ok(Answer::Permission { tool_use_id, .. }) if tool_use_id == "7")
+            matches!(validate(&ok, &odd), Ok(Answer::Permission { tool_use_id, .. }) if tool_use_id.as_deref() == Some("7"))
         );
-        odd.value.remove("toolUseId");
-        assert!(
-            matches!(validate(&ok, &odd), Ok(Answer::Permission { tool_use_id, .. }) if tool_use_id == "None")
-        );
+        for absent in [Some(Value::Null), None] {
+            match absent {
+                Some(v) => odd.value.insert("toolUseId".into(), v),
+                None => odd.value.remove("toolUseId"),
+            };
+            assert!(matches!(
+                validate(&ok, &odd),
+                Ok(Answer::Permission {
+                    tool_use_id: None,
+                    ..
+                })
+            ));
+        }
     }
 
     #[test]
@@ -289,9 +301,7 @@ mod tests {
             let p = if perm { permission() } else { question() };
             match validate(&entry(status, payload), &p) {
                 Ok(Answer::Question { text, .. }) => prop_assert!(!text.is_empty()),
-                Ok(Answer::Permission { decision, .. }) => {
-                    prop_assert!(decision == "allow_once" || decision == "deny")
-                }
+                Ok(Answer::Permission { .. }) => prop_assert!(perm),
                 Ok(Answer::CancelQuestion) => prop_assert!(!perm && !resolved),
                 Err(_) => prop_assert!(resolved),
             }

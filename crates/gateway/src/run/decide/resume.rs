@@ -21,15 +21,36 @@ use super::answer::{self, Answer};
 /// What the kernel says about the task (`GetTask`), as far as the plan is concerned.
 #[derive(Debug, Clone, Default)]
 pub struct TaskView {
-    /// The task reached a final state.
-    pub finished: bool,
-    /// That final state is COMPLETED (not cancelled, failed or rejected).
-    pub completed: bool,
+    pub stage: TaskStage,
     /// The task reports its inputs (`input`/`pendingPermissions` in its metadata): what it does
     /// not list is not pending any more.
     pub lists_inputs: bool,
     /// The inputs it requires now.
     pub required: Vec<RequiredInput>,
+}
+
+/// Where the task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TaskStage {
+    /// Not in a final state: working, waiting for input, or in a state the kernel did not say.
+    #[default]
+    Open,
+    /// Completed: it had what it waited for.
+    Completed,
+    /// Another final state (cancelled, failed, rejected, auth required): it may have ended
+    /// before an answer arrived.
+    Ended,
+}
+
+impl TaskStage {
+    /// The stage of a task in `state`.
+    pub fn of(state: Option<a2a::TaskState>) -> TaskStage {
+        match state {
+            Some(a2a::TaskState::Completed) => TaskStage::Completed,
+            Some(s) if s.is_final() => TaskStage::Ended,
+            _ => TaskStage::Open,
+        }
+    }
 }
 
 /// One answer to deliver.
@@ -137,7 +158,8 @@ pub fn plan(
             });
             // A task that completed, or goes on waiting for something else, had the answer; one
             // that was cancelled or failed may have ended before it arrived.
-            let gone = task.completed || (task.lists_inputs && !waits_for(&e.interrupt_id));
+            let gone = task.stage == TaskStage::Completed
+                || (task.lists_inputs && !waits_for(&e.interrupt_id));
             (marked && gone && applied(doc, exec, &e.interrupt_id).is_none())
                 .then(|| (e.interrupt_id.clone(), digest))
         })
@@ -148,7 +170,7 @@ pub fn plan(
     let answers_known = entries
         .iter()
         .any(|e| known.contains(&e.interrupt_id.as_str()));
-    if task.finished || (task.lists_inputs && !answers_known) {
+    if task.stage != TaskStage::Open || (task.lists_inputs && !answers_known) {
         pending.clear();
     }
     for r in task.required {
@@ -345,6 +367,24 @@ mod tests {
     }
 
     #[test]
+    fn task_stages() {
+        use a2a::TaskState as S;
+        assert_eq!(TaskStage::of(None), TaskStage::Open);
+        for s in [
+            S::Submitted,
+            S::Working,
+            S::InputRequired,
+            S::Other("x".into()),
+        ] {
+            assert_eq!(TaskStage::of(Some(s)), TaskStage::Open);
+        }
+        assert_eq!(TaskStage::of(Some(S::Completed)), TaskStage::Completed);
+        for s in [S::Failed, S::Canceled, S::Rejected, S::AuthRequired] {
+            assert_eq!(TaskStage::of(Some(s)), TaskStage::Ended);
+        }
+    }
+
+    #[test]
     fn every_answer_delivered_in_request_order() {
         let doc = doc_with_pending(&[("a", None), ("b", None)]);
         let p = plan(&doc, &[deny("b"), allow("a")], TaskView::default(), None).unwrap();
@@ -354,7 +394,13 @@ mod tests {
         };
         let ids: Vec<&str> = d.iter().map(|d| d.interrupt_id.as_str()).collect();
         assert_eq!(ids, ["b", "a"]);
-        assert!(matches!(&d[0].answer, Answer::Permission { decision, .. } if decision == "deny"));
+        assert!(matches!(
+            &d[0].answer,
+            Answer::Permission {
+                decision: a2a::PermissionDecision::Deny,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -389,7 +435,7 @@ mod tests {
             "nothing is sent when one answer is invalid"
         );
         let finished = TaskView {
-            finished: true,
+            stage: TaskStage::Ended,
             ..TaskView::default()
         };
         let p = plan(&doc, &[allow("a"), allow("b")], finished, None).unwrap();
@@ -469,8 +515,7 @@ mod tests {
         assert_eq!(p.then, Then::Reinterrupt);
         assert_eq!(p.pending.len(), 1);
         let completed = TaskView {
-            finished: true,
-            completed: true,
+            stage: TaskStage::Completed,
             ..TaskView::default()
         };
         assert_eq!(
@@ -479,7 +524,7 @@ mod tests {
         );
         // A task cancelled or failed may have ended before the answer arrived: not settled.
         let cancelled = TaskView {
-            finished: true,
+            stage: TaskStage::Ended,
             ..TaskView::default()
         };
         let p = plan(&only_a, &[allow("a")], cancelled, None);
@@ -571,7 +616,7 @@ mod tests {
             pending in prop::collection::btree_set("[a-d]", 0..4),
             applied in prop::collection::vec(arb_entry(), 0..3),
             entries in prop::collection::vec(arb_entry(), 0..4),
-            finished in any::<bool>(),
+            stage in prop_oneof![Just(TaskStage::Open), Just(TaskStage::Completed), Just(TaskStage::Ended)],
             lists in any::<bool>(),
             task_requires in prop::collection::btree_set("[a-e]", 0..3),
         ) {
@@ -581,8 +626,7 @@ mod tests {
                 applied_to(&mut doc, a);
             }
             let view = TaskView {
-                finished,
-                completed: finished,
+                stage,
                 lists_inputs: lists,
                 required: task_requires.iter().map(|i| required(i)).collect(),
             };

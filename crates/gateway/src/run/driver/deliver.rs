@@ -53,12 +53,12 @@ impl Driver {
                     decision,
                     tool_use_id,
                 } => {
-                    let part = Part::permission_answer(&PermissionAnswer::new(
-                        task_id,
-                        &d.interrupt_id,
-                        tool_use_id,
-                        decision,
-                    ));
+                    let part = Part::permission_answer(&PermissionAnswer {
+                        request_task_id: task_id,
+                        input_id: &d.interrupt_id,
+                        tool_use_id: tool_use_id.as_deref(),
+                        decision: *decision,
+                    });
                     if sideband {
                         self.send_sideband(client, task_id, &d, part).await?;
                         continue;

@@ -53,8 +53,7 @@ impl Driver {
 
         let meta = view.meta();
         let task_view = plan::TaskView {
-            finished: view.state().is_some_and(|s| s.is_final()),
-            completed: view.state() == Some(a2a::TaskState::Completed),
+            stage: plan::TaskStage::of(view.state()),
             lists_inputs: meta
                 .is_some_and(|m| m.contains_key("input") || m.contains_key("pendingPermissions")),
             required: meta.map_or_else(Vec::new, |m| {
