@@ -2,13 +2,6 @@
 
 use super::*;
 
-pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 pub(crate) fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -33,21 +26,6 @@ pub(crate) fn cpu_ms(pid: u32) -> u64 {
             Some(ticks * 10)
         })
         .unwrap_or(0)
-}
-
-#[allow(unsafe_code)]
-pub(crate) fn raise_fd_limit() {
-    // SAFETY: getrlimit/setrlimit with a valid struct pointer.
-    unsafe {
-        let mut r = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 {
-            r.rlim_cur = r.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        }
-    }
 }
 
 pub(crate) struct Gateway {

@@ -29,12 +29,13 @@ use anyhow::{bail, Context, Result};
 use futures_util::StreamExt;
 use serde_json::json;
 use testkit::synthetic_kernel::{now_micros, SyntheticKernel};
+use testkit::{free_port, raise_fd_limit};
 
 mod compare;
 mod gateway;
 mod latency;
 
-use gateway::{cpu_ms, raise_fd_limit, rss_kib, start, Gateway};
+use gateway::{cpu_ms, rss_kib, start, Gateway};
 use latency::{direct_latency, latency_stream, percentiles, read_events};
 
 #[derive(Clone, Copy)]

@@ -10,7 +10,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::config::Env;
 use crate::http::{self, AppState};
-use crate::kernel::{ChildSpec, Kernel};
+use crate::kernel::{ChildSpec, Kernel, Launch};
 use crate::run::Runtime;
 use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
@@ -56,60 +56,35 @@ pub fn kernel_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Kernel
             Some(observer),
         ),
         None => {
-            let mut child_env = Vec::new();
+            let mut launch = Launch::new(cfg.a2a_command.clone());
             if let Some(v) = env("IAC_CODE_AGUI_ALLOWED_CWDS").filter(|v| !v.is_empty()) {
                 if env("IACCODE_A2A_ALLOWED_CWDS")
                     .filter(|v| !v.is_empty())
                     .is_none()
                 {
-                    child_env.push(("IACCODE_A2A_ALLOWED_CWDS".to_owned(), v));
+                    launch.env("IACCODE_A2A_ALLOWED_CWDS", v);
                 }
             }
             // Shared by several instances: the kernel backs its sessions up there, and keeps its
             // tasks there, so that another instance's kernel restores and finds them.
             if let Some(dir) = &cfg.kernel_backup_dir {
-                child_env.push((
-                    "IAC_CODE_CONFIG_BACKUP_DIR".to_owned(),
-                    dir.display().to_string(),
-                ));
+                launch.backup_dir(dir);
             }
-            let config_file = cfg.kernel_persistence_dir.as_deref().and_then(|dir| {
-                match kernel_config(dir) {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        tracing::error!(error = %e, "the kernel configuration cannot be written");
-                        None
-                    }
+            if let Some(dir) = &cfg.kernel_persistence_dir {
+                if let Err(e) = launch.persistence_dir(dir) {
+                    tracing::error!(error = %e, "the kernel configuration cannot be written");
                 }
-            });
+            }
             Kernel::managed(
                 ChildSpec {
-                    command: cfg.a2a_command.clone(),
-                    env: child_env,
+                    launch,
                     ready_timeout: Duration::from_secs(20),
                     timeouts: cfg.kernel_timeouts(),
-                    config_file,
                 },
                 Some(observer),
             )
         }
     }
-}
-
-/// Writes the managed kernel's configuration file (`persistence_dir: <dir>`) into a private
-/// temporary file, removed when the gateway exits.
-fn kernel_config(persistence_dir: &std::path::Path) -> std::io::Result<Arc<tempfile::TempPath>> {
-    use std::io::Write as _;
-    std::fs::create_dir_all(persistence_dir)?;
-    let mut f = tempfile::Builder::new()
-        .prefix("iac-code-agui-kernel-")
-        .suffix(".yml")
-        .tempfile()?;
-    // A JSON string is a YAML scalar: any path, quoted right.
-    let dir =
-        serde_json::to_string(&persistence_dir.display().to_string()).expect("a string serialises");
-    writeln!(f, "persistence_dir: {dir}")?;
-    Ok(Arc::new(f.into_temp_path()))
 }
 
 /// Binds the listening socket with a deep accept queue: a burst of new streams must not overflow

@@ -12,6 +12,14 @@ pub mod real_kernel;
 pub mod sse;
 pub mod synthetic_kernel;
 
+/// A free loopback port (free when asked: bind it soon).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
 /// Raises this process's soft open-file limit to its hard limit (load tests hold thousands of
 /// sockets); returns the new soft limit.
 #[allow(unsafe_code)]

@@ -103,10 +103,7 @@ impl Cluster {
             .arg("-D")
             .arg(dir.path().join("data"));
         run(init, "initdb");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
+        let port = crate::free_port();
         let c = Cluster { dir, port };
         c.pg_ctl_start();
         c

@@ -30,13 +30,6 @@ impl Drop for Prometheus {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 impl Prometheus {
     /// Starts Prometheus scraping `target` (`host:port`, path `/metrics`) every second, and
     /// waits until it is ready.
@@ -51,7 +44,7 @@ impl Prometheus {
             ),
         )
         .expect("write config");
-        let port = free_port();
+        let port = crate::free_port();
         let child = Command::new(binary())
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(

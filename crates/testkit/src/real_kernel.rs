@@ -4,6 +4,9 @@
 //! `IAC_CODE_AGUI_KERNEL_BIN`). A missing kernel is a test failure, never a skip.
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+use iac_code_agui::kernel::{launch, Launch};
 
 use crate::fake_llm::FakeLlm;
 
@@ -71,6 +74,14 @@ impl KernelEnv {
             .into_owned()
     }
 
+    /// The gateway's launch of this kernel (what a gateway managing it adds to its environment
+    /// aside).
+    pub fn launch(&self) -> Launch {
+        let mut l = Launch::new(self.command());
+        l.envs(self.vars());
+        l
+    }
+
     /// Environment of the kernel (and of a gateway process that manages it).
     pub fn vars(&self) -> Vec<(String, String)> {
         let home = self.home();
@@ -106,8 +117,9 @@ impl KernelEnv {
     }
 }
 
-/// A real kernel run by the test itself (`iac-code a2a` on a fixed loopback port and token), so a
-/// proxy can sit in front of it and the test can kill and restart it.
+/// A real kernel run by the test itself (started as the gateway starts a managed one, on a
+/// loopback port and token of its own), so a proxy can sit in front of it and the test can kill
+/// and restart it.
 pub struct KernelProcess {
     child: std::process::Child,
     pub port: u16,
@@ -115,12 +127,9 @@ pub struct KernelProcess {
 }
 
 impl KernelProcess {
-    /// Starts the kernel of `env` and waits (up to 90 s) until `/health` answers 200.
+    /// Starts the kernel of `env` and waits (up to 90 s) until it is ready.
     pub async fn start(env: &KernelEnv) -> KernelProcess {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = crate::free_port();
         let token = format!("test-{}", uuid::Uuid::new_v4().simple());
         let child = spawn(env, port, &token);
         let k = KernelProcess { child, port, token };
@@ -130,35 +139,22 @@ impl KernelProcess {
 
     /// `http://127.0.0.1:<port>/`
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/", self.port)
+        launch::url(self.port)
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
 
+    /// Probes it as the gateway does until it is ready.
     async fn wait_ready(&self) {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .expect("client");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
-        loop {
-            let ok = http
-                .get(format!("{}health", self.url()))
-                .bearer_auth(&self.token)
-                .timeout(std::time::Duration::from_millis(500))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200);
-            if ok {
-                return;
-            }
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        while !launch::ready(self.port, &self.token, Duration::from_secs(1)).await {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the real kernel did not become ready"
             );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -171,10 +167,7 @@ impl KernelProcess {
     /// Kills the kernel and starts a new one of `env` on a new port with the same token.
     pub async fn restart(&mut self, env: &KernelEnv) {
         self.kill();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = crate::free_port();
         self.child = spawn(env, port, &self.token);
         self.port = port;
         self.wait_ready().await;
@@ -207,32 +200,11 @@ fn kill_group(pid: u32) {
     }
 }
 
-#[allow(unsafe_code)]
+/// The gateway's launch of `env`'s kernel on `port` with `token`; its standard output is not read.
 fn spawn(env: &KernelEnv, port: u16, token: &str) -> std::process::Child {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = std::process::Command::new(env.command());
-    cmd.args([
-        "a2a",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--thinking-exposure",
-        "all",
-    ])
-    .env("IACCODE_A2A_HTTP_TOKEN", token)
-    .envs(env.vars())
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::null())
-    .process_group(0);
-    // SAFETY: only async-signal-safe calls between fork and exec: the kernel dies with the test.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd.spawn().expect("spawn the real kernel")
+    env.launch()
+        .command(port, token)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the real kernel")
 }

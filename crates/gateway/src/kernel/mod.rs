@@ -1,9 +1,10 @@
 //! The execution kernel: an external loopback URL, or a managed `iac-code a2a` child that the
-//! gateway starts, watches, restarts and stops (`supervisor`).
+//! gateway starts (`launch`), watches, restarts and stops (`supervisor`).
 //!
 //! Runs ask for a [`a2a::Client`] here; there is none while a managed kernel starts or restarts,
 //! and a run waits (bounded) for it to be ready.
 
+pub mod launch;
 mod supervisor;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+pub use launch::Launch;
 pub use supervisor::ChildSpec;
 
 /// Kernel state as reported by `/health`.
@@ -45,7 +47,6 @@ struct Inner {
     client: Option<a2a::Client>,
     state: KernelState,
     pid: Option<u32>,
-    generation: u64,
     restarts: u64,
 }
 
@@ -92,7 +93,6 @@ impl Kernel {
                 client: None,
                 state,
                 pid: None,
-                generation: 0,
                 restarts: 0,
             }),
             managed,
@@ -171,11 +171,24 @@ impl Kernel {
 
     /// Waits until the managed kernel is ready or failed (or `timeout`).
     pub async fn wait_ready(&self, timeout: Duration) -> KernelState {
+        self.wait_for(timeout, |s| {
+            !matches!(s, KernelState::Starting | KernelState::Restarting)
+        })
+        .await
+    }
+
+    /// Waits until the state is one `done` accepts (or `timeout`); the state then.
+    async fn wait_for(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&KernelState) -> bool,
+    ) -> KernelState {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
+            // Registered before the state is read: a change in between still wakes it.
             let notified = self.changed.notified();
             let s = self.state();
-            if !matches!(s, KernelState::Starting | KernelState::Restarting) {
+            if done(&s) {
                 return s;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -198,15 +211,11 @@ impl Kernel {
 
     /// Stops the managed child (SIGTERM, SIGKILL after 5 s) and waits for it to exit.
     pub async fn stop(&self) {
-        if !self.managed {
-            self.stop.store(true, Ordering::SeqCst);
-            return;
-        }
         self.stop.store(true, Ordering::SeqCst);
-        // The supervisor thread reacts within 50 ms; wait for it to report Stopped.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(12);
-        while self.state() != KernelState::Stopped && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if self.managed {
+            // The supervisor thread notices within 50 ms, stops the child and reports Stopped.
+            self.wait_for(Duration::from_secs(12), |s| *s == KernelState::Stopped)
+                .await;
         }
     }
 }
@@ -222,5 +231,54 @@ impl crate::telemetry::KernelGauges for Kernel {
 
     fn restarts(&self) -> u64 {
         self.restarts.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(program: &str) -> ChildSpec {
+        ChildSpec {
+            launch: Launch::new(program),
+            ready_timeout: Duration::from_secs(20),
+            timeouts: a2a::Timeouts::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kernel_that_cannot_start_is_failed_and_stops_at_once() {
+        let k = Kernel::managed(spec("/nonexistent/iac-code"), None);
+        let state = k.wait_ready(Duration::from_secs(10)).await;
+        let KernelState::Failed(e) = state else {
+            panic!("{state:?}");
+        };
+        assert!(e.starts_with("cannot start /nonexistent/iac-code: "), "{e}");
+        assert_eq!(k.health()["state"], "failed");
+        // Told, not polled: the stop is over as soon as the supervisor says so.
+        let started = std::time::Instant::now();
+        k.stop().await;
+        assert_eq!(k.state(), KernelState::Stopped);
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn a_kernel_that_exits_during_startup_is_failed_and_restarted() {
+        let k = Kernel::managed(spec("false"), None);
+        let state = k.wait_ready(Duration::from_secs(10)).await;
+        assert_eq!(
+            state,
+            KernelState::Failed(
+                "The local A2A process exited during startup (exit code 1).".into()
+            )
+        );
+        // Started again after the first back-off (0.5 s); every child that ended is counted.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while k.health()["restarts"].as_u64() < Some(2) {
+            assert!(std::time::Instant::now() < deadline, "{}", k.health());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        k.stop().await;
+        assert_eq!(k.state(), KernelState::Stopped);
     }
 }

@@ -1,34 +1,35 @@
-//! The managed kernel's supervisor: a thread that spawns `iac-code a2a`, probes it until ready,
-//! restarts it with back-off when it dies, and stops it with SIGTERM, then SIGKILL after 5 s.
+//! The managed kernel's supervisor: a thread that starts `iac-code a2a` ([`Launch`]), probes it
+//! until ready, restarts it with back-off when it dies, and stops it with SIGTERM, then SIGKILL
+//! after 5 s.
 //!
 //! The child never outlives the gateway: it runs in its own process group (signalled as a whole)
 //! and gets SIGKILL when the gateway dies (a parent-death signal). On Linux that signal follows
 //! the *thread* that spawned the child, so the spawning thread is this dedicated one, which lives
 //! as long as the gateway (a runtime's blocking-pool thread exits when idle and would take the
-//! kernel with it).
+//! kernel with it). The thread has a small runtime of its own for the readiness probe.
 
-use std::process::{Child, Command, Stdio};
+use std::convert::Infallible;
+use std::process::{Child, ExitStatus};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 
+use super::launch::{self, Launch};
 use super::{Kernel, KernelState};
 
 /// How to start a managed kernel.
 #[derive(Debug, Clone)]
 pub struct ChildSpec {
-    pub command: String,
-    /// Extra environment for the child (on top of the gateway's).
-    pub env: Vec<(String, String)>,
+    pub launch: Launch,
     pub ready_timeout: Duration,
     /// Timeouts of the client talking to it.
     pub timeouts: a2a::Timeouts,
-    /// A kernel configuration file to start it with (`--config`: its `persistence_dir`),
-    /// removed when the gateway exits.
-    pub config_file: Option<std::sync::Arc<tempfile::TempPath>>,
 }
+
+/// How long one readiness probe may take (connecting and the answer's head).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 fn free_port() -> std::io::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -49,45 +50,6 @@ pub(super) fn start(k: Arc<Kernel>, spec: ChildSpec) {
         .expect("spawn supervisor thread");
 }
 
-#[allow(unsafe_code)]
-fn spawn_child(spec: &ChildSpec, port: u16, token: &str) -> std::io::Result<Child> {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(&spec.command);
-    cmd.args([
-        "a2a",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--thinking-exposure",
-        "all",
-    ])
-    .args(
-        spec.config_file
-            .iter()
-            .flat_map(|f| [std::ffi::OsStr::new("--config"), f.as_os_str()]),
-    )
-    .env("IACCODE_A2A_HTTP_TOKEN", token)
-    .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-    .stdin(Stdio::null())
-    .process_group(0);
-    let parent = std::process::id();
-    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // The parent may have died before prctl took effect.
-            if libc::getppid() as u32 != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
-    }
-    cmd.spawn()
-}
-
 fn kill_group(pid: u32, sig: i32) {
     // A negative pid signals the whole process group (the child is its group leader).
     #[allow(unsafe_code)]
@@ -104,139 +66,141 @@ fn stop_child(child: &mut Child) {
         return;
     }
     kill_group(pid, libc::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            // Reap stragglers of the group too.
-            kill_group(pid, libc::SIGKILL);
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if exits_within(child, Duration::from_secs(5)) {
+        // Reap stragglers of the group too.
+        kill_group(pid, libc::SIGKILL);
+        return;
     }
     kill_group(pid, libc::SIGKILL);
     let _ = child.wait();
 }
 
-fn probe(url: &str, token: &str) -> bool {
-    // Minimal blocking HTTP/1.1 probe (the supervisor thread has no async runtime).
-    use std::io::{Read, Write};
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_owned();
-    let Ok(mut s) = std::net::TcpStream::connect_timeout(
-        &addr.parse().expect("loopback socket address"),
-        Duration::from_millis(500),
-    ) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    let req = format!(
-        "GET /health HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-    );
-    if s.write_all(req.as_bytes()).is_err() {
-        return false;
+/// Whether `child` exits within `d`.
+fn exits_within(child: &mut Child, d: Duration) -> bool {
+    let deadline = Instant::now() + d;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let mut buf = [0u8; 16];
-    matches!(s.read(&mut buf), Ok(n) if n >= 12 && &buf[9..12] == b"200")
+    false
+}
+
+/// The pause before the next start: 0.5 s, doubled after each start that failed or died, up to
+/// 30 s; back to 0.5 s once a kernel was ready.
+struct Backoff(Duration);
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(30);
+
+    fn new() -> Backoff {
+        Backoff(Backoff::FIRST)
+    }
+
+    fn reset(&mut self) {
+        self.0 = Backoff::FIRST;
+    }
+
+    /// The pause now, without counting it.
+    fn current(&self) -> Duration {
+        self.0
+    }
+
+    /// The pause now; the next one is twice as long.
+    fn next(&mut self) -> Duration {
+        let now = self.0;
+        self.0 = (now * 2).min(Backoff::MAX);
+        now
+    }
+}
+
+/// How watching the child ended.
+enum Watched<T> {
+    /// A stop was asked for.
+    Stop,
+    Exited(ExitStatus),
+    /// What the check of each look said.
+    Done(T),
+}
+
+/// Looks at the child every `every` until a stop is asked for, the child exits, or `check` has
+/// an answer.
+fn watch<T>(
+    k: &Kernel,
+    child: &mut Child,
+    every: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> Watched<T> {
+    loop {
+        if k.stop.load(Ordering::SeqCst) {
+            return Watched::Stop;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Watched::Exited(status);
+        }
+        if let Some(answer) = check() {
+            return Watched::Done(answer);
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// How one life of the child ended.
+enum Life {
+    /// A stop was asked for: the child is stopped.
+    Stop,
+    /// It died, failed to start or never became ready: start another after the back-off.
+    Over,
 }
 
 fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
-    let mut backoff = Duration::from_millis(500);
-    loop {
-        if k.stop.load(Ordering::SeqCst) {
-            k.set_state(KernelState::Stopped);
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            k.set_state(KernelState::Failed(format!(
+                "no runtime for the readiness probe: {e}"
+            )));
             return;
         }
+    };
+    let mut backoff = Backoff::new();
+    while !k.stop.load(Ordering::SeqCst) {
         let port = match free_port() {
             Ok(p) => p,
             Err(e) => {
                 k.set_state(KernelState::Failed(format!("no free port: {e}")));
-                std::thread::sleep(backoff);
+                std::thread::sleep(backoff.current());
                 continue;
             }
         };
         let token = random_token();
-        let url = format!("http://127.0.0.1:{port}/");
-        let mut child = match spawn_child(&spec, port, &token) {
+        let mut child = match spec.launch.command(port, &token).spawn() {
             Ok(c) => c,
             Err(e) => {
-                k.set_state(KernelState::Failed(format!(
-                    "cannot start {}: {e}",
-                    spec.command
-                )));
-                tracing::error!(command = %spec.command, error = %e, "managed kernel failed to start");
-                if sleep_or_stop(&k, backoff) {
-                    k.set_state(KernelState::Stopped);
-                    return;
+                let program = spec.launch.program();
+                k.set_state(KernelState::Failed(format!("cannot start {program}: {e}")));
+                tracing::error!(command = %program, error = %e, "managed kernel failed to start");
+                if sleep_or_stop(&k, backoff.next()) {
+                    break;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(30));
                 continue;
             }
         };
         {
             let mut g = k.inner.lock().expect("kernel lock");
             g.pid = Some(child.id());
-            g.generation += 1;
-            g.client = Some(k.client_for(&url, Some(token.clone()), spec.timeouts));
+            g.client = Some(k.client_for(&launch::url(port), Some(token.clone()), spec.timeouts));
         }
         tracing::info!(pid = child.id(), port, "managed kernel started");
-        // Readiness.
-        let started = Instant::now();
-        let mut ready = false;
-        loop {
-            if k.stop.load(Ordering::SeqCst) {
-                stop_child(&mut child);
-                k.set_state(KernelState::Stopped);
-                return;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                let msg = format!(
-                    "The local A2A process exited during startup (exit code {}).",
-                    status.code().unwrap_or(-1)
-                );
-                tracing::error!("{msg}");
-                kill_group(child.id(), libc::SIGKILL);
-                k.set_state(KernelState::Failed(msg));
-                break;
-            }
-            if probe(&url, &token) {
-                ready = true;
-                break;
-            }
-            if started.elapsed() > spec.ready_timeout {
-                let msg = "The local A2A process did not become ready in time.".to_owned();
-                tracing::error!("{msg}");
-                stop_child(&mut child);
-                k.set_state(KernelState::Failed(msg));
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        if ready {
-            tracing::info!(
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "managed kernel ready"
-            );
-            k.set_state(KernelState::Ready);
-            backoff = Duration::from_millis(500);
-            // Serve until it dies or we stop.
-            loop {
-                if k.stop.load(Ordering::SeqCst) {
-                    stop_child(&mut child);
-                    k.set_state(KernelState::Stopped);
-                    return;
-                }
-                if let Ok(Some(status)) = child.try_wait() {
-                    tracing::error!(
-                        code = status.code().unwrap_or(-1),
-                        "managed kernel exited; restarting"
-                    );
-                    kill_group(child.id(), libc::SIGKILL);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
+        if let Life::Stop = live(&k, &spec, &rt, &mut child, port, &token, &mut backoff) {
+            stop_child(&mut child);
+            break;
         }
         {
             let mut g = k.inner.lock().expect("kernel lock");
@@ -248,19 +212,79 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
             }
         }
         k.changed.notify_waiters();
-        if sleep_or_stop(&k, backoff) {
-            k.set_state(KernelState::Stopped);
-            return;
+        if sleep_or_stop(&k, backoff.next()) {
+            break;
         }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
         if !k.stop.load(Ordering::SeqCst) {
             let mut g = k.inner.lock().expect("kernel lock");
-            if matches!(g.state, KernelState::Failed(_)) {
-                // Keep reporting the failure while retrying.
-            } else {
+            // A failure keeps being reported while retrying.
+            if !matches!(g.state, KernelState::Failed(_)) {
                 g.state = KernelState::Starting;
             }
         }
+    }
+    k.set_state(KernelState::Stopped);
+}
+
+/// One life of a started child: probed until ready, then served until it dies.
+fn live(
+    k: &Kernel,
+    spec: &ChildSpec,
+    rt: &tokio::runtime::Runtime,
+    child: &mut Child,
+    port: u16,
+    token: &str,
+    backoff: &mut Backoff,
+) -> Life {
+    let started = Instant::now();
+    let ready = watch(k, child, Duration::from_millis(100), || {
+        if rt.block_on(launch::ready(port, token, PROBE_TIMEOUT)) {
+            Some(true)
+        } else if started.elapsed() > spec.ready_timeout {
+            Some(false)
+        } else {
+            None
+        }
+    });
+    match ready {
+        Watched::Stop => return Life::Stop,
+        Watched::Exited(status) => {
+            let msg = format!(
+                "The local A2A process exited during startup (exit code {}).",
+                status.code().unwrap_or(-1)
+            );
+            tracing::error!("{msg}");
+            kill_group(child.id(), libc::SIGKILL);
+            k.set_state(KernelState::Failed(msg));
+            return Life::Over;
+        }
+        Watched::Done(false) => {
+            let msg = "The local A2A process did not become ready in time.".to_owned();
+            tracing::error!("{msg}");
+            stop_child(child);
+            k.set_state(KernelState::Failed(msg));
+            return Life::Over;
+        }
+        Watched::Done(true) => {}
+    }
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "managed kernel ready"
+    );
+    k.set_state(KernelState::Ready);
+    backoff.reset();
+    // Serve until it dies or a stop is asked for.
+    match watch(k, child, Duration::from_millis(50), || None::<Infallible>) {
+        Watched::Stop => Life::Stop,
+        Watched::Exited(status) => {
+            tracing::error!(
+                code = status.code().unwrap_or(-1),
+                "managed kernel exited; restarting"
+            );
+            kill_group(child.id(), libc::SIGKILL);
+            Life::Over
+        }
+        Watched::Done(never) => match never {},
     }
 }
 
@@ -274,4 +298,22 @@ fn sleep_or_stop(k: &Kernel, d: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     k.stop.load(Ordering::SeqCst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_back_off_doubles_up_to_30_s_and_starts_over_once_ready() {
+        let mut b = Backoff::new();
+        assert_eq!(b.current(), Duration::from_millis(500));
+        let pauses: Vec<u64> = (0..9).map(|_| b.next().as_millis() as u64).collect();
+        assert_eq!(
+            pauses,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
+        b.reset();
+        assert_eq!(b.next(), Duration::from_millis(500));
+    }
 }

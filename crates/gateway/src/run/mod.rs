@@ -99,7 +99,7 @@ impl Runtime {
         let rt = Runtime {
             cfg: Arc::new(cfg),
             threads: Arc::new(Threads::new(
-                crate::store::Metered::wrap(store, metrics.clone()),
+                crate::store::Metered::new(store, metrics.clone()),
                 metrics.clone(),
             )),
             kernel,

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::latch::Latch;
-use crate::store::{Admission, Claim, Decide, StoreError, ThreadDoc, ThreadStore};
+use crate::store::{Admission, Claim, Decide, Metered, StoreError, ThreadDoc};
 use crate::telemetry::{InterruptEvent, Metrics};
 
 /// Controls of an active run, shared with the cancellation extension.
@@ -104,7 +104,7 @@ impl Slot {
 
 /// The registry.
 pub struct Threads {
-    store: Arc<dyn ThreadStore>,
+    store: Metered,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Soft cap of threads kept in memory.
     cap: usize,
@@ -167,7 +167,7 @@ pub(crate) fn interrupt_changes(before: Option<&ThreadDoc>, after: &ThreadDoc) -
 }
 
 impl Threads {
-    pub fn new(store: Arc<dyn ThreadStore>, metrics: Arc<Metrics>) -> Threads {
+    pub fn new(store: Metered, metrics: Arc<Metrics>) -> Threads {
         Threads {
             store,
             slots: Mutex::new(HashMap::new()),
@@ -256,7 +256,7 @@ impl Threads {
         m.pending_changed(c.created as i64 - (c.resolved + c.expired + c.cleared) as i64);
     }
 
-    pub fn store(&self) -> &Arc<dyn ThreadStore> {
+    pub fn store(&self) -> &Metered {
         &self.store
     }
 
@@ -314,7 +314,8 @@ impl Threads {
     }
 
     /// Admits on the locked thread `st`: the store decides with `decide` and saves in one step
-    /// ([`ThreadStore::admit`]); the thread's document in memory becomes the store's.
+    /// ([`crate::store::ThreadStore::admit`]); the thread's document in memory becomes the
+    /// store's.
     pub async fn admit(
         &self,
         st: &mut ThreadState,

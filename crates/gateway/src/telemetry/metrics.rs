@@ -327,6 +327,14 @@ impl Metrics {
         out
     }
 
+    /// The classic Prometheus text exposition (version 0.0.4).
+    pub fn encode_prometheus_text(&self) -> String {
+        let mut out = String::with_capacity(8 * 1024);
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
     pub fn run_started(&self) {
         self.runs_started.inc();
         self.active_runs.inc();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use iac_code_agui::kernel::Kernel;
 use serde_json::{json, Value};
 use testkit::fake_llm::Plan;
-use testkit::real_kernel::KernelEnv;
+use testkit::real_kernel::{KernelEnv, KernelProcess};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{body, free_port, managed, managed_with, resume_body, server, Builder};
@@ -526,33 +526,9 @@ async fn managed_kernel_starts_serves_and_never_leaks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn external_kernel_via_a2a_url() {
     let env = KernelEnv::new().await;
-    let port = free_port();
-    let mut kernel = Command::new(env.command())
-        .args([
-            "a2a",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--thinking-exposure",
-            "all",
-        ])
-        .envs(env.vars())
-        .env("IACCODE_A2A_HTTP_TOKEN", "ext-token")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let url = format!("http://127.0.0.1:{port}/");
-    let client = a2a::Client::new(&url, Some("ext-token".into()), a2a::Timeouts::default());
-    let start = Instant::now();
-    while client.health(Duration::from_millis(500)).await.is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "external kernel never healthy"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Started as a managed kernel is, but by the test: the gateway only has its URL and token.
+    let kernel = KernelProcess::start(&env).await;
+    let url = kernel.url();
     env.llm.script("custom", Plan::text(&["Custom", " plan."]));
     let s = Builder::new()
         .dir(env.dir.path().canonicalize().unwrap())
@@ -560,7 +536,7 @@ async fn external_kernel_via_a2a_url() {
             "IAC_CODE_AGUI_ALLOWED_CWDS",
             &env.ws().display().to_string(),
         )
-        .a2a(&url, Some("ext-token"))
+        .a2a(&url, Some(kernel.token.as_str()))
         .start()
         .await;
     let r = post(
@@ -582,8 +558,6 @@ async fn external_kernel_via_a2a_url() {
         .map(|e| e["delta"].as_str().unwrap())
         .collect();
     assert_eq!(text, "Custom plan.");
-    let _ = kernel.kill();
-    let _ = kernel.wait();
 }
 
 /// The managed kernel dies mid-run: the run ends with A2A_UNAVAILABLE, the kernel is restarted

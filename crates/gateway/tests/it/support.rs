@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 use testkit::real_kernel::KernelEnv;
 use tokio::sync::oneshot;
 
+pub use testkit::free_port;
+
 pub struct Builder {
     pub env: Vec<(String, String)>,
     pub auth: Option<String>,
@@ -302,11 +304,9 @@ pub async fn managed(env: &KernelEnv) -> Arc<Kernel> {
 pub async fn managed_with(env: &KernelEnv, timeouts: a2a::Timeouts) -> Arc<Kernel> {
     let k = Kernel::managed(
         ChildSpec {
-            command: env.command(),
-            env: env.vars(),
+            launch: env.launch(),
             ready_timeout: Duration::from_secs(60),
             timeouts,
-            config_file: None,
         },
         None,
     );
@@ -325,15 +325,6 @@ pub async fn server(env: &KernelEnv, kernel: Arc<Kernel>) -> TestServer {
         .kernel(kernel)
         .start()
         .await
-}
-
-/// A free loopback port.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Polls `GET /health` on a gateway process until it answers 200; how long that took.

@@ -56,7 +56,11 @@ async fn held(waiting: bool) -> (Arc<Memory>, Arc<Threads>, ThreadHold) {
     let store = Arc::new(Memory::default());
     let doc = doc_with_pending(if waiting { &[("p1", None)] } else { &[] });
     store.docs.lock().unwrap().insert("thread-1".into(), doc);
-    let threads = Arc::new(Threads::new(store.clone(), Arc::new(Metrics::new())));
+    let metrics = Arc::new(Metrics::new());
+    let threads = Arc::new(Threads::new(
+        crate::store::Metered::new(store.clone(), metrics.clone()),
+        metrics,
+    ));
     let slot = threads.slot("thread-1");
     let hold = {
         let mut st = threads.lock(&slot, "thread-1").await.unwrap();

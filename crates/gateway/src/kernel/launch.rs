@@ -1,0 +1,303 @@
+//! How a managed kernel is started and when it is ready: the one launch of `iac-code a2a`, used
+//! by the supervisor and by the tests that run a real kernel themselves.
+//!
+//! The child listens on a loopback port with a bearer token, runs in its own process group (so
+//! that it is signalled as a whole) and gets SIGKILL when the thread that spawned it dies (a
+//! parent-death signal: the kernel never outlives its gateway).
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{AUTHORIZATION, HOST};
+use http::{Request, StatusCode};
+use http_body_util::Empty;
+use hyper_util::rt::TokioIo;
+
+/// What a managed kernel is started with: the `iac-code` executable, environment on top of the
+/// gateway's, and a kernel configuration file.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    program: String,
+    env: Vec<(String, String)>,
+    /// `--config`: removed when the last clone of the launch is dropped (the gateway exits).
+    config_file: Option<Arc<tempfile::TempPath>>,
+}
+
+impl Launch {
+    /// A launch of `program` (the `iac-code` executable).
+    pub fn new(program: impl Into<String>) -> Launch {
+        Launch {
+            program: program.into(),
+            env: Vec::new(),
+            config_file: None,
+        }
+    }
+
+    /// The executable.
+    pub fn program(&self) -> &str {
+        &self.program
+    }
+
+    /// Sets a variable of the kernel's environment.
+    pub fn env(&mut self, key: impl Into<String>, value: impl Into<String>) -> &mut Launch {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Sets variables of the kernel's environment.
+    pub fn envs<K: Into<String>, V: Into<String>>(
+        &mut self,
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> &mut Launch {
+        self.env
+            .extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    /// The directory the kernel backs its sessions up to. Shared by several instances: another
+    /// instance's kernel restores them from there.
+    pub fn backup_dir(&mut self, dir: &Path) -> &mut Launch {
+        self.env("IAC_CODE_CONFIG_BACKUP_DIR", dir.display().to_string())
+    }
+
+    /// The directory the kernel keeps its tasks in (shared like the backup directory, so that
+    /// another instance's kernel finds them): written to a private kernel configuration file,
+    /// removed when the gateway exits. Created when missing.
+    pub fn persistence_dir(&mut self, dir: &Path) -> std::io::Result<&mut Launch> {
+        self.config_file = Some(config_file(dir)?);
+        Ok(self)
+    }
+
+    /// The command that starts the kernel on `port` with `token`. Spawn it from a thread that
+    /// lives as long as the kernel should: the parent-death signal follows that thread.
+    #[allow(unsafe_code)]
+    pub fn command(&self, port: u16, token: &str) -> Command {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(&self.program);
+        cmd.args([
+            "a2a",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--thinking-exposure",
+            "all",
+        ])
+        .args(
+            self.config_file
+                .iter()
+                .flat_map(|f| [std::ffi::OsStr::new("--config"), f.as_os_str()]),
+        )
+        .env("IACCODE_A2A_HTTP_TOKEN", token)
+        .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .process_group(0);
+        let parent = std::process::id();
+        // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before prctl took effect.
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+}
+
+/// The A2A URL of a kernel started on `port`.
+pub fn url(port: u16) -> String {
+    format!("http://127.0.0.1:{port}/")
+}
+
+/// Whether the kernel on `port` answers `GET /health` with 200 OK within `within`.
+pub async fn ready(port: u16, token: &str, within: Duration) -> bool {
+    tokio::time::timeout(within, health(port, token))
+        .await
+        .is_ok_and(|status| status == Some(StatusCode::OK))
+}
+
+/// The status of the kernel's `GET /health`; `None` when it gave no answer.
+async fn health(port: u16, token: &str) -> Option<StatusCode> {
+    let tcp = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
+        .await
+        .ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .ok()?;
+    let req = Request::get("/health")
+        .header(HOST, format!("127.0.0.1:{port}"))
+        .header(AUTHORIZATION, format!("Bearer {token}"))
+        .body(Empty::<Bytes>::new())
+        .ok()?;
+    // The connection is driven here, not in a task of its own, so that it is closed when the
+    // answer is in: nothing is left behind between probes.
+    tokio::select! {
+        answer = sender.send_request(req) => answer.ok().map(|r| r.status()),
+        // A connection that ends ends the request too (answered or failed): the branch above
+        // then says which.
+        () = async {
+            let _ = conn.await;
+            std::future::pending::<()>().await
+        } => None,
+    }
+}
+
+/// Writes the kernel configuration file (`persistence_dir: <dir>`) into a private temporary file.
+fn config_file(persistence_dir: &Path) -> std::io::Result<Arc<tempfile::TempPath>> {
+    use std::io::Write as _;
+    std::fs::create_dir_all(persistence_dir)?;
+    let mut f = tempfile::Builder::new()
+        .prefix("iac-code-agui-kernel-")
+        .suffix(".yml")
+        .tempfile()?;
+    // A JSON string is a YAML scalar: any path, quoted right.
+    let dir =
+        serde_json::to_string(&persistence_dir.display().to_string()).expect("a string serialises");
+    writeln!(f, "persistence_dir: {dir}")?;
+    Ok(Arc::new(f.into_temp_path()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Command) -> Vec<String> {
+        cmd.get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn env_of(cmd: &Command) -> Vec<(String, String)> {
+        cmd.get_envs()
+            .filter_map(|(k, v)| Some((k.to_str()?.to_owned(), v?.to_str()?.to_owned())))
+            .collect()
+    }
+
+    #[test]
+    fn the_kernel_listens_on_loopback_with_the_token_and_the_extra_environment() {
+        let mut l = Launch::new("/opt/iac-code");
+        l.env("A", "1").backup_dir(Path::new("/shared/backup"));
+        let cmd = l.command(4711, "tok");
+        assert_eq!(cmd.get_program(), "/opt/iac-code");
+        assert_eq!(
+            args(&cmd),
+            [
+                "a2a",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "4711",
+                "--thinking-exposure",
+                "all"
+            ]
+        );
+        let env = env_of(&cmd);
+        assert!(env.contains(&("IACCODE_A2A_HTTP_TOKEN".into(), "tok".into())));
+        assert!(env.contains(&("A".into(), "1".into())));
+        assert!(env.contains(&("IAC_CODE_CONFIG_BACKUP_DIR".into(), "/shared/backup".into())));
+        assert_eq!(url(4711), "http://127.0.0.1:4711/");
+    }
+
+    #[test]
+    fn a_persistence_dir_is_a_config_file_the_kernel_is_started_with() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tasks = dir.path().join("tasks \"q\"");
+        let mut l = Launch::new("iac-code");
+        l.persistence_dir(&tasks).expect("config");
+        assert!(tasks.is_dir());
+        let a = args(&l.command(1, "t"));
+        assert_eq!(a[a.len() - 2], "--config");
+        let file = std::path::PathBuf::from(&a[a.len() - 1]);
+        let text = std::fs::read_to_string(&file).expect("config file");
+        let expected = serde_json::to_string(&tasks.display().to_string()).expect("json");
+        assert_eq!(text, format!("persistence_dir: {expected}\n"));
+        // Kept while a clone of the launch is (the supervisor's), removed with the last.
+        let clone = l.clone();
+        drop(l);
+        assert!(file.exists());
+        drop(clone);
+        assert!(!file.exists());
+    }
+
+    /// A listener answering every connection with `answer` once.
+    async fn answering(answer: &'static str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(answer.as_bytes()).await;
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn ready_is_a_200_answer_and_nothing_else() {
+        let ok = answering("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+        assert!(ready(ok, "t", Duration::from_secs(5)).await);
+        // An interim answer first, then the final one.
+        let interim =
+            answering("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        assert!(ready(interim, "t", Duration::from_secs(5)).await);
+        let refused = answering("HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n").await;
+        assert!(!ready(refused, "t", Duration::from_secs(5)).await);
+        // Bytes 9-12 say 200, but this is no HTTP answer.
+        let garbage = answering("HTTP/1.1 200xx\r\n\r\n").await;
+        assert!(!ready(garbage, "t", Duration::from_secs(5)).await);
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        assert!(!ready(closed, "t", Duration::from_secs(5)).await);
+    }
+
+    #[tokio::test]
+    async fn a_kernel_that_does_not_answer_is_not_ready_when_the_time_is_up() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let started = std::time::Instant::now();
+        assert!(!ready(port, "t", Duration::from_millis(200)).await);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        drop(l);
+    }
+
+    #[tokio::test]
+    async fn the_probe_carries_the_token() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let seen = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.expect("accept");
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).await.expect("read");
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .await;
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        assert!(ready(port, "secret", Duration::from_secs(5)).await);
+        let req = seen.await.expect("request").to_ascii_lowercase();
+        assert!(req.starts_with("get /health http/1.1\r\n"), "{req}");
+        assert!(req.contains("authorization: bearer secret\r\n"), "{req}");
+    }
+}
