@@ -11,8 +11,10 @@ use axum::response::{IntoResponse, Response};
 
 use crate::i18n::{self, Lang};
 
-/// Every error code the gateway emits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Every error code the gateway emits. Its serde name is its wire name (a thread document
+/// records the code a run ended with).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Code {
     Unauthorized,
     UnsupportedMediaType,
@@ -246,6 +248,7 @@ mod tests {
         for (code, name, status) in TABLE {
             assert!(names.insert(*name), "duplicate {name}");
             assert_eq!(code.as_str(), *name);
+            assert_eq!(serde_json::to_value(code).ok(), Some((*name).into()));
             assert!(StatusCode::from_u16(*status).is_ok());
         }
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);

@@ -340,8 +340,8 @@ impl Driver {
         });
         let last = LastRun {
             run_id: self.run_id().to_owned(),
-            outcome: self.outcome.0.as_str().to_owned(),
-            code: self.outcome.1.map(|c| c.as_str().to_owned()),
+            outcome: self.outcome.0.into(),
+            code: self.outcome.1.map(Into::into),
             ended_at: rfc3339_ms(self.rt.now_ms()),
         };
         let run_id = self.run_id().to_owned();
