@@ -12,7 +12,19 @@ use axum::response::{IntoResponse, Response};
 use crate::i18n::{self, Lang};
 
 /// Every error code the gateway emits. README.md lists each in its error table (a test checks).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::VariantArray)]
+/// Its serde name is its wire name (a thread document records the code a run ended with).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::VariantArray,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Code {
     Unauthorized,
     UnsupportedMediaType,
@@ -257,6 +269,7 @@ mod tests {
             let name = code.as_str();
             assert!(names.insert(name), "duplicate {name}");
             assert_eq!(Code::from_wire(name), Some(code));
+            assert_eq!(serde_json::to_value(code).ok(), Some(name.into()));
             assert!(
                 name.bytes()
                     .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'),

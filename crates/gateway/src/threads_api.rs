@@ -180,16 +180,8 @@ fn describe(rt: &Runtime, thread_id: &str, st: &ThreadState, doc: &ThreadDoc) ->
     // turn, as always.
     let last = match (&doc.active_run, &st.active) {
         (Some(lost), None) => json!({"runId": lost.run_id, "outcome": "lost", "since": lost.since}),
-        _ => match &doc.last_run {
-            Some(l) => {
-                let mut v = json!({"runId": l.run_id, "outcome": l.outcome, "endedAt": l.ended_at});
-                if let Some(c) = &l.code {
-                    v["code"] = json!(c);
-                }
-                v
-            }
-            None => Value::Null,
-        },
+        // As stored: runId, outcome, endedAt and the code of an error.
+        _ => json!(doc.last_run),
     };
     let pending: Vec<agui::Interrupt> = doc
         .execution

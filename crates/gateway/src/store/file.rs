@@ -333,29 +333,9 @@ mod tests {
 
     /// A small document of `thread` with an optional task id.
     pub(super) fn doc_with(thread: &str, task: Option<&str>) -> ThreadDoc {
-        ThreadDoc {
-            thread_id: thread.into(),
-            context_id: "agui-x".into(),
-            cwd: "/w".into(),
-            user_id: None,
-            session_id: None,
-            execution: Execution {
-                execution_id: "e".into(),
-                ros_invocation_id: "r".into(),
-                task_id: task.map(str::to_owned),
-                pipeline_sequence: 0,
-                pipeline_open_steps: Default::default(),
-                text_snapshot_digests: Default::default(),
-                pending: vec![],
-            },
-            run_digests: Default::default(),
-            applied_resume_digests: Default::default(),
-            terminal_execution_ids: Default::default(),
-            expired_interrupts: Default::default(),
-            delivering: Default::default(),
-            active_run: None,
-            last_run: None,
-        }
+        let mut execution = Execution::new("e", "r");
+        execution.task_id = task.map(str::to_owned);
+        ThreadDoc::new(thread, "agui-x", "/w", None, execution)
     }
 
     fn doc(thread: &str) -> ThreadDoc {

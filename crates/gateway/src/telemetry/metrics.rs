@@ -18,8 +18,10 @@ use prometheus_client::registry::Registry;
 
 use crate::error::Code;
 
-/// How a run ended, as `agui_runs_finished_total{outcome}` tells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// How a run ended, as `agui_runs_finished_total{outcome}` tells it (and a thread document
+/// records it: its serde name is the label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RunOutcome {
     Success,
     Interrupt,

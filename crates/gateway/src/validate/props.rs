@@ -2,17 +2,23 @@
 //!
 //! Sibling keys of `iacCode` are ignored. Inside it: unknown keys are rejected, types are never
 //! coerced, `schemaVersion` is the JSON integer 1, snake_case spellings are accepted, and both
-//! spellings of one field in one object are an error.
+//! spellings of one field in one object are an error. Every fault gets the same answer
+//! (`INVALID_PROPS`), so serde's derive checks the shape; the helpers below add what it would
+//! let through.
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::num::NonZeroU64;
 
+use serde::de::{self, DeserializeOwned, Deserializer, IntoDeserializer};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::{msg, ApiError, Code};
 
 /// A secret string: only ever sent to the kernel; never logged (its `Debug` is redacted).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
 pub struct Secret(pub String);
 
 impl fmt::Debug for Secret {
@@ -21,50 +27,73 @@ impl fmt::Debug for Secret {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RunMode {
     Normal,
     Pipeline,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum CandidatePresentation {
     Standard,
     Rich,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Thinking {
+    #[serde(default)]
     pub enabled: bool,
     pub effort: Option<String>,
+    #[serde(default, deserialize_with = "positive")]
     pub budget: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AlibabaCloud {
+    #[serde(alias = "access_key_id")]
     pub access_key_id: Option<String>,
+    #[serde(alias = "access_key_secret")]
     pub access_key_secret: Option<Secret>,
+    #[serde(alias = "security_token")]
     pub security_token: Option<Secret>,
+    #[serde(alias = "region_id")]
     pub region_id: Option<String>,
 }
 
-/// The validated extension.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The validated extension (without `schemaVersion`, checked before).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct IacCode {
+    #[serde(alias = "ros_invocation_id", deserialize_with = "invocation_id")]
     pub ros_invocation_id: String,
     pub cwd: String,
     pub model: Option<String>,
+    #[serde(alias = "llm_api_key")]
     pub llm_api_key: Option<Secret>,
+    #[serde(alias = "llm_headers")]
     pub llm_headers: Option<BTreeMap<String, Secret>>,
+    #[serde(default, deserialize_with = "object")]
     pub thinking: Option<Thinking>,
+    #[serde(alias = "user_id")]
     pub user_id: Option<String>,
     pub channel: Option<String>,
+    #[serde(alias = "preferred_language")]
     pub preferred_language: Option<String>,
+    #[serde(default, alias = "candidate_presentation", deserialize_with = "named")]
     pub candidate_presentation: Option<CandidatePresentation>,
+    #[serde(default, alias = "run_mode", deserialize_with = "named")]
     pub run_mode: Option<RunMode>,
+    #[serde(alias = "pipeline_name")]
     pub pipeline_name: Option<String>,
+    #[serde(default, alias = "cleanup_only")]
     pub cleanup_only: bool,
+    #[serde(default, alias = "active_guidance")]
     pub active_guidance: bool,
+    #[serde(default, alias = "alibaba_cloud", deserialize_with = "object")]
     pub alibaba_cloud: Option<AlibabaCloud>,
 }
 
@@ -72,60 +101,45 @@ fn bad() -> ApiError {
     ApiError::new(Code::InvalidInput, msg::INVALID_PROPS)
 }
 
-/// Maps each key of a strict object to its canonical (camelCase) name; rejects unknown keys and
-/// keys given under both spellings.
-fn canonical_keys<'a>(
-    obj: &'a Map<String, Value>,
-    fields: &[(&'static str, &'static str)],
-) -> Result<BTreeMap<&'static str, &'a Value>, ApiError> {
-    let mut out = BTreeMap::new();
-    for (k, v) in obj {
-        let name = fields
-            .iter()
-            .find(|(camel, snake)| k == camel || k == snake)
-            .map(|(camel, _)| *camel)
-            .ok_or_else(bad)?;
-        if out.insert(name, v).is_some() {
-            return Err(bad());
-        }
+/// `rosInvocationId`: 1 to 256 characters.
+fn invocation_id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() || s.chars().count() > 256 {
+        return Err(de::Error::custom("rosInvocationId has 1 to 256 characters"));
     }
-    Ok(out)
+    Ok(s)
 }
 
-fn opt_string(v: Option<&&Value>) -> Result<Option<String>, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(bad()),
-    }
+/// `thinking.budget`: a positive integer (never a float, even `1.0`).
+fn positive<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(Option::<NonZeroU64>::deserialize(d)?.map(NonZeroU64::get))
 }
 
-fn opt_bool(v: Option<&&Value>) -> Result<bool, ApiError> {
-    match v {
-        None => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(bad()),
+/// An optional nested object: a derived struct alone would take an array too, by position.
+fn object<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    match Option::<Map<String, Value>>::deserialize(d)? {
+        None => Ok(None),
+        Some(m) => T::deserialize(Value::Object(m))
+            .map(Some)
+            .map_err(de::Error::custom),
     }
 }
 
-const FIELDS: &[(&str, &str)] = &[
-    ("schemaVersion", "schema_version"),
-    ("rosInvocationId", "ros_invocation_id"),
-    ("cwd", "cwd"),
-    ("model", "model"),
-    ("llmApiKey", "llm_api_key"),
-    ("llmHeaders", "llm_headers"),
-    ("thinking", "thinking"),
-    ("userId", "user_id"),
-    ("channel", "channel"),
-    ("preferredLanguage", "preferred_language"),
-    ("candidatePresentation", "candidate_presentation"),
-    ("runMode", "run_mode"),
-    ("pipelineName", "pipeline_name"),
-    ("cleanupOnly", "cleanup_only"),
-    ("activeGuidance", "active_guidance"),
-    ("alibabaCloud", "alibaba_cloud"),
-];
+/// An optional enum named by a JSON string: a derived enum alone would take `{"rich": null}` too.
+fn named<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(s) => T::deserialize(s.into_deserializer()).map(Some),
+    }
+}
 
 /// Finds the `iacCode` object (or its alias) among `forwardedProps`' keys.
 pub fn iac_code_object(forwarded_props: &Value) -> Option<&Map<String, Value>> {
@@ -146,107 +160,23 @@ pub fn raw_preferred_language(body: &Map<String, Value>) -> Option<&str> {
 
 /// Validates `forwardedProps.iacCode`.
 pub fn parse(forwarded_props: Option<&Value>) -> Result<IacCode, ApiError> {
-    let obj = forwarded_props.and_then(iac_code_object).ok_or_else(bad)?;
-    let f = canonical_keys(obj, FIELDS)?;
-
-    match f.get("schemaVersion") {
-        Some(Value::Number(n)) if n.is_i64() && n.as_i64() == Some(1) => {}
+    let mut obj = forwarded_props
+        .and_then(iac_code_object)
+        .ok_or_else(bad)?
+        .clone();
+    // The version is no field of the result: taken out (one spelling, the JSON integer 1) before
+    // the rest is read.
+    let version = match (
+        obj.shift_remove("schemaVersion"),
+        obj.shift_remove("schema_version"),
+    ) {
+        (Some(v), None) | (None, Some(v)) => v,
         _ => return Err(bad()),
+    };
+    if version.as_i64() != Some(1) {
+        return Err(bad());
     }
-    let ros_invocation_id = match f.get("rosInvocationId") {
-        Some(Value::String(s)) if !s.is_empty() && s.chars().count() <= 256 => s.clone(),
-        _ => return Err(bad()),
-    };
-    let cwd = match f.get("cwd") {
-        Some(Value::String(s)) => s.clone(),
-        _ => return Err(bad()),
-    };
-    let llm_headers = match f.get("llmHeaders") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => {
-            let mut out = BTreeMap::new();
-            for (k, v) in m {
-                let v = v.as_str().ok_or_else(bad)?;
-                out.insert(k.clone(), Secret(v.to_owned()));
-            }
-            Some(out)
-        }
-        Some(_) => return Err(bad()),
-    };
-    let thinking = match f.get("thinking") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(t)) => {
-            let t = canonical_keys(
-                t,
-                &[
-                    ("enabled", "enabled"),
-                    ("effort", "effort"),
-                    ("budget", "budget"),
-                ],
-            )?;
-            let budget = match t.get("budget") {
-                None | Some(Value::Null) => None,
-                Some(Value::Number(n)) if n.is_u64() && n.as_u64().unwrap_or(0) > 0 => n.as_u64(),
-                Some(_) => return Err(bad()),
-            };
-            Some(Thinking {
-                enabled: opt_bool(t.get("enabled"))?,
-                effort: opt_string(t.get("effort"))?,
-                budget,
-            })
-        }
-        Some(_) => return Err(bad()),
-    };
-    let candidate_presentation = match f.get("candidatePresentation") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s == "standard" => Some(CandidatePresentation::Standard),
-        Some(Value::String(s)) if s == "rich" => Some(CandidatePresentation::Rich),
-        Some(_) => return Err(bad()),
-    };
-    let run_mode = match f.get("runMode") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s == "normal" => Some(RunMode::Normal),
-        Some(Value::String(s)) if s == "pipeline" => Some(RunMode::Pipeline),
-        Some(_) => return Err(bad()),
-    };
-    let alibaba_cloud = match f.get("alibabaCloud") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(a)) => {
-            let a = canonical_keys(
-                a,
-                &[
-                    ("accessKeyId", "access_key_id"),
-                    ("accessKeySecret", "access_key_secret"),
-                    ("securityToken", "security_token"),
-                    ("regionId", "region_id"),
-                ],
-            )?;
-            Some(AlibabaCloud {
-                access_key_id: opt_string(a.get("accessKeyId"))?,
-                access_key_secret: opt_string(a.get("accessKeySecret"))?.map(Secret),
-                security_token: opt_string(a.get("securityToken"))?.map(Secret),
-                region_id: opt_string(a.get("regionId"))?,
-            })
-        }
-        Some(_) => return Err(bad()),
-    };
-    Ok(IacCode {
-        ros_invocation_id,
-        cwd,
-        model: opt_string(f.get("model"))?,
-        llm_api_key: opt_string(f.get("llmApiKey"))?.map(Secret),
-        llm_headers,
-        thinking,
-        user_id: opt_string(f.get("userId"))?,
-        channel: opt_string(f.get("channel"))?,
-        preferred_language: opt_string(f.get("preferredLanguage"))?,
-        candidate_presentation,
-        run_mode,
-        pipeline_name: opt_string(f.get("pipelineName"))?,
-        cleanup_only: opt_bool(f.get("cleanupOnly"))?,
-        active_guidance: opt_bool(f.get("activeGuidance"))?,
-        alibaba_cloud,
-    })
+    IacCode::deserialize(Value::Object(obj)).map_err(|_| bad())
 }
 
 #[cfg(test)]

@@ -10,8 +10,6 @@
 //! run of this process holding the thread, left an orphaned kernel task behind (a crash), which
 //! must be cancelled before the kernel accepts another turn in the context.
 
-use std::collections::BTreeSet;
-
 use crate::error::{msg, ApiError, Code};
 use crate::store::{Execution, ThreadDoc};
 use crate::validate::ResumeEntry;
@@ -94,18 +92,6 @@ pub fn context_id(thread_id: &str) -> String {
     format!("agui-{}", &h[..40])
 }
 
-fn new_execution(id: String, ros: &str) -> Execution {
-    Execution {
-        execution_id: id,
-        ros_invocation_id: ros.to_owned(),
-        task_id: None,
-        pipeline_sequence: 0,
-        pipeline_open_steps: BTreeSet::new(),
-        text_snapshot_digests: BTreeSet::new(),
-        pending: Vec::new(),
-    }
-}
-
 fn refuse(code: Code, m: &'static str) -> Result<Admission, ApiError> {
     Err(ApiError::new(code, m))
 }
@@ -147,21 +133,13 @@ fn admit(
             if *ask.mode != Mode::NewTurn {
                 return refuse(Code::ExecutionLost, msg::EXECUTION_GONE);
             }
-            doc.insert(ThreadDoc {
-                thread_id: ask.thread_id.to_owned(),
-                context_id: context_id(ask.thread_id),
-                cwd: ask.cwd.to_owned(),
-                user_id: ask.user_id.map(str::to_owned),
-                session_id: None,
-                execution: new_execution(new_id(), ask.ros_invocation_id),
-                run_digests: Default::default(),
-                applied_resume_digests: Default::default(),
-                terminal_execution_ids: Default::default(),
-                expired_interrupts: Default::default(),
-                delivering: Default::default(),
-                active_run: None,
-                last_run: None,
-            })
+            doc.insert(ThreadDoc::new(
+                ask.thread_id,
+                context_id(ask.thread_id),
+                ask.cwd,
+                ask.user_id.map(str::to_owned),
+                Execution::new(new_id(), ask.ros_invocation_id),
+            ))
         }
     };
     if let Some(seen) = d.run_digests.get(ask.run_id) {
@@ -205,7 +183,7 @@ fn admit(
                 }
                 d.terminal_execution_ids
                     .insert(d.execution.execution_id.clone());
-                d.execution = new_execution(new_id(), ask.ros_invocation_id);
+                d.execution = Execution::new(new_id(), ask.ros_invocation_id);
             }
         }
     }

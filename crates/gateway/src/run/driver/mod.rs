@@ -247,8 +247,8 @@ impl Driver {
         let (outcome, code) = self.out.outcome();
         let last = LastRun {
             run_id: self.run_id().to_owned(),
-            outcome: outcome.as_str().to_owned(),
-            code: code.map(|c| c.as_str().to_owned()),
+            outcome: outcome.into(),
+            code: code.map(Into::into),
             ended_at: rfc3339_ms(self.rt.now_ms()),
         };
         self.hold.release(last).await;

@@ -15,7 +15,7 @@ use crate::i18n::Lang;
 use crate::kernel::Kernel;
 use crate::run::admit::{admit, RunRequest};
 use crate::store::FileStore;
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, RunOutcome};
 use crate::validate::{content, envelope, props};
 
 struct Harness {
@@ -139,8 +139,8 @@ async fn a_turn_makes_its_ids_durable_and_finishes_once() {
     assert_eq!(doc.session_id.as_deref(), Some("s1"));
     let last = doc.last_run.clone().unwrap();
     assert_eq!(
-        (last.run_id.as_str(), last.outcome.as_str()),
-        ("r1", "success")
+        (last.run_id.as_str(), &last.outcome),
+        ("r1", &RunOutcome::Success.into())
     );
     assert!(
         doc.is_terminal(&doc.execution.execution_id),
@@ -175,7 +175,7 @@ async fn an_interrupt_is_durable_before_the_run_ends_with_it() {
     interrupt(&h, &c).await;
     let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
     assert_eq!(doc.execution.pending.len(), 1);
-    assert_eq!(doc.last_run.unwrap().outcome, "interrupt");
+    assert_eq!(doc.last_run.unwrap().outcome, RunOutcome::Interrupt.into());
     assert!(
         h.kernel.calls("CancelTask").is_empty(),
         "the task waits for its answer"
@@ -220,7 +220,10 @@ async fn a_client_that_goes_away_cancels_the_task_once_known() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
-    assert_eq!(doc.last_run.unwrap().outcome, "disconnected");
+    assert_eq!(
+        doc.last_run.unwrap().outcome,
+        RunOutcome::Disconnected.into()
+    );
 }
 
 /// The kernel's permission request `p1` for tool `tool-1` of `task-1`.
@@ -303,5 +306,5 @@ async fn an_answer_is_delivered_once_and_recorded_before_the_run_goes_on() {
         "the mark is cleared with the acceptance"
     );
     assert_eq!(doc.applied_resume_digests.len(), 1);
-    assert_eq!(doc.last_run.unwrap().outcome, "success");
+    assert_eq!(doc.last_run.unwrap().outcome, RunOutcome::Success.into());
 }

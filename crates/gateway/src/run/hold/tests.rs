@@ -8,7 +8,7 @@ use super::*;
 use crate::run::decide::testing::doc_with_pending;
 use crate::run::{ActiveRun, RunControl};
 use crate::store::{BoxFuture, ThreadStore};
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, RunOutcome};
 
 /// A store in memory; `fail` makes every save fail, `refuse` makes it answer "not held".
 #[derive(Default)]
@@ -83,7 +83,7 @@ async fn lose_hold(threads: &Threads) {
     threads.forget_for_tests(&mut st);
 }
 
-fn last(outcome: &str) -> LastRun {
+fn last(outcome: RunOutcome) -> LastRun {
     LastRun {
         run_id: "run-1".into(),
         outcome: outcome.into(),
@@ -152,7 +152,7 @@ async fn a_run_of_an_earlier_hold_writes_nothing_and_is_not_held() {
     assert_eq!(h.still_held().await, Err(Unsaved::NotHeld));
     assert_eq!(h.edit(|d| d.session_id = None).await, Err(Unsaved::NotHeld));
     h.end_execution().await;
-    h.release(last("success")).await;
+    h.release(last(RunOutcome::Success)).await;
     assert_eq!(
         store.saves.load(Ordering::SeqCst),
         saves,
@@ -192,9 +192,12 @@ async fn the_cancellation_ends_a_live_execution_once() {
 #[tokio::test]
 async fn release_records_the_run_and_ends_an_execution_that_waits_for_nothing() {
     let (store, threads, h) = held(false).await;
-    h.release(last("success")).await;
+    h.release(last(RunOutcome::Success)).await;
     let doc = store.stored("thread-1").unwrap();
-    assert_eq!(doc.last_run.as_ref().unwrap().outcome, "success");
+    assert_eq!(
+        doc.last_run.as_ref().unwrap().outcome,
+        RunOutcome::Success.into()
+    );
     assert!(doc.is_terminal("exec-0"));
     let slot = threads.slot("thread-1");
     assert!(slot.lock().await.active.is_none(), "the thread is free");
@@ -203,11 +206,11 @@ async fn release_records_the_run_and_ends_an_execution_that_waits_for_nothing() 
 #[tokio::test]
 async fn release_keeps_an_execution_that_waits_for_answers() {
     let (store, _, h) = held(true).await;
-    h.release(last("interrupt")).await;
+    h.release(last(RunOutcome::Interrupt)).await;
     let doc = store.stored("thread-1").unwrap();
     assert!(!doc.is_terminal("exec-0"));
     assert_eq!(doc.execution.pending.len(), 1);
-    assert_eq!(doc.last_run.unwrap().outcome, "interrupt");
+    assert_eq!(doc.last_run.unwrap().outcome, RunOutcome::Interrupt.into());
 }
 
 #[tokio::test]
