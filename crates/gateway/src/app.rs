@@ -7,8 +7,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::clock::{Clock, SystemClock};
-use crate::config::Config;
-use crate::config::Env;
+use crate::config::{urls, Config, Env};
 use crate::http::{self, AppState};
 use crate::kernel::{ChildSpec, Kernel, Launch};
 use crate::run::Runtime;
@@ -113,19 +112,9 @@ pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
 /// The error says what could not be opened.
 pub async fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, String> {
     if let Some(url) = &cfg.state_url {
-        let ttl = Duration::from_secs_f64(cfg.lease_ttl_secs);
-        let store = PgStore::open(url, &cfg.advertise_url, ttl).await?;
+        let store = PgStore::open(url, &cfg.advertise_url, cfg.lease_ttl).await?;
         store.start_heartbeat();
-        let loopback = cfg
-            .advertise_url
-            .parse::<::http::Uri>()
-            .ok()
-            .and_then(|u| u.host().map(str::to_owned))
-            .is_some_and(|h| {
-                let h = h.trim_start_matches('[').trim_end_matches(']');
-                h == "localhost" || h.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback())
-            });
-        if loopback {
+        if urls::parse(&cfg.advertise_url).is_some_and(|u| urls::is_loopback(&u)) {
             tracing::warn!(
                 advertise = %cfg.advertise_url,
                 "the advertised URL is a loopback address: only instances on this machine can \
@@ -223,10 +212,10 @@ pub async fn serve_with_admin(
         });
     }
     // Idle shutdown: no open stream, no thread held by a run or waiting for answers.
-    if rt.cfg().idle_shutdown_secs > 0.0 {
+    if !rt.cfg().idle_shutdown.is_zero() {
         let rt = rt.clone();
         let stop_tx = stop_tx.clone();
-        let idle = rt.cfg().idle_shutdown_secs;
+        let idle = rt.cfg().idle_shutdown.as_secs_f64();
         tokio::spawn(async move {
             let tick = Duration::from_secs_f64((idle / 4.0).clamp(0.1, 5.0));
             loop {
@@ -257,7 +246,7 @@ pub async fn serve_with_admin(
     // One deadline for the whole drain, from the stop signal: open connections, then runs
     // without a connection (detached), whose last writes (the run's end on the thread) land
     // before the store is flushed. The kernel's own stop (SIGTERM, SIGKILL after 5 s) follows.
-    let timeout = Duration::from_secs_f64(rt.cfg().shutdown_timeout_secs) + Duration::from_secs(2);
+    let timeout = rt.cfg().shutdown_timeout + Duration::from_secs(2);
     let drain_deadline = Arc::new(std::sync::OnceLock::new());
     let mut stop_rx2 = stop_tx.subscribe();
     let result = tokio::select! {

@@ -1,8 +1,6 @@
-//! The command line (clap: each flag with its environment variable) and the YAML file's keys.
+//! The command line (clap: each flag with its environment variable and its help).
 
 use clap::Parser;
-use serde::Deserialize;
-use serde_yaml::Value as Yaml;
 
 /// AG-UI gateway in front of the iac-code A2A execution kernel (drop-in for `iac-code agui`).
 #[derive(Debug, Default, Parser)]
@@ -133,32 +131,15 @@ pub struct Cli {
     pub kernel_persistence_dir: Option<String>,
 }
 
-/// The YAML file's keys (after `-` → `_`); unknown keys are ignored. Each value is checked where
-/// it is used, so that a wrong type gets that option's own message.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-pub(super) struct FileConfig {
-    pub(super) host: Option<Yaml>,
-    pub(super) port: Option<Yaml>,
-    pub(super) a2a_url: Option<Yaml>,
-    pub(super) debug: Option<Yaml>,
-    pub(super) log_stdout: Option<Yaml>,
-    pub(super) state_dir: Option<Yaml>,
-    pub(super) idle_shutdown: Option<Yaml>,
-    pub(super) auth_token: Option<Yaml>,
-    pub(super) a2a_token: Option<Yaml>,
-    pub(super) interrupt_ttl: Option<Yaml>,
-    pub(super) a2a_command: Option<Yaml>,
-    pub(super) shutdown_timeout: Option<Yaml>,
-    pub(super) kernel_idle_timeout: Option<Yaml>,
-    pub(super) cors_origins: Option<Yaml>,
-    pub(super) detach_grace: Option<Yaml>,
-    pub(super) replay_buffer: Option<Yaml>,
-    pub(super) metrics_listen: Option<Yaml>,
-    pub(super) log_format: Option<Yaml>,
-    pub(super) state_url: Option<Yaml>,
-    pub(super) lease_ttl: Option<Yaml>,
-    pub(super) advertise_url: Option<Yaml>,
-    pub(super) kernel_backup_dir: Option<Yaml>,
-    pub(super) kernel_persistence_dir: Option<Yaml>,
+impl Cli {
+    /// `--log-stdout` (on) or `--no-log-stdout` (off), whichever came last; `None`: neither.
+    pub(super) fn log_stdout_flag(&self) -> Option<bool> {
+        if self.log_stdout {
+            Some(true)
+        } else if self.no_log_stdout {
+            Some(false)
+        } else {
+            None
+        }
+    }
 }

@@ -1,26 +1,31 @@
 //! Command line, environment and YAML configuration: the flags, variables and keys of
 //! `iac-code agui`, so the gateway is a drop-in replacement, plus additive options named alike.
 //!
-//! Layers, first wins: a flag or its environment variable (clap reads both; an empty value counts
-//! as unset), the YAML file's key (dashes or underscores), the built-in default. The tokens have
-//! no flag: environment, then YAML. YAML values are never coerced (`port: "8000"` is refused).
-//! Every invalid value is a message on stderr and exit status 1.
+//! Layers, first wins (`layers`): a flag or its environment variable (clap reads both; an empty
+//! value counts as unset), the YAML file's key (dashes or underscores), the built-in default. The
+//! tokens have no flag: environment, then YAML. YAML values are never coerced (`port: "8000"` is
+//! refused). The values are then checked (`check`, pure). Every invalid value is a message on
+//! stderr and exit status 1.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
-use serde_yaml::Value as Yaml;
-
+mod check;
 mod cli;
+mod layers;
+pub mod urls;
 
+pub use check::a2a_url as validate_a2a_url;
 pub use cli::Cli;
-use cli::FileConfig;
+use layers::{Integer, Layers, List, Number, Opt, Switch, Text, YamlFile};
 
 use crate::cors::Origins;
 use crate::i18n::Lang;
 use crate::paths;
 
-/// The validated configuration.
-#[derive(Debug, Clone)]
+/// The validated configuration. Its `Debug` shows no secret.
+#[derive(Clone)]
 pub struct Config {
     pub host: String,
     pub port: u16,
@@ -34,12 +39,14 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// True when the state dir is the default one (then the config dir is created at start-up).
     pub state_dir_is_default: bool,
-    pub idle_shutdown_secs: f64,
+    /// Exit after this long idle; zero ⇒ never.
+    pub idle_shutdown: Duration,
     pub interrupt_ttl_secs: u64,
     pub a2a_command: String,
-    pub shutdown_timeout_secs: f64,
-    /// Longest silence of a kernel stream; 0 ⇒ none.
-    pub kernel_idle_timeout_secs: f64,
+    /// How long open streams get to finish after SIGTERM/SIGINT.
+    pub shutdown_timeout: Duration,
+    /// Longest silence of a kernel stream; zero ⇒ none.
+    pub kernel_idle_timeout: Duration,
     /// Raw allowed-cwds list: `IAC_CODE_AGUI_ALLOWED_CWDS`, else `IACCODE_A2A_ALLOWED_CWDS`.
     pub allowed_cwds: Option<String>,
     /// `HOME` (for `~` expansion).
@@ -52,8 +59,8 @@ pub struct Config {
     pub fallback_lang: Lang,
     /// Origins allowed to call the gateway from a browser; empty ⇒ no CORS headers.
     pub cors_origins: Origins,
-    /// How long a run goes on without a client; 0 ⇒ a disconnect cancels it.
-    pub detach_grace_secs: f64,
+    /// How long a run goes on without a client; zero ⇒ a disconnect cancels it.
+    pub detach_grace: Duration,
     /// The replay buffer of a run, in bytes.
     pub replay_buffer_bytes: usize,
     /// The admin listener's address (`/metrics`); `None` ⇒ no metrics listener.
@@ -62,7 +69,7 @@ pub struct Config {
     /// The PostgreSQL store's URL; `None` ⇒ the file store.
     pub state_url: Option<String>,
     /// How long an instance's heartbeat stays valid.
-    pub lease_ttl_secs: f64,
+    pub lease_ttl: Duration,
     /// The URL other instances forward to (normalised, one trailing `/`).
     pub advertise_url: String,
     /// The managed kernel's shared session backup and task directories.
@@ -80,345 +87,105 @@ pub enum LogFormat {
     Json,
 }
 
-/// The URL other instances reach this one at: the given one (plain `http://`, normalised to one
-/// trailing `/`), else the bound host and port (a wildcard host has no address to give).
-fn advertise(given: Option<&str>, host: &str, port: u16) -> Result<String, String> {
-    match given {
-        Some(u) => {
-            let err = "--advertise-url must be an http:// URL.";
-            let uri: http::Uri = u.trim().parse().map_err(|_| err.to_owned())?;
-            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-                return Err(err.into());
-            }
-            Ok(format!("{}/", u.trim().trim_end_matches('/')))
-        }
-        None => {
-            let h = host.trim_start_matches('[').trim_end_matches(']');
-            let wildcard = h
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|a| a.is_unspecified());
-            if wildcard {
-                return Ok(String::new());
-            }
-            let h = if h.contains(':') {
-                format!("[{h}]")
-            } else {
-                h.to_owned()
-            };
-            Ok(format!("http://{h}:{port}/"))
-        }
-    }
-}
-
-/// `HOST:PORT` (a name or an address; `[v6]:port`), port 0..=65535.
-fn listen_address(v: &str) -> Result<String, String> {
-    let err = || "--metrics-listen must be HOST:PORT.".to_owned();
-    let v = v.trim();
-    let (host, port) = v.rsplit_once(':').ok_or_else(err)?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() || port.parse::<u16>().is_err() {
-        return Err(err());
-    }
-    Ok(v.to_owned())
-}
-
 /// The environment snapshot taken at start-up, shared by whatever reads variables later.
 pub type Env = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 /// Environment lookup (injected so tests never mutate the process environment).
 pub type EnvFn<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-const LOOPBACK_ERR: &str = "The AG-UI adapter may connect only to a loopback A2A HTTP(S) URL.";
-const CONFIG_UNREADABLE: &str = "Unable to load the AG-UI config file.";
-
-/// Loads the YAML file, with `-` in keys normalised to `_`.
-fn load_yaml(path: &str) -> Result<FileConfig, String> {
-    let text = std::fs::read_to_string(path).map_err(|_| CONFIG_UNREADABLE.to_owned())?;
-    let v: Yaml = serde_yaml::from_str(&text).map_err(|_| CONFIG_UNREADABLE.to_owned())?;
-    fn norm(v: Yaml) -> Yaml {
-        match v {
-            Yaml::Mapping(m) => Yaml::Mapping(
-                m.into_iter()
-                    .map(|(k, v)| {
-                        let k = match k {
-                            Yaml::String(s) => Yaml::String(s.replace('-', "_")),
-                            other => other,
-                        };
-                        (k, norm(v))
-                    })
-                    .collect(),
-            ),
-            Yaml::Sequence(s) => Yaml::Sequence(s.into_iter().map(norm).collect()),
-            other => other,
-        }
-    }
-    match norm(v) {
-        Yaml::Null => Ok(FileConfig::default()),
-        m @ Yaml::Mapping(_) => serde_yaml::from_value(m).map_err(|_| CONFIG_UNREADABLE.to_owned()),
-        _ => Err("AG-UI config file must contain a YAML mapping.".to_owned()),
-    }
-}
-
-/// Validates a loopback http(s) URL and normalises it to one trailing `/`.
-pub fn validate_a2a_url(url: &str) -> Result<String, String> {
-    let lower = url.trim();
-    let (scheme, rest) = lower.split_once("://").ok_or(LOOPBACK_ERR)?;
-    let scheme = scheme.to_ascii_lowercase();
-    if scheme != "http" && scheme != "https" {
-        return Err(LOOPBACK_ERR.into());
-    }
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let hostport = authority
-        .rsplit_once('@')
-        .map(|(_, h)| h)
-        .unwrap_or(authority);
-    let host = if let Some(stripped) = hostport.strip_prefix('[') {
-        stripped.split(']').next().unwrap_or("").to_owned()
-    } else {
-        hostport.split(':').next().unwrap_or("").to_owned()
-    };
-    let host = host.to_ascii_lowercase();
-    if !matches!(host.as_str(), "127.0.0.1" | "localhost" | "::1") {
-        return Err(LOOPBACK_ERR.into());
-    }
-    Ok(format!("{}/", url.trim().trim_end_matches('/')))
-}
-
-/// A flag's (or its variable's) value, when it is not empty.
-fn given(v: Option<String>) -> Option<String> {
-    v.filter(|s| !s.trim().is_empty())
-}
-
-/// A YAML string (an empty one counts as unset); another type is `err`.
-fn yaml_string(v: Option<Yaml>, err: &str) -> Result<Option<String>, String> {
-    match v {
-        None | Some(Yaml::Null) => Ok(None),
-        Some(Yaml::String(s)) => Ok(Some(s).filter(|s| !s.trim().is_empty())),
-        Some(_) => Err(err.to_owned()),
-    }
-}
-
-fn yaml_bool(v: Option<Yaml>, key: &str) -> Result<bool, String> {
-    match v {
-        None | Some(Yaml::Null) => Ok(false),
-        Some(Yaml::Bool(b)) => Ok(b),
-        Some(_) => Err(format!("{key} must be a boolean.")),
-    }
-}
-
-/// A non-negative number of seconds: the flag, else the YAML key, else `default`.
-fn seconds(
-    flag: Option<String>,
-    yaml: Option<Yaml>,
-    default: f64,
-    err: &str,
-) -> Result<f64, String> {
-    let v = match given(flag) {
-        Some(s) => s.trim().parse::<f64>().ok().filter(|f| f.is_finite()),
-        None => match yaml {
-            None | Some(Yaml::Null) => Some(default),
-            Some(Yaml::Number(n)) => n.as_f64(),
-            Some(_) => None,
-        },
-    };
-    v.filter(|v| *v >= 0.0 && v.is_finite())
-        .ok_or_else(|| err.to_owned())
-}
-
-/// The CORS origins: the flags (or the variable's list), else YAML `cors_origins` (a list, or
-/// one comma-separated string). Empty entries are skipped.
-fn cors_origins(flags: Vec<String>, yaml: Option<Yaml>) -> Result<Origins, String> {
-    let split = |s: &str| -> Vec<String> {
-        s.split(',')
-            .map(str::trim)
-            .filter(|o| !o.is_empty())
-            .map(str::to_owned)
-            .collect()
-    };
-    let flags: Vec<String> = flags.iter().flat_map(|f| split(f)).collect();
-    let list = if !flags.is_empty() {
-        flags
-    } else {
-        let err = "cors_origins must be a list of origins.";
-        match yaml {
-            None | Some(Yaml::Null) => vec![],
-            Some(Yaml::String(s)) => split(&s),
-            Some(Yaml::Sequence(items)) => {
-                let mut out = Vec::with_capacity(items.len());
-                for i in items {
-                    match i {
-                        Yaml::String(s) => out.extend(split(&s)),
-                        _ => return Err(err.to_owned()),
-                    }
-                }
-                out
-            }
-            Some(_) => return Err(err.to_owned()),
-        }
-    };
-    Origins::parse(&list)
-}
+// The options: YAML key, the kind of its value (which YAML type it takes, how its flag is read)
+// and the message for a value not of that kind. Flags and variables are in `cli`; defaults and
+// checks in `Config::load`.
+const HOST: Opt<Text> = Opt::new("host", "--host must be a string.");
+const PORT: Opt<Integer> = Opt::new("port", check::PORT);
+const A2A_URL: Opt<Text> = Opt::new("a2a_url", "--a2a-url must be a string.");
+const AUTH_TOKEN: Opt<Text> = Opt::new("auth_token", "auth_token must be a string.");
+const A2A_TOKEN: Opt<Text> = Opt::new("a2a_token", "a2a_token must be a string.");
+const DEBUG: Opt<Switch> = Opt::new("debug", "debug must be a boolean.");
+const LOG_STDOUT: Opt<Switch> = Opt::new("log_stdout", "log_stdout must be a boolean.");
+const IDLE_SHUTDOWN: Opt<Number> = Opt::new(
+    "idle_shutdown",
+    "--idle-shutdown must be a non-negative number.",
+);
+const INTERRUPT_TTL: Opt<Number> = Opt::new("interrupt_ttl", check::INTERRUPT_TTL);
+const A2A_COMMAND: Opt<Text> = Opt::new("a2a_command", "--a2a-command must be a string.");
+const SHUTDOWN_TIMEOUT: Opt<Number> = Opt::new(
+    "shutdown_timeout",
+    "--shutdown-timeout must be a non-negative number.",
+);
+const KERNEL_IDLE_TIMEOUT: Opt<Number> = Opt::new(
+    "kernel_idle_timeout",
+    "--kernel-idle-timeout must be a non-negative number.",
+);
+const CORS_ORIGINS: Opt<List> = Opt::new("cors_origins", "cors_origins must be a list of origins.");
+const DETACH_GRACE: Opt<Number> = Opt::new(
+    "detach_grace",
+    "--detach-grace must be a non-negative number.",
+);
+const REPLAY_BUFFER: Opt<Number> = Opt::new("replay_buffer", check::REPLAY_BUFFER);
+const METRICS_LISTEN: Opt<Text> = Opt::new("metrics_listen", check::METRICS_LISTEN);
+const LOG_FORMAT: Opt<Text> = Opt::new("log_format", check::LOG_FORMAT);
+const STATE_URL: Opt<Text> = Opt::new("state_url", check::STATE_URL);
+const LEASE_TTL: Opt<Number> = Opt::new("lease_ttl", check::LEASE_TTL);
+const ADVERTISE_URL: Opt<Text> = Opt::new("advertise_url", check::ADVERTISE_URL);
+const STATE_DIR: Opt<Text> = Opt::new("state_dir", "--state-dir must be a string.");
+const KERNEL_BACKUP_DIR: Opt<Text> =
+    Opt::new("kernel_backup_dir", "--kernel-backup-dir must be a string.");
+const KERNEL_PERSISTENCE_DIR: Opt<Text> = Opt::new(
+    "kernel_persistence_dir",
+    "--kernel-persistence-dir must be a string.",
+);
 
 impl Config {
     /// Builds the configuration from the parsed command line (flags and their variables) and the
     /// environment (tokens, paths, locale).
     pub fn load(cli: Cli, env: EnvFn<'_>) -> Result<Config, String> {
         let file = match cli.config.as_deref().filter(|c| !c.is_empty()) {
-            Some(path) => load_yaml(path)?,
-            None => FileConfig::default(),
+            Some(path) => YamlFile::read(path)?,
+            None => YamlFile::default(),
         };
-        let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
-
-        let host = match given(cli.host) {
-            Some(h) => h,
-            None => yaml_string(file.host, "--host must be a string.")?
-                .unwrap_or_else(|| "127.0.0.1".into()),
+        let l = Layers { file: &file, env };
+        let log_stdout_flag = cli.log_stdout_flag();
+        let seconds = |opt: &Opt<Number>, flag, default| {
+            check::seconds(l.get(opt, flag)?.unwrap_or(default), opt.err())
         };
-
-        let port_err = "--port must be between 1 and 65535.";
-        let port: i64 = match given(cli.port) {
-            Some(p) => p.trim().parse().map_err(|_| port_err.to_owned())?,
-            None => match file.port {
-                None | Some(Yaml::Null) => 8000,
-                Some(Yaml::Number(n)) => n.as_i64().ok_or(port_err)?,
-                Some(_) => return Err(port_err.into()),
-            },
-        };
-        let port = u16::try_from(port)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or(port_err)?;
-
-        // An empty URL consults the variable again (an empty flag does not hide it).
-        let a2a_url = match given(cli.a2a_url).or_else(|| env_nonempty("IAC_CODE_AGUI_A2A_URL")) {
-            Some(u) => Some(u),
-            None => yaml_string(file.a2a_url, "--a2a-url must be a string.")?,
-        };
-        let a2a_url = a2a_url.as_deref().map(validate_a2a_url).transpose()?;
-
-        // Tokens: the variable (even empty: it then switches the token off) > YAML.
-        let token = |var: &str, yaml: Option<Yaml>, err: &str| -> Result<Option<String>, String> {
-            let v = match env(var) {
-                Some(v) => Some(v),
-                None => match yaml {
-                    None | Some(Yaml::Null) => None,
-                    Some(Yaml::String(s)) => Some(s),
-                    Some(_) => return Err(err.to_owned()),
-                },
-            };
-            Ok(v.filter(|t| !t.is_empty()))
-        };
-        let auth_token = token(
-            "IAC_CODE_AGUI_AUTH_TOKEN",
-            file.auth_token,
-            "auth_token must be a string.",
-        )?;
-        let a2a_token = token(
-            "IAC_CODE_AGUI_A2A_TOKEN",
-            file.a2a_token,
-            "a2a_token must be a string.",
-        )?;
-
-        let debug = cli.debug || yaml_bool(file.debug, "debug")?;
-        let log_stdout = if cli.log_stdout {
-            true
-        } else if cli.no_log_stdout {
-            false
-        } else {
-            yaml_bool(file.log_stdout, "log_stdout")?
-        };
-
-        let idle_shutdown_secs = seconds(
-            cli.idle_shutdown,
-            file.idle_shutdown,
-            0.0,
-            "--idle-shutdown must be a non-negative number.",
-        )?;
-        let ttl_err = "--interrupt-ttl must be a non-negative integer.";
-        let ttl = seconds(cli.interrupt_ttl, file.interrupt_ttl, 86400.0, ttl_err)?;
-        if ttl.fract() != 0.0 {
-            return Err(ttl_err.into());
-        }
-        let shutdown_timeout_secs = seconds(
-            cli.shutdown_timeout,
-            file.shutdown_timeout,
-            10.0,
-            "--shutdown-timeout must be a non-negative number.",
-        )?;
-        let kernel_idle_timeout_secs = seconds(
-            cli.kernel_idle_timeout,
-            file.kernel_idle_timeout,
-            60.0,
-            "--kernel-idle-timeout must be a non-negative number.",
-        )?;
-
-        let a2a_command = match given(cli.a2a_command) {
-            Some(c) => c,
-            None => yaml_string(file.a2a_command, "--a2a-command must be a string.")?
-                .unwrap_or_else(|| "iac-code".into()),
-        };
-
-        let cors_origins = cors_origins(cli.cors_origin, file.cors_origins)?;
-        let detach_grace_secs = seconds(
-            cli.detach_grace,
-            file.detach_grace,
-            0.0,
-            "--detach-grace must be a non-negative number.",
-        )?
-        .min(1e9);
-        let replay_err = "--replay-buffer must be a positive integer (bytes).";
-        let replay_buffer = seconds(cli.replay_buffer, file.replay_buffer, 1048576.0, replay_err)?;
-        if replay_buffer < 1.0 || replay_buffer.fract() != 0.0 || replay_buffer > 1e12 {
-            return Err(replay_err.into());
-        }
-
-        let metrics_listen = match given(cli.metrics_listen) {
-            Some(v) => Some(v),
-            None => yaml_string(file.metrics_listen, "--metrics-listen must be HOST:PORT.")?,
-        };
-        let metrics_listen = metrics_listen.as_deref().map(listen_address).transpose()?;
-        let format_err = "--log-format must be text or json.";
-        let log_format = match given(cli.log_format) {
-            Some(v) => Some(v),
-            None => yaml_string(file.log_format, format_err)?,
-        };
-        let log_format = match log_format.as_deref().map(str::trim) {
-            None => LogFormat::Text,
-            Some(f) if f.eq_ignore_ascii_case("text") => LogFormat::Text,
-            Some(f) if f.eq_ignore_ascii_case("json") => LogFormat::Json,
-            Some(_) => return Err(format_err.into()),
-        };
-
-        let state_url = match given(cli.state_url) {
-            Some(v) => Some(v),
-            None => yaml_string(file.state_url, "--state-url must be a postgres:// URL.")?,
-        };
-        if let Some(u) = &state_url {
-            if !(u.starts_with("postgres://") || u.starts_with("postgresql://"))
-                || u.parse::<tokio_postgres::Config>().is_err()
-            {
-                return Err("--state-url must be a postgres:// URL.".into());
-            }
-        }
-        let lease_err = "--lease-ttl must be a number of seconds, at least 1.";
-        let lease_ttl_secs = seconds(cli.lease_ttl, file.lease_ttl, 15.0, lease_err)?;
-        if !(1.0..=86400.0).contains(&lease_ttl_secs) {
-            return Err(lease_err.into());
-        }
-        let advertise_url = match given(cli.advertise_url) {
-            Some(v) => Some(v),
-            None => yaml_string(
-                file.advertise_url,
-                "--advertise-url must be an http:// URL.",
-            )?,
-        };
-        let advertise_url = advertise(advertise_url.as_deref(), &host, port)?;
-        if state_url.is_some() && advertise_url.is_empty() {
-            return Err(
-                "--advertise-url is needed with --state-url when --host is a wildcard address."
-                    .into(),
-            );
-        }
+        // An option a line or two: its layers, default and check. The order is part of the
+        // behaviour: the first invalid value is the one reported.
+        let host = l
+            .get(&HOST, cli.host)?
+            .unwrap_or_else(|| "127.0.0.1".into());
+        let port = check::port(l.get(&PORT, cli.port)?.unwrap_or(8000))?;
+        let a2a_url = l.get_or_var(&A2A_URL, "IAC_CODE_AGUI_A2A_URL", cli.a2a_url)?;
+        let a2a_url = a2a_url.as_deref().map(check::a2a_url).transpose()?;
+        let auth_token = l.token(&AUTH_TOKEN, "IAC_CODE_AGUI_AUTH_TOKEN")?;
+        let a2a_token = l.token(&A2A_TOKEN, "IAC_CODE_AGUI_A2A_TOKEN")?;
+        let debug = l.get(&DEBUG, cli.debug.then_some(true))?.unwrap_or(false);
+        let log_stdout = l.get(&LOG_STDOUT, log_stdout_flag)?.unwrap_or(false);
+        let idle_shutdown = seconds(&IDLE_SHUTDOWN, cli.idle_shutdown, 0.0)?;
+        let ttl = l.get(&INTERRUPT_TTL, cli.interrupt_ttl)?.unwrap_or(86400.0);
+        let interrupt_ttl_secs = check::interrupt_ttl(ttl)?;
+        let shutdown_timeout = seconds(&SHUTDOWN_TIMEOUT, cli.shutdown_timeout, 10.0)?;
+        let kernel_idle_timeout = seconds(&KERNEL_IDLE_TIMEOUT, cli.kernel_idle_timeout, 60.0)?;
+        let a2a_command = l.get(&A2A_COMMAND, cli.a2a_command)?;
+        let a2a_command = a2a_command.unwrap_or_else(|| "iac-code".into());
+        let cors_origins = l.get(&CORS_ORIGINS, Some(cli.cors_origin))?;
+        let cors_origins = Origins::parse(&cors_origins.unwrap_or_default())?;
+        let detach_grace = seconds(&DETACH_GRACE, cli.detach_grace, 0.0)?;
+        let replay_buffer = l
+            .get(&REPLAY_BUFFER, cli.replay_buffer)?
+            .unwrap_or(1048576.0);
+        let replay_buffer_bytes = check::replay_buffer(replay_buffer)?;
+        let metrics_listen = l.get(&METRICS_LISTEN, cli.metrics_listen)?;
+        let metrics_listen = metrics_listen.as_deref().map(check::listen_address);
+        let metrics_listen = metrics_listen.transpose()?;
+        let log_format = l.get(&LOG_FORMAT, cli.log_format)?;
+        let log_format = check::log_format(log_format.as_deref())?;
+        let state_url = l.get(&STATE_URL, cli.state_url)?;
+        state_url.as_deref().map(check::state_url).transpose()?;
+        let lease_ttl = check::lease_ttl(l.get(&LEASE_TTL, cli.lease_ttl)?.unwrap_or(15.0))?;
+        let advertise_url = l.get(&ADVERTISE_URL, cli.advertise_url)?;
+        let advertise_url = check::advertise(advertise_url.as_deref(), &host, port)?;
+        check::advertised(state_url.as_deref(), &advertise_url)?;
 
         let home = env("HOME");
         let process_cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
@@ -433,39 +200,20 @@ impl Config {
             };
             paths::resolve(&abs).unwrap_or_else(|_| paths::normalize(&abs))
         };
-        let explicit = match given(cli.state_dir) {
-            Some(s) => Some(s),
-            None => yaml_string(file.state_dir, "--state-dir must be a string.")?,
-        };
-        let (state_dir, state_dir_is_default) = match explicit {
-            Some(s) => (expand(&s), false),
-            None => {
-                let config_dir = match env("IAC_CODE_CONFIG_DIR").filter(|s| !s.trim().is_empty()) {
-                    Some(c) => expand(&c),
-                    None => expand("~/.iac-code"),
-                };
-                (config_dir.join("agui"), true)
-            }
-        };
-
-        let dir_option = |flag: Option<String>, yaml: Option<Yaml>, err: &str| {
-            let v = match given(flag) {
-                Some(v) => Some(v),
-                None => yaml_string(yaml, err)?,
+        let dir = |opt, flag| Ok::<_, String>(l.get(opt, flag)?.map(|d: String| expand(&d)));
+        let state_dir = dir(&STATE_DIR, cli.state_dir)?;
+        let state_dir_is_default = state_dir.is_none();
+        let state_dir = state_dir.unwrap_or_else(|| {
+            let config_dir = match env("IAC_CODE_CONFIG_DIR").filter(|s| !s.trim().is_empty()) {
+                Some(c) => expand(&c),
+                None => expand("~/.iac-code"),
             };
-            Ok::<_, String>(v.map(|v| expand(&v)))
-        };
-        let kernel_backup_dir = dir_option(
-            cli.kernel_backup_dir,
-            file.kernel_backup_dir,
-            "--kernel-backup-dir must be a string.",
-        )?;
-        let kernel_persistence_dir = dir_option(
-            cli.kernel_persistence_dir,
-            file.kernel_persistence_dir,
-            "--kernel-persistence-dir must be a string.",
-        )?;
+            config_dir.join("agui")
+        });
+        let kernel_backup_dir = dir(&KERNEL_BACKUP_DIR, cli.kernel_backup_dir)?;
+        let kernel_persistence_dir = dir(&KERNEL_PERSISTENCE_DIR, cli.kernel_persistence_dir)?;
 
+        let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
         let allowed_cwds = env_nonempty("IAC_CODE_AGUI_ALLOWED_CWDS")
             .or_else(|| env_nonempty("IACCODE_A2A_ALLOWED_CWDS"));
         let temp_dir = ["TMPDIR", "TEMP", "TMP"]
@@ -484,23 +232,23 @@ impl Config {
             log_stdout,
             state_dir,
             state_dir_is_default,
-            idle_shutdown_secs,
-            interrupt_ttl_secs: ttl as u64,
+            idle_shutdown,
+            interrupt_ttl_secs,
             a2a_command,
-            shutdown_timeout_secs,
-            kernel_idle_timeout_secs,
+            shutdown_timeout,
+            kernel_idle_timeout,
             allowed_cwds,
             home,
             process_cwd,
             temp_dir,
             fallback_lang: Lang::server_fallback(env),
             cors_origins,
-            detach_grace_secs,
-            replay_buffer_bytes: replay_buffer as usize,
+            detach_grace,
+            replay_buffer_bytes,
             metrics_listen,
             log_format,
             state_url,
-            lease_ttl_secs,
+            lease_ttl,
             advertise_url,
             kernel_backup_dir,
             kernel_persistence_dir,
@@ -519,9 +267,87 @@ impl Config {
     /// Timeouts of the kernel client.
     pub fn kernel_timeouts(&self) -> a2a::Timeouts {
         a2a::Timeouts {
-            stream_idle: std::time::Duration::from_secs_f64(self.kernel_idle_timeout_secs.min(1e9)),
+            stream_idle: self.kernel_idle_timeout,
             ..a2a::Timeouts::default()
         }
+    }
+}
+
+/// A secret in `Debug`: whether it is set, never what it is.
+struct Hidden(bool);
+
+impl fmt::Debug for Hidden {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0 { "Some(***)" } else { "None" })
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Every field named, so that a new one is a compile error here until it is shown or
+        // hidden.
+        let Config {
+            host,
+            port,
+            a2a_url,
+            a2a_token,
+            auth_token,
+            debug,
+            log_stdout,
+            state_dir,
+            state_dir_is_default,
+            idle_shutdown,
+            interrupt_ttl_secs,
+            a2a_command,
+            shutdown_timeout,
+            kernel_idle_timeout,
+            allowed_cwds,
+            home,
+            process_cwd,
+            temp_dir,
+            fallback_lang,
+            cors_origins,
+            detach_grace,
+            replay_buffer_bytes,
+            metrics_listen,
+            log_format,
+            state_url,
+            lease_ttl,
+            advertise_url,
+            kernel_backup_dir,
+            kernel_persistence_dir,
+        } = self;
+        f.debug_struct("Config")
+            .field("host", host)
+            .field("port", port)
+            .field("a2a_url", a2a_url)
+            .field("a2a_token", &Hidden(a2a_token.is_some()))
+            .field("auth_token", &Hidden(auth_token.is_some()))
+            .field("debug", debug)
+            .field("log_stdout", log_stdout)
+            .field("state_dir", state_dir)
+            .field("state_dir_is_default", state_dir_is_default)
+            .field("idle_shutdown", idle_shutdown)
+            .field("interrupt_ttl_secs", interrupt_ttl_secs)
+            .field("a2a_command", a2a_command)
+            .field("shutdown_timeout", shutdown_timeout)
+            .field("kernel_idle_timeout", kernel_idle_timeout)
+            .field("allowed_cwds", allowed_cwds)
+            .field("home", home)
+            .field("process_cwd", process_cwd)
+            .field("temp_dir", temp_dir)
+            .field("fallback_lang", fallback_lang)
+            .field("cors_origins", cors_origins)
+            .field("detach_grace", detach_grace)
+            .field("replay_buffer_bytes", replay_buffer_bytes)
+            .field("metrics_listen", metrics_listen)
+            .field("log_format", log_format)
+            .field("state_url", &state_url.as_deref().map(urls::redacted))
+            .field("lease_ttl", lease_ttl)
+            .field("advertise_url", advertise_url)
+            .field("kernel_backup_dir", kernel_backup_dir)
+            .field("kernel_persistence_dir", kernel_persistence_dir)
+            .finish()
     }
 }
 
@@ -637,14 +463,23 @@ mod tests {
     #[test]
     fn detach_grace_and_replay_buffer() {
         let c = load(&[], &[]).unwrap();
-        assert_eq!((c.detach_grace_secs, c.replay_buffer_bytes), (0.0, 1048576));
+        assert_eq!(
+            (c.detach_grace, c.replay_buffer_bytes),
+            (Duration::ZERO, 1048576)
+        );
         let c = load(&["--detach-grace", "30", "--replay-buffer", "4096"], &[]).unwrap();
-        assert_eq!((c.detach_grace_secs, c.replay_buffer_bytes), (30.0, 4096));
+        assert_eq!(
+            (c.detach_grace, c.replay_buffer_bytes),
+            (Duration::from_secs(30), 4096)
+        );
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.yaml");
         std::fs::write(&p, "detach-grace: 2.5\nreplay_buffer: 100\n").unwrap();
         let c = load(&["--config", p.to_str().unwrap()], &[]).unwrap();
-        assert_eq!((c.detach_grace_secs, c.replay_buffer_bytes), (2.5, 100));
+        assert_eq!(
+            (c.detach_grace, c.replay_buffer_bytes),
+            (Duration::from_millis(2500), 100)
+        );
         for bad in [["--detach-grace", "-1"], ["--detach-grace", "x"]] {
             assert_eq!(
                 load(&bad, &[]).unwrap_err(),
@@ -661,7 +496,10 @@ mod tests {
 
     #[test]
     fn kernel_idle_timeout_flag_yaml_and_errors() {
-        assert_eq!(load(&[], &[]).unwrap().kernel_idle_timeout_secs, 60.0);
+        assert_eq!(
+            load(&[], &[]).unwrap().kernel_idle_timeout,
+            Duration::from_secs(60)
+        );
         assert_eq!(
             load(&[], &[]).unwrap().kernel_timeouts().stream_idle,
             std::time::Duration::from_secs(60)
@@ -678,7 +516,7 @@ mod tests {
             .is_zero());
         let f = yaml("kernel-idle-timeout: 7\n");
         let c = load(&["--config", f.path().to_str().unwrap()], &[]).unwrap();
-        assert_eq!(c.kernel_idle_timeout_secs, 7.0);
+        assert_eq!(c.kernel_idle_timeout, Duration::from_secs(7));
         for bad in ["-1", "x", "nan"] {
             assert_eq!(
                 load(&["--kernel-idle-timeout", bad], &[]).unwrap_err(),
@@ -698,7 +536,7 @@ mod tests {
     fn several_instances_options() {
         let c = load(&[], &[]).unwrap();
         assert_eq!(c.state_url, None);
-        assert_eq!(c.lease_ttl_secs, 15.0);
+        assert_eq!(c.lease_ttl, Duration::from_secs(15));
         assert_eq!(c.advertise_url, "http://127.0.0.1:8000/");
         assert_eq!(
             (c.kernel_backup_dir, c.kernel_persistence_dir),
@@ -724,7 +562,7 @@ mod tests {
             c.state_url.as_deref(),
             Some("postgres://agui@127.0.0.1:5432/agui")
         );
-        assert_eq!(c.lease_ttl_secs, 3.0);
+        assert_eq!(c.lease_ttl, Duration::from_secs(3));
         assert_eq!(c.advertise_url, "http://10.0.0.5:8000/");
         assert_eq!(
             c.kernel_backup_dir.as_deref(),
@@ -896,7 +734,7 @@ mod tests {
             "http://example.com",
             "127.0.0.1:80",
         ] {
-            assert_eq!(validate_a2a_url(bad).unwrap_err(), LOOPBACK_ERR, "{bad}");
+            assert_eq!(validate_a2a_url(bad).unwrap_err(), check::LOOPBACK, "{bad}");
         }
         assert_eq!(
             validate_a2a_url("http://[::1]:1/").unwrap(),
@@ -910,6 +748,34 @@ mod tests {
             validate_a2a_url("https://127.0.0.1:9/x//").unwrap(),
             "https://127.0.0.1:9/x/"
         );
+    }
+
+    #[test]
+    fn debug_shows_no_secret() {
+        let c = load(
+            &[
+                "--state-url",
+                "postgres://agui:pw-s3cret@127.0.0.1:5432/agui",
+            ],
+            &[
+                ("IAC_CODE_AGUI_AUTH_TOKEN", "auth-s3cret"),
+                ("IAC_CODE_AGUI_A2A_TOKEN", "kernel-s3cret"),
+            ],
+        )
+        .unwrap();
+        for shown in [format!("{c:?}"), format!("{c:#?}")] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(
+                shown.contains("postgres://agui:***@127.0.0.1:5432/agui"),
+                "{shown}"
+            );
+        }
+        let shown = format!("{c:?}");
+        assert!(shown.contains("auth_token: Some(***)"), "{shown}");
+        assert!(shown.contains("a2a_token: Some(***)"), "{shown}");
+        let shown = format!("{:?}", load(&[], &[]).unwrap());
+        assert!(shown.contains("auth_token: None, "), "{shown}");
+        assert!(shown.contains("state_url: None, "), "{shown}");
     }
 
     #[test]

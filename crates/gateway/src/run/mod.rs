@@ -166,7 +166,7 @@ impl Runtime {
 
     /// How long a run goes on without a client (zero: a disconnect ends it).
     pub fn detach_grace(&self) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.cfg.detach_grace_secs)
+        self.cfg.detach_grace
     }
 
     /// Records activity now (idle shutdown).

@@ -169,13 +169,13 @@ impl Builder {
             cfg.a2a_token = token.clone();
         }
         if let Some(d) = self.kernel_idle {
-            cfg.kernel_idle_timeout_secs = d.as_secs_f64();
+            cfg.kernel_idle_timeout = d;
         }
         if let Some(t) = self.ttl {
             cfg.interrupt_ttl_secs = t;
         }
         if let Some(g) = self.detach_grace {
-            cfg.detach_grace_secs = g.as_secs_f64();
+            cfg.detach_grace = g;
         }
         if let Some(b) = self.replay_buffer {
             cfg.replay_buffer_bytes = b;

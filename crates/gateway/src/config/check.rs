@@ -1,0 +1,229 @@
+//! The checks of the options' values once their layers have given them: pure functions, each
+//! with the message of the option it checks.
+
+use std::time::Duration;
+
+use super::urls;
+use super::LogFormat;
+
+pub(super) const PORT: &str = "--port must be between 1 and 65535.";
+pub(super) const INTERRUPT_TTL: &str = "--interrupt-ttl must be a non-negative integer.";
+pub(super) const REPLAY_BUFFER: &str = "--replay-buffer must be a positive integer (bytes).";
+pub(super) const METRICS_LISTEN: &str = "--metrics-listen must be HOST:PORT.";
+pub(super) const LOG_FORMAT: &str = "--log-format must be text or json.";
+pub(super) const STATE_URL: &str = "--state-url must be a postgres:// URL.";
+pub(super) const LEASE_TTL: &str = "--lease-ttl must be a number of seconds, at least 1.";
+pub(super) const ADVERTISE_URL: &str = "--advertise-url must be an http:// URL.";
+const ADVERTISE_NEEDED: &str =
+    "--advertise-url is needed with --state-url when --host is a wildcard address.";
+pub(super) const LOOPBACK: &str =
+    "The AG-UI adapter may connect only to a loopback A2A HTTP(S) URL.";
+
+/// The longest duration an option gives, about 31 years: longer is forever in practice, and a
+/// deadline that far would overflow.
+const LONGEST_SECS: f64 = 1e9;
+
+pub(super) fn port(p: i64) -> Result<u16, String> {
+    u16::try_from(p)
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| PORT.to_owned())
+}
+
+fn non_negative(v: f64, err: &str) -> Result<f64, String> {
+    (v >= 0.0 && v.is_finite())
+        .then_some(v)
+        .ok_or_else(|| err.to_owned())
+}
+
+/// A non-negative number of seconds.
+pub(super) fn seconds(v: f64, err: &str) -> Result<Duration, String> {
+    let v = non_negative(v, err)?;
+    Ok(Duration::from_secs_f64(v.min(LONGEST_SECS)))
+}
+
+pub(super) fn interrupt_ttl(v: f64) -> Result<u64, String> {
+    let v = non_negative(v, INTERRUPT_TTL)?;
+    if v.fract() != 0.0 {
+        return Err(INTERRUPT_TTL.into());
+    }
+    Ok(v as u64)
+}
+
+pub(super) fn replay_buffer(v: f64) -> Result<usize, String> {
+    let v = non_negative(v, REPLAY_BUFFER)?;
+    if v < 1.0 || v.fract() != 0.0 || v > 1e12 {
+        return Err(REPLAY_BUFFER.into());
+    }
+    Ok(v as usize)
+}
+
+pub(super) fn lease_ttl(v: f64) -> Result<Duration, String> {
+    let v = non_negative(v, LEASE_TTL)?;
+    if !(1.0..=86400.0).contains(&v) {
+        return Err(LEASE_TTL.into());
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// A loopback http(s) URL of a kernel (host `127.0.0.1`, `::1` or `localhost`), normalised to
+/// one trailing `/`.
+pub fn a2a_url(url: &str) -> Result<String, String> {
+    let loopback = urls::parse(url).is_some_and(|u| urls::is_http(&u) && urls::is_kernel_host(&u));
+    if !loopback {
+        return Err(LOOPBACK.into());
+    }
+    Ok(format!("{}/", url.trim().trim_end_matches('/')))
+}
+
+/// `HOST:PORT` (a name or an address; `[v6]:port`), port 0..=65535.
+pub(super) fn listen_address(v: &str) -> Result<String, String> {
+    let err = || METRICS_LISTEN.to_owned();
+    let v = v.trim();
+    let (host, port) = v.rsplit_once(':').ok_or_else(err)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(err());
+    }
+    Ok(v.to_owned())
+}
+
+pub(super) fn log_format(v: Option<&str>) -> Result<LogFormat, String> {
+    match v.map(str::trim) {
+        None => Ok(LogFormat::Text),
+        Some(f) if f.eq_ignore_ascii_case("text") => Ok(LogFormat::Text),
+        Some(f) if f.eq_ignore_ascii_case("json") => Ok(LogFormat::Json),
+        Some(_) => Err(LOG_FORMAT.into()),
+    }
+}
+
+/// A `postgres://` (or `postgresql://`) URL the PostgreSQL client takes.
+pub(super) fn state_url(u: &str) -> Result<(), String> {
+    let postgres = u.starts_with("postgres://") || u.starts_with("postgresql://");
+    if !postgres || u.parse::<tokio_postgres::Config>().is_err() {
+        return Err(STATE_URL.into());
+    }
+    Ok(())
+}
+
+/// The URL other instances reach this one at: the given one (plain `http://`, normalised to one
+/// trailing `/`), else the bound host and port (a wildcard host has no address to give: empty).
+pub(super) fn advertise(given: Option<&str>, host: &str, port: u16) -> Result<String, String> {
+    if let Some(u) = given {
+        let http = urls::parse(u).is_some_and(|u| u.scheme() == "http");
+        if !http {
+            return Err(ADVERTISE_URL.into());
+        }
+        return Ok(format!("{}/", u.trim().trim_end_matches('/')));
+    }
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    let wildcard = h
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|a| a.is_unspecified());
+    if wildcard {
+        return Ok(String::new());
+    }
+    let h = if h.contains(':') {
+        format!("[{h}]")
+    } else {
+        h.to_owned()
+    };
+    Ok(format!("http://{h}:{port}/"))
+}
+
+/// Several instances forward to each other: one on a wildcard host must say where.
+pub(super) fn advertised(state_url: Option<&str>, advertise_url: &str) -> Result<(), String> {
+    if state_url.is_some() && advertise_url.is_empty() {
+        return Err(ADVERTISE_NEEDED.into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers() {
+        assert_eq!(port(8000), Ok(8000));
+        for bad in [0, -1, 65536] {
+            assert_eq!(port(bad), Err(PORT.to_owned()));
+        }
+        assert_eq!(seconds(2.5, "e"), Ok(Duration::from_millis(2500)));
+        assert_eq!(seconds(1e300, "e"), Ok(Duration::from_secs(1_000_000_000)));
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(seconds(bad, "e"), Err("e".to_owned()));
+        }
+        assert_eq!(interrupt_ttl(0.0), Ok(0));
+        assert_eq!(interrupt_ttl(1.5), Err(INTERRUPT_TTL.to_owned()));
+        assert_eq!(replay_buffer(1.0), Ok(1));
+        for bad in [0.0, 1.5, 2e12] {
+            assert_eq!(replay_buffer(bad), Err(REPLAY_BUFFER.to_owned()));
+        }
+        assert_eq!(lease_ttl(86400.0), Ok(Duration::from_secs(86400)));
+        for bad in [0.5, 86401.0] {
+            assert_eq!(lease_ttl(bad), Err(LEASE_TTL.to_owned()));
+        }
+    }
+
+    #[test]
+    fn a_kernel_url_is_loopback_and_kept_as_written() {
+        for bad in [
+            "http://10.0.0.1:41242/",
+            "ftp://127.0.0.1/",
+            "http://example.com",
+            "127.0.0.1:80",
+            "http:127.0.0.1",
+            "http://127.0.0.1@example.com/",
+            "http://127.0.0.1:99999/",
+            "",
+        ] {
+            assert_eq!(a2a_url(bad), Err(LOOPBACK.to_owned()), "{bad}");
+        }
+        assert_eq!(a2a_url("http://[::1]:1/").unwrap(), "http://[::1]:1/");
+        assert_eq!(
+            a2a_url("http://LOCALHOST:1").unwrap(),
+            "http://LOCALHOST:1/"
+        );
+        assert_eq!(
+            a2a_url(" HTTPS://127.0.0.1:9/x// ").unwrap(),
+            "HTTPS://127.0.0.1:9/x/"
+        );
+    }
+
+    #[test]
+    fn the_advertised_url() {
+        assert_eq!(
+            advertise(Some(" http://10.0.0.5:8000 "), "h", 1).unwrap(),
+            "http://10.0.0.5:8000/"
+        );
+        for bad in ["https://a", "nope", "http:a", ""] {
+            assert_eq!(
+                advertise(Some(bad), "h", 1),
+                Err(ADVERTISE_URL.to_owned()),
+                "{bad}"
+            );
+        }
+        assert_eq!(advertise(None, "::1", 9).unwrap(), "http://[::1]:9/");
+        assert_eq!(advertise(None, "[::]", 9).unwrap(), "");
+        assert_eq!(advertise(None, "0.0.0.0", 9).unwrap(), "");
+        assert_eq!(advertise(None, "gw", 9).unwrap(), "http://gw:9/");
+        assert!(advertised(Some("postgres://h/db"), "").is_err());
+        assert!(advertised(None, "").is_ok());
+    }
+
+    #[test]
+    fn listen_addresses_formats_and_state_urls() {
+        assert_eq!(listen_address(" [::1]:0 ").unwrap(), "[::1]:0");
+        for bad in ["9464", ":9464", "localhost:x", "h:70000"] {
+            assert_eq!(listen_address(bad), Err(METRICS_LISTEN.to_owned()));
+        }
+        assert_eq!(log_format(None), Ok(LogFormat::Text));
+        assert_eq!(log_format(Some(" JSON ")), Ok(LogFormat::Json));
+        assert_eq!(log_format(Some("xml")), Err(LOG_FORMAT.to_owned()));
+        assert!(state_url("postgresql://u@h:5432/db").is_ok());
+        for bad in ["mysql://x", "postgres://h:notaport/db"] {
+            assert_eq!(state_url(bad), Err(STATE_URL.to_owned()));
+        }
+    }
+}
