@@ -188,6 +188,7 @@ pub mod msg {
         EXECUTION_NOT_FOUND = "The execution was not found.";
         TOOLS_UNSUPPORTED = "Client-provided tools are not supported.";
         CWD_NOT_ABSOLUTE = "The iac-code workspace must be an absolute path.";
+        CWD_NOT_EXPANDED = "The iac-code workspace must be written out: ~ and $ are not expanded.";
         CWD_INVALID = "The iac-code workspace is invalid.";
         CWD_OUTSIDE_ROOTS = "The iac-code workspace is outside the allowed roots.";
         CWD_NOT_DIR = "The iac-code workspace is not a directory.";

@@ -500,8 +500,7 @@ async fn prepare(
     // Workspace checks and image decoding run off the runtime. The workspace is created only
     // once every check has passed: a refused request leaves nothing behind.
     let (cwd, user_message) = tokio::task::spawn_blocking(move || {
-        let env = rt2.env().clone();
-        let workspace = cwd::resolve(&raw_cwd, rt2.cfg(), &*env)?;
+        let workspace = cwd::resolve(&raw_cwd, rt2.cfg())?;
         if tools_len > 0 {
             return Err(ApiError::new(Code::InvalidInput, msg::TOOLS_UNSUPPORTED));
         }

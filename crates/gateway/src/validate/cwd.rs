@@ -47,21 +47,26 @@ impl Workspace {
     }
 }
 
-/// Resolves and checks `raw` without changing anything. Blocking I/O: call it off the async
-/// runtime.
-pub fn resolve(
-    raw: &str,
-    cfg: &Config,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Workspace, ApiError> {
-    if raw.is_empty() {
+/// Whether a client's workspace asks for an expansion: `~` (a home directory) at its start, or
+/// `$` (a variable) anywhere. The gateway expands neither in request data: the values would come
+/// from its own environment, and the binding (`GET /threads/{threadId}`) and the directory's name
+/// would show them to the client (a secret in `$IAC_CODE_API_KEY`, a password in the state URL).
+/// Operator configuration (`--state-dir`, the allowed roots) keeps its expansion.
+pub fn asks_for_expansion(raw: &str) -> bool {
+    raw.starts_with('~') || raw.contains('$')
+}
+
+/// Resolves and checks a client's `raw` workspace without changing anything: written out in
+/// full (nothing is expanded), absolute, under an allowed root after symlinks. Blocking I/O:
+/// call it off the async runtime.
+pub fn resolve(raw: &str, cfg: &Config) -> Result<Workspace, ApiError> {
+    if asks_for_expansion(raw) {
+        return Err(err(msg::CWD_NOT_EXPANDED));
+    }
+    if raw.is_empty() || !Path::new(raw).is_absolute() {
         return Err(err(msg::CWD_NOT_ABSOLUTE));
     }
-    let user = paths::expand_user(raw, cfg.home.as_deref());
-    if !Path::new(&user).is_absolute() {
-        return Err(err(msg::CWD_NOT_ABSOLUTE));
-    }
-    let logical = paths::normalize(Path::new(&paths::expand_vars(&user, env)));
+    let logical = paths::normalize(Path::new(raw));
     let resolved = paths::resolve(&logical).map_err(|_| err(msg::CWD_INVALID))?;
     let roots = allowed_roots(cfg);
     if !roots.iter().any(|r| resolved.starts_with(r)) {
@@ -108,16 +113,29 @@ mod tests {
         std::os::unix::fs::symlink("/etc", root.join("ws/escape")).unwrap();
         std::os::unix::fs::symlink(root.join("ws/a"), root.join("ws/alias")).unwrap();
         let c = cfg(&root);
-        let env = |k: &str| (k == "W").then(|| root.join("ws").to_str().unwrap().to_owned());
         let ws = root.join("ws");
-        let r = |s: &str| resolve(s, &c, &env).and_then(Workspace::create);
+        let r = |s: &str| resolve(s, &c).and_then(Workspace::create);
         assert_eq!(r(ws.join("a").to_str().unwrap()).unwrap(), ws.join("a"));
         assert_eq!(
             r(&format!("{}/a/../a/", ws.display())).unwrap(),
             ws.join("a")
         );
         assert_eq!(r(ws.join("alias").to_str().unwrap()).unwrap(), ws.join("a"));
-        assert_eq!(r("$W/a").unwrap_err().message, msg::CWD_NOT_ABSOLUTE);
+        // Nothing of the gateway's environment is expanded into request data.
+        for asks in [
+            "$W/a",
+            "~/a",
+            "~",
+            "~u/a",
+            &format!("{}/${{HOME}}", ws.display()),
+        ] {
+            assert_eq!(
+                r(asks).unwrap_err().message,
+                msg::CWD_NOT_EXPANDED,
+                "{asks}"
+            );
+        }
+        assert!(!root.join("ws/${HOME}").exists());
         assert_eq!(r("relative/x").unwrap_err().message, msg::CWD_NOT_ABSOLUTE);
         assert_eq!(r("").unwrap_err().message, msg::CWD_NOT_ABSOLUTE);
         assert_eq!(r("/etc").unwrap_err().message, msg::CWD_OUTSIDE_ROOTS);
@@ -130,7 +148,7 @@ mod tests {
             msg::CWD_NOT_DIR
         );
         let deep = ws.join("new/deep/dir");
-        let checked = resolve(deep.to_str().unwrap(), &c, &env).unwrap();
+        let checked = resolve(deep.to_str().unwrap(), &c).unwrap();
         assert!(!deep.exists(), "checking creates nothing");
         assert_eq!(checked.create().unwrap(), deep);
         assert!(deep.is_dir());

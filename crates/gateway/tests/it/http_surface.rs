@@ -1233,3 +1233,64 @@ async fn orphaned_execution_is_cancelled_before_a_new_turn() {
         .iter()
         .any(|e| e == "99b26448-45d9-478e-b29a-21724fefb8e7"));
 }
+
+/// Every file and folder name under `dir`, and every file's text.
+fn everything_under(dir: &std::path::Path, out: &mut String) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = e.path();
+        out.push_str(&path.to_string_lossy());
+        out.push('\n');
+        if path.is_dir() {
+            everything_under(&path, out);
+        } else if let Ok(text) = std::fs::read(&path) {
+            out.push_str(&String::from_utf8_lossy(&text));
+        }
+    }
+}
+
+/// A client's workspace is never expanded with the gateway's environment: `~` or `$` in it is a
+/// 400 of its own, before anything is bound, created or sent, and the secret shows up nowhere.
+#[tokio::test]
+async fn a_workspace_asking_for_an_expansion_is_refused_and_leaks_nothing() {
+    let k = FakeKernel::start().await;
+    let secret = "sk-gateway-secret-4711";
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .env("IAC_CODE_API_KEY", secret)
+        .start()
+        .await;
+    let ws = s.ws("w");
+    for cwd in [
+        format!("{ws}/${{IAC_CODE_API_KEY}}"),
+        format!("{ws}/$IAC_CODE_API_KEY/x"),
+        "~/w".to_owned(),
+        "~".to_owned(),
+    ] {
+        let res = post(&s.url, &body("t-exp", "r1", "hi", &cwd, json!({})), &[]).await;
+        assert_eq!(res.status, 400, "{cwd}: {}", res.raw);
+        let e = res.json.as_ref().expect("a JSON error");
+        assert_eq!(e["error"]["code"], "INVALID_INPUT");
+        assert_eq!(
+            e["error"]["message"],
+            "The iac-code workspace must be written out: ~ and $ are not expanded."
+        );
+        assert!(!res.raw.contains(secret));
+    }
+    // Nothing was bound (the thread does not exist), nothing reached the kernel, and no file or
+    // folder name or content holds the secret.
+    let thread = client()
+        .get(format!("{}threads/t-exp", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(thread.status(), 404);
+    assert!(k.requests().is_empty());
+    let mut seen = String::new();
+    everything_under(std::path::Path::new(&ws).parent().unwrap(), &mut seen);
+    everything_under(&s.state_dir(), &mut seen);
+    assert!(!seen.contains(secret));
+    assert!(
+        !seen.contains("${"),
+        "no folder was made with the literal text either"
+    );
+}
