@@ -406,15 +406,19 @@ impl Mapper {
             !self.seen_messages.contains(id) && self.seen_messages.insert(id.to_owned());
         let mut accumulated_prefix = String::new();
         if first_sight && !self.text_digests.is_empty() {
-            // Resume replay trimming: skip the longest prefix whose digest was recorded.
+            // Resume replay trimming: skip the longest prefix whose digest was recorded. One
+            // running hash, finished at every character boundary: linear in the text (hashing
+            // each prefix afresh was quadratic, seconds of CPU for a long first chunk).
             let mut best = 0;
-            for (i, _) in text
-                .char_indices()
-                .skip(1)
-                .chain(std::iter::once((text.len(), ' ')))
-            {
-                if self.text_digests.contains(&sha256_hex(&text[..i])) {
-                    best = i;
+            let mut running = Sha256::new();
+            for (i, c) in text.char_indices() {
+                let end = i + c.len_utf8();
+                running.update(&text.as_bytes()[i..end]);
+                if self
+                    .text_digests
+                    .contains(&hex::encode(running.clone().finalize()))
+                {
+                    best = end;
                 }
             }
             accumulated_prefix = text[..best].to_owned();

@@ -491,6 +491,63 @@ fn replayed_prefix_is_trimmed_after_resume() {
 }
 
 #[test]
+fn the_longest_recorded_prefix_is_trimmed_at_character_boundaries() {
+    // Digests of a shorter and a longer prefix (the longer wins), one ending inside no character.
+    let text = "héllo wörld, and more";
+    let mut m = Mapper::new(
+        "r2",
+        [
+            sha256_hex("hé"),
+            sha256_hex("héllo wö"),
+            sha256_hex("nothing"),
+        ]
+        .into(),
+        "t1",
+    );
+    let mut out = Vec::new();
+    m.map_item(&text_item(text), &mut out);
+    assert_eq!(
+        out[1],
+        Event::TextMessageContent {
+            message_id: "m-a".into(),
+            delta: "rld, and more".into()
+        }
+    );
+    // The whole text recorded: nothing is shown again.
+    let mut m = Mapper::new("r2", [sha256_hex(text)].into(), "t1");
+    let mut out = Vec::new();
+    m.map_item(&text_item(text), &mut out);
+    assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
+fn trimming_a_long_first_text_is_linear() {
+    // 150,000 characters: hashing every prefix afresh is about 10^10 bytes (about 9 s here); one
+    // running hash is well under a second even in a debug build.
+    let long = "x".repeat(150_000);
+    let mut m = Mapper::new("r2", [sha256_hex(&long[..100_000])].into(), "t1");
+    let mut out = Vec::new();
+    let started = std::time::Instant::now();
+    m.map_item(&text_item(&long), &mut out);
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        out[1],
+        Event::TextMessageContent {
+            message_id: "m-a".into(),
+            delta: "x".repeat(50_000)
+        }
+    );
+}
+
+fn text_item(t: &str) -> Value {
+    text(t, "m-a", json!({}))
+}
+
+#[test]
 fn session_id_sources() {
     let m = json!({"pipelineBatch":{"events":[{"x":1},{"iacCodeSessionId":"S2"}]}});
     assert_eq!(session_id(m.as_object().unwrap()), Some("S2"));
