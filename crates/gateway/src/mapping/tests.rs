@@ -522,7 +522,7 @@ fn the_longest_recorded_prefix_is_trimmed_at_character_boundaries() {
 
 #[test]
 fn trimming_a_long_first_text_is_linear() {
-    // 150,000 characters: hashing every prefix afresh is about 10^10 bytes (about 9 s here); one
+    // 150,000 characters: hashing every prefix afresh is about 10^10 bytes (several seconds); one
     // running hash is well under a second even in a debug build.
     let long = "x".repeat(150_000);
     let mut m = Mapper::new("r2", [sha256_hex(&long[..100_000])].into(), "t1");
