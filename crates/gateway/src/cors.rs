@@ -91,17 +91,26 @@ impl Origins {
         Some(r)
     }
 
-    /// Adds the CORS headers of an allowed origin to an answer (a preflight answer has them).
+    /// Decorates an answer: every answer varies by `Origin` (a cache must not serve one origin's
+    /// answer, or an answer without CORS headers, to another), and an allowed origin is echoed
+    /// (a preflight answer has its headers already).
     pub fn decorate(&self, request: &HeaderMap, response: &mut Response) {
+        let h = response.headers_mut();
+        let varies = h.get_all(header::VARY).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|p| p.trim().eq_ignore_ascii_case("origin"))
+            })
+        });
+        if !varies {
+            h.append(header::VARY, HeaderValue::from_static("Origin"));
+        }
         let Some(origin) = self.matching(request) else {
             return;
         };
-        let h = response.headers_mut();
-        if h.contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN) {
-            return;
+        if !h.contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN) {
+            h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
         }
-        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
-        h.append(header::VARY, HeaderValue::from_static("Origin"));
     }
 }
 
@@ -249,10 +258,12 @@ mod tests {
             assert!(
                 r.headers()
                     .keys()
-                    .all(|k| !k.as_str().starts_with("access-control") && k != header::VARY),
+                    .all(|k| !k.as_str().starts_with("access-control")),
                 "{h:?}: {:?}",
                 r.headers()
             );
+            // Still an answer that varies by origin: no cache hands it to an allowed one.
+            assert_eq!(r.headers()[header::VARY], "Origin", "{h:?}");
         }
         let h = req(&[
             ("origin", "http://page.test:3000"),
@@ -275,5 +286,13 @@ mod tests {
         );
         let vary: Vec<_> = r.headers().get_all(header::VARY).iter().collect();
         assert_eq!(vary, ["Accept-Language", "Origin"]);
+        // An answer that varies by origin already (a preflight's) is not told twice.
+        let mut r = Response::new(axum::body::Body::empty());
+        r.headers_mut().insert(
+            header::VARY,
+            HeaderValue::from_static("Origin, Access-Control-Request-Method"),
+        );
+        o.decorate(&req(&[("origin", "https://b.test")]), &mut r);
+        assert_eq!(r.headers().get_all(header::VARY).iter().count(), 1);
     }
 }

@@ -60,6 +60,7 @@ pub fn router(state: AppState) -> Router {
         )
         .fallback(not_found)
         .with_state(state)
+        .layer(axum::middleware::map_response(no_store_json))
         // The access line and the HTTP counters see every answer, CORS headers included.
         .layer(axum::middleware::from_fn(move |req, next| {
             telemetry::access::layer(metrics.clone(), req, next)
@@ -75,15 +76,30 @@ pub fn router(state: AppState) -> Router {
             async move {
                 let origin = req.headers().get(header::ORIGIN).cloned();
                 let mut response = next.run(req).await;
+                let mut h = HeaderMap::new();
                 if let Some(origin) = origin {
-                    let mut h = HeaderMap::new();
                     h.insert(header::ORIGIN, origin);
-                    cors.decorate(&h, &mut response);
                 }
+                cors.decorate(&h, &mut response);
                 response
             }
         },
     ))
+}
+
+/// A JSON answer (an error, a thread's state, a cancellation, `/health`) is about one moment and
+/// may carry a thread's binding: no cache keeps it.
+async fn no_store_json(mut response: Response) -> Response {
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if json {
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
 }
 
 /// The checks of the GET routes: preflight, method, bearer token. Returns the header language.

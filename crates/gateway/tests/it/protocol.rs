@@ -224,12 +224,16 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
+/// The CORS headers of an answer, by name.
 fn cors_headers(r: &reqwest::Response) -> Vec<(String, String)> {
-    r.headers()
+    let mut h: Vec<(String, String)> = r
+        .headers()
         .iter()
         .filter(|(k, _)| k.as_str().starts_with("access-control-") || k.as_str() == "vary")
         .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
-        .collect()
+        .collect();
+    h.sort();
+    h
 }
 
 #[tokio::test]
@@ -279,7 +283,7 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
         .await
         .unwrap();
     assert_eq!(r.status(), 405);
-    assert!(cors_headers(&r).is_empty(), "{:?}", cors_headers(&r));
+    assert_eq!(cors_headers(&r), vary_only(), "{:?}", cors_headers(&r));
     // The actual request: authentication is unchanged, and its answer carries the CORS headers
     // of the allowed origin (the page can read the error).
     let b = body("c1", "r1", "hello", &s.ws("c1"), json!({}));
@@ -303,7 +307,7 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401);
-    assert!(cors_headers(&r).is_empty());
+    assert_eq!(cors_headers(&r), vary_only());
     // A stream to the allowed origin, and a stream to another origin (judged as before: it
     // runs, without CORS headers, and the browser keeps it from the page).
     for (origin, thread) in [(PAGE, "c1"), ("http://evil.test", "c2")] {
@@ -332,7 +336,7 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
                 ]
             );
         } else {
-            assert!(h.is_empty(), "{h:?}");
+            assert_eq!(h, vary_only());
         }
         assert!(r.text().await.unwrap().contains("RUN_FINISHED"));
     }
@@ -347,6 +351,71 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
         r.headers()["access-control-allow-origin"],
         "https://app.example.com"
     );
+    // An answer to a request without an origin varies by it too: a cache in front of the
+    // gateway never hands it to a page.
+    let r = client()
+        .get(format!("{}health", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cors_headers(&r), vary_only());
+}
+
+/// The CORS headers of an answer to an origin that is not allowed (or to no origin).
+fn vary_only() -> Vec<(String, String)> {
+    vec![("vary".to_owned(), "Origin".to_owned())]
+}
+
+/// JSON answers (errors, `/health`, a thread's state, a cancellation) are never cached; event
+/// streams keep `no-cache`.
+#[tokio::test]
+async fn json_answers_are_not_stored_by_caches() {
+    let (s, k) = setup().await;
+    let no_store = |r: &reqwest::Response| {
+        r.headers()
+            .get("cache-control")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let health = client()
+        .get(format!("{}health", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_store(&health).as_deref(), Some("no-store"));
+    let missing = client()
+        .get(format!("{}threads/nope", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(no_store(&missing).as_deref(), Some("no-store"));
+    let bad = client()
+        .post(&s.url)
+        .header("content-type", "application/json")
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    assert_eq!(no_store(&bad).as_deref(), Some("no-store"));
+    k.on("SendStreamingMessage", script("j1", "TASK_STATE_COMPLETED"));
+    let b = body("j1", "r1", "hello", &s.ws("j1"), json!({}));
+    let run = client()
+        .post(&s.url)
+        .header("content-type", "application/json")
+        .body(b.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_store(&run).as_deref(), Some("no-cache"));
+    assert!(run.text().await.unwrap().contains("RUN_FINISHED"));
+    let thread = client()
+        .get(format!("{}threads/j1", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(thread.status(), 200);
+    assert_eq!(no_store(&thread).as_deref(), Some("no-store"));
 }
 
 #[tokio::test]
