@@ -270,9 +270,18 @@ fn method_not_allowed(allow: &'static str) -> Response {
     r
 }
 
-async fn health(State(s): State<AppState>, method: Method) -> Response {
+async fn health(State(s): State<AppState>, method: Method, headers: HeaderMap) -> Response {
     if method != Method::GET && method != Method::HEAD {
         return method_not_allowed("GET, HEAD");
+    }
+    let mut kernel = s.rt.kernel().health();
+    if !authorized(&s.rt, &headers) {
+        // `/health` answers anyone (probes carry no token): what the process is and where its
+        // kernel came from (its pid, a start failure naming the command) only its callers see.
+        if let Some(k) = kernel.as_object_mut() {
+            k.remove("pid");
+            k.remove("error");
+        }
     }
     let body = json!({
         "status": "ok",
@@ -283,7 +292,7 @@ async fn health(State(s): State<AppState>, method: Method) -> Response {
         "protocolVersions": agui::SUPPORTED_VERSIONS,
         "executionKernel": "a2a-1.0",
         "serverVersion": env!("CARGO_PKG_VERSION"),
-        "kernel": s.rt.kernel().health(),
+        "kernel": kernel,
     });
     // HEAD: the server sends the head only, with the length GET would have.
     let bytes = serde_json::to_vec(&body).expect("health serialises");

@@ -1294,3 +1294,64 @@ async fn a_workspace_asking_for_an_expansion_is_refused_and_leaks_nothing() {
         "no folder was made with the literal text either"
     );
 }
+
+/// `/health` answers anyone, but the kernel's pid and a start failure (which names the command)
+/// only an authenticated caller when a token is configured.
+#[tokio::test]
+async fn health_shows_the_kernels_process_to_callers_only() {
+    use iac_code_agui::kernel::{ChildSpec, Kernel, Launch};
+    let spec = |program: &str| ChildSpec {
+        launch: Launch::new(program),
+        ready_timeout: Duration::from_secs(60),
+        timeouts: Default::default(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stub = dir.path().join("kernel-that-never-answers.sh");
+    std::fs::write(&stub, "#!/bin/sh\nexec sleep 30\n").unwrap();
+    std::fs::set_permissions(&stub, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let get = |url: String, token: Option<&'static str>| async move {
+        let mut r = client().get(url);
+        if let Some(t) = token {
+            r = r.header("authorization", format!("Bearer {t}"));
+        }
+        let text = r.send().await.unwrap().text().await.unwrap();
+        serde_json::from_str::<Value>(&text).unwrap()["kernel"].clone()
+    };
+    // A kernel that is starting has a pid.
+    let starting = Kernel::managed(spec(stub.to_str().unwrap()), None);
+    let s = Builder::new()
+        .auth("tok")
+        .kernel(starting.clone())
+        .start()
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(format!("{}health", s.url), Some("tok")).await["pid"].is_null() {
+        assert!(Instant::now() < deadline, "the stub kernel never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let anyone = get(format!("{}health", s.url), None).await;
+    assert_eq!(anyone["state"], "starting");
+    assert!(anyone.get("pid").is_none(), "{anyone}");
+    starting.stop().await;
+    // A kernel that cannot start: its error names the command.
+    let missing = "/nonexistent/secret-install-path/iac-code";
+    let failed = Kernel::managed(spec(missing), None);
+    let s = Builder::new()
+        .auth("tok")
+        .kernel(failed.clone())
+        .start()
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let k = get(format!("{}health", s.url), Some("tok")).await;
+        if k["error"].is_string() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{k}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let anyone = get(format!("{}health", s.url), None).await;
+    assert!(anyone.get("error").is_none(), "{anyone}");
+    assert!(!anyone.to_string().contains("secret-install-path"));
+    failed.stop().await;
+}
