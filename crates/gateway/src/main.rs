@@ -83,6 +83,15 @@ fn main() {
             tracing::info!(addr = %a, "metrics listening");
         }
         tracing::info!(%addr, "iac-code-agui listening");
+        if !state.rt.cfg().has_auth() {
+            // No bearer token: whoever reaches the listener may use every route.
+            let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
+            if loopback {
+                tracing::info!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN): any local process may use the gateway");
+            } else {
+                tracing::warn!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN) on a non-loopback address: anyone who reaches it may use the gateway");
+            }
+        }
         let code = match app::serve_with_admin(listener, admin, state, shutdown_signal()).await {
             Ok(()) => 0,
             Err(e) => {

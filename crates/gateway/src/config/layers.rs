@@ -3,7 +3,8 @@
 //! - An option with a flag: the flag, or its environment variable, which clap reads where the
 //!   flag is absent (either counts as unset when empty); else the YAML file's key; else the
 //!   option's default.
-//! - A token: no flag; its variable, where an empty one switches the token off; else YAML.
+//! - A token: no flag; its variable (an empty one counts as unset, as for every option, so an
+//!   empty variable never silently switches a configured token off); else YAML.
 //!
 //! YAML values are never coerced: an option's [`Kind`] says which YAML type it takes, and any
 //! other is that option's message.
@@ -248,10 +249,10 @@ impl Layers<'_> {
         }
     }
 
-    /// A token: its variable `var`, even empty (an empty one switches the token off), else the
-    /// YAML key, a string. An empty token is none.
+    /// A token: its variable `var` unless empty, else the YAML key, a string. An empty token is
+    /// none.
     pub(super) fn token(&self, opt: &Opt<Text>, var: &str) -> Result<Option<String>, String> {
-        let token = match (self.env)(var) {
+        let token = match (self.env)(var).filter(|v| !v.is_empty()) {
             Some(v) => v,
             None => match self.file.get(opt.key) {
                 None => return Ok(None),
@@ -425,12 +426,14 @@ mod tests {
     }
 
     #[test]
-    fn a_token_is_its_variable_even_empty_else_yaml() {
+    fn a_token_is_its_variable_unless_empty_else_yaml() {
         let get = |yaml: &str, env: &[(&str, &str)]| {
             with(yaml, env, |l| l.token(&Opt::new("t", ERR), "T"))
         };
         assert_eq!(get("t: y\n", &[("T", "e")]), Ok(s("e")));
-        assert_eq!(get("t: y\n", &[("T", "")]), Ok(None));
+        // An empty variable counts as unset: it does not switch the YAML token off.
+        assert_eq!(get("t: y\n", &[("T", "")]), Ok(s("y")));
+        assert_eq!(get("", &[("T", "")]), Ok(None));
         assert_eq!(get("t: y\n", &[]), Ok(s("y")));
         assert_eq!(get("t: \"\"\n", &[]), Ok(None));
         assert_eq!(get("", &[]), Ok(None));

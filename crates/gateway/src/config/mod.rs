@@ -264,6 +264,11 @@ impl Config {
         c
     }
 
+    /// Whether callers must present the bearer token.
+    pub fn has_auth(&self) -> bool {
+        self.auth_token.as_deref().is_some_and(|t| !t.is_empty())
+    }
+
     /// Timeouts of the kernel client.
     pub fn kernel_timeouts(&self) -> a2a::Timeouts {
         a2a::Timeouts {
@@ -677,9 +682,9 @@ mod tests {
         assert_eq!(c.auth_token.as_deref(), Some("t"));
         let c = load(&["--config", p], &[("IAC_CODE_AGUI_AUTH_TOKEN", "e")]).unwrap();
         assert_eq!(c.auth_token.as_deref(), Some("e"));
-        // An empty token variable switches the YAML token off.
+        // An empty token variable counts as unset: the YAML token stays.
         let c = load(&["--config", p], &[("IAC_CODE_AGUI_AUTH_TOKEN", "")]).unwrap();
-        assert_eq!(c.auth_token, None);
+        assert_eq!(c.auth_token.as_deref(), Some("t"));
         // An empty URL flag consults the variable again.
         let c = load(
             &["--a2a-url", ""],

@@ -571,3 +571,53 @@ async fn auth_hardening_path_variants_and_headers() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Running without a token is said at start-up; an empty token variable never switches a YAML
+/// token off (it counts as unset, as for every option).
+#[tokio::test]
+async fn authentication_off_is_logged_and_an_empty_variable_keeps_the_yaml_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |env_token: Option<&str>, config: Option<&std::path::Path>| {
+        let port = free_port();
+        let mut cmd = Command::new(bin());
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--a2a-url",
+            "http://127.0.0.1:9/",
+        ])
+        .args(["--idle-shutdown", "1", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
+        .stderr(Stdio::piped());
+        if let Some(t) = env_token {
+            cmd.env("IAC_CODE_AGUI_AUTH_TOKEN", t);
+        }
+        if let Some(c) = config {
+            cmd.arg("--config").arg(c);
+        }
+        (port, cmd.spawn().unwrap())
+    };
+    let (port, child) = start(None, None);
+    wait_health(port, Duration::from_secs(10)).expect("health");
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("authentication is off"), "{log}");
+
+    let yaml = dir.path().join("agui.yaml");
+    std::fs::write(&yaml, "auth_token: from-yaml\n").unwrap();
+    let (port, child) = start(Some(""), Some(&yaml));
+    wait_health(port, Duration::from_secs(10)).expect("health");
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let r = c
+        .post(format!("http://127.0.0.1:{port}/"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "the YAML token still holds");
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!log.contains("authentication is off"), "{log}");
+}
