@@ -119,9 +119,7 @@ pub async fn cancel(
             Err(_) => return Err(ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE)),
         }
     }
-    // Within the hold the thread was claimed in: a thread another instance took over meanwhile
-    // is not written (its store refuses it).
-    hold.end_execution_durably()
+    hold.end_execution_durably(thread_id)
         .await
         .map_err(|_| state_unavailable())?;
     Ok(outcome)

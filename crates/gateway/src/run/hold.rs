@@ -128,18 +128,27 @@ impl ThreadHold {
 
     /// Ends the execution durably, when it is the thread's current one and not ended yet (the
     /// cancellation extension, after the kernel cancelled its task): `Ok(false)` when there was
-    /// nothing to end.
-    pub async fn end_execution_durably(&self) -> Result<bool, Unsaved> {
-        {
-            let st = self.slot.lock().await;
-            let live = st.doc.as_ref().is_some_and(|d| {
-                d.is_current(&self.execution_id) && !d.is_terminal(&self.execution_id)
-            });
-            if !live {
-                return Ok(false);
-            }
+    /// nothing to end. Unlike a run's edits this is no write within a hold: the thread is read
+    /// afresh where this instance may not hold it any more (`Threads::lock`), checked and changed
+    /// under one lock, and a shared store's fencing decides whether the save lands.
+    pub async fn end_execution_durably(&self, thread_id: &str) -> Result<bool, Unsaved> {
+        let mut st = self
+            .threads
+            .lock(&self.slot, thread_id)
+            .await
+            .map_err(|_| Unsaved::Failed)?;
+        let live = st.doc.as_ref().is_some_and(|d| {
+            d.is_current(&self.execution_id) && !d.is_terminal(&self.execution_id)
+        });
+        if !live {
+            return Ok(false);
         }
-        self.edit(ThreadDoc::end_execution).await.map(|()| true)
+        match self.threads.edit(&mut st, ThreadDoc::end_execution).await {
+            Some(Ok(())) => Ok(true),
+            Some(Err(StoreError::NotHeld(_))) => Err(Unsaved::NotHeld),
+            Some(Err(StoreError::LeaseLapsed { late })) => Err(Unsaved::Lapsed { late }),
+            Some(Err(_)) | None => Err(Unsaved::Failed),
+        }
     }
 
     /// Releases the thread at the end of run `last.run_id` and records how the run ended; the

@@ -39,17 +39,20 @@ impl Driver {
         if let Some(s) = view.meta().and_then(mapping::session_id) {
             self.learn_session(s).await?;
         }
-        // What the run missed while it waited: the task's state and the pipeline's events.
+        // What the run missed while it waited: the task's state and the pipeline's events, sent
+        // together once both are known.
+        let mut missed = Vec::new();
         if let Some(meta) = view.meta() {
-            self.out.map(|m, out| m.map_meta(meta, out)).await?;
+            self.out.mapper().map_meta(meta, &mut missed);
         }
         let after = doc
             .execution
             .pipeline_sequence
             .max(self.out.mapper().pipeline_sequence());
         if let Ok(Some(state)) = client.pipeline_state(&task_id, after).await {
-            self.out.map(|m, out| m.map_recovery(&state, out)).await?;
+            self.out.mapper().map_recovery(&state, &mut missed);
         }
+        self.out.emit_all(missed).await?;
 
         let meta = view.meta();
         let task_view = plan::TaskView {

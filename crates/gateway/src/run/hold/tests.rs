@@ -182,10 +182,10 @@ async fn ending_the_execution_holds_in_memory_even_when_the_save_fails() {
 #[tokio::test]
 async fn the_cancellation_ends_a_live_execution_once() {
     let (store, _, h) = held(false).await;
-    assert_eq!(h.end_execution_durably().await, Ok(true));
+    assert_eq!(h.end_execution_durably("thread-1").await, Ok(true));
     assert!(store.stored("thread-1").unwrap().is_terminal("exec-0"));
     let saves = store.saves.load(Ordering::SeqCst);
-    assert_eq!(h.end_execution_durably().await, Ok(false));
+    assert_eq!(h.end_execution_durably("thread-1").await, Ok(false));
     assert_eq!(store.saves.load(Ordering::SeqCst), saves);
 }
 
