@@ -184,6 +184,16 @@ pub mod msg {
         INVALID_ENVELOPE = "Invalid AG-UI RunAgentInput envelope.";
         UNSUPPORTED_PROTOCOL = "The AG-UI protocol version is not supported. Supported versions: 1.0 (any 1.x); omit protocolVersion for the protocol before 1.0.";
         INVALID_PROPS = "Invalid iac-code forwarded properties.";
+        ID_THREAD = "threadId must be at most 256 bytes, without control characters.";
+        ID_RUN = "runId must be at most 256 bytes, without control characters.";
+        ID_PARENT_RUN = "parentRunId must be at most 256 bytes, without control characters.";
+        ID_INTERRUPT = "resume[].interruptId must be at most 256 bytes, without control characters.";
+        ID_MESSAGE = "messages[].id must be at most 256 bytes, without control characters.";
+        ID_USER = "iacCode.userId must be at most 256 bytes, without control characters.";
+        MODEL_BOUND = "iacCode.model must be at most 256 bytes, without control characters.";
+        CHANNEL_BOUND = "iacCode.channel must be at most 256 bytes, without control characters.";
+        PIPELINE_BOUND = "iacCode.pipelineName must be at most 256 bytes, without control characters.";
+        INVOCATION_CONTROL = "iacCode.rosInvocationId must not contain control characters.";
         CANCEL_FIELDS = "threadId and rosInvocationId are required.";
         EXECUTION_NOT_FOUND = "The execution was not found.";
         TOOLS_UNSUPPORTED = "Client-provided tools are not supported.";

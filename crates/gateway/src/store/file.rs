@@ -15,8 +15,9 @@ use super::journal::Journal;
 use super::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
 use crate::validate::content::is_reserved_windows_name;
 
-/// Largest accepted state file (a thread document is small; this only guards against garbage).
-const MAX_FILE: u64 = 64 * 1024 * 1024;
+/// Largest accepted state file: the bound of a document (a thread document is small; this only
+/// guards against garbage).
+const MAX_FILE: u64 = super::doc::MAX_DOC_BYTES as u64;
 
 /// The file stem of a thread id: the id itself when it is a safe, lower-case, portable file name
 /// of at most 200 characters, else `aguiid~<hex of the id>`, or `aguihash~<sha256>` when that
@@ -189,7 +190,7 @@ impl FileStore {
 
     /// Saves a thread durably (blocking).
     pub fn save_blocking(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
-        let bytes = Arc::new(doc.to_json());
+        let bytes = Arc::new(doc.to_stored()?);
         if let Some(j) = &self.journal {
             if let Some(rx) = j.submit(&doc.thread_id, bytes.clone()) {
                 if rx.blocking_recv() == Ok(true) {
@@ -251,7 +252,10 @@ impl ThreadStore for FileStore {
     }
 
     fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
-        let bytes = Arc::new(doc.to_json());
+        let bytes = match doc.to_stored() {
+            Ok(b) => Arc::new(b),
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
         let thread_id = doc.thread_id.clone();
         // Journaled: wait for the group commit on a channel, holding no thread meanwhile.
         let committed = self

@@ -23,7 +23,7 @@ use std::pin::Pin;
 
 pub use doc::{
     project_input as doc_project_input, AppliedDigest, Execution, LastRun, PendingEntry, RunMark,
-    ThreadDoc, PENDING_ALLOW_LIST,
+    ThreadDoc, MAX_DOC_BYTES, MAX_EXECUTION_MARKS, MAX_RUN_DIGESTS, PENDING_ALLOW_LIST,
 };
 pub use file::{file_stem, FileStore};
 pub use metered::Metered;

@@ -58,6 +58,11 @@ pub fn latest_user_message(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
+    // The one message id the gateway keeps and sends on: bounded as the other ids (those of the
+    // history are read past and dropped).
+    if !super::is_bounded(&message_id) {
+        return Err(err(msg::ID_MESSAGE));
+    }
     let parts = match m.get("content") {
         Some(Value::String(s)) => vec![a2a::Part::text(s.as_str())],
         Some(Value::Array(items)) => convert_parts(items, limits)?,
@@ -330,6 +335,26 @@ mod tests {
         );
         let empty = latest_user_message(&msg_with(json!([])), ImageLimits::default()).unwrap();
         assert!(empty.parts.is_empty());
+    }
+
+    /// The latest user message's id is bounded; the history's ids are not read.
+    #[test]
+    fn the_kept_message_id_is_bounded() {
+        for bad in ["x".repeat(257), "m\u{0}".into()] {
+            let m = vec![json!({"id": bad, "role": "user", "content": "hi"})];
+            let e = latest_user_message(&m, ImageLimits::default()).unwrap_err();
+            assert_eq!((e.code, &*e.message), (Code::InvalidInput, msg::ID_MESSAGE));
+        }
+        let m = vec![
+            json!({"id": "x".repeat(300), "role": "user", "content": "old"}),
+            json!({"id": "é".repeat(128), "role": "user", "content": "hi"}),
+        ];
+        assert_eq!(
+            latest_user_message(&m, ImageLimits::default())
+                .unwrap()
+                .message_id,
+            "é".repeat(128)
+        );
     }
 
     #[test]

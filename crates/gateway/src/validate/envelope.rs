@@ -4,7 +4,10 @@
 //!
 //! Required: `threadId`, `runId` (non-empty strings), `state`, `messages`, `tools`, `context`,
 //! `forwardedProps`. camelCase and snake_case spellings are both accepted; unknown fields are
-//! ignored everywhere; every AG-UI message role is accepted in history.
+//! ignored everywhere; every AG-UI message role is accepted in history. The ids the gateway keeps
+//! (`threadId`, `runId`, `parentRunId`, each `resume[].interruptId`) are bounded
+//! (`super::is_bounded`), each checked right after its own shape and refused with a message
+//! naming it.
 
 use serde_json::{Map, Value};
 
@@ -52,6 +55,15 @@ pub struct Envelope {
 
 fn invalid() -> ApiError {
     ApiError::new(Code::InvalidInput, msg::INVALID_ENVELOPE)
+}
+
+/// `id` if it is bounded, else the refusal naming its field.
+fn bounded(id: &str, refusal: &'static str) -> Result<(), ApiError> {
+    if super::is_bounded(id) {
+        Ok(())
+    } else {
+        Err(ApiError::new(Code::InvalidInput, refusal))
+    }
 }
 
 /// Reads a field by its camelCase name or its snake_case alias.
@@ -197,7 +209,12 @@ pub fn parse(body: &Map<String, Value>) -> Result<Envelope, ApiError> {
     if thread_id.is_empty() || run_id.is_empty() {
         return Err(invalid());
     }
+    bounded(thread_id, msg::ID_THREAD)?;
+    bounded(run_id, msg::ID_RUN)?;
     let parent_run_id = opt_str(body, "parentRunId", "parent_run_id")?;
+    if let Some(p) = &parent_run_id {
+        bounded(p, msg::ID_PARENT_RUN)?;
+    }
     if field(body, "state", "state").is_none() {
         return Err(invalid());
     }
@@ -225,6 +242,7 @@ pub fn parse(body: &Map<String, Value>) -> Result<Envelope, ApiError> {
             for e in entries {
                 let e = e.as_object().ok_or_else(invalid)?;
                 let interrupt_id = req_str(e, "interruptId", "interrupt_id")?.to_owned();
+                bounded(&interrupt_id, msg::ID_INTERRUPT)?;
                 let status = match e.get("status").and_then(Value::as_str) {
                     Some("resolved") => ResumeStatus::Resolved,
                     Some("cancelled") => ResumeStatus::Cancelled,
@@ -337,6 +355,47 @@ mod tests {
         let mut v = base();
         v["parentRunId"] = json!(3);
         assert!(check(v).is_err());
+    }
+
+    /// Each kept id over 256 bytes or with a control character is refused naming it, right after
+    /// its own shape (an earlier fault still answers first); at the bound it is accepted.
+    #[test]
+    fn ids_are_bounded_and_refusals_name_them() {
+        type Set = fn(&mut Value, Value);
+        let fields: [(Set, &str); 4] = [
+            (|b, v| b["threadId"] = v, msg::ID_THREAD),
+            (|b, v| b["runId"] = v, msg::ID_RUN),
+            (|b, v| b["parentRunId"] = v, msg::ID_PARENT_RUN),
+            (
+                |b, v| b["resume"] = json!([{"interruptId": v, "status": "resolved"}]),
+                msg::ID_INTERRUPT,
+            ),
+        ];
+        for (set, refusal) in fields {
+            for bad in [
+                "x".repeat(257),
+                "a\u{0}".into(),
+                "\u{7f}".into(),
+                "\u{85}".into(),
+            ] {
+                let mut v = base();
+                set(&mut v, json!(bad));
+                let e = check(v).unwrap_err();
+                assert_eq!(
+                    (e.code, &*e.message),
+                    (Code::InvalidInput, refusal),
+                    "{bad:?}"
+                );
+            }
+            let mut v = base();
+            set(&mut v, json!("é".repeat(128)));
+            assert!(check(v).is_ok(), "{refusal}");
+        }
+        // The order of the checks: an empty runId is still the envelope's refusal.
+        let mut v = base();
+        v["threadId"] = json!("a\u{0}");
+        v["runId"] = json!("");
+        assert_eq!(check(v).unwrap_err().message, msg::INVALID_ENVELOPE);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! coerced, `schemaVersion` is the JSON integer 1, snake_case spellings are accepted, and both
 //! spellings of one field in one object are an error. Every fault gets the same answer
 //! (`INVALID_PROPS`), so serde's derive checks the shape; the helpers below add what it would
-//! let through.
+//! let through. Then, on a well-formed extension, the strings the gateway keeps or logs are
+//! bounded (`super::is_bounded`), each refused with a message naming it.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -176,7 +177,31 @@ pub fn parse(forwarded_props: Option<&Value>) -> Result<IacCode, ApiError> {
     if version.as_i64() != Some(1) {
         return Err(bad());
     }
-    IacCode::deserialize(Value::Object(obj)).map_err(|_| bad())
+    let iac = IacCode::deserialize(Value::Object(obj)).map_err(|_| bad())?;
+    bound_strings(&iac)?;
+    Ok(iac)
+}
+
+/// The bounds of a well-formed extension's strings, in the order of its fields (the first
+/// that fails answers). `rosInvocationId` keeps its shape's bound (1 to 256 characters, an
+/// `INVALID_PROPS` beyond) and refuses control characters only; `userId` (kept in the thread
+/// document), `model`, `channel` and `pipelineName` (sent on and logged) have at most 256
+/// bytes. `cwd` has its own checks.
+fn bound_strings(iac: &IacCode) -> Result<(), ApiError> {
+    if iac.ros_invocation_id.chars().any(char::is_control) {
+        return Err(ApiError::new(Code::InvalidInput, msg::INVOCATION_CONTROL));
+    }
+    for (value, refusal) in [
+        (&iac.model, msg::MODEL_BOUND),
+        (&iac.user_id, msg::ID_USER),
+        (&iac.channel, msg::CHANNEL_BOUND),
+        (&iac.pipeline_name, msg::PIPELINE_BOUND),
+    ] {
+        if value.as_deref().is_some_and(|v| !super::is_bounded(v)) {
+            return Err(ApiError::new(Code::InvalidInput, refusal));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -222,6 +247,30 @@ mod tests {
         assert!(p(json!({"rosInvocationId":"é".repeat(256)})).is_ok());
         assert!(p(json!({"thinking":{}})).is_ok());
         assert!(p(json!({"model":null,"runMode":null,"alibabaCloud":{}})).is_ok());
+    }
+
+    /// The strings kept or logged are bounded, each refusal naming its field, after the shape's
+    /// own checks (a malformed extension is still `INVALID_PROPS`).
+    #[test]
+    fn kept_strings_are_bounded_and_refusals_name_them() {
+        for (field, refusal) in [
+            ("model", msg::MODEL_BOUND),
+            ("userId", msg::ID_USER),
+            ("channel", msg::CHANNEL_BOUND),
+            ("pipelineName", msg::PIPELINE_BOUND),
+        ] {
+            for bad in ["x".repeat(257), "a\u{0}b".into(), "\u{1b}[31m".into()] {
+                let e = p(json!({ field: bad })).unwrap_err();
+                assert_eq!((e.code, &*e.message), (Code::InvalidInput, refusal));
+                let e = p(json!({ field: bad, "unknown": 1 })).unwrap_err();
+                assert_eq!(e.message, msg::INVALID_PROPS);
+            }
+            assert!(p(json!({ field: "é".repeat(128) })).is_ok());
+        }
+        let e = p(json!({"rosInvocationId": "inv\n1"})).unwrap_err();
+        assert_eq!(e.message, msg::INVOCATION_CONTROL);
+        let e = p(json!({"rosInvocationId": "x".repeat(257)})).unwrap_err();
+        assert_eq!(e.message, msg::INVALID_PROPS);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! not use) of the parsers that face untrusted input: the RunAgentInput validators, the kernel SSE
 //! stream (HTTP framing and SSE), canonical JSON, the state-file loader, the image path and the
 //! HTTP server. None may panic; the kernel stream must not depend on how bytes are split;
-//! canonical JSON must agree with serde_json's parse.
+//! canonical JSON must agree with serde_json's parse; ids within their bound must be accepted
+//! in every field, and one beyond refused naming its field.
 //!
 //! CI runs 256 cases per target (`PROPTEST_CASES` overrides). The long form runs every target for
 //! a wall-clock time and prints how many cases it executed:
@@ -123,6 +124,114 @@ fn fuzz_validators_never_panic() {
                 }
             }
             let _ = props::parse(Some(&v));
+            Ok(())
+        },
+    );
+}
+
+/// A bounded id: printable text (format characters included) cut to at most 256 bytes.
+fn bounded_id() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "\\PC{1,40}",
+        "[a-z0-9\u{200d}\u{200e}\u{feff}é漢😀-]{1,90}",
+        Just("é".repeat(128)),
+    ]
+    .prop_map(|s| {
+        let mut end = s.len().min(iac_code_agui::validate::MAX_ID_BYTES);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s[..end].to_owned()
+    })
+}
+
+/// Each id a request carries, by the field its refusal names, set to `v`.
+fn with_id(b: &mut Value, field: usize, v: &str) {
+    let iac = &mut b["forwardedProps"]["iacCode"];
+    match field {
+        0 => b["threadId"] = json!(v),
+        1 => b["runId"] = json!(v),
+        2 => b["parentRunId"] = json!(v),
+        3 => iac["model"] = json!(v),
+        4 => iac["userId"] = json!(v),
+        5 => iac["channel"] = json!(v),
+        6 => iac["pipelineName"] = json!(v),
+        7 => iac["rosInvocationId"] = json!(v),
+        _ => b["messages"][0]["id"] = json!(v),
+    }
+}
+
+/// The validators a run's request goes through, in order.
+fn validate_all(b: &Value) -> Result<(), String> {
+    let obj = b.as_object().unwrap();
+    envelope::parse(obj).map_err(|e| e.message.to_string())?;
+    props::parse(obj.get("forwardedProps")).map_err(|e| e.message.to_string())?;
+    let m = obj["messages"].as_array().unwrap();
+    content::latest_user_message(m, content::ImageLimits::default())
+        .map_err(|e| e.message.to_string())?;
+    Ok(())
+}
+
+/// The id checks have a positive oracle: generated ids within the bound are accepted in every
+/// field and kept as sent; one control character or one byte too many in one field is refused
+/// naming that field.
+#[test]
+fn fuzz_bounded_ids_are_accepted_and_others_refused_by_name() {
+    let names = [
+        "threadId",
+        "runId",
+        "parentRunId",
+        "iacCode.model",
+        "iacCode.userId",
+        "iacCode.channel",
+        "iacCode.pipelineName",
+        "iacCode.rosInvocationId",
+        "messages[].id",
+    ];
+    fuzz(
+        "fuzz_bounded_ids_are_accepted_and_others_refused_by_name",
+        (
+            prop::collection::vec(bounded_id(), 9),
+            0..9usize,
+            prop_oneof!["[\\x00-\\x1f\\x7f-\\x{9f}]".prop_map(Some), Just(None)],
+            any::<prop::sample::Index>(),
+        ),
+        |(ids, field, control, at)| {
+            let mut b = json!({"threadId": "t", "runId": "r", "state": {}, "messages": [{"id": "m", "role": "user", "content": "hi"}],
+                "tools": [], "context": [], "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "i", "cwd": "/w"}}});
+            for (i, id) in ids.iter().enumerate() {
+                with_id(&mut b, i, id);
+            }
+            prop_assert_eq!(validate_all(&b), Ok(()));
+            let e = envelope::parse(b.as_object().unwrap()).unwrap();
+            prop_assert_eq!((&e.thread_id, &e.run_id), (&ids[0], &ids[1]));
+            prop_assert_eq!(e.parent_run_id.as_ref(), Some(&ids[2]));
+            // One field spoiled: a control character inserted, else padded past the bound.
+            let id = &ids[field];
+            let bad = match &control {
+                Some(c) => {
+                    let cut = id
+                        .char_indices()
+                        .map(|(i, _)| i)
+                        .chain([id.len()])
+                        .collect::<Vec<_>>();
+                    let i = cut[at.index(cut.len())];
+                    format!("{}{c}{}", &id[..i], &id[i..])
+                }
+                None => format!("{id}{}", "x".repeat(300)),
+            };
+            with_id(&mut b, field, &bad);
+            let expected = match (field, &control) {
+                (7, Some(_)) => {
+                    "iacCode.rosInvocationId must not contain control characters.".to_owned()
+                }
+                (7, None) => "Invalid iac-code forwarded properties.".to_owned(),
+                _ => format!(
+                    "{} must be at most 256 bytes, without control characters.",
+                    names[field]
+                ),
+            };
+            prop_assert_eq!(validate_all(&b), Err(expected));
             Ok(())
         },
     );

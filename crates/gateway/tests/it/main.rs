@@ -10,6 +10,7 @@ mod docs;
 mod fake_kernel;
 mod fuzz;
 mod http_surface;
+mod ids;
 mod load;
 mod process;
 mod protocol;

@@ -187,8 +187,8 @@ fn admit(
             }
         }
     }
-    d.run_digests
-        .insert(ask.run_id.to_owned(), ask.digest.to_owned());
+    // The save that records a run also keeps the document within its bounds.
+    d.record_run(ask.run_id, ask.digest);
     Ok(Admission {
         execution_id: d.execution.execution_id.clone(),
         context_id: d.context_id.clone(),
@@ -228,6 +228,37 @@ mod tests {
 
     fn code(d: &Decision) -> Option<&'static str> {
         d.verdict.as_ref().err().map(|e| e.code.as_str())
+    }
+
+    /// A thread remembers its newest runs only: after 1,000 + k turns the oldest k are gone (a
+    /// retry of one is a new run), the newest is still a duplicate, and the records of past
+    /// executions are bounded too.
+    #[test]
+    fn run_digests_stay_bounded_over_many_turns() {
+        use crate::store::{MAX_EXECUTION_MARKS, MAX_RUN_DIGESTS};
+        let mut new_id = ids();
+        let turn = Mode::NewTurn;
+        let mut doc: Option<ThreadDoc> = None;
+        let n = MAX_RUN_DIGESTS + 20;
+        for i in 0..n {
+            let d = decide(
+                doc.as_ref(),
+                false,
+                &ask(&turn, &format!("r{i}")),
+                NOW,
+                &mut new_id,
+            );
+            assert!(d.verdict.is_ok(), "{i}");
+            doc = d.doc;
+        }
+        let d = doc.as_ref().unwrap();
+        assert_eq!(d.run_digests.len(), MAX_RUN_DIGESTS);
+        assert_eq!(d.terminal_execution_ids.len(), MAX_EXECUTION_MARKS);
+        let last = format!("r{}", n - 1);
+        let again = decide(doc.as_ref(), false, &ask(&turn, &last), NOW, &mut new_id);
+        assert_eq!(code(&again), Some("DUPLICATE_RUN_ID"));
+        let oldest = decide(doc.as_ref(), false, &ask(&turn, "r0"), NOW, &mut new_id);
+        assert!(oldest.verdict.is_ok());
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //!
 //! The in-memory types are the document's shape: serde writes them. `read` reads a document
 //! back and validates it; members it does not know are ignored and a key given twice keeps its
-//! last value.
+//! last value. `bound` keeps a document within its bounds.
 
+mod bound;
 mod read;
+
+pub use bound::{MAX_DOC_BYTES, MAX_EXECUTION_MARKS, MAX_RUN_DIGESTS};
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -132,6 +135,12 @@ pub struct ThreadDoc {
     pub session_id: Option<String>,
     pub execution: Execution,
     pub run_digests: BTreeMap<String, String>,
+    /// `runOrder` (written only when non-empty): the ids of `runDigests` in the order their runs
+    /// were admitted, kept once a thread has recorded more than half of [`MAX_RUN_DIGESTS`], so
+    /// that the oldest go first when the bound is reached. A thread with fewer runs writes
+    /// nothing new: its file stays as the reference adapter writes it.
+    #[serde(rename = "runOrder", skip_serializing_if = "Vec::is_empty")]
+    pub run_order: Vec<String>,
     pub applied_resume_digests: BTreeSet<AppliedDigest>,
     pub terminal_execution_ids: BTreeSet<String>,
     /// `expiredInterrupts` (written only when non-empty, so reference files stay as they are):
@@ -229,6 +238,7 @@ impl ThreadDoc {
             session_id: None,
             execution,
             run_digests: BTreeMap::new(),
+            run_order: Vec::new(),
             applied_resume_digests: BTreeSet::new(),
             terminal_execution_ids: BTreeSet::new(),
             expired_interrupts: BTreeSet::new(),

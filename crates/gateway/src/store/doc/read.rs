@@ -154,6 +154,7 @@ struct DocShape {
     session_id: Found<Option<String>>,
     execution: Found<Obj<ExecutionShape>>,
     run_digests: Found<BTreeMap<String, Found<String>>>,
+    run_order: Found<Option<Vec<Found<String>>>>,
     applied_resume_digests: Found<Vec<Found<Obj<MarkShape>>>>,
     #[serde(rename = "deliveringAnswers")]
     delivering: Found<Option<Vec<Found<Obj<MarkShape>>>>>,
@@ -271,7 +272,7 @@ impl DocShape {
         let session_id = self.session_id.optional("iacCodeSessionId")?;
         let Obj(execution) = self.execution.given("execution")?;
         let execution = execution.validate()?;
-        let run_digests = self
+        let run_digests: BTreeMap<String, String> = self
             .run_digests
             .given("runDigests")?
             .into_iter()
@@ -279,6 +280,12 @@ impl DocShape {
                 Found::Is(v) if !k.is_empty() && !v.is_empty() => Some((k, v)),
                 _ => None,
             })
+            .collect();
+        // Only runs the document still records, each once (a file another program rewrote may
+        // have lost some): the order is a hint for pruning, never a fault.
+        let mut ordered = BTreeSet::new();
+        let run_order = non_empty(self.run_order.optional("runOrder")?.unwrap_or_default())
+            .filter(|r| run_digests.contains_key(r) && ordered.insert(r.clone()))
             .collect();
         let applied_resume_digests = answers(
             self.applied_resume_digests.given("appliedResumeDigests")?,
@@ -332,6 +339,7 @@ impl DocShape {
             session_id,
             execution,
             run_digests,
+            run_order,
             applied_resume_digests,
             terminal_execution_ids,
             expired_interrupts,

@@ -9,9 +9,12 @@
 //! forwards the request to that instance. One whose holder is dead is taken over.
 //!
 //! The document is the file store's JSON, byte for byte (`doc.to_json()`); the row also keeps the
-//! thread's active run and its count of pending interrupts, for operators' queries.
+//! thread's active run and its count of pending interrupts, for operators' queries. A document
+//! is bounded as in the file store (`MAX_DOC_BYTES`): a larger one is not written, and one found
+//! larger is refused by its length, which the server gives without sending the text.
 
 mod lease;
+mod rows;
 mod schema;
 
 use std::collections::HashMap;
@@ -24,6 +27,7 @@ use tokio_postgres::NoTls;
 pub use lease::{Lapse, Lease};
 
 use super::{Admission, BoxFuture, Claim, Decide, StoreError, ThreadDoc, ThreadStore};
+use rows::{columns, parse, LOAD, MAX_DOC};
 
 /// Every database operation is bounded: a database that is down or restarting gives a clear
 /// `STATE_UNAVAILABLE` within seconds, never a request that hangs.
@@ -39,10 +43,12 @@ const SERVER_LIMITS: &str = "-c lock_timeout=2000 -c statement_timeout=2500 \
     -c idle_in_transaction_session_timeout=5000";
 
 /// The row of a thread as an admission or a claim reads it, locked (made when missing: the
-/// conflict clause then locks the existing row, and returns its newest version).
+/// conflict clause then locks the existing row, and returns its newest version). The document
+/// only within the bound `$2`, and its length.
 const LOCK_ROW: &str = "INSERT INTO agui_threads AS t (thread_id) VALUES ($1)
     ON CONFLICT (thread_id) DO UPDATE SET thread_id = t.thread_id
-    RETURNING t.doc, t.owner, t.epoch";
+    RETURNING CASE WHEN octet_length(t.doc) <= $2 THEN t.doc END, t.owner, t.epoch,
+        octet_length(t.doc)";
 
 /// Whether an instance is alive, and where it is. A statement of its own, after the row's lock
 /// was taken: its snapshot sees a heartbeat renewed while the lock was waited for, and the clock
@@ -93,20 +99,6 @@ async fn bounded<T>(
     tokio::time::timeout(OP_TIMEOUT, fut)
         .await
         .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("{what}: timed out"))))
-}
-
-/// The columns kept beside the document.
-fn columns(doc: &ThreadDoc) -> (String, Option<String>, i32) {
-    (
-        String::from_utf8(doc.to_json()).expect("documents are UTF-8 JSON"),
-        doc.active_run.as_ref().map(|r| r.run_id.clone()),
-        i32::try_from(doc.execution.pending.len()).unwrap_or(i32::MAX),
-    )
-}
-
-fn parse(doc: Option<String>, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError> {
-    doc.map(|d| ThreadDoc::from_json(d.as_bytes(), thread_id))
-        .transpose()
 }
 
 /// A row as [`LOCK_ROW`] reads it.
@@ -314,11 +306,11 @@ impl PgStore {
     ) -> Result<Locked, StoreError> {
         let st = tx.prepare_cached(LOCK_ROW).await.map_err(unavailable)?;
         let row = tx
-            .query_one(&st, &[&thread_id])
+            .query_one(&st, &[&thread_id, &MAX_DOC])
             .await
             .map_err(unavailable)?;
         let mut locked = Locked {
-            doc: parse(row.get(0), thread_id)?,
+            doc: parse(row.get(0), row.get(3), thread_id)?,
             owner: row.get(1),
             epoch: row.get(2),
             url: None,
@@ -367,7 +359,7 @@ impl PgStore {
     ) -> Result<i64, StoreError> {
         let (json, active, pending) = match doc {
             Some(d) => {
-                let (j, a, p) = columns(d);
+                let (j, a, p) = columns(d)?;
                 (Some(j), a, p)
             }
             None => (None, None, 0),
@@ -386,7 +378,7 @@ impl PgStore {
         let Some(epoch) = self.epochs().get(&thread_id).copied() else {
             return Err(StoreError::NotHeld(thread_id));
         };
-        let (json, active, pending) = columns(&doc);
+        let (json, active, pending) = columns(&doc)?;
         let c = self.client().await?;
         let st = c.prepare_cached(SAVE).await.map_err(unavailable)?;
         let n = c
@@ -513,12 +505,15 @@ impl ThreadStore for PgStore {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(bounded("load", async move {
             let c = store.client().await?;
-            let st = c
-                .prepare_cached("SELECT doc FROM agui_threads WHERE thread_id = $1")
+            let st = c.prepare_cached(LOAD).await.map_err(unavailable)?;
+            let row = c
+                .query_opt(&st, &[&id, &MAX_DOC])
                 .await
                 .map_err(unavailable)?;
-            let row = c.query_opt(&st, &[&id]).await.map_err(unavailable)?;
-            parse(row.and_then(|r| r.get(0)), &id)
+            match row {
+                Some(r) => parse(r.get(0), r.get(1), &id),
+                None => Ok(None),
+            }
         }))
     }
 
