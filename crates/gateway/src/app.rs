@@ -56,6 +56,10 @@ pub fn kernel_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Kernel
         ),
         None => {
             let mut launch = Launch::new(cfg.a2a_command.clone());
+            // Of the gateway's environment, what the kernel may have (names: the process's,
+            // which the gateway never changes; values: the snapshot).
+            let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+            launch.inherit(names, &**env, &cfg.kernel_env);
             if let Some(v) = env("IAC_CODE_AGUI_ALLOWED_CWDS").filter(|v| !v.is_empty()) {
                 if env("IACCODE_A2A_ALLOWED_CWDS")
                     .filter(|v| !v.is_empty())

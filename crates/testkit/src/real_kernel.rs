@@ -78,6 +78,9 @@ impl KernelEnv {
     /// aside).
     pub fn launch(&self) -> Launch {
         let mut l = Launch::new(self.command());
+        // What a gateway would pass of its environment (this process's), then the test's own.
+        let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+        l.inherit(names, &|k: &str| std::env::var(k).ok(), &[]);
         l.envs(self.vars());
         l
     }

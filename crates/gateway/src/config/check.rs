@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::urls;
 use super::LogFormat;
+use crate::kernel::environment;
 
 pub(super) const PORT: &str = "--port must be between 1 and 65535.";
 pub(super) const INTERRUPT_TTL: &str = "--interrupt-ttl must be a non-negative integer.";
@@ -16,6 +17,7 @@ pub(super) const LEASE_TTL: &str = "--lease-ttl must be a number of seconds, at 
 pub(super) const ADVERTISE_URL: &str = "--advertise-url must be an http:// URL.";
 const ADVERTISE_NEEDED: &str =
     "--advertise-url is needed with --state-url when --host is a wildcard address.";
+pub(super) const KERNEL_ENV: &str = "--kernel-env must be a list of variable names.";
 pub(super) const LOOPBACK: &str =
     "The AG-UI adapter may connect only to a loopback A2A HTTP(S) URL.";
 
@@ -139,6 +141,22 @@ pub(super) fn advertised(state_url: Option<&str>, advertise_url: &str) -> Result
     Ok(())
 }
 
+/// Names of variables passed to the kernel: names (no `=`, no NUL), none of the gateway's own.
+pub(super) fn kernel_env(names: Vec<String>) -> Result<Vec<String>, String> {
+    for n in &names {
+        if n.contains(['=', '\0']) {
+            return Err(KERNEL_ENV.into());
+        }
+        if !environment::passable(n) {
+            return Err(format!(
+                "--kernel-env cannot pass {n}: the gateway's own {}* variables never reach the kernel.",
+                environment::GATEWAY_PREFIX
+            ));
+        }
+    }
+    Ok(names)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,6 +182,20 @@ mod tests {
         for bad in [0.5, 86401.0] {
             assert_eq!(lease_ttl(bad), Err(LEASE_TTL.to_owned()));
         }
+    }
+
+    #[test]
+    fn kernel_env_takes_names_but_not_the_gateways_own() {
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let ok = names(&["ALIBABA_CLOUD_ACCESS_KEY_ID", "OTEL_SERVICE_NAME"]);
+        assert_eq!(kernel_env(ok.clone()), Ok(ok));
+        assert_eq!(kernel_env(names(&["A=B"])), Err(KERNEL_ENV.to_owned()));
+        let own = kernel_env(names(&["X", "IAC_CODE_AGUI_STATE_URL"])).unwrap_err();
+        assert_eq!(
+            own,
+            "--kernel-env cannot pass IAC_CODE_AGUI_STATE_URL: the gateway's own IAC_CODE_AGUI_* \
+             variables never reach the kernel."
+        );
     }
 
     #[test]

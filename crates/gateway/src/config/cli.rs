@@ -10,7 +10,7 @@ pub struct Cli {
     /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
     /// kernel_idle_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
-    /// kernel_persistence_dir; dashes or underscores).
+    /// kernel_persistence_dir, kernel_env; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -129,6 +129,17 @@ pub struct Cli {
     /// instances so that another's kernel finds a task [default: the kernel's own].
     #[arg(long, value_name = "DIR", env = "IAC_CODE_AGUI_KERNEL_PERSISTENCE_DIR")]
     pub kernel_persistence_dir: Option<String>,
+    /// A variable of the gateway's environment the managed kernel gets besides the allow-list
+    /// (its IAC_CODE_* settings, PATH, HOME, locale, proxies…), such as ALIBABA_CLOUD_ACCESS_KEY_ID;
+    /// repeatable. The variable takes a comma-separated list. Never an IAC_CODE_AGUI_* [default:
+    /// none].
+    #[arg(
+        long = "kernel-env",
+        value_name = "NAME",
+        env = "IAC_CODE_AGUI_KERNEL_ENV",
+        value_delimiter = ','
+    )]
+    pub kernel_env: Vec<String>,
 }
 
 impl Cli {

@@ -75,6 +75,9 @@ pub struct Config {
     /// The managed kernel's shared session backup and task directories.
     pub kernel_backup_dir: Option<PathBuf>,
     pub kernel_persistence_dir: Option<PathBuf>,
+    /// Variables of the gateway's environment passed to the managed kernel besides the
+    /// allow-list (never an `IAC_CODE_AGUI_*`).
+    pub kernel_env: Vec<String>,
 }
 
 /// How log lines look.
@@ -135,6 +138,7 @@ const KERNEL_PERSISTENCE_DIR: Opt<Text> = Opt::new(
     "kernel_persistence_dir",
     "--kernel-persistence-dir must be a string.",
 );
+const KERNEL_ENV: Opt<List> = Opt::new("kernel_env", check::KERNEL_ENV);
 
 impl Config {
     /// Builds the configuration from the parsed command line (flags and their variables) and the
@@ -212,6 +216,8 @@ impl Config {
         });
         let kernel_backup_dir = dir(&KERNEL_BACKUP_DIR, cli.kernel_backup_dir)?;
         let kernel_persistence_dir = dir(&KERNEL_PERSISTENCE_DIR, cli.kernel_persistence_dir)?;
+        let kernel_env = l.get(&KERNEL_ENV, Some(cli.kernel_env))?;
+        let kernel_env = check::kernel_env(kernel_env.unwrap_or_default())?;
 
         let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
         let allowed_cwds = env_nonempty("IAC_CODE_AGUI_ALLOWED_CWDS")
@@ -252,6 +258,7 @@ impl Config {
             advertise_url,
             kernel_backup_dir,
             kernel_persistence_dir,
+            kernel_env,
         })
     }
 
@@ -321,6 +328,7 @@ impl fmt::Debug for Config {
             advertise_url,
             kernel_backup_dir,
             kernel_persistence_dir,
+            kernel_env,
         } = self;
         f.debug_struct("Config")
             .field("host", host)
@@ -352,6 +360,7 @@ impl fmt::Debug for Config {
             .field("advertise_url", advertise_url)
             .field("kernel_backup_dir", kernel_backup_dir)
             .field("kernel_persistence_dir", kernel_persistence_dir)
+            .field("kernel_env", kernel_env)
             .finish()
     }
 }
@@ -410,12 +419,33 @@ mod tests {
                 "kernel_persistence_dir",
                 "IAC_CODE_AGUI_KERNEL_PERSISTENCE_DIR",
             ),
+            ("kernel_env", "IAC_CODE_AGUI_KERNEL_ENV"),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }
         // The reference has no variable for these.
         assert_eq!(var("idle_shutdown"), None);
         assert_eq!(var("config"), None);
+    }
+
+    #[test]
+    fn kernel_env_from_flags_or_yaml_never_the_gateways_own() {
+        assert!(load(&[], &[]).unwrap().kernel_env.is_empty());
+        let c = load(&["--kernel-env", "A", "--kernel-env", "B,C"], &[]).unwrap();
+        assert_eq!(c.kernel_env, ["A", "B", "C"]);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        std::fs::write(&p, "kernel-env: [ALIBABA_CLOUD_ACCESS_KEY_ID]\n").unwrap();
+        let p = p.display().to_string();
+        let c = load(&["--config", &p], &[]).unwrap();
+        assert_eq!(c.kernel_env, ["ALIBABA_CLOUD_ACCESS_KEY_ID"]);
+        let err = load(&["--kernel-env", "IAC_CODE_AGUI_AUTH_TOKEN"], &[]).unwrap_err();
+        assert!(
+            err.starts_with("--kernel-env cannot pass IAC_CODE_AGUI_AUTH_TOKEN"),
+            "{err}"
+        );
+        std::fs::write(&p, "kernel_env: [1]\n").unwrap();
+        assert_eq!(load(&["--config", &p], &[]).unwrap_err(), check::KERNEL_ENV);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //!
 //! The child listens on a loopback port with a bearer token, runs in its own process group (so
 //! that it is signalled as a whole) and gets SIGKILL when the thread that spawned it dies (a
-//! parent-death signal: the kernel never outlives its gateway).
+//! parent-death signal: the kernel never outlives its gateway). Its environment is only what
+//! the launch sets (see `environment` for what of the gateway's it inherits), never the whole of
+//! the gateway's.
 
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -17,8 +19,10 @@ use http::{Request, StatusCode};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 
-/// What a managed kernel is started with: the `iac-code` executable, environment on top of the
-/// gateway's, and a kernel configuration file.
+use super::environment;
+
+/// What a managed kernel is started with: the `iac-code` executable, its whole environment, and a
+/// kernel configuration file.
 #[derive(Debug, Clone)]
 pub struct Launch {
     program: String,
@@ -48,6 +52,18 @@ impl Launch {
         self
     }
 
+    /// Gives the kernel what of the gateway's environment it may have: of `names` (the gateway's
+    /// variables), those [`environment::of`] allows or `passthrough` names, with their values in
+    /// `env`. Variables set after this one replace them.
+    pub fn inherit(
+        &mut self,
+        names: impl IntoIterator<Item = String>,
+        env: crate::config::EnvFn<'_>,
+        passthrough: &[String],
+    ) -> &mut Launch {
+        self.envs(environment::of(names, env, passthrough))
+    }
+
     /// Sets variables of the kernel's environment.
     pub fn envs<K: Into<String>, V: Into<String>>(
         &mut self,
@@ -72,8 +88,9 @@ impl Launch {
         Ok(self)
     }
 
-    /// The command that starts the kernel on `port` with `token`. Spawn it from a thread that
-    /// lives as long as the kernel should: the parent-death signal follows that thread.
+    /// The command that starts the kernel on `port` with `token`, with the launch's environment
+    /// and nothing else. Spawn it from a thread that lives as long as the kernel should: the
+    /// parent-death signal follows that thread.
     #[allow(unsafe_code)]
     pub fn command(&self, port: u16, token: &str) -> Command {
         use std::os::unix::process::CommandExt;
@@ -92,8 +109,10 @@ impl Launch {
                 .iter()
                 .flat_map(|f| [std::ffi::OsStr::new("--config"), f.as_os_str()]),
         )
-        .env("IACCODE_A2A_HTTP_TOKEN", token)
+        .env_clear()
         .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        // Last: no variable of the launch's replaces the token the probe and the client send.
+        .env("IACCODE_A2A_HTTP_TOKEN", token)
         .stdin(Stdio::null())
         .process_group(0);
         let parent = std::process::id();
@@ -206,6 +225,71 @@ mod tests {
         assert!(env.contains(&("A".into(), "1".into())));
         assert!(env.contains(&("IAC_CODE_CONFIG_BACKUP_DIR".into(), "/shared/backup".into())));
         assert_eq!(url(4711), "http://127.0.0.1:4711/");
+    }
+
+    #[test]
+    fn the_token_is_the_launchs_whatever_a_variable_says() {
+        let mut l = Launch::new("k");
+        l.env("IACCODE_A2A_HTTP_TOKEN", "stale");
+        let tokens: Vec<_> = env_of(&l.command(1, "tok"))
+            .into_iter()
+            .filter(|(k, _)| k == "IACCODE_A2A_HTTP_TOKEN")
+            .collect();
+        assert_eq!(
+            tokens,
+            [("IACCODE_A2A_HTTP_TOKEN".to_owned(), "tok".to_owned())]
+        );
+    }
+
+    /// The kernel started by the launch dumps its environment: the gateway's secrets are not in
+    /// it, and nothing of this test's own process environment either (a command that did not
+    /// start from an empty environment would pass all of it on).
+    #[test]
+    fn the_kernel_gets_the_launchs_environment_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dump = dir.path().join("env");
+        // `sh a2a …` in that directory runs the script: no freshly written file is executed.
+        let script = format!("env > '{}'\n", dump.display());
+        std::fs::write(dir.path().join("a2a"), script).expect("script");
+        let gateway = |k: &str| {
+            let v = match k {
+                "IAC_CODE_AGUI_AUTH_TOKEN" => "gw-secret-1",
+                "IAC_CODE_AGUI_STATE_URL" => "postgres://u:pw-secret-2@db/x",
+                "OTEL_EXPORTER_OTLP_HEADERS" => "authorization=secret-3",
+                "IAC_CODE_API_KEY" => "llm-key",
+                "PATH" => "/usr/bin:/bin",
+                _ => return None,
+            };
+            Some(v.to_owned())
+        };
+        let names = [
+            "IAC_CODE_AGUI_AUTH_TOKEN",
+            "IAC_CODE_AGUI_STATE_URL",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "IAC_CODE_API_KEY",
+        ]
+        .map(String::from);
+        let mut l = Launch::new("/bin/sh");
+        l.inherit(names, &gateway, &[]);
+        let status = l
+            .command(1, "tok")
+            .current_dir(dir.path())
+            .status()
+            .expect("sh");
+        assert!(status.success());
+        let text = std::fs::read_to_string(&dump).expect("dump");
+        for secret in ["gw-secret-1", "pw-secret-2", "secret-3"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert!(text.contains("IAC_CODE_API_KEY=llm-key\n"), "{text}");
+        assert!(text.contains("IACCODE_A2A_HTTP_TOKEN=tok\n"), "{text}");
+        for line in text.lines() {
+            let name = line.split('=').next().unwrap_or_default();
+            let ours = ["IAC_CODE_API_KEY", "IACCODE_A2A_HTTP_TOKEN", "PATH"];
+            // The shell's own.
+            let shells = ["PWD", "OLDPWD", "SHLVL", "_"];
+            assert!(ours.contains(&name) || shells.contains(&name), "{line}");
+        }
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! The execution kernel: an external loopback URL, or a managed `iac-code a2a` child that the
-//! gateway starts (`launch`), watches, restarts and stops (`supervisor`).
+//! gateway starts (`launch`, with the `environment` it may have), watches, restarts and stops
+//! (`supervisor`), its output in the gateway's log (`output`).
 //!
 //! Runs ask for a [`a2a::Client`] here; there is none while a managed kernel starts or restarts,
 //! and a run waits (bounded) for it to be ready.
 
+pub mod environment;
 pub mod launch;
+mod output;
+mod owner;
 mod supervisor;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -244,6 +248,45 @@ mod tests {
             ready_timeout: Duration::from_secs(20),
             timeouts: a2a::Timeouts::default(),
         }
+    }
+
+    /// A kernel that never listens, whose port a process outside its group takes: the
+    /// readiness probe (which carries the token) never goes there.
+    #[tokio::test]
+    async fn a_port_someone_else_took_is_never_sent_the_token() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port_file = dir.path().join("port");
+        let script = dir.path().join("kernel");
+        // Arguments: a2a --host 127.0.0.1 --port <port> …
+        let text = format!(
+            "#!/bin/sh\necho \"$5\" > '{}.tmp'\nmv '{0}.tmp' '{0}'\nexec sleep 30\n",
+            port_file.display()
+        );
+        std::fs::write(&script, text).expect("script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut s = spec(&script.display().to_string());
+        s.launch.env("PATH", "/usr/bin:/bin");
+        let k = Kernel::managed(s, None);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let port: u16 = loop {
+            if let Some(p) = std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                break p;
+            }
+            assert!(std::time::Instant::now() < deadline, "{}", k.health());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let squatter = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("the port is free until the kernel binds it");
+        // The supervisor probes every 100 ms: a probe would be here well within 2 s.
+        let probed = tokio::time::timeout(Duration::from_secs(2), squatter.accept()).await;
+        assert!(probed.is_err(), "a listener not the kernel's was probed");
+        assert_eq!(k.state(), KernelState::Starting);
+        k.stop().await;
     }
 
     #[tokio::test]

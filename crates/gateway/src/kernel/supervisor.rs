@@ -1,6 +1,7 @@
 //! The managed kernel's supervisor: a thread that starts `iac-code a2a` ([`Launch`]), probes it
-//! until ready, restarts it with back-off when it dies, and stops it with SIGTERM, then SIGKILL
-//! after 5 s.
+//! until ready (once the listener on its port is its own: `owner`), restarts it with back-off
+//! when it dies, and stops it with SIGTERM, then SIGKILL after 5 s. Its output is logged
+//! (`output`).
 //!
 //! The child never outlives the gateway: it runs in its own process group (signalled as a whole)
 //! and gets SIGKILL when the gateway dies (a parent-death signal). On Linux that signal follows
@@ -9,7 +10,7 @@
 //! kernel with it). The thread has a small runtime of its own for the readiness probe.
 
 use std::convert::Infallible;
-use std::process::{Child, ExitStatus};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +18,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 
 use super::launch::{self, Launch};
+use super::output::{self, Stream};
+use super::owner;
 use super::{Kernel, KernelState};
 
 /// How to start a managed kernel.
@@ -31,6 +34,8 @@ pub struct ChildSpec {
 /// How long one readiness probe may take (connecting and the answer's head).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// A port free now. Released before the kernel binds it, so another process may take it first:
+/// the probe makes sure whose listener it is before it sends the token (`owner`).
 fn free_port() -> std::io::Result<u16> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
@@ -180,7 +185,10 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
             }
         };
         let token = random_token();
-        let mut child = match spec.launch.command(port, &token).spawn() {
+        let mut cmd = spec.launch.command(port, &token);
+        // Its output goes through the gateway's log, line by line (`output`).
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
                 let program = spec.launch.program();
@@ -196,6 +204,12 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
             let mut g = k.inner.lock().expect("kernel lock");
             g.pid = Some(child.id());
             g.client = Some(k.client_for(&launch::url(port), Some(token.clone()), spec.timeouts));
+        }
+        if let Some(out) = child.stdout.take() {
+            output::forward(child.id(), Stream::Stdout, out);
+        }
+        if let Some(err) = child.stderr.take() {
+            output::forward(child.id(), Stream::Stderr, err);
         }
         tracing::info!(pid = child.id(), port, "managed kernel started");
         if let Life::Stop = live(&k, &spec, &rt, &mut child, port, &token, &mut backoff) {
@@ -237,8 +251,13 @@ fn live(
     backoff: &mut Backoff,
 ) -> Life {
     let started = Instant::now();
+    let pid = child.id();
     let ready = watch(k, child, Duration::from_millis(100), || {
-        if rt.block_on(launch::ready(port, token, PROBE_TIMEOUT)) {
+        // The token goes to the child's own listener only: not to a process that took the port
+        // between its choice and the child's bind (the child is its process group's leader).
+        if owner::kernel_listens(port, pid)
+            && rt.block_on(launch::ready(port, token, PROBE_TIMEOUT))
+        {
             Some(true)
         } else if started.elapsed() > spec.ready_timeout {
             Some(false)

@@ -48,6 +48,122 @@ fn configuration_errors_exit_1_with_a_message() {
         (code, err.trim()),
         (1, "--idle-shutdown must be a non-negative number.")
     );
+    // The gateway's own variables never reach the kernel, not even named.
+    let (code, err) = run(
+        &[],
+        &[("IAC_CODE_AGUI_KERNEL_ENV", "A,IAC_CODE_AGUI_AUTH_TOKEN")],
+    );
+    assert_eq!(
+        (code, err.trim()),
+        (
+            1,
+            "--kernel-env cannot pass IAC_CODE_AGUI_AUTH_TOKEN: the gateway's own IAC_CODE_AGUI_* \
+             variables never reach the kernel."
+        )
+    );
+}
+
+/// The managed kernel gets an allow-list of the gateway's environment, and its output goes
+/// through the gateway's log: a stub kernel dumps its environment, writes a line to each stream
+/// (one far too long) and exits.
+#[test]
+fn the_managed_kernel_gets_no_secret_of_the_gateway_and_its_output_is_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("env");
+    let script = dir.path().join("kernel");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nenv > '{d}.tmp'\nmv '{d}.tmp' '{d}'\necho kernel-stdout-marker\n\
+             printf 'kernel-stderr-marker %020000d\\n' 0 >&2\nexit 3\n",
+            d = dump.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = dir.path().join("gateway.log");
+    let port = free_port();
+    let mut child = Command::new(bin())
+        .args(["--port", &port.to_string(), "--log-format", "json"])
+        .arg("--a2a-command")
+        .arg(&script)
+        .args(["--kernel-env", "PASSED_ON"])
+        // The state URL's variable is set but not used (an empty flag wins): the file store.
+        .args(["--state-url", "", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .env_remove("IAC_CODE_AGUI_A2A_URL")
+        .env_remove("IAC_CODE_AGUI_KERNEL_ENV")
+        .env("IAC_CODE_AGUI_AUTH_TOKEN", "gw-secret-1")
+        .env(
+            "IAC_CODE_AGUI_STATE_URL",
+            "postgres://u:pw-secret-2@127.0.0.1:1/db",
+        )
+        .env("IAC_CODE_AGUI_A2A_TOKEN", "a2a-secret-3")
+        .env("OTEL_EXPORTER_OTLP_HEADERS", "authorization=otel-secret-4")
+        .env("IAC_CODE_API_KEY", "allowed-llm-key")
+        .env("PASSED_ON", "passed-value")
+        .env("NOT_PASSED_ON", "kept-back")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !(dump.exists()
+        && std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("kernel-stderr-marker"))
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no kernel output"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let _ = child.wait();
+
+    let env = std::fs::read_to_string(&dump).unwrap();
+    for secret in [
+        "gw-secret-1",
+        "pw-secret-2",
+        "a2a-secret-3",
+        "otel-secret-4",
+    ] {
+        assert!(!env.contains(secret), "{secret} reached the kernel: {env}");
+    }
+    assert!(!env.contains("kept-back"), "{env}");
+    assert!(env.contains("IAC_CODE_API_KEY=allowed-llm-key\n"), "{env}");
+    assert!(env.contains("PASSED_ON=passed-value\n"), "{env}");
+    assert!(env.contains("IACCODE_A2A_HTTP_TOKEN="), "{env}");
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let kernel_line = |marker: &str| {
+        lines
+            .iter()
+            .find(|l| l["message"].as_str().is_some_and(|m| m.starts_with(marker)))
+            .unwrap_or_else(|| panic!("{marker} not logged: {text}"))
+            .clone()
+    };
+    let out = kernel_line("kernel-stdout-marker");
+    let marks = |l: &serde_json::Value| {
+        [&l["level"], &l["source"], &l["stream"]].map(|v| v.as_str().unwrap_or("").to_owned())
+    };
+    assert_eq!(marks(&out), ["INFO", "kernel", "stdout"], "{out}");
+    let err = kernel_line("kernel-stderr-marker");
+    assert_eq!(marks(&err), ["WARN", "kernel", "stderr"], "{err}");
+    // 20,021 bytes written, 8 KiB logged.
+    let kept = err["message"].as_str().unwrap().len();
+    assert_eq!(kept, 8192, "{err}");
+    assert_eq!(err["cut_bytes"], 20021 - 8192, "{err}");
 }
 
 /// The layers of a flagged option: the flag beats its variable, which beats the YAML key.
@@ -194,6 +310,8 @@ fn help_documents_every_option() {
         "--advertise-url",
         "--kernel-backup-dir",
         "--kernel-persistence-dir",
+        "--kernel-env",
+        "IAC_CODE_AGUI_KERNEL_ENV",
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");
     }

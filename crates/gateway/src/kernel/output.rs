@@ -1,0 +1,166 @@
+//! The managed kernel's standard output and error, read line by line into the gateway's log:
+//! each line one event marked `source="kernel"` (stdout at info, stderr at warn), so that the
+//! kernel's output has the gateway's format (JSON lines stay JSON) and goes where its logs go.
+//!
+//! A line is kept up to [`MAX_LINE`] bytes; the rest of a longer one is counted and dropped, so a
+//! chatty kernel (or one that never writes a newline) cannot make the gateway hold its output.
+
+use std::io::{BufRead, BufReader, Read};
+
+/// The longest part of one line of the kernel's output that is logged.
+pub const MAX_LINE: usize = 8 * 1024;
+
+/// Which of the kernel's streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn name(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// Logs what the kernel `pid` writes to `pipe`, in a thread of its own that ends with the pipe
+/// (when the kernel's process group is gone).
+pub fn forward(pid: u32, stream: Stream, pipe: impl Read + Send + 'static) {
+    let spawned = std::thread::Builder::new()
+        .name(format!("kernel-{}", stream.name()))
+        .spawn(move || {
+            let _ = read_lines(pipe, MAX_LINE, |line, cut| log(pid, stream, line, cut));
+        });
+    if let Err(e) = spawned {
+        tracing::error!(pid, stream = stream.name(), error = %e, "the kernel's output cannot be read");
+    }
+}
+
+fn log(pid: u32, stream: Stream, line: &[u8], cut: usize) {
+    let text = String::from_utf8_lossy(line);
+    let name = stream.name();
+    match (stream, cut) {
+        (Stream::Stdout, 0) => tracing::info!(source = "kernel", stream = name, pid, "{text}"),
+        (Stream::Stderr, 0) => tracing::warn!(source = "kernel", stream = name, pid, "{text}"),
+        (Stream::Stdout, cut) => {
+            tracing::info!(
+                source = "kernel",
+                stream = name,
+                pid,
+                cut_bytes = cut,
+                "{text}"
+            )
+        }
+        (Stream::Stderr, cut) => {
+            tracing::warn!(
+                source = "kernel",
+                stream = name,
+                pid,
+                cut_bytes = cut,
+                "{text}"
+            )
+        }
+    }
+}
+
+/// Calls `emit` with each line of `r` (without its `\n` or `\r\n`), at most `max` bytes of it,
+/// and how many bytes of it were dropped; a last line without a newline too. Holds at most
+/// `max` bytes of a line and one read buffer.
+fn read_lines(r: impl Read, max: usize, mut emit: impl FnMut(&[u8], usize)) -> std::io::Result<()> {
+    let mut r = BufReader::with_capacity(8 * 1024, r);
+    let mut line: Vec<u8> = Vec::new();
+    let mut cut = 0usize;
+    loop {
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if buf.is_empty() {
+            if !line.is_empty() || cut > 0 {
+                emit(trim_cr(&line), cut);
+            }
+            return Ok(());
+        }
+        let newline = buf.iter().position(|b| *b == b'\n');
+        let part = &buf[..newline.unwrap_or(buf.len())];
+        let take = part.len().min(max - line.len());
+        line.extend_from_slice(&part[..take]);
+        cut += part.len() - take;
+        let used = newline.map_or(buf.len(), |i| i + 1);
+        r.consume(used);
+        if newline.is_some() {
+            emit(trim_cr(&line), cut);
+            line.clear();
+            cut = 0;
+        }
+    }
+}
+
+fn trim_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8], max: usize) -> Vec<(String, usize)> {
+        let mut out = Vec::new();
+        read_lines(input, max, |line, cut| {
+            out.push((String::from_utf8_lossy(line).into_owned(), cut))
+        })
+        .expect("read");
+        out
+    }
+
+    fn l(s: &str, cut: usize) -> (String, usize) {
+        (s.to_owned(), cut)
+    }
+
+    #[test]
+    fn one_event_a_line_the_last_one_too() {
+        assert_eq!(
+            lines(b"one\r\ntwo\n\nlast", 100),
+            [l("one", 0), l("two", 0), l("", 0), l("last", 0)]
+        );
+        assert!(lines(b"", 100).is_empty());
+    }
+
+    #[test]
+    fn a_long_line_is_cut_and_what_was_dropped_counted() {
+        assert_eq!(lines(b"abcdefgh\nxy\n", 3), [l("abc", 5), l("xy", 0)]);
+        // Longer than a read buffer, without any newline: bounded all the same.
+        let huge = vec![b'x'; 100_000];
+        let got = lines(&huge, MAX_LINE);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0.len(), MAX_LINE);
+        assert_eq!(got[0].1, 100_000 - MAX_LINE);
+    }
+
+    /// A reader that never holds more than one chunk, so that a line spans many reads.
+    struct Trickle(Vec<u8>, usize);
+
+    impl Read for Trickle {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(7).min(self.0.len() - self.1);
+            buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+            self.1 += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn lines_split_across_reads_come_out_whole() {
+        let mut out = Vec::new();
+        let input = b"a line longer than a read\nand another\n".to_vec();
+        read_lines(Trickle(input, 0), 10, |line, cut| {
+            out.push((String::from_utf8_lossy(line).into_owned(), cut))
+        })
+        .expect("read");
+        assert_eq!(out, [l("a line lon", 15), l("and anothe", 1)]);
+    }
+}
