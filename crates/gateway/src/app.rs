@@ -202,7 +202,8 @@ pub async fn serve_with_admin(
         // An external kernel is probed for `agui_kernel_up`; a managed one is watched anyway.
         rt.kernel().probe_external(Duration::from_secs(5));
         let router = admin::router(rt.metrics().clone());
-        tokio::spawn(crate::server::serve(l, router, async move {
+        let stall = rt.cfg().client_stall_timeout;
+        tokio::spawn(crate::server::serve(l, router, stall, async move {
             let _ = admin_done.await;
         }))
     });
@@ -239,12 +240,13 @@ pub async fn serve_with_admin(
     }
     let app = http::router(state);
     let rt2 = rt.clone();
+    let stall = rt.cfg().client_stall_timeout;
     let graceful = async move {
         let _ = stop_rx.wait_for(|v| *v).await;
         rt2.shutdown().begin();
     };
     let server = async move {
-        crate::server::serve(listener, app, graceful).await;
+        crate::server::serve(listener, app, stall, graceful).await;
         Ok::<(), std::io::Error>(())
     };
     // One deadline for the whole drain, from the stop signal: open connections, then runs

@@ -24,3 +24,4 @@ pub mod store;
 pub mod telemetry;
 pub mod threads_api;
 pub mod validate;
+pub mod write_deadline;

@@ -4,7 +4,10 @@
 //! the body), HEAD (GET's length, no body), `Connection: close`, HTTP/1.0, a bounded request
 //! head (431 above [`MAX_HEAD`] or [`MAX_HEADERS`] fields) and a header-read timeout. A client
 //! that closes its connection while its response streams is noticed at once (hyper watches for
-//! end of input mid-message), which drops the response body and so cancels the run.
+//! end of input mid-message), which drops the response body and so cancels the run. Accepted
+//! sockets probe an idle peer (TCP keep-alive), so a connection whose peer vanished without a
+//! word (a host powered off, a network gone) is noticed and closed; one whose writes make no
+//! progress for the client stall timeout is closed too (see [`WriteDeadline`]).
 
 use std::future::Future;
 use std::pin::pin;
@@ -17,6 +20,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+use crate::write_deadline::WriteDeadline;
+
 /// Largest request head: 16 KiB, as uvicorn's default. hyper's read buffer is bounded by it, so
 /// a head still arriving holds at most this much memory.
 pub const MAX_HEAD: usize = 16 * 1024;
@@ -25,6 +30,22 @@ pub const MAX_HEADERS: usize = 64;
 /// A request head must be complete this long after the connection starts waiting for it; an
 /// idle kept-alive connection is closed after as long.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// TCP keep-alive of accepted sockets: the first probe after this long without traffic, then one
+/// every [`KEEPALIVE_INTERVAL`]; the system's count of unanswered probes closes the connection.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+
+/// The options of an accepted socket (best effort: a socket that refuses one is served as it is).
+fn prepare(tcp: &tokio::net::TcpStream) {
+    // Events are small writes: disable Nagle so they leave at once (no delayed-ACK stalls).
+    let _ = tcp.set_nodelay(true);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+        tracing::debug!(error = %e, "TCP keep-alive could not be set");
+    }
+}
 
 fn builder() -> http1::Builder {
     let mut b = http1::Builder::new();
@@ -49,8 +70,13 @@ where
 
 /// Serves `app` on `listener` until `graceful` resolves; then stops accepting, lets every
 /// connection finish its current response (idle keep-alive connections close at once) and
-/// returns once all are gone.
-pub async fn serve(listener: TcpListener, app: Router, graceful: impl Future<Output = ()>) {
+/// returns once all are gone. A connection whose writes make no progress for `stall` is closed.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    stall: Duration,
+    graceful: impl Future<Output = ()>,
+) {
     let builder = builder();
     let shutdown = GracefulShutdown::new();
     let mut graceful = pin!(graceful);
@@ -69,10 +95,9 @@ pub async fn serve(listener: TcpListener, app: Router, graceful: impl Future<Out
                 continue;
             }
         };
-        // Events are small writes: disable Nagle so they leave at once (no delayed-ACK stalls).
-        let _ = tcp.set_nodelay(true);
-        let conn =
-            builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone()));
+        prepare(&tcp);
+        let io = TokioIo::new(WriteDeadline::new(tcp, stall));
+        let conn = builder.serve_connection(io, TowerToHyperService::new(app.clone()));
         let conn = shutdown.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -137,6 +162,20 @@ mod tests {
         let out = read_to_close(&mut client, HEAD_TIMEOUT * 2).await.unwrap();
         assert!(out.starts_with(b"HTTP/1.1 200"), "answered first");
         assert!(start.elapsed() >= HEAD_TIMEOUT, "then closed when quiet");
+    }
+
+    /// Accepted sockets send events at once and probe an idle peer.
+    #[tokio::test]
+    async fn accepted_sockets_have_keep_alive_and_no_delay() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        assert!(!socket2::SockRef::from(&tcp).keepalive().unwrap());
+        prepare(&tcp);
+        assert!(socket2::SockRef::from(&tcp).keepalive().unwrap());
+        assert!(tcp.nodelay().unwrap());
     }
 
     /// A head that completes within the timeout is answered, however slowly it trickles in.

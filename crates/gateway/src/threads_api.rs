@@ -6,7 +6,8 @@
 //! reconnects) or `?after=<n>`: it replays the buffered frames after it, then follows the run
 //! live until its terminal event. Joined to what the client saw before, that is the run's exact
 //! sequence. A reader never slows the run: one that falls behind the buffer is disconnected, and
-//! its next request gets `RUN_EVENTS_GONE`.
+//! its next request gets `RUN_EVENTS_GONE`; one that reads nothing for the stall timeout is
+//! dropped, and no longer holds the run attached.
 
 use std::sync::Arc;
 
@@ -92,12 +93,14 @@ fn sse(rx: mpsc::Receiver<Bytes>, heartbeat: std::time::Duration) -> Response {
         .expect("response builds")
 }
 
-/// Replays `first`, then follows `events` until the run ends, the reader leaves or falls behind.
+/// Replays `first`, then follows `events` until the run ends, the reader leaves, falls behind or
+/// reads nothing for `stall`.
 fn follow(
     events: Arc<RunEvents>,
     first: Batch,
     capacity: usize,
     heartbeat: std::time::Duration,
+    stall: std::time::Duration,
 ) -> Response {
     let (tx, rx) = mpsc::channel(capacity.max(1));
     let attached = events.attach();
@@ -106,7 +109,8 @@ fn follow(
         let mut batch = first;
         loop {
             for f in std::mem::take(&mut batch.frames) {
-                if tx.send(f).await.is_err() {
+                // A reader that stalls lets go of the run (and its buffer) like one that left.
+                if sink::deliver(&tx, f, stall, None).await != sink::Delivery::Sent {
                     return;
                 }
             }
@@ -149,7 +153,13 @@ pub async fn events(
         });
     };
     match plan(&events, after) {
-        Plan::Stream(first) => Ok(follow(events, first, rt.channel_capacity(), heartbeat)),
+        Plan::Stream(first) => Ok(follow(
+            events,
+            first,
+            rt.channel_capacity(),
+            heartbeat,
+            rt.cfg().client_stall_timeout,
+        )),
         Plan::Done => Ok(StatusCode::NO_CONTENT.into_response()),
         Plan::Gone => Err(ApiError::new(Code::RunEventsGone, msg::RUN_EVENTS_GONE)),
         Plan::Beyond => Err(ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID)),

@@ -14,6 +14,8 @@ pub(super) const METRICS_LISTEN: &str = "--metrics-listen must be HOST:PORT.";
 pub(super) const LOG_FORMAT: &str = "--log-format must be text or json.";
 pub(super) const STATE_URL: &str = "--state-url must be a postgres:// URL.";
 pub(super) const LEASE_TTL: &str = "--lease-ttl must be a number of seconds, at least 1.";
+pub(super) const CLIENT_STALL_TIMEOUT: &str =
+    "--client-stall-timeout must be a positive number of seconds.";
 pub(super) const ADVERTISE_URL: &str = "--advertise-url must be an http:// URL.";
 const ADVERTISE_NEEDED: &str =
     "--advertise-url is needed with --state-url when --host is a wildcard address.";
@@ -66,6 +68,16 @@ pub(super) fn lease_ttl(v: f64) -> Result<Duration, String> {
         return Err(LEASE_TTL.into());
     }
     Ok(Duration::from_secs_f64(v))
+}
+
+/// How long a client may read nothing: a bound, never zero (a wait without one would be for
+/// ever).
+pub(super) fn client_stall_timeout(v: f64) -> Result<Duration, String> {
+    let v = non_negative(v, CLIENT_STALL_TIMEOUT)?;
+    if v <= 0.0 {
+        return Err(CLIENT_STALL_TIMEOUT.into());
+    }
+    Ok(Duration::from_secs_f64(v.min(LONGEST_SECS)))
 }
 
 /// A loopback http(s) URL of a kernel (host `127.0.0.1`, `::1` or `localhost`), normalised to

@@ -8,7 +8,7 @@ use clap::Parser;
 pub struct Cli {
     /// YAML configuration file (keys: host, port, a2a_url, debug, log_stdout, state_dir,
     /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
-    /// kernel_idle_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
+    /// kernel_idle_timeout, client_stall_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
     /// kernel_persistence_dir, kernel_env; dashes or underscores).
     #[arg(long, value_name = "PATH")]
@@ -67,6 +67,15 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub kernel_idle_timeout: Option<String>,
+    /// Seconds a client may read nothing while its events wait (a run's stream or a re-attached
+    /// reader) before it is treated as gone, as if it had disconnected [default: 60].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_CLIENT_STALL_TIMEOUT",
+        allow_hyphen_values = true
+    )]
+    pub client_stall_timeout: Option<String>,
     /// An origin whose pages may call the gateway from a browser (CORS), such as
     /// https://app.example.com; repeatable. The variable takes a comma-separated list [default:
     /// none, no CORS headers].

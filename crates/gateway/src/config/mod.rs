@@ -47,6 +47,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Longest silence of a kernel stream; zero ⇒ none.
     pub kernel_idle_timeout: Duration,
+    /// Longest wait on a client that reads nothing; past it the client is gone.
+    pub client_stall_timeout: Duration,
     /// Raw allowed-cwds list: `IAC_CODE_AGUI_ALLOWED_CWDS`, else `IACCODE_A2A_ALLOWED_CWDS`.
     pub allowed_cwds: Option<String>,
     /// `HOME` (for `~` expansion).
@@ -120,6 +122,8 @@ const KERNEL_IDLE_TIMEOUT: Opt<Number> = Opt::new(
     "kernel_idle_timeout",
     "--kernel-idle-timeout must be a non-negative number.",
 );
+const CLIENT_STALL_TIMEOUT: Opt<Number> =
+    Opt::new("client_stall_timeout", check::CLIENT_STALL_TIMEOUT);
 const CORS_ORIGINS: Opt<List> = Opt::new("cors_origins", "cors_origins must be a list of origins.");
 const DETACH_GRACE: Opt<Number> = Opt::new(
     "detach_grace",
@@ -170,6 +174,10 @@ impl Config {
         let interrupt_ttl_secs = check::interrupt_ttl(ttl)?;
         let shutdown_timeout = seconds(&SHUTDOWN_TIMEOUT, cli.shutdown_timeout, 10.0)?;
         let kernel_idle_timeout = seconds(&KERNEL_IDLE_TIMEOUT, cli.kernel_idle_timeout, 60.0)?;
+        let client_stall_timeout = l
+            .get(&CLIENT_STALL_TIMEOUT, cli.client_stall_timeout)?
+            .unwrap_or(60.0);
+        let client_stall_timeout = check::client_stall_timeout(client_stall_timeout)?;
         let a2a_command = l.get(&A2A_COMMAND, cli.a2a_command)?;
         let a2a_command = a2a_command.unwrap_or_else(|| "iac-code".into());
         let cors_origins = l.get(&CORS_ORIGINS, Some(cli.cors_origin))?;
@@ -243,6 +251,7 @@ impl Config {
             a2a_command,
             shutdown_timeout,
             kernel_idle_timeout,
+            client_stall_timeout,
             allowed_cwds,
             home,
             process_cwd,
@@ -313,6 +322,7 @@ impl fmt::Debug for Config {
             a2a_command,
             shutdown_timeout,
             kernel_idle_timeout,
+            client_stall_timeout,
             allowed_cwds,
             home,
             process_cwd,
@@ -345,6 +355,7 @@ impl fmt::Debug for Config {
             .field("a2a_command", a2a_command)
             .field("shutdown_timeout", shutdown_timeout)
             .field("kernel_idle_timeout", kernel_idle_timeout)
+            .field("client_stall_timeout", client_stall_timeout)
             .field("allowed_cwds", allowed_cwds)
             .field("home", home)
             .field("process_cwd", process_cwd)
@@ -406,6 +417,7 @@ mod tests {
             ("a2a_command", "IAC_CODE_AGUI_A2A_COMMAND"),
             ("shutdown_timeout", "IAC_CODE_AGUI_SHUTDOWN_TIMEOUT"),
             ("kernel_idle_timeout", "IAC_CODE_AGUI_KERNEL_IDLE_TIMEOUT"),
+            ("client_stall_timeout", "IAC_CODE_AGUI_CLIENT_STALL_TIMEOUT"),
             ("cors_origin", "IAC_CODE_AGUI_CORS_ORIGINS"),
             ("detach_grace", "IAC_CODE_AGUI_DETACH_GRACE"),
             ("replay_buffer", "IAC_CODE_AGUI_REPLAY_BUFFER"),
@@ -493,6 +505,28 @@ mod tests {
         );
         let e = load(&["--cors-origin", "*"], &[]).unwrap_err();
         assert!(e.starts_with("--cors-origin must be an origin"), "{e}");
+    }
+
+    #[test]
+    fn client_stall_timeout_from_each_layer_and_never_zero() {
+        assert_eq!(
+            load(&[], &[]).unwrap().client_stall_timeout,
+            Duration::from_secs(60)
+        );
+        let c = load(&["--client-stall-timeout", "2.5"], &[]).unwrap();
+        assert_eq!(c.client_stall_timeout, Duration::from_millis(2500));
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        std::fs::write(&p, "client-stall-timeout: 7\n").unwrap();
+        let c = load(&["--config", p.to_str().unwrap()], &[]).unwrap();
+        assert_eq!(c.client_stall_timeout, Duration::from_secs(7));
+        for bad in ["0", "-1", "x", "inf"] {
+            assert_eq!(
+                load(&["--client-stall-timeout", bad], &[]).unwrap_err(),
+                "--client-stall-timeout must be a positive number of seconds.",
+                "{bad}"
+            );
+        }
     }
 
     #[test]

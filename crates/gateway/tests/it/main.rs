@@ -16,6 +16,7 @@ mod process;
 mod protocol;
 mod real_kernel;
 mod reattach;
+mod stall;
 mod support;
 mod telemetry;
 mod wire;

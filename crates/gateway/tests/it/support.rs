@@ -33,6 +33,7 @@ pub struct Builder {
     pub cors: Vec<String>,
     pub detach_grace: Option<Duration>,
     pub replay_buffer: Option<usize>,
+    pub client_stall: Option<Duration>,
 }
 
 pub struct TestServer {
@@ -61,11 +62,17 @@ impl Builder {
             cors: vec![],
             detach_grace: None,
             replay_buffer: None,
+            client_stall: None,
         }
     }
     /// Runs go on without a client for `grace` (`--detach-grace`).
     pub fn detach_grace(mut self, grace: Duration) -> Self {
         self.detach_grace = Some(grace);
+        self
+    }
+    /// How long a client may read nothing (`--client-stall-timeout`).
+    pub fn client_stall(mut self, d: Duration) -> Self {
+        self.client_stall = Some(d);
         self
     }
     /// The replay buffer of a run, in bytes (`--replay-buffer`).
@@ -179,6 +186,9 @@ impl Builder {
         }
         if let Some(b) = self.replay_buffer {
             cfg.replay_buffer_bytes = b;
+        }
+        if let Some(d) = self.client_stall {
+            cfg.client_stall_timeout = d;
         }
         cfg.cors_origins =
             iac_code_agui::cors::Origins::parse(&self.cors).expect("valid CORS origins");

@@ -23,6 +23,8 @@ mod stream;
 mod task;
 mod turn;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use agui::Event;
@@ -41,7 +43,8 @@ use super::admit::{Admitted, Mode};
 use super::hold::{ThreadHold, Unsaved};
 use super::replay::RunEvents;
 use super::request::Turn;
-use super::sink::Sink;
+use super::sink::{Sink, Stop};
+use super::RunControl;
 
 use super::Runtime;
 use end::{ending, End, Failure, Flow};
@@ -65,8 +68,18 @@ pub fn spawn_run(
         rt.replays().insert(thread, run, events.clone());
         (thread.clone(), run.clone(), events)
     });
+    // The lapse of this instance's lease as of the run's start: the run's checks and its sends
+    // watch the same one.
+    let lapse = rt.threads().store().lease().map(|l| l.watch());
+    let stop = Arc::new(RunStop {
+        rt: rt.clone(),
+        control: adm.control.clone(),
+        lapse: lapse.clone(),
+    });
     let (sink, rx) = Sink::new(
         rt.channel_capacity(),
+        rt.cfg().client_stall_timeout,
+        stop,
         rt.clock().clone(),
         replay.as_ref().map(|(_, _, e)| e.clone()),
         rt.metrics().clone(),
@@ -75,7 +88,7 @@ pub fn spawn_run(
     rt.metrics().run_started();
     tokio::spawn(async move {
         rt.activity().stream_opened();
-        let mut d = Driver::new(rt.clone(), adm, sink);
+        let mut d = Driver::new(rt.clone(), adm, sink, lapse);
         with_incoming(trace_headers, d.run())
             .instrument(span.clone())
             .await;
@@ -97,6 +110,33 @@ pub fn spawn_run(
         }
     });
     rx
+}
+
+/// What stops a run while it waits on its client: its cancellation, the drain, its lease
+/// lapsing. A send blocked on a client that does not read returns at once, and the run's checks
+/// end it for that reason (so the cancellation extension's answer and the run's end agree).
+struct RunStop {
+    rt: Arc<Runtime>,
+    control: Arc<RunControl>,
+    lapse: Option<Arc<Lapse>>,
+}
+
+impl Stop for RunStop {
+    fn wait(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let lapsed = async {
+                match &self.lapse {
+                    Some(l) => l.wait().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = self.control.cancelled() => {}
+                () = self.rt.shutdown().drained() => {}
+                () = lapsed => {}
+            }
+        })
+    }
 }
 
 /// The progress of a resume's answers.
@@ -128,7 +168,7 @@ struct Driver {
 }
 
 impl Driver {
-    fn new(rt: Arc<Runtime>, adm: Admitted, sink: Sink) -> Driver {
+    fn new(rt: Arc<Runtime>, adm: Admitted, sink: Sink, lapse: Option<Arc<Lapse>>) -> Driver {
         let envelope = &adm.req.envelope;
         let mapper = Mapper::new(&envelope.run_id, Default::default(), &envelope.thread_id);
         let out = Output::new(
@@ -139,7 +179,6 @@ impl Driver {
             &envelope.thread_id,
             &envelope.run_id,
         );
-        let lapse = rt.threads().store().lease().map(|l| l.watch());
         let hold = ThreadHold::new(
             rt.threads_arc().clone(),
             adm.slot.clone(),

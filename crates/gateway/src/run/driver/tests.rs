@@ -308,3 +308,40 @@ async fn an_answer_is_delivered_once_and_recorded_before_the_run_goes_on() {
     assert_eq!(doc.applied_resume_digests.len(), 1);
     assert_eq!(doc.last_run.unwrap().outcome, RunOutcome::Success.into());
 }
+
+/// A send blocked on a client that reads nothing returns as soon as the run is stopped: by its
+/// cancellation, by its lease lapsing, by the drain (each alone).
+#[tokio::test]
+async fn a_run_waiting_on_its_client_is_stopped_by_a_cancel_a_lapse_or_the_drain() {
+    async fn stopped(stop: &RunStop) -> bool {
+        tokio::time::timeout(std::time::Duration::from_millis(50), stop.wait())
+            .await
+            .is_ok()
+    }
+    let h = harness().await;
+    let lease = crate::store::Lease::new(std::time::Duration::from_secs(15));
+    let stop = RunStop {
+        rt: h.rt.clone(),
+        control: Arc::new(RunControl::default()),
+        lapse: Some(lease.watch()),
+    };
+    assert!(!stopped(&stop).await);
+    stop.control.request_cancel();
+    assert!(stopped(&stop).await, "cancelled");
+
+    let stop = RunStop {
+        control: Arc::new(RunControl::default()),
+        ..stop
+    };
+    assert!(!stopped(&stop).await);
+    assert!(lease.check(), "a lease never renewed lapses");
+    assert!(stopped(&stop).await, "lapsed");
+
+    let stop = RunStop {
+        lapse: None,
+        ..stop
+    };
+    assert!(!stopped(&stop).await);
+    h.rt.shutdown().begin();
+    assert!(stopped(&stop).await, "drained");
+}

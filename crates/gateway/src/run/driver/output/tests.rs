@@ -14,7 +14,14 @@ use crate::run::replay::RunEvents;
 use crate::telemetry::Metrics;
 
 fn output(dialect: Dialect, replay: Option<Arc<RunEvents>>) -> (Output, mpsc::Receiver<Bytes>) {
-    let (sink, rx) = Sink::new(64, Arc::new(SystemClock), replay, Arc::new(Metrics::new()));
+    let (sink, rx) = Sink::new(
+        64,
+        Duration::from_secs(60),
+        Arc::new(crate::latch::Latch::default()),
+        Arc::new(SystemClock),
+        replay,
+        Arc::new(Metrics::new()),
+    );
     let mapper = Mapper::new("run-1", Default::default(), "thread-1");
     (
         Output::new(sink, mapper, dialect, Lang::En, "thread-1", "run-1"),
