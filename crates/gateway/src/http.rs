@@ -274,34 +274,7 @@ async fn health(State(s): State<AppState>, method: Method, headers: HeaderMap) -
     if method != Method::GET && method != Method::HEAD {
         return method_not_allowed("GET, HEAD");
     }
-    let mut kernel = s.rt.kernel().health();
-    if !authorized(&s.rt, &headers) {
-        // `/health` answers anyone (probes carry no token): what the process is and where its
-        // kernel came from (its pid, a start failure naming the command) only its callers see.
-        if let Some(k) = kernel.as_object_mut() {
-            k.remove("pid");
-            k.remove("error");
-        }
-    }
-    let body = json!({
-        "status": "ok",
-        "protocol": "ag-ui",
-        "protocolPackageVersion": "0.1.20",
-        // The versions a client may declare in `protocolVersion`; without one it gets the
-        // pre-1.0 wire of `protocolPackageVersion`.
-        "protocolVersions": agui::SUPPORTED_VERSIONS,
-        "executionKernel": "a2a-1.0",
-        "serverVersion": env!("CARGO_PKG_VERSION"),
-        "kernel": kernel,
-    });
-    // HEAD: the server sends the head only, with the length GET would have.
-    let bytes = serde_json::to_vec(&body).expect("health serialises");
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json")],
-        bytes,
-    )
-        .into_response()
+    crate::health::answer(&s.rt, authorized(&s.rt, &headers))
 }
 
 fn header_lang(rt: &Runtime, headers: &HeaderMap) -> Lang {

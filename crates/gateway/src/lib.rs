@@ -11,6 +11,7 @@ pub mod config;
 pub mod cors;
 pub mod error;
 pub mod forward;
+pub mod health;
 pub mod http;
 pub mod i18n;
 pub mod kernel;
