@@ -216,6 +216,7 @@ pub mod msg {
         IMAGE_TOO_LARGE = "An image exceeds the maximum size.";
         IMAGES_TOO_LARGE = "The total image content exceeds the maximum size.";
         IMAGE_INVALID = "The image data is invalid.";
+        IMAGE_TOO_MANY_PIXELS = "An image has too many pixels (at most 36 megapixels).";
         STATE_UNAVAILABLE = "The AG-UI adapter state is unavailable.";
         RUN_ID_USED = "The AG-UI run id has already been used.";
         THREAD_BUSY = "The AG-UI thread already has an active run.";

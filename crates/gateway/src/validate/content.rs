@@ -113,6 +113,9 @@ fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<a2a::Part>,
                 if total > limits.total {
                     return Err(err(msg::IMAGES_TOO_LARGE));
                 }
+                if pixels(&bytes).is_some_and(|p| p > MAX_PIXELS) {
+                    return Err(err(msg::IMAGE_TOO_MANY_PIXELS));
+                }
                 let (normalised, media_type) =
                     normalise_image(&bytes).ok_or_else(|| err(msg::IMAGE_INVALID))?;
                 let filename = item
@@ -211,7 +214,26 @@ fn limits() -> image::Limits {
     l
 }
 
+/// The most pixels an image may declare: it is decoded whole before it is scaled down, so its
+/// declared size, not its compressed bytes, is what it costs (a 100 KB PNG can declare
+/// 20,000 × 20,000). 36 megapixels: a 6,000 × 6,000 photograph, about 140 MB decoded as RGBA.
+pub const MAX_PIXELS: u64 = 36_000_000;
+
+/// The pixels an image declares in its header, read without decoding it (`None`: no header that
+/// tells).
+pub fn pixels(bytes: &[u8]) -> Option<u64> {
+    let (w, h) = image::ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .ok()?
+        .into_dimensions()
+        .ok()?;
+    Some(u64::from(w) * u64::from(h))
+}
+
 fn decode(bytes: &[u8]) -> Option<(ImageFormat, DynamicImage)> {
+    if pixels(bytes).is_some_and(|p| p > MAX_PIXELS) {
+        return None;
+    }
     let mut reader = image::ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .ok()?;
@@ -374,6 +396,47 @@ mod tests {
         assert_eq!(parts[1]["data"]["bytes"], b64(&p));
         assert_eq!(parts[2]["data"]["filename"], "agui-image-3");
         assert_eq!(parts[2]["mediaType"], "image/png");
+    }
+
+    /// A PNG of a few hundred bytes that declares `w` × `h` pixels: a valid header, one compressed
+    /// empty row (the rest is missing, so it would fail late, after the allocation).
+    fn declared_png(w: u32, h: u32) -> Vec<u8> {
+        fn chunk(out: &mut Vec<u8>, kind: &[u8], data: &[u8]) {
+            out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+            let mut c = kind.to_vec();
+            c.extend_from_slice(data);
+            out.extend_from_slice(&c);
+            out.extend_from_slice(&crc32fast::hash(&c).to_be_bytes());
+        }
+        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+        let mut ihdr = Vec::new();
+        ihdr.extend_from_slice(&w.to_be_bytes());
+        ihdr.extend_from_slice(&h.to_be_bytes());
+        ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+        chunk(&mut png, b"IHDR", &ihdr);
+        chunk(
+            &mut png,
+            b"IDAT",
+            &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01],
+        );
+        chunk(&mut png, b"IEND", &[]);
+        png
+    }
+
+    #[test]
+    fn an_image_declaring_too_many_pixels_is_refused_before_decoding() {
+        let bomb = declared_png(20_000, 20_000);
+        assert!(bomb.len() < 200);
+        assert_eq!(pixels(&bomb), Some(400_000_000));
+        let started = std::time::Instant::now();
+        let m = msg_with(json!([{"type": "image", "source": {"type": "data",
+            "mimeType": "image/png", "value": b64(&bomb)}}]));
+        let e = latest_user_message(&m, ImageLimits::default()).unwrap_err();
+        assert_eq!(e.message, msg::IMAGE_TOO_MANY_PIXELS);
+        assert!(normalise_image(&bomb).is_none());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // At the cap the header is read and the image judged by its data as before.
+        assert_eq!(pixels(&declared_png(6_000, 6_000)), Some(MAX_PIXELS));
     }
 
     #[test]
