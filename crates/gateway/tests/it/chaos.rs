@@ -683,3 +683,65 @@ async fn an_answer_refused_while_its_earlier_delivery_runs_is_settled() {
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
     assert!(rig.server.thread_doc("t3")["execution"]["pending"]["perm-1"].is_object());
 }
+
+/// An answer an earlier run sent and lost track of (its stream broke before its first event):
+/// the kernel carried it out and the task completed before the answer was sent again. The
+/// repeated answer is refused, the task has moved past the interrupt: the kernel had the
+/// answer, which is settled as applied (the tool is not run again). The same refusal for an
+/// answer nobody sent before is a real refusal: the interrupt stays pending.
+#[tokio::test]
+async fn an_answer_refused_after_its_earlier_delivery_completed_is_settled() {
+    let rig = rig().await;
+    for (thread, sent_before) in [("t1", true), ("t2", false)] {
+        interrupted(&rig, thread).await;
+        let waiting = || {
+            task_reply(
+                thread,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm_input(thread)}),
+            )
+        };
+        if sent_before {
+            // The first delivery is lost on the way (no answer from the kernel): it stays
+            // marked as on its way.
+            rig.kernel.on("GetTask", waiting());
+            rig.kernel
+                .on("SendStreamingMessage", Reply::Sse(vec![Item::Cut]));
+            let res = resume(&rig, thread, "r2").await;
+            assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
+            let doc = rig.server.thread_doc(thread);
+            assert_eq!(
+                doc["deliveringAnswers"][0]["interruptId"], "perm-1",
+                "{doc}"
+            );
+        }
+        rig.kernel.on("GetTask", waiting());
+        rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
+        // Looked at once after the refusal, and once more to end the run from it.
+        for _ in 0..if sent_before { 2 } else { 1 } {
+            rig.kernel.on(
+                "GetTask",
+                task_reply(thread, "TASK_STATE_COMPLETED", json!({})),
+            );
+        }
+        let res = resume(&rig, thread, "r3").await;
+        let doc = rig.server.thread_doc(thread);
+        if sent_before {
+            assert_eq!(
+                res.last()["outcome"]["type"],
+                "success",
+                "{thread}: {}",
+                res.raw
+            );
+            assert_eq!(doc["appliedResumeDigests"][0]["interruptId"], "perm-1");
+            assert!(doc.get("deliveringAnswers").is_none(), "{doc}");
+            assert!(doc["execution"]["pending"]
+                .as_object()
+                .is_none_or(|p| p.is_empty()));
+        } else {
+            assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
+            assert!(doc["execution"]["pending"]["perm-1"].is_object(), "{doc}");
+            assert_eq!(doc["appliedResumeDigests"], json!([]), "{doc}");
+        }
+    }
+}

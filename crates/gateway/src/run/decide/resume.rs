@@ -42,6 +42,16 @@ pub enum TaskStage {
     Ended,
 }
 
+impl TaskView {
+    /// The task no longer waits for `interrupt_id`: it completed, or it lists its inputs and this
+    /// one is not among them. An answer known to be on its way to it was had; one that was
+    /// cancelled or failed may have ended before the answer arrived, so it does not count.
+    pub fn moved_past(&self, interrupt_id: &str) -> bool {
+        self.stage == TaskStage::Completed
+            || (self.lists_inputs && !self.required.iter().any(|r| r.id == interrupt_id))
+    }
+}
+
 impl TaskStage {
     /// The stage of a task in `state`.
     pub fn of(state: Option<a2a::TaskState>) -> TaskStage {
@@ -61,6 +71,9 @@ pub struct Delivery {
     pub digest: String,
     pub pending: PendingEntry,
     pub answer: Answer,
+    /// An earlier run marked this very answer (same digest) as on its way to the kernel and
+    /// stopped before it knew the outcome: the kernel may have it already.
+    pub sent_before: bool,
 }
 
 /// What happens after the merged pending interrupts are stored.
@@ -98,6 +111,13 @@ fn applied<'a>(doc: &'a ThreadDoc, execution_id: &str, interrupt_id: &str) -> Op
         .iter()
         .find(|a| a.execution_id == execution_id && a.interrupt_id == interrupt_id)
         .map(|a| a.digest.as_str())
+}
+
+/// An earlier run marked this answer as on its way to the kernel (see [`Delivery::sent_before`]).
+fn sent_before(doc: &ThreadDoc, execution_id: &str, interrupt_id: &str, digest: &str) -> bool {
+    doc.delivering.iter().any(|m| {
+        m.execution_id == execution_id && m.interrupt_id == interrupt_id && m.digest == digest
+    })
 }
 
 /// The checks on the document alone: answers to expired interrupts, an execution with nothing
@@ -148,20 +168,14 @@ pub fn plan(
         .collect();
     // An answer marked as on its way to the kernel by a run that did not finish, to an input
     // the task no longer waits for: the kernel had it. It is settled, not sent again.
-    let waits_for = |id: &str| task.required.iter().any(|r| r.id == id);
     let settled: Vec<(String, String)> = entries
         .iter()
         .filter_map(|e| {
             let digest = answer::digest(e);
-            let marked = doc.delivering.iter().any(|m| {
-                m.execution_id == exec && m.interrupt_id == e.interrupt_id && m.digest == digest
-            });
-            // A task that completed, or goes on waiting for something else, had the answer; one
-            // that was cancelled or failed may have ended before it arrived.
-            let gone = task.stage == TaskStage::Completed
-                || (task.lists_inputs && !waits_for(&e.interrupt_id));
-            (marked && gone && applied(doc, exec, &e.interrupt_id).is_none())
-                .then(|| (e.interrupt_id.clone(), digest))
+            (sent_before(doc, exec, &e.interrupt_id, &digest)
+                && task.moved_past(&e.interrupt_id)
+                && applied(doc, exec, &e.interrupt_id).is_none())
+            .then(|| (e.interrupt_id.clone(), digest))
         })
         .collect();
     let mut pending = doc.execution.pending.clone();
@@ -265,12 +279,16 @@ fn then(
             continue;
         };
         match answer::validate(e, p) {
-            Ok(answer) => deliveries.push(Delivery {
-                interrupt_id: e.interrupt_id.clone(),
-                digest: answer::digest(e),
-                pending: p.clone(),
-                answer,
-            }),
+            Ok(answer) => {
+                let digest = answer::digest(e);
+                deliveries.push(Delivery {
+                    interrupt_id: e.interrupt_id.clone(),
+                    sent_before: sent_before(doc, exec, &e.interrupt_id, &digest),
+                    digest,
+                    pending: p.clone(),
+                    answer,
+                })
+            }
             Err(err) => return Then::Refuse(err.into()),
         }
     }
@@ -544,9 +562,26 @@ mod tests {
             required: vec![required("a")],
             ..TaskView::default()
         };
-        let p = plan(&only_a, &[allow("a")], waits, None).unwrap();
+        let p = plan(&only_a, &[allow("a")], waits.clone(), None).unwrap();
         assert!(p.settled.is_empty());
-        assert!(matches!(p.then, Then::Deliver(_)));
+        let Then::Deliver(d) = &p.then else {
+            panic!("{:?}", p.then)
+        };
+        // The delivery knows the kernel may have it already (a refusal is then looked into).
+        assert!(d[0].sent_before);
+        // Another answer than the marked one, or no mark at all: nothing was sent before.
+        let Then::Deliver(d) = plan(&only_a, &[deny("a")], waits.clone(), None)
+            .unwrap()
+            .then
+        else {
+            panic!()
+        };
+        assert!(!d[0].sent_before);
+        let unmarked = doc_with_pending(&[("a", None)]);
+        let Then::Deliver(d) = plan(&unmarked, &[allow("a")], waits, None).unwrap().then else {
+            panic!()
+        };
+        assert!(!d[0].sent_before);
         // A task that lists nothing (a kernel restarted: its durable summary) settles nothing.
         let p = plan(&only_a, &[allow("a")], TaskView::default(), None).unwrap();
         assert!(p.settled.is_empty());

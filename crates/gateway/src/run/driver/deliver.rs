@@ -12,9 +12,10 @@ use a2a::{EventStream, Part, PermissionAnswer};
 
 use crate::error::{msg, Code};
 use crate::run::decide::answer::Answer;
-use crate::run::decide::resume::Delivery;
+use crate::run::decide::resume::{Delivery, TaskStage};
 use crate::store::AppliedDigest;
 
+use super::resume::task_view;
 use super::{Driver, End, Flow, Unsaved, CANCEL_WAIT};
 
 /// How long a task that refused an answer is watched for an earlier delivery of it starting.
@@ -26,7 +27,7 @@ enum Accepted {
     Open(EventStream),
     /// Its stream reached a stopping state.
     Closed,
-    /// The kernel had it already and is carrying it out (see [`Driver::busy_with_earlier_delivery`]).
+    /// The kernel had it already and is carrying it out (see [`Driver::had_earlier_delivery`]).
     Held,
 }
 
@@ -76,7 +77,7 @@ impl Driver {
                         // answer is being carried out.
                         Err(e)
                             if e.is_permission_not_pending()
-                                && self.busy_with_earlier_delivery().await =>
+                                && self.had_earlier_delivery(&d).await =>
                         {
                             self.commit_answer(&d).await?;
                             self.task.set_acknowledged_only();
@@ -217,7 +218,7 @@ impl Driver {
                 })
             }
             Ok(None) => {
-                if self.busy_with_earlier_delivery().await {
+                if self.had_earlier_delivery(d).await {
                     self.commit_answer(d).await?;
                     self.task.set_acknowledged_only();
                     return Ok(Accepted::Held);
@@ -230,12 +231,16 @@ impl Driver {
         }
     }
 
-    /// The kernel refused an answer to a pending interrupt (an empty stream, or "not pending")
-    /// while its task is working: an earlier delivery of the same answer, by a run that crashed
-    /// before it could record it, is being carried out. A task waiting for input or finished is
-    /// not: the answer was then really not accepted, and stays pending. The earlier delivery may
-    /// still be on its way into the task, so a waiting task is looked at again for a short while.
-    async fn busy_with_earlier_delivery(&mut self) -> bool {
+    /// The kernel refused an answer to a pending interrupt (an empty stream, or "not pending"):
+    /// did it have it already, from an earlier delivery by a run that stopped before it could
+    /// record it? Yes when the task is working (the earlier delivery is being carried out), and,
+    /// for an answer an earlier run marked as on its way, when the task has moved past the
+    /// interrupt (it completed, or waits for something else: the earlier delivery was carried
+    /// out before this one arrived). A task still waiting for the interrupt, or one cancelled or
+    /// failed, did not: the answer was really not accepted and stays pending. The earlier
+    /// delivery may still be on its way into the task, so a waiting task is looked at again for
+    /// a short while.
+    async fn had_earlier_delivery(&mut self, d: &Delivery) -> bool {
         let (Some(task), Some(client)) =
             (self.task.id().map(str::to_owned), self.task.client_now())
         else {
@@ -245,7 +250,15 @@ impl Driver {
         loop {
             match tokio::time::timeout(CANCEL_WAIT, client.get_task(&task, 0)).await {
                 Ok(Ok(t)) if t.state().is_some_and(|s| s.is_active()) => return true,
-                Ok(Ok(_)) => {}
+                Ok(Ok(t)) => {
+                    let view = task_view(&t.view());
+                    if view.moved_past(&d.interrupt_id) {
+                        return d.sent_before;
+                    }
+                    if view.stage == TaskStage::Ended {
+                        return false;
+                    }
+                }
                 _ => return false,
             }
             if tokio::time::Instant::now() >= deadline || self.out.is_closed() {

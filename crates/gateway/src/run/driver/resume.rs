@@ -12,6 +12,19 @@ use crate::validate::ResumeEntry;
 
 use super::{Driver, End, Failure, Flow};
 
+/// The kernel's view of a task, as the resume plan reads it.
+pub(super) fn task_view(view: &a2a::ItemView<'_>) -> plan::TaskView {
+    let meta = view.meta();
+    plan::TaskView {
+        stage: plan::TaskStage::of(view.state()),
+        lists_inputs: meta
+            .is_some_and(|m| m.contains_key("input") || m.contains_key("pendingPermissions")),
+        required: meta.map_or_else(Vec::new, |m| {
+            interrupt::required_inputs(m, || uuid::Uuid::new_v4().simple().to_string())
+        }),
+    }
+}
+
 impl Driver {
     pub(super) async fn resume(&mut self, entries: Vec<ResumeEntry>) -> Flow<End> {
         let Some(doc) = self.init_from_doc().await else {
@@ -54,17 +67,13 @@ impl Driver {
         }
         self.out.emit_all(missed).await?;
 
-        let meta = view.meta();
-        let task_view = plan::TaskView {
-            stage: plan::TaskStage::of(view.state()),
-            lists_inputs: meta
-                .is_some_and(|m| m.contains_key("input") || m.contains_key("pendingPermissions")),
-            required: meta.map_or_else(Vec::new, |m| {
-                interrupt::required_inputs(m, || uuid::Uuid::new_v4().simple().to_string())
-            }),
-        };
-        let plan = plan::plan(&doc, &entries, task_view, self.expires_at().as_deref())
-            .map_err(End::refused)?;
+        let plan = plan::plan(
+            &doc,
+            &entries,
+            task_view(&view),
+            self.expires_at().as_deref(),
+        )
+        .map_err(End::refused)?;
         let seq = self.out.mapper().pipeline_sequence();
         let steps = self.out.mapper().durable_open_steps().clone();
         let pending = plan.pending;
