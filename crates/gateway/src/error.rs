@@ -195,6 +195,7 @@ pub mod msg {
         PIPELINE_BOUND = "iacCode.pipelineName must be at most 256 bytes, without control characters.";
         INVOCATION_CONTROL = "iacCode.rosInvocationId must not contain control characters.";
         CANCEL_FIELDS = "threadId and rosInvocationId are required.";
+        ID_INVOCATION = "rosInvocationId must be at most 256 bytes, without control characters.";
         EXECUTION_NOT_FOUND = "The execution was not found.";
         TOOLS_UNSUPPORTED = "Client-provided tools are not supported.";
         CWD_NOT_ABSOLUTE = "The iac-code workspace must be an absolute path.";

@@ -210,6 +210,9 @@ async fn events_route(
         Ok(hl) => hl,
         Err(r) => return r,
     };
+    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
+        return e.into_response_in(hl);
+    }
     let Ok(after) = threads_api::resume_point(req.headers(), req.uri().query()) else {
         return ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl);
     };
@@ -231,6 +234,9 @@ async fn thread_route(
         Ok(hl) => hl,
         Err(r) => return r,
     };
+    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
+        return e.into_response_in(hl);
+    }
     if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
         return r;
     }
@@ -558,6 +564,9 @@ async fn cancel_route(
     let (Some(thread_id), Some(ros)) = (field("threadId"), field("rosInvocationId")) else {
         return ApiError::new(Code::InvalidInput, msg::CANCEL_FIELDS).into_response_in(hl);
     };
+    if let Err(e) = cancel::check_ids(&execution_id, thread_id, ros) {
+        return e.into_response_in(hl);
+    }
     if let Some(r) = held_elsewhere(&rt, thread_id, &trace, Method::POST, &path, raw, hl).await {
         return r;
     }

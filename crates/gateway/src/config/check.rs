@@ -51,7 +51,8 @@ pub(super) fn interrupt_ttl(v: f64) -> Result<u64, String> {
     if v.fract() != 0.0 {
         return Err(INTERRUPT_TTL.into());
     }
-    Ok(v as u64)
+    // Like every duration: longer than about 31 years is forever (and its date would overflow).
+    Ok(v.min(LONGEST_SECS) as u64)
 }
 
 pub(super) fn replay_buffer(v: f64) -> Result<usize, String> {

@@ -760,6 +760,24 @@ mod tests {
         assert_eq!(load(&[], &[]).unwrap().interrupt_ttl_secs, 86400);
     }
 
+    /// Durations beyond about 31 years are that long: a deadline or a date computed from them
+    /// never overflows (an interrupt TTL of 1e16 s used to wrap into the past).
+    #[test]
+    fn huge_durations_are_capped() {
+        let c = load(
+            &[
+                "--interrupt-ttl",
+                "10000000000000000",
+                "--shutdown-timeout",
+                "1e300",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.interrupt_ttl_secs, 1_000_000_000);
+        assert_eq!(c.shutdown_timeout.as_secs(), 1_000_000_000);
+    }
+
     #[test]
     fn validation_messages() {
         let port = "--port must be between 1 and 65535.";

@@ -35,6 +35,27 @@ fn state_unavailable() -> ApiError {
     ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
 }
 
+/// The ids of a cancellation, checked before anything (a store, a forward) sees them: an
+/// execution id no execution can have is not found; a thread or invocation id beyond the bound
+/// of ids (see [`crate::validate::is_bounded`]) is invalid input.
+pub fn check_ids(
+    execution_id: &str,
+    thread_id: &str,
+    ros_invocation_id: &str,
+) -> Result<(), ApiError> {
+    use crate::validate::is_bounded;
+    if !is_bounded(execution_id) {
+        return Err(not_found());
+    }
+    if !is_bounded(thread_id) {
+        return Err(ApiError::new(Code::InvalidInput, msg::ID_THREAD));
+    }
+    if !is_bounded(ros_invocation_id) {
+        return Err(ApiError::new(Code::InvalidInput, msg::ID_INVOCATION));
+    }
+    Ok(())
+}
+
 /// Cancels `execution_id` of `thread_id`.
 pub async fn cancel(
     rt: &Runtime,

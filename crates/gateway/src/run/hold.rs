@@ -200,11 +200,22 @@ impl ThreadHold {
 /// Reads a thread that must exist: `read` sees its state and document under the thread's lock.
 /// A thread without a document is `THREAD_NOT_FOUND`; a store that cannot be read,
 /// `STATE_UNAVAILABLE`.
+/// A thread id no thread can have (beyond the bound of ids) names no thread: not found, before
+/// the registry or a store sees it.
+pub fn check_thread_id(thread_id: &str) -> Result<(), ApiError> {
+    if crate::validate::is_bounded(thread_id) {
+        Ok(())
+    } else {
+        Err(ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND))
+    }
+}
+
 pub async fn read_thread<R>(
     threads: &Threads,
     thread_id: &str,
     read: impl FnOnce(&ThreadState, &ThreadDoc) -> R,
 ) -> Result<R, ApiError> {
+    check_thread_id(thread_id)?;
     let slot = threads.slot(thread_id);
     let st = threads
         .lock(&slot, thread_id)

@@ -267,13 +267,27 @@ impl Threads {
     /// The slot of a thread (created empty when unknown).
     pub fn slot(&self, thread_id: &str) -> Arc<Slot> {
         let mut map = self.map();
+        let mut evicted = Vec::new();
         if map.len() >= self.cap && !map.contains_key(thread_id) {
             // Keep what is referenced elsewhere, locked, running or waiting for answers.
-            map.retain(|_, slot| Arc::strong_count(slot) > 1 || slot.in_use());
+            map.retain(|id, slot| {
+                let keep = Arc::strong_count(slot) > 1 || slot.in_use();
+                if !keep {
+                    evicted.push(id.clone());
+                }
+                keep
+            });
         }
-        map.entry(thread_id.to_owned())
+        let slot = map
+            .entry(thread_id.to_owned())
             .or_insert_with(|| Arc::new(Slot::default()))
-            .clone()
+            .clone();
+        drop(map);
+        // What the store keeps per held thread goes with the thread (bounded like the map).
+        for id in evicted {
+            self.store.forget(&id);
+        }
+        slot
     }
 
     /// Locks a thread and loads its document if it is not in memory yet (or, from a shared
@@ -457,7 +471,47 @@ impl Threads {
 mod tests {
     use super::*;
     use crate::run::decide::testing::doc_with_pending;
-    use crate::store::AppliedDigest;
+    use crate::store::{AppliedDigest, BoxFuture, ThreadStore};
+
+    /// A store that remembers which threads it was told to forget.
+    #[derive(Default)]
+    struct Forgetful(Mutex<Vec<String>>);
+
+    impl ThreadStore for Forgetful {
+        fn load(&self, _: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
+            Box::pin(async { Ok(None) })
+        }
+        fn save(&self, _: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn forget(&self, thread_id: &str) {
+            self.0.lock().unwrap().push(thread_id.to_owned());
+        }
+    }
+
+    /// Threads the registry evicts are forgotten by the store too (the PostgreSQL store's
+    /// epochs are bounded like the registry); a thread still referenced is kept and not
+    /// forgotten.
+    #[test]
+    fn evicted_threads_are_forgotten_by_the_store() {
+        let store = Arc::new(Forgetful::default());
+        let metrics = Arc::new(Metrics::new());
+        let mut threads = Threads::new(Metered::new(store.clone(), metrics.clone()), metrics);
+        threads.cap = 3;
+        let kept = threads.slot("kept");
+        threads.slot("a");
+        threads.slot("b");
+        assert!(store.0.lock().unwrap().is_empty());
+        threads.slot("c");
+        let mut forgotten = store.0.lock().unwrap().clone();
+        forgotten.sort();
+        assert_eq!(forgotten, ["a", "b"]);
+        assert_eq!(threads.map().len(), 2, "kept and c");
+        drop(kept);
+    }
 
     #[test]
     fn interrupt_changes_tell_created_answered_expired_and_cleared_apart() {

@@ -163,6 +163,10 @@ pub trait ThreadStore: Send + Sync + 'static {
     fn instance_id(&self) -> Option<String> {
         None
     }
+    /// This process keeps nothing of the thread any more (its registry evicted it: no run, no
+    /// lock, nothing waiting): a store that remembers something per thread it holds (the
+    /// PostgreSQL store's epochs) drops it, and learns it again at the thread's next admission.
+    fn forget(&self, _thread_id: &str) {}
     /// A clean stop: a shared store gives this instance's threads up at once (another instance
     /// takes them over without waiting for the lease to run out); nothing is written after it.
     fn release(&self) -> BoxFuture<'static, ()> {

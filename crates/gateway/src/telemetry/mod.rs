@@ -15,6 +15,7 @@ pub mod admin;
 pub mod logs;
 pub mod metrics;
 pub mod observer;
+mod one_line;
 pub mod otel;
 
 use std::sync::Arc;
@@ -67,7 +68,7 @@ pub fn init(cfg: &Config, env: &Env, metrics: Arc<Metrics>) -> Telemetry {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_target(false)
             .with_ansi(ansi)
-            .with_writer(writer)
+            .with_writer(one_line::OneLine::new(writer, ansi))
             .with_filter(filter)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()

@@ -178,6 +178,7 @@ async fn each_id_over_the_bound_or_with_a_control_character_is_refused_naming_it
     done(&k, &at_bound);
     let r = post(&s.url, &b, &[]).await;
     assert_valid_run(&r, &at_bound, "r\u{200d}\u{200e}1");
+    bad_ids_on_the_other_routes(&s.url).await;
     assert_eq!(metric(&s, "agui_state_save_failures_total"), 0.0);
 }
 
@@ -204,6 +205,11 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
             r.raw
         );
     }
+    assert_eq!(
+        pg.psql("ids", "SELECT count(*) FROM agui_threads").trim(),
+        "0"
+    );
+    bad_ids_on_the_other_routes(&i.url()).await;
     assert_eq!(
         pg.psql("ids", "SELECT count(*) FROM agui_threads").trim(),
         "0"
@@ -251,4 +257,70 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
         .unwrap();
     assert_eq!(r.status(), 200);
     drop(i);
+}
+
+/// The thread, events and cancellation routes with ids beyond the bound: a thread, run or
+/// execution no one can have is not found; a cancellation's body ids are invalid input naming
+/// their field. Nothing reaches a store (a NUL or a long key in a PostgreSQL query was a 503).
+async fn bad_ids_on_the_other_routes(base: &str) {
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let long = "x".repeat(4096);
+    for thread in ["a%00b", long.as_str(), "line%0Abreak"] {
+        for path in [
+            format!("threads/{thread}"),
+            format!("threads/{thread}/runs/r1/events"),
+        ] {
+            let r = c.get(format!("{base}{path}")).send().await.unwrap();
+            let status = r.status().as_u16();
+            let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap_or(Value::Null);
+            assert_eq!(
+                (status, v["error"]["code"].as_str()),
+                (404, Some("THREAD_NOT_FOUND")),
+                "{path}: {v}"
+            );
+        }
+    }
+    let cancel = |exec: &str, body: Value| {
+        c.post(format!(
+            "{base}extensions/iac-code/v1/executions/{exec}/cancel"
+        ))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+    };
+    let ok = json!({"threadId": "t", "rosInvocationId": "inv-1"});
+    let r = cancel("e%00", ok.clone()).await.unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["error"]["code"], "EXECUTION_NOT_FOUND", "{v}");
+    let r = cancel(&long, ok).await.unwrap();
+    assert_eq!(r.status(), 404);
+    for (body, field) in [
+        (
+            json!({"threadId": "a\u{0}b", "rosInvocationId": "inv-1"}),
+            "threadId",
+        ),
+        (
+            json!({"threadId": long, "rosInvocationId": "inv-1"}),
+            "threadId",
+        ),
+        (
+            json!({"threadId": "t", "rosInvocationId": "i\nj"}),
+            "rosInvocationId",
+        ),
+        (
+            json!({"threadId": "t", "rosInvocationId": "i".repeat(257)}),
+            "rosInvocationId",
+        ),
+    ] {
+        let r = cancel("e1", body.clone()).await.unwrap();
+        let status = r.status().as_u16();
+        let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (400, Some("INVALID_INPUT")),
+            "{body}: {v}"
+        );
+        assert_eq!(v["error"]["message"], bound_message(field), "{body}");
+    }
 }

@@ -545,6 +545,11 @@ impl ThreadStore for PgStore {
         self.inner.lease.holds() && self.epochs().contains_key(thread_id)
     }
 
+    fn forget(&self, thread_id: &str) {
+        // The row still names this instance: the next admission reads its epoch again.
+        self.epochs().remove(thread_id);
+    }
+
     fn admit<'a>(
         &'a self,
         thread_id: &'a str,
