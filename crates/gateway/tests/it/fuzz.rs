@@ -72,8 +72,11 @@ fn run_input() -> impl Strategy<Value = Value> {
 /// Runs `check` on values of `strategy`: `PROPTEST_CASES` cases (default 256), or, with
 /// `FUZZ_SECONDS`, batches of fresh random cases until that much time has passed. A failure is
 /// shrunk to a minimal input and reported with it.
-fn fuzz<S: Strategy>(name: &str, strategy: S, check: impl Fn(S::Value) -> Result<(), TestCaseError>)
-where
+pub(crate) fn fuzz<S: Strategy>(
+    name: &str,
+    strategy: S,
+    check: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) where
     S::Value: std::fmt::Debug,
 {
     let budget = std::env::var("FUZZ_SECONDS")

@@ -9,6 +9,7 @@ mod crash;
 mod docs;
 mod fake_kernel;
 mod fuzz;
+mod fuzz_cwd;
 mod http_surface;
 mod ids;
 mod load;
