@@ -5,6 +5,7 @@
 //! `mapping` (pure: kernel item → AG-UI events, span balancing) → SSE encoder.
 
 pub mod app;
+pub mod auth;
 pub mod canonical;
 pub mod clock;
 pub mod config;
