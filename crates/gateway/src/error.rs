@@ -249,6 +249,7 @@ pub mod msg {
         INTERRUPT_OTHER_CONTEXT = "An interrupt belongs to another A2A context.";
         EXPIRED = "The interrupt has expired.";
         ALREADY_APPLIED = "The interrupt response has already been applied.";
+        EARLIER_DELIVERY = "An earlier delivery of this interrupt response reached the kernel; it is not sent again.";
         DUPLICATE_ANSWERS = "The resume contains duplicate interrupt ids.";
         INCOMPLETE_RESUME = "The resume must resolve every pending interrupt exactly once.";
         UNKNOWN_INTERRUPT = "The resume references an unknown interrupt.";

@@ -688,11 +688,16 @@ async fn an_answer_refused_while_its_earlier_delivery_runs_is_settled() {
 /// the kernel carried it out and the task completed before the answer was sent again. The
 /// repeated answer is refused, the task has moved past the interrupt: the kernel had the
 /// answer, which is settled as applied (the tool is not run again). The same refusal for an
-/// answer nobody sent before is a real refusal: the interrupt stays pending.
+/// answer nobody sent before is a real refusal: the interrupt stays pending. An answer sent
+/// before whose task goes on listing the interrupt: the kernel took the earlier delivery and
+/// shows nothing of it; the answer is recorded as applied and never sent again, the run says so
+/// (`RESUME_ALREADY_APPLIED`, its own message) and leaves the task as it is.
 #[tokio::test]
 async fn an_answer_refused_after_its_earlier_delivery_completed_is_settled() {
     let rig = rig().await;
-    for (thread, sent_before) in [("t1", true), ("t2", false)] {
+    for (thread, sent_before, moved_past) in
+        [("t1", true, true), ("t2", false, true), ("t4", true, false)]
+    {
         interrupted(&rig, thread).await;
         let waiting = || {
             task_reply(
@@ -717,16 +722,43 @@ async fn an_answer_refused_after_its_earlier_delivery_completed_is_settled() {
         }
         rig.kernel.on("GetTask", waiting());
         rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
-        // Looked at once after the refusal, and once more to end the run from it.
-        for _ in 0..if sent_before { 2 } else { 1 } {
-            rig.kernel.on(
-                "GetTask",
-                task_reply(thread, "TASK_STATE_COMPLETED", json!({})),
-            );
+        if moved_past {
+            // Looked at once after the refusal, and once more to end the run from it.
+            for _ in 0..if sent_before { 2 } else { 1 } {
+                rig.kernel.on(
+                    "GetTask",
+                    task_reply(thread, "TASK_STATE_COMPLETED", json!({})),
+                );
+            }
+        } else {
+            // The task goes on listing the interrupt (the kernel took the earlier delivery and
+            // shows nothing of it): looked at until the wait ends.
+            for _ in 0..30 {
+                rig.kernel.on("GetTask", waiting());
+            }
         }
         let res = resume(&rig, thread, "r3").await;
         let doc = rig.server.thread_doc(thread);
-        if sent_before {
+        if !moved_past {
+            assert_eq!(res.last()["code"], "RESUME_ALREADY_APPLIED", "{}", res.raw);
+            assert!(res.raw.contains("An earlier delivery"), "{}", res.raw);
+            assert_eq!(doc["appliedResumeDigests"][0]["interruptId"], "perm-1");
+            assert!(doc.get("deliveringAnswers").is_none(), "{doc}");
+            assert!(
+                rig.kernel.calls("CancelTask").is_empty(),
+                "the task is left as it is"
+            );
+            // The same answer again: already applied, nothing sent.
+            let sent = rig.kernel.calls("SendStreamingMessage").len();
+            let again = resume(&rig, thread, "r4").await;
+            assert_eq!(
+                again.last()["code"],
+                "RESUME_ALREADY_APPLIED",
+                "{}",
+                again.raw
+            );
+            assert_eq!(rig.kernel.calls("SendStreamingMessage").len(), sent);
+        } else if sent_before {
             assert_eq!(
                 res.last()["outcome"]["type"],
                 "success",

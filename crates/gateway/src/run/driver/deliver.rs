@@ -21,13 +21,23 @@ use super::{Driver, End, Flow, Unsaved, CANCEL_WAIT};
 /// How long a task that refused an answer is watched for an earlier delivery of it starting.
 const EARLIER_DELIVERY_WAIT: Duration = Duration::from_secs(2);
 
+/// What a refused answer says of an earlier delivery of it.
+enum Earlier {
+    /// The kernel carried it out (or is carrying it out).
+    Carried,
+    /// The kernel holds it but the task shows nothing of it.
+    Unconfirmed,
+    /// There was none: the refusal stands.
+    None,
+}
+
 /// What the kernel did with an answer.
 enum Accepted {
     /// Its stream goes on.
     Open(EventStream),
     /// Its stream reached a stopping state.
     Closed,
-    /// The kernel had it already and is carrying it out (see [`Driver::had_earlier_delivery`]).
+    /// The kernel had it already and is carrying it out (see [`Driver::earlier_delivery`]).
     Held,
 }
 
@@ -75,14 +85,10 @@ impl Driver {
                         }
                         // "Not pending" while the task works: an earlier delivery of this
                         // answer is being carried out.
-                        Err(e)
-                            if e.is_permission_not_pending()
-                                && self.had_earlier_delivery(&d).await =>
-                        {
-                            self.commit_answer(&d).await?;
-                            self.task.set_acknowledged_only();
-                            Accepted::Held
-                        }
+                        Err(e) if e.is_permission_not_pending() => match self.refused(&d).await? {
+                            Some(held) => held,
+                            None => return Err(rejected(&e)),
+                        },
                         Err(e) => {
                             if e.rpc().is_some() {
                                 // Refused, not lost on the way: nothing to settle later.
@@ -217,52 +223,89 @@ impl Driver {
                     ControlFlow::Continue(()) => Accepted::Open(stream),
                 })
             }
-            Ok(None) => {
-                if self.had_earlier_delivery(d).await {
-                    self.commit_answer(d).await?;
-                    self.task.set_acknowledged_only();
-                    return Ok(Accepted::Held);
-                }
-                // Not accepted: the interrupt stays answerable, and nothing is on its way.
-                self.unmark_delivering(d).await;
-                Err(End::fail(Code::A2aUnavailable, not_accepted))
-            }
+            Ok(None) => match self.refused(d).await? {
+                Some(held) => Ok(held),
+                None => Err(End::fail(Code::A2aUnavailable, not_accepted)),
+            },
             Err(e) => Err(End::kernel(&e).keep_task()),
         }
     }
 
-    /// The kernel refused an answer to a pending interrupt (an empty stream, or "not pending"):
-    /// did it have it already, from an earlier delivery by a run that stopped before it could
-    /// record it? Yes when the task is working (the earlier delivery is being carried out), and,
-    /// for an answer an earlier run marked as on its way, when the task has moved past the
-    /// interrupt (it completed, or waits for something else: the earlier delivery was carried
-    /// out before this one arrived). A task still waiting for the interrupt, or one cancelled or
-    /// failed, did not: the answer was really not accepted and stays pending. The earlier
-    /// delivery may still be on its way into the task, so a waiting task is looked at again for
-    /// a short while.
-    async fn had_earlier_delivery(&mut self, d: &Delivery) -> bool {
+    /// The kernel refused an answer to a pending interrupt (an empty stream, or "not pending").
+    /// `Some(Held)` when it had the answer from an earlier delivery and carries it out (the run
+    /// follows the task); `None` when the answer was really not accepted (it stays pending, and
+    /// is no longer on its way); an end of its own when an earlier delivery reached the kernel
+    /// but the task does not show what became of it.
+    async fn refused(&mut self, d: &Delivery) -> Flow<Option<Accepted>> {
+        match self.earlier_delivery(d).await {
+            Earlier::Carried => {
+                self.commit_answer(d).await?;
+                self.task.set_acknowledged_only();
+                Ok(Some(Accepted::Held))
+            }
+            Earlier::Unconfirmed => {
+                // The kernel took this answer from a run that stopped while delivering it and
+                // takes no other; whether its tool runs is the kernel's. It is recorded as
+                // applied (never sent again, the same answer again is told so), the task is left
+                // as it is (the next turn cancels it if it still waits), and the client learns
+                // the answer is not this run's to apply.
+                self.commit_answer(d).await?;
+                Err(End::fail(Code::ResumeAlreadyApplied, msg::EARLIER_DELIVERY).keep_task())
+            }
+            Earlier::None => {
+                self.unmark_delivering(d).await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// What a refusal of `d` says about an earlier delivery of it, by a run that stopped before
+    /// it could record the outcome. The task working: the earlier delivery is carried out. For
+    /// an answer an earlier run marked as on its way (`sent_before`): the task moved past the
+    /// interrupt (it completed, or waits for something else) means it was carried out; still
+    /// waiting for it after a short while means the kernel took it without showing progress
+    /// (the refusal says the kernel holds a decision for it). A task cancelled or failed, or an
+    /// answer never sent before: the refusal stands. The earlier delivery may still be on its
+    /// way into the task, so a waiting task is looked at again for a short while.
+    async fn earlier_delivery(&mut self, d: &Delivery) -> Earlier {
         let (Some(task), Some(client)) =
             (self.task.id().map(str::to_owned), self.task.client_now())
         else {
-            return false;
+            return Earlier::None;
         };
         let deadline = tokio::time::Instant::now() + EARLIER_DELIVERY_WAIT;
         loop {
             match tokio::time::timeout(CANCEL_WAIT, client.get_task(&task, 0)).await {
-                Ok(Ok(t)) if t.state().is_some_and(|s| s.is_active()) => return true,
+                Ok(Ok(t)) if t.state().is_some_and(|s| s.is_active()) => return Earlier::Carried,
                 Ok(Ok(t)) => {
                     let view = task_view(&t.view());
+                    tracing::debug!(
+                        state = ?t.state(),
+                        moved_past = view.moved_past(&d.interrupt_id),
+                        "answer refused; the task is looked at"
+                    );
                     if view.moved_past(&d.interrupt_id) {
-                        return d.sent_before;
+                        return if d.sent_before {
+                            Earlier::Carried
+                        } else {
+                            Earlier::None
+                        };
                     }
                     if view.stage == TaskStage::Ended {
-                        return false;
+                        return Earlier::None;
                     }
                 }
-                _ => return false,
+                _ => return Earlier::None,
             }
-            if tokio::time::Instant::now() >= deadline || self.out.is_closed() {
-                return false;
+            if self.out.is_closed() {
+                return Earlier::None;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return if d.sent_before {
+                    Earlier::Unconfirmed
+                } else {
+                    Earlier::None
+                };
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
