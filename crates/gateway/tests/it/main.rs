@@ -11,6 +11,7 @@ mod fake_kernel;
 mod fuzz;
 mod http_surface;
 mod ids;
+mod limits;
 mod load;
 mod process;
 mod protocol;
