@@ -159,9 +159,69 @@ impl Limits {
     }
 }
 
+/// Descriptors the gateway may hold with every bound reached: a socket per connection, a kernel
+/// stream per run, and room for the rest (the listeners, the kernel's pooled connections, the
+/// store, the journal, the logs).
+pub fn descriptors_needed(caps: &Caps) -> u64 {
+    (caps.max_connections + caps.max_runs) as u64 + 256
+}
+
+/// Raises the soft open-file limit towards the hard one, as far as `--max-connections` and
+/// `--max-runs` need (a system's default soft limit, often 1,024, is below the default bounds):
+/// a gateway out of descriptors fails every accept and every kernel call, where one at its bounds
+/// only makes clients wait. Says so when even the hard limit is too low. Returns the soft limit.
+#[allow(unsafe_code)]
+pub fn make_room_for_descriptors(caps: &Caps) -> u64 {
+    let needed = descriptors_needed(caps);
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid pointer to an rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 0;
+    }
+    if r.rlim_cur < needed {
+        let raised = libc::rlimit {
+            rlim_cur: needed.min(r.rlim_max),
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            r = raised;
+        }
+    }
+    if r.rlim_cur < needed {
+        tracing::warn!(
+            limit = r.rlim_cur,
+            needed,
+            "the open-file limit is below what --max-connections and --max-runs need: raise it \
+             (LimitNOFILE=, ulimit -n) or lower them"
+        );
+    }
+    r.rlim_cur
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_raised_as_far_as_the_bounds_need() {
+        let c = Caps::default();
+        assert_eq!(descriptors_needed(&c), 4096 + 1024 + 256);
+        let soft = make_room_for_descriptors(&c);
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: getrlimit with a valid pointer to an rlimit.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
+        assert!(ok);
+        assert_eq!(soft, r.rlim_cur);
+        assert!(soft >= descriptors_needed(&c).min(r.rlim_max), "{soft}");
+    }
 
     fn caps(runs: usize, detached: usize, guidance: usize) -> Caps {
         Caps {
