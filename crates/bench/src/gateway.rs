@@ -52,6 +52,10 @@ pub(crate) async fn start(target: &Target, kernel: &SyntheticKernel) -> Result<G
         Target::Rust(bin, extra) => {
             let mut c = Command::new(bin);
             c.args(["--port", &port.to_string(), "--a2a-url", &kernel.url()]);
+            // The bench parks thousands of streams: far past the default bounds on runs and
+            // connections, which a deployment sizes for its kernel.
+            c.env("IAC_CODE_AGUI_MAX_RUNS", "1000000")
+                .env("IAC_CODE_AGUI_MAX_CONNECTIONS", "1000000");
             c.args(extra);
             c
         }

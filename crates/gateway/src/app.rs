@@ -201,9 +201,11 @@ pub async fn serve_with_admin(
     let admin_task = admin.map(|l| {
         // An external kernel is probed for `agui_kernel_up`; a managed one is watched anyway.
         rt.kernel().probe_external(Duration::from_secs(5));
-        let router = admin::router(rt.metrics().clone());
+        let router = admin::router(rt.metrics().clone(), Some(rt.clone()));
         let stall = rt.cfg().client_stall_timeout;
-        tokio::spawn(crate::server::serve(l, router, stall, async move {
+        // Not capped: an operator's probe and scrape still answer when the public listener is
+        // full.
+        tokio::spawn(crate::server::serve(l, router, stall, None, async move {
             let _ = admin_done.await;
         }))
     });
@@ -245,8 +247,13 @@ pub async fn serve_with_admin(
         let _ = stop_rx.wait_for(|v| *v).await;
         rt2.shutdown().begin();
     };
+    let metrics = rt.metrics().clone();
+    let cap = crate::server::ConnectionCap {
+        max: rt.cfg().caps.max_connections,
+        on_full: Box::new(move || metrics.limit_reached(crate::telemetry::Limit::Connections)),
+    };
     let server = async move {
-        crate::server::serve(listener, app, stall, graceful).await;
+        crate::server::serve(listener, app, stall, Some(cap), graceful).await;
         Ok::<(), std::io::Error>(())
     };
     // One deadline for the whole drain, from the stop signal: open connections, then runs

@@ -11,6 +11,10 @@ use axum::response::{IntoResponse, Response};
 
 use crate::i18n::{self, Lang};
 
+/// The `Retry-After` of a refusal at a bound: long enough for a turn to end or a reader to
+/// leave, short enough that a client waiting on it loses little.
+pub const RETRY_AFTER_SECS: u32 = 5;
+
 /// Every error code the gateway emits. README.md lists each in its error table (a test checks).
 /// Its serde name is its wire name (a thread document records the code a run ended with).
 #[derive(
@@ -53,6 +57,9 @@ pub enum Code {
     ThreadNotFound,
     RunNotFound,
     RunEventsGone,
+    TooManyRuns,
+    TooManyReaders,
+    TooManyGuidanceRuns,
 }
 
 impl Code {
@@ -94,6 +101,9 @@ impl Code {
             Code::ThreadNotFound => ("THREAD_NOT_FOUND", StatusCode::NOT_FOUND),
             Code::RunNotFound => ("RUN_NOT_FOUND", StatusCode::NOT_FOUND),
             Code::RunEventsGone => ("RUN_EVENTS_GONE", StatusCode::GONE),
+            Code::TooManyRuns => ("TOO_MANY_RUNS", StatusCode::SERVICE_UNAVAILABLE),
+            Code::TooManyReaders => ("TOO_MANY_READERS", StatusCode::TOO_MANY_REQUESTS),
+            Code::TooManyGuidanceRuns => ("TOO_MANY_GUIDANCE_RUNS", StatusCode::TOO_MANY_REQUESTS),
         }
     }
 
@@ -105,6 +115,17 @@ impl Code {
     /// The HTTP status used when this error is answered before the SSE stream.
     pub const fn status(self) -> StatusCode {
         self.row().1
+    }
+
+    /// Seconds a client should wait before it asks again (`Retry-After`): the refusals at a
+    /// bound on concurrent work, which a slot freeing up lifts.
+    pub const fn retry_after(self) -> Option<u32> {
+        match self {
+            Code::TooManyRuns | Code::TooManyReaders | Code::TooManyGuidanceRuns => {
+                Some(RETRY_AFTER_SECS)
+            }
+            _ => None,
+        }
     }
 
     /// The code of a wire name (`THREAD_BUSY` → [`Code::ThreadBusy`]), as stored or received.
@@ -151,6 +172,10 @@ impl ApiError {
             body.to_string(),
         )
             .into_response();
+        if let Some(secs) = self.code.retry_after() {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
+        }
         if self.code == Code::Unauthorized {
             resp.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
@@ -265,6 +290,9 @@ pub mod msg {
         LEASE_LAPSED = "This gateway instance lost its lease on the shared state.";
         PERMISSION_REQUIRED = "Permission required";
         INPUT_REQUIRED = "Input required";
+        TOO_MANY_RUNS = "The gateway is serving as many runs as it may. Retry later.";
+        TOO_MANY_READERS = "This run has as many readers as it may. Retry later.";
+        TOO_MANY_GUIDANCE_RUNS = "This thread has as many guidance runs as it may. Retry later.";
     }
 }
 
@@ -294,7 +322,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 27);
+        assert_eq!(names.len(), 30);
         assert_eq!(Code::from_wire("thread_busy"), None);
         assert_eq!(Code::from_wire(""), None);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);
@@ -302,6 +330,23 @@ mod tests {
         assert_eq!(Code::ExecutionNotFound.status().as_u16(), 404);
         assert_eq!(Code::RequestTooLarge.status().as_u16(), 413);
         assert_eq!(Code::RunEventsGone.status().as_u16(), 410);
+        assert_eq!(Code::TooManyRuns.status().as_u16(), 503);
+        assert_eq!(Code::TooManyReaders.status().as_u16(), 429);
+    }
+
+    /// A refusal at a bound tells the client when to ask again; no other error does.
+    #[test]
+    fn refusals_at_a_bound_carry_retry_after() {
+        for &code in all() {
+            let r = ApiError::new(code, "x").into_response_in(Lang::En);
+            let header = r.headers().get(axum::http::header::RETRY_AFTER);
+            match code.retry_after() {
+                Some(s) => assert_eq!(header.unwrap(), &s.to_string(), "{code:?}"),
+                None => assert!(header.is_none(), "{code:?}"),
+            }
+        }
+        assert_eq!(Code::TooManyRuns.retry_after(), Some(RETRY_AFTER_SECS));
+        assert_eq!(Code::ThreadBusy.retry_after(), None);
     }
 
     /// README.md's error table (the table under its `| Code | HTTP status |` header): one row per

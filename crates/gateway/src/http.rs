@@ -456,6 +456,11 @@ async fn run_request(
         span.record("error_code", e.code.as_str());
         e.into_response_in(lang)
     };
+    // A slot among `--max-runs` before anything is touched (workspace, store, kernel): a refusal
+    // leaves nothing behind. It goes with the run to its end (forwarded requests give it back).
+    let Some(slot) = rt.limits().run() else {
+        return refused(ApiError::new(Code::TooManyRuns, msg::TOO_MANY_RUNS));
+    };
     let request = match prepare(&rt, obj, &body, lang).await {
         Ok(r) => r,
         Err(e) => return refused(e),
@@ -466,11 +471,12 @@ async fn run_request(
         Ok(adm) => {
             span.record("execution_id", adm.execution_id.as_str());
             span.record("mode", adm.mode.name());
-            let rx = spawn_run(s.rt.clone(), adm, span, trace_headers);
+            let rx = spawn_run(s.rt.clone(), adm, slot, span, trace_headers);
             sse_response(&s, rx)
         }
         Err(admit::NotAdmitted::Refused(e)) => refused(e),
         Err(admit::NotAdmitted::HeldElsewhere(url)) => {
+            drop(slot);
             span.record("outcome", "forwarded");
             let (headers, path) = forwardable.unwrap_or_default();
             to_holder(&rt, &url, Method::POST, &path, &headers, body, lang).await

@@ -17,6 +17,7 @@ pub mod http;
 pub mod i18n;
 pub mod kernel;
 pub mod latch;
+pub mod limits;
 pub mod mapping;
 pub mod paths;
 pub mod run;

@@ -50,6 +50,8 @@ fn main() {
         // Logging (and the trace exporter, which runs on this runtime) first.
         let metrics = Arc::new(Metrics::new());
         let telemetry = telemetry::init(&cfg, &env, metrics.clone());
+        // Room for the descriptors the bounds allow (said in the log when there is too little).
+        let files = iac_code_agui::limits::make_room_for_descriptors(&cfg.caps);
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let listener = match app::bind(&addr).await {
             Ok(l) => l,
@@ -82,7 +84,7 @@ fn main() {
         if let Some(a) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
             tracing::info!(addr = %a, "metrics listening");
         }
-        tracing::info!(%addr, "iac-code-agui listening");
+        tracing::info!(%addr, open_file_limit = files, "iac-code-agui listening");
         if !state.rt.cfg().has_auth() {
             // No bearer token: whoever reaches the listener may use every route.
             let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());

@@ -8,9 +8,18 @@
 //! sockets probe an idle peer (TCP keep-alive), so a connection whose peer vanished without a
 //! word (a host powered off, a network gone) is noticed and closed; one whose writes make no
 //! progress for the client stall timeout is closed too (see [`WriteDeadline`]).
+//!
+//! With a [`ConnectionCap`], at most that many connections are open at once: at the cap the loop
+//! stops accepting until one closes, so further clients wait in the listening socket's accept
+//! queue (and, once it is full, their SYNs are retried by their own stack) instead of costing a
+//! task, a buffer and a descriptor each. This is what tokio's and hyper's own answer to "how do I
+//! cap connections" is (a semaphore permit taken before `accept`), rather than accepting and
+//! answering 503: that still costs an accept, a write and a close per connection at the moment
+//! the gateway is loaded most, and gives a flood of idle connections nothing to wait on.
 
 use std::future::Future;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -19,6 +28,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::write_deadline::WriteDeadline;
 
@@ -68,19 +78,52 @@ where
     }
 }
 
+/// The most connections a listener keeps open at once, and what to do each time the loop has to
+/// wait for one to close (count it).
+pub struct ConnectionCap {
+    pub max: usize,
+    pub on_full: Box<dyn Fn() + Send + Sync>,
+}
+
 /// Serves `app` on `listener` until `graceful` resolves; then stops accepting, lets every
 /// connection finish its current response (idle keep-alive connections close at once) and
 /// returns once all are gone. A connection whose writes make no progress for `stall` is closed.
+/// With `cap`, no more than `cap.max` connections are open at once (see the module's comment).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     stall: Duration,
+    cap: Option<ConnectionCap>,
     graceful: impl Future<Output = ()>,
 ) {
     let builder = builder();
     let shutdown = GracefulShutdown::new();
     let mut graceful = pin!(graceful);
+    let slots = cap.map(|c| (Arc::new(Semaphore::new(c.max)), c.on_full));
+    // Under sustained load the cap is reached at every accept: said at most once a minute
+    // (`agui_limit_reached_total` counts every time).
+    let mut said: Option<tokio::time::Instant> = None;
     loop {
+        // A slot first, then the connection: at the cap, nothing more is accepted.
+        let slot = match &slots {
+            None => None,
+            Some((free, on_full)) => match free.clone().try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    on_full();
+                    if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                        said = Some(tokio::time::Instant::now());
+                        tracing::warn!(
+                            "the connection cap is reached: new connections wait until one closes"
+                        );
+                    }
+                    tokio::select! {
+                        p = free.clone().acquire_owned() => p.ok(),
+                        () = &mut graceful => break,
+                    }
+                }
+            },
+        };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             () = &mut graceful => break,
@@ -103,6 +146,8 @@ pub async fn serve(
             if let Err(e) = conn.await {
                 tracing::trace!(error = %e, "connection ended with an error");
             }
+            // The slot is free once the connection is gone.
+            drop(slot);
         });
     }
     drop(listener);

@@ -21,9 +21,10 @@ use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
 use crate::mapping::interrupt;
 use crate::run::hold::read_thread;
-use crate::run::replay::{Batch, RunEvents};
+use crate::run::replay::{Attached, Batch, RunEvents};
 use crate::run::{sink, Runtime, ThreadState};
 use crate::store::ThreadDoc;
+use crate::telemetry::Limit;
 
 /// A `Last-Event-ID` or `after` that is not an event id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,13 +98,13 @@ fn sse(rx: mpsc::Receiver<Bytes>, heartbeat: std::time::Duration) -> Response {
 /// reads nothing for `stall`.
 fn follow(
     events: Arc<RunEvents>,
+    attached: Attached,
     first: Batch,
     capacity: usize,
     heartbeat: std::time::Duration,
     stall: std::time::Duration,
 ) -> Response {
     let (tx, rx) = mpsc::channel(capacity.max(1));
-    let attached = events.attach();
     tokio::spawn(async move {
         let _attached = attached;
         let mut batch = first;
@@ -153,13 +154,23 @@ pub async fn events(
         });
     };
     match plan(&events, after) {
-        Plan::Stream(first) => Ok(follow(
-            events,
-            first,
-            rt.channel_capacity(),
-            heartbeat,
-            rt.cfg().client_stall_timeout,
-        )),
+        Plan::Stream(first) => {
+            // A reader costs a task, a channel and a connection for as long as the run lasts:
+            // at most `--max-readers-per-run` of them follow one run at once.
+            let max = rt.limits().readers_per_run();
+            let Some(attached) = events.attach_reader(max) else {
+                rt.limits().reached(Limit::Readers);
+                return Err(ApiError::new(Code::TooManyReaders, msg::TOO_MANY_READERS));
+            };
+            Ok(follow(
+                events,
+                attached,
+                first,
+                rt.channel_capacity(),
+                heartbeat,
+                rt.cfg().client_stall_timeout,
+            ))
+        }
         Plan::Done => Ok(StatusCode::NO_CONTENT.into_response()),
         Plan::Gone => Err(ApiError::new(Code::RunEventsGone, msg::RUN_EVENTS_GONE)),
         Plan::Beyond => Err(ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID)),

@@ -10,7 +10,8 @@ pub struct Cli {
     /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
     /// kernel_idle_timeout, client_stall_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
-    /// kernel_persistence_dir, kernel_env; dashes or underscores).
+    /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,
+    /// max_readers_per_run, max_guidance_per_thread; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -149,9 +150,63 @@ pub struct Cli {
         value_delimiter = ','
     )]
     pub kernel_env: Vec<String>,
+    /// Open client connections on the main listener; beyond, new connections wait in the accept
+    /// queue until one closes (the metrics listener is not counted) [default: 4096].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "IAC_CODE_AGUI_MAX_CONNECTIONS",
+        allow_hyphen_values = true
+    )]
+    pub max_connections: Option<String>,
+    /// Runs served at once (detached and guidance runs included); beyond, a new run is answered
+    /// 503 TOO_MANY_RUNS with Retry-After [default: 1024].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "IAC_CODE_AGUI_MAX_RUNS",
+        allow_hyphen_values = true
+    )]
+    pub max_runs: Option<String>,
+    /// Runs going on without a client at once (with --detach-grace); beyond, a client that
+    /// leaves cancels its run as without a grace [default: 256].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "IAC_CODE_AGUI_MAX_DETACHED_RUNS",
+        allow_hyphen_values = true
+    )]
+    pub max_detached_runs: Option<String>,
+    /// Readers of one run's events route at once; beyond, 429 TOO_MANY_READERS [default: 8].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "IAC_CODE_AGUI_MAX_READERS_PER_RUN",
+        allow_hyphen_values = true
+    )]
+    pub max_readers_per_run: Option<String>,
+    /// Guidance runs of one thread at once; beyond, 429 TOO_MANY_GUIDANCE_RUNS [default: 4].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "IAC_CODE_AGUI_MAX_GUIDANCE_PER_THREAD",
+        allow_hyphen_values = true
+    )]
+    pub max_guidance_per_thread: Option<String>,
 }
 
 impl Cli {
+    /// The flags of the bounds, in `caps::Caps` order.
+    pub(super) fn caps_flags(&mut self) -> super::caps::Flags {
+        [
+            self.max_connections.take(),
+            self.max_runs.take(),
+            self.max_detached_runs.take(),
+            self.max_readers_per_run.take(),
+            self.max_guidance_per_thread.take(),
+        ]
+    }
+
     /// `--log-stdout` (on) or `--no-log-stdout` (off), whichever came last; `None`: neither.
     pub(super) fn log_stdout_flag(&self) -> Option<bool> {
         if self.log_stdout {

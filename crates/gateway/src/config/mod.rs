@@ -11,11 +11,13 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod caps;
 mod check;
 mod cli;
 mod layers;
 pub mod urls;
 
+pub use caps::Caps;
 pub use check::a2a_url as validate_a2a_url;
 pub use cli::Cli;
 use layers::{Integer, Layers, List, Number, Opt, Switch, Text, YamlFile};
@@ -80,6 +82,8 @@ pub struct Config {
     /// Variables of the gateway's environment passed to the managed kernel besides the
     /// allow-list (never an `IAC_CODE_AGUI_*`).
     pub kernel_env: Vec<String>,
+    /// The bounds on concurrent work (connections, runs, detached runs, readers, guidance).
+    pub caps: Caps,
 }
 
 /// How log lines look.
@@ -147,13 +151,14 @@ const KERNEL_ENV: Opt<List> = Opt::new("kernel_env", check::KERNEL_ENV);
 impl Config {
     /// Builds the configuration from the parsed command line (flags and their variables) and the
     /// environment (tokens, paths, locale).
-    pub fn load(cli: Cli, env: EnvFn<'_>) -> Result<Config, String> {
+    pub fn load(mut cli: Cli, env: EnvFn<'_>) -> Result<Config, String> {
         let file = match cli.config.as_deref().filter(|c| !c.is_empty()) {
             Some(path) => YamlFile::read(path)?,
             None => YamlFile::default(),
         };
         let l = Layers { file: &file, env };
         let log_stdout_flag = cli.log_stdout_flag();
+        let caps_flags = cli.caps_flags();
         let seconds = |opt: &Opt<Number>, flag, default| {
             check::seconds(l.get(opt, flag)?.unwrap_or(default), opt.err())
         };
@@ -226,6 +231,7 @@ impl Config {
         let kernel_persistence_dir = dir(&KERNEL_PERSISTENCE_DIR, cli.kernel_persistence_dir)?;
         let kernel_env = l.get(&KERNEL_ENV, Some(cli.kernel_env))?;
         let kernel_env = check::kernel_env(kernel_env.unwrap_or_default())?;
+        let caps = caps::load(&l, caps_flags)?;
 
         let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
         let allowed_cwds = env_nonempty("IAC_CODE_AGUI_ALLOWED_CWDS")
@@ -268,6 +274,7 @@ impl Config {
             kernel_backup_dir,
             kernel_persistence_dir,
             kernel_env,
+            caps,
         })
     }
 
@@ -339,6 +346,7 @@ impl fmt::Debug for Config {
             kernel_backup_dir,
             kernel_persistence_dir,
             kernel_env,
+            caps,
         } = self;
         f.debug_struct("Config")
             .field("host", host)
@@ -372,6 +380,7 @@ impl fmt::Debug for Config {
             .field("kernel_backup_dir", kernel_backup_dir)
             .field("kernel_persistence_dir", kernel_persistence_dir)
             .field("kernel_env", kernel_env)
+            .field("caps", caps)
             .finish()
     }
 }
@@ -432,6 +441,14 @@ mod tests {
                 "IAC_CODE_AGUI_KERNEL_PERSISTENCE_DIR",
             ),
             ("kernel_env", "IAC_CODE_AGUI_KERNEL_ENV"),
+            ("max_connections", "IAC_CODE_AGUI_MAX_CONNECTIONS"),
+            ("max_runs", "IAC_CODE_AGUI_MAX_RUNS"),
+            ("max_detached_runs", "IAC_CODE_AGUI_MAX_DETACHED_RUNS"),
+            ("max_readers_per_run", "IAC_CODE_AGUI_MAX_READERS_PER_RUN"),
+            (
+                "max_guidance_per_thread",
+                "IAC_CODE_AGUI_MAX_GUIDANCE_PER_THREAD",
+            ),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }

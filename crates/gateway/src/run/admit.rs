@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
 use crate::i18n::Lang;
+use crate::limits::GuidanceSlot;
 use crate::store::{RunMark, ThreadDoc};
 use crate::validate::{Envelope, IacCode, RunMode, UserMessage};
 
@@ -44,6 +45,8 @@ pub struct Admitted {
     pub took_over: bool,
     /// This instance's hold on the thread the run was admitted in (see `ThreadState::hold`).
     pub hold: u64,
+    /// A guidance run's place among its thread's `--max-guidance-per-thread`, held to its end.
+    pub guidance: Option<GuidanceSlot>,
 }
 
 fn state_unavailable(e: impl std::fmt::Display) -> ApiError {
@@ -89,6 +92,18 @@ async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
         Mode::NewTurn
     };
     let thread_id = req.envelope.thread_id.as_str();
+    // Guidance runs do not hold their thread, so nothing else bounds how many join it: a slot
+    // among `--max-guidance-per-thread`, before the store is touched.
+    let guidance = match mode {
+        Mode::Guidance => match rt.limits().guidance(thread_id) {
+            Some(g) => Some(g),
+            None => {
+                let e = ApiError::new(Code::TooManyGuidanceRuns, msg::TOO_MANY_GUIDANCE_RUNS);
+                return Err(e.into());
+            }
+        },
+        _ => None,
+    };
     let slot = rt.threads().slot(thread_id);
     let mut st = rt
         .threads()
@@ -168,5 +183,6 @@ async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
         orphan: admission.orphan,
         took_over,
         hold,
+        guidance,
     })
 }

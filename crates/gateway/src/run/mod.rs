@@ -24,6 +24,7 @@ use std::sync::Arc;
 use crate::clock::Clock;
 use crate::config::{Config, Env};
 use crate::kernel::Kernel;
+use crate::limits::Limits;
 use crate::shutdown::{Activity, Shutdown};
 use crate::store::ThreadStore;
 use crate::telemetry::Metrics;
@@ -47,6 +48,8 @@ pub struct Runtime {
     /// and ended ones for the grace period after their end.
     replays: Replays,
     metrics: Arc<Metrics>,
+    /// The bounds on runs, detached runs, readers and guidance runs.
+    limits: Arc<Limits>,
 }
 
 /// `(threadId, runId)` → the run's replay buffer.
@@ -96,6 +99,7 @@ impl Runtime {
         channel_capacity: usize,
         metrics: Arc<Metrics>,
     ) -> Runtime {
+        let cfg_caps = cfg.caps;
         let rt = Runtime {
             cfg: Arc::new(cfg),
             threads: Arc::new(Threads::new(
@@ -109,6 +113,7 @@ impl Runtime {
             shutdown: Shutdown::default(),
             channel_capacity,
             replays: Replays::default(),
+            limits: Arc::new(Limits::new(&cfg_caps, metrics.clone())),
             metrics,
         };
         rt.touch();
@@ -158,6 +163,10 @@ impl Runtime {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    pub fn limits(&self) -> &Arc<Limits> {
+        &self.limits
     }
 
     pub fn replays(&self) -> &Replays {

@@ -8,14 +8,20 @@
 //! Attachment is counted: the client that started the run and every reader. The grace clock runs
 //! only while the count is zero; when it runs out the run is abandoned, and ends as a disconnected
 //! run always has (its kernel task is cancelled).
+//!
+//! With [`Limits`], a run whose last client leaves takes a slot among `--max-detached-runs` for as
+//! long as nobody is attached; when none is free it is abandoned at once, as without a grace.
+//! Readers of the events route are counted apart, at most `--max-readers-per-run` at once.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
+
+use crate::limits::{DetachedSlot, Limits};
 
 /// The events a reader asked for were dropped from the buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +55,24 @@ pub struct RunEvents {
     appended: watch::Sender<(u64, bool)>,
     /// How many clients are attached (the one that started the run included).
     readers: watch::Sender<usize>,
+    /// Readers of the events route among them.
+    route_readers: AtomicUsize,
+    /// The bounds on detached runs (none: every run may be detached).
+    limits: Option<Arc<Limits>>,
+    /// While nobody is attached to the running run: its detached slot, or that none was free.
+    detached: Mutex<Detached>,
+}
+
+/// Where a run stands towards `--max-detached-runs`.
+#[derive(Debug, Default)]
+enum Detached {
+    /// A client is attached, or the run ended: no slot needed.
+    #[default]
+    No,
+    /// Nobody is attached: the run holds a slot through its grace.
+    Holding(#[allow(dead_code)] DetachedSlot),
+    /// Nobody is attached and no slot was free: the run is abandoned at once.
+    Refused,
 }
 
 impl RunEvents {
@@ -56,6 +80,15 @@ impl RunEvents {
     /// run is abandoned after `grace` without a reader. The client that starts the run is
     /// attached from the start: see [`RunEvents::attach`].
     pub fn new(capacity: usize, grace: Duration) -> Arc<RunEvents> {
+        RunEvents::build(capacity, grace, None)
+    }
+
+    /// [`RunEvents::new`], whose run takes a slot of `limits` while it is detached.
+    pub fn limited(capacity: usize, grace: Duration, limits: Arc<Limits>) -> Arc<RunEvents> {
+        RunEvents::build(capacity, grace, Some(limits))
+    }
+
+    fn build(capacity: usize, grace: Duration, limits: Option<Arc<Limits>>) -> Arc<RunEvents> {
         Arc::new(RunEvents {
             frames: Mutex::new(Frames {
                 frames: VecDeque::new(),
@@ -67,7 +100,14 @@ impl RunEvents {
             grace,
             appended: watch::Sender::new((0, false)),
             readers: watch::Sender::new(0),
+            route_readers: AtomicUsize::new(0),
+            limits,
+            detached: Mutex::new(Detached::No),
         })
+    }
+
+    fn detached(&self) -> std::sync::MutexGuard<'_, Detached> {
+        self.detached.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Frames> {
@@ -102,6 +142,8 @@ impl RunEvents {
         f.ended = true;
         let state = (f.last, true);
         drop(f);
+        // An ended run is no longer a detached one, whoever reads its buffer.
+        *self.detached() = Detached::No;
         self.appended.send_replace(state);
     }
 
@@ -156,11 +198,54 @@ impl RunEvents {
 
     /// Attaches a client; it stays attached until the guard is released or dropped.
     pub fn attach(self: &Arc<Self>) -> Attached {
-        self.readers.send_modify(|n| *n += 1);
+        self.readers.send_modify(|n| {
+            *n += 1;
+            // Attached again: the detached slot goes back.
+            *self.detached() = Detached::No;
+        });
         Attached {
             events: self.clone(),
             released: AtomicBool::new(false),
+            reader: false,
         }
+    }
+
+    /// Attaches a reader of the events route, unless `max` readers follow the run already.
+    pub fn attach_reader(self: &Arc<Self>, max: usize) -> Option<Attached> {
+        self.route_readers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        let mut a = self.attach();
+        a.reader = true;
+        Some(a)
+    }
+
+    /// A client left.
+    fn detach_one(&self, reader: bool) {
+        if reader {
+            self.route_readers.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.readers.send_modify(|n| {
+            *n -= 1;
+            // The last client left a running run: it goes on detached if a slot is free
+            // (decided before any waiter sees the count, so `abandoned` reads the outcome).
+            if *n == 0 && !self.is_ended() {
+                if let Some(limits) = &self.limits {
+                    *self.detached() = match limits.detach() {
+                        Some(slot) => Detached::Holding(slot),
+                        None => {
+                            tracing::info!(
+                                "the cap of detached runs is reached: the run is cancelled as \
+                                 without a detach grace"
+                            );
+                            Detached::Refused
+                        }
+                    };
+                }
+            }
+        });
     }
 
     /// Whether no client is attached.
@@ -173,6 +258,9 @@ impl RunEvents {
         let mut rx = self.readers.subscribe();
         loop {
             let _ = rx.wait_for(|n| *n == 0).await;
+            if matches!(*self.detached(), Detached::Refused) {
+                return;
+            }
             tokio::select! {
                 biased;
                 _ = rx.wait_for(|n| *n > 0) => {}
@@ -191,12 +279,14 @@ impl RunEvents {
 pub struct Attached {
     events: Arc<RunEvents>,
     released: AtomicBool,
+    /// A reader of the events route (counted against `--max-readers-per-run`).
+    reader: bool,
 }
 
 impl Attached {
     pub fn release(&self) {
         if !self.released.swap(true, Ordering::AcqRel) {
-            self.events.readers.send_modify(|n| *n -= 1);
+            self.events.detach_one(self.reader);
         }
     }
 }
@@ -282,6 +372,63 @@ mod tests {
         drop(second);
         abandoned.await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_secs(100 + 20 + 60 + 30));
+    }
+
+    fn limits(detached: usize, readers: usize) -> Arc<Limits> {
+        let caps = crate::config::Caps {
+            max_detached_runs: detached,
+            max_readers_per_run: readers,
+            ..Default::default()
+        };
+        Arc::new(Limits::new(&caps, Arc::default()))
+    }
+
+    /// Past the cap of detached runs, a run whose last client leaves is abandoned at once; a
+    /// detached run that is re-attached, or ends, gives its place back. (Paused time.)
+    #[tokio::test(start_paused = true)]
+    async fn a_run_beyond_the_detached_cap_is_abandoned_at_once() {
+        let grace = Duration::from_secs(30);
+        let l = limits(1, 8);
+        let (one, two) = (
+            RunEvents::limited(1024, grace, l.clone()),
+            RunEvents::limited(1024, grace, l.clone()),
+        );
+        let (a, b) = (one.attach(), two.attach());
+        drop(a);
+        drop(b);
+        let start = tokio::time::Instant::now();
+        two.abandoned().await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "no place: no grace");
+        // The first holds its place through its grace; re-attached, it gives it back.
+        let waiting = tokio::spawn({
+            let one = one.clone();
+            async move { one.abandoned().await }
+        });
+        tokio::time::sleep(grace / 2).await;
+        assert!(!waiting.is_finished());
+        let back = one.attach();
+        let three = RunEvents::limited(1024, grace, l.clone());
+        drop(three.attach());
+        assert!(matches!(*three.detached(), Detached::Holding(_)));
+        // An ended run takes no place.
+        three.end();
+        drop(back);
+        assert!(matches!(*one.detached(), Detached::Holding(_)));
+        one.end();
+        assert!(l.detach().is_some(), "every place came back");
+        waiting.abort();
+    }
+
+    #[test]
+    fn readers_beyond_the_cap_are_refused_and_a_leaving_one_makes_room() {
+        let ev = RunEvents::limited(1024, Duration::from_secs(1), limits(8, 2));
+        let _client = ev.attach(); // the client that started the run is no reader
+        let r1 = ev.attach_reader(2).unwrap();
+        let _r2 = ev.attach_reader(2).unwrap();
+        assert!(ev.attach_reader(2).is_none());
+        drop(r1);
+        assert!(ev.attach_reader(2).is_some());
+        assert_eq!(*ev.readers.borrow(), 2, "the refused reader never counted");
     }
 
     #[tokio::test]

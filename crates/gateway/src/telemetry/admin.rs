@@ -1,6 +1,8 @@
 //! The admin listener (`--metrics-listen`): `GET /metrics` in the Prometheus text format, and
-//! nothing else. It takes no token (a scraper has none); keep it on an address only operators
-//! reach. The public listener has no `/metrics`.
+//! `GET`/`HEAD /health` (the public route's answer, as to a caller without the token), nothing
+//! else. It takes no token (a scraper has none); keep it on an address only operators reach. The
+//! public listener has no `/metrics`. Its connections are not counted in `--max-connections`, so
+//! a probe answers here while the public listener is full.
 
 use std::sync::Arc;
 
@@ -12,6 +14,7 @@ use axum::Router;
 use prometheus_client::encoding::prometheus_text;
 
 use super::Metrics;
+use crate::run::Runtime;
 
 /// OpenMetrics 1.0 text, what Prometheus asks for first.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -42,12 +45,16 @@ async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, "Not Found").into_response()
 }
 
-/// The admin router.
-pub fn router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/metrics", get(scrape))
-        .fallback(not_found)
-        .with_state(metrics)
+/// The admin router; with `rt`, `/health` too.
+pub fn router(metrics: Arc<Metrics>, rt: Option<Arc<Runtime>>) -> Router {
+    let mut router = Router::new().route("/metrics", get(scrape));
+    if let Some(rt) = rt {
+        router = router.route(
+            "/health",
+            get(move || async move { crate::health::answer(&rt, false) }),
+        );
+    }
+    router.fallback(not_found).with_state(metrics)
 }
 
 #[cfg(test)]

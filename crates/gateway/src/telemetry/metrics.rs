@@ -69,6 +69,36 @@ pub enum DropReason {
 
 const DROP_REASONS: [&str; 2] = ["queue_full", "export_failed"];
 
+/// A bound on concurrent work that was reached (`agui_limit_reached_total{limit}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The accept loop waited for a connection to close (`--max-connections`).
+    Connections = 0,
+    /// A run was refused (`--max-runs`).
+    Runs = 1,
+    /// A client left a run that could not be detached: the run was cancelled
+    /// (`--max-detached-runs`).
+    DetachedRuns = 2,
+    /// A reader of a run's events was refused (`--max-readers-per-run`).
+    Readers = 3,
+    /// A guidance run was refused (`--max-guidance-per-thread`).
+    Guidance = 4,
+}
+
+const LIMITS: [&str; 5] = [
+    "connections",
+    "runs",
+    "detached_runs",
+    "readers",
+    "guidance",
+];
+
+impl Limit {
+    pub fn as_str(self) -> &'static str {
+        LIMITS[self as usize]
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct FinishedLabels {
     outcome: &'static str,
@@ -88,6 +118,11 @@ struct EventLabel {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct LimitLabel {
+    limit: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -183,6 +218,7 @@ pub struct Metrics {
     kernel_request_duration: HistogramFamily<MethodLabel>,
     http_requests: Family<HttpLabels, Counter>,
     spans_dropped: [Counter; 2],
+    limits_reached: [Counter; 5],
     kernel: Arc<OnceLock<Arc<dyn KernelGauges>>>,
 }
 
@@ -286,6 +322,15 @@ impl Metrics {
         );
         let spans_dropped =
             DROP_REASONS.map(|reason| dropped_family.get_or_create_owned(&ReasonLabel { reason }));
+        let limit_family = Family::<LimitLabel, Counter>::default();
+        r.register(
+            "agui_limit_reached",
+            "Bounds on concurrent work reached: connections (accept waited), runs, detached_runs \
+             (a run cancelled instead of detached), readers, guidance (refused)",
+            limit_family.clone(),
+        );
+        let limits_reached =
+            LIMITS.map(|limit| limit_family.get_or_create_owned(&LimitLabel { limit }));
         let kernel = Arc::new(OnceLock::new());
         r.register_collector(Box::new(KernelCollector(kernel.clone())));
         // A gauge of 1 (the Prometheus convention for build info; promtool knows no `info` type).
@@ -312,6 +357,7 @@ impl Metrics {
             kernel_request_duration,
             http_requests,
             spans_dropped,
+            limits_reached,
             kernel,
         }
     }
@@ -401,6 +447,10 @@ impl Metrics {
 
     pub fn spans_dropped(&self, reason: DropReason, n: u64) {
         self.spans_dropped[reason as usize].inc_by(n);
+    }
+
+    pub fn limit_reached(&self, limit: Limit) {
+        self.limits_reached[limit as usize].inc();
     }
 }
 

@@ -12,6 +12,7 @@ mod fuzz;
 mod fuzz_cwd;
 mod http_surface;
 mod ids;
+mod limits;
 mod load;
 mod process;
 mod protocol;

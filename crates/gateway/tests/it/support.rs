@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use iac_code_agui::app::{self, Options};
 use iac_code_agui::clock::Clock;
-use iac_code_agui::config::Config;
 use iac_code_agui::config::Env;
+use iac_code_agui::config::{Caps, Config};
 use iac_code_agui::http::AppState;
 use iac_code_agui::kernel::{ChildSpec, Kernel, KernelState};
 use iac_code_agui::store::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
@@ -34,10 +34,15 @@ pub struct Builder {
     pub detach_grace: Option<Duration>,
     pub replay_buffer: Option<usize>,
     pub client_stall: Option<Duration>,
+    pub caps: Option<Caps>,
+    /// Open the admin listener (`/metrics`, `/health`).
+    pub admin: bool,
 }
 
 pub struct TestServer {
     pub url: String,
+    /// The admin listener's URL, when the builder asked for one.
+    pub admin_url: Option<String>,
     pub state: AppState,
     pub dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
@@ -63,7 +68,19 @@ impl Builder {
             detach_grace: None,
             replay_buffer: None,
             client_stall: None,
+            caps: None,
+            admin: false,
         }
+    }
+    /// The bounds on concurrent work (`--max-connections`, `--max-runs`, …).
+    pub fn caps(mut self, caps: Caps) -> Self {
+        self.caps = Some(caps);
+        self
+    }
+    /// Opens the admin listener too (`--metrics-listen`).
+    pub fn admin(mut self) -> Self {
+        self.admin = true;
+        self
     }
     /// Runs go on without a client for `grace` (`--detach-grace`).
     pub fn detach_grace(mut self, grace: Duration) -> Self {
@@ -190,6 +207,9 @@ impl Builder {
         if let Some(d) = self.client_stall {
             cfg.client_stall_timeout = d;
         }
+        if let Some(c) = self.caps {
+            cfg.caps = c;
+        }
         cfg.cors_origins =
             iac_code_agui::cors::Origins::parse(&self.cors).expect("valid CORS origins");
         let mut opts = Options::new(cfg, env);
@@ -203,16 +223,28 @@ impl Builder {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let admin = match self.admin {
+            true => Some(
+                tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind admin"),
+            ),
+            false => None,
+        };
+        let admin_url = admin
+            .as_ref()
+            .map(|l| format!("http://{}/", l.local_addr().expect("admin addr")));
         let (tx, rx) = oneshot::channel::<()>();
         let st = state.clone();
         let task = tokio::spawn(async move {
-            let _ = app::serve(listener, st, async move {
+            let _ = app::serve_with_admin(listener, admin, st, async move {
                 let _ = rx.await;
             })
             .await;
         });
         TestServer {
             url: format!("http://{addr}/"),
+            admin_url,
             state,
             dir,
             _tmp: tmp,

@@ -324,15 +324,22 @@ async fn a_real_prometheus_scrapes_what_real_kernel_runs_did() {
     let kernel = prom.query("agui_kernel_up").await;
     assert_eq!(value(&kernel), 1.0);
 
-    // Only the admin listener has /metrics, and it has nothing else.
+    // Only the admin listener has /metrics, and it has nothing else but /health (a probe that
+    // answers while the public listener is full).
     let public = c.get(format!("{}metrics", gw.url())).send().await.unwrap();
     assert_eq!(public.status(), 404);
     let other = c
-        .get(format!("http://{}/health", gw.admin()))
+        .get(format!("http://{}/threads/t1", gw.admin()))
         .send()
         .await
         .unwrap();
     assert_eq!(other.status(), 404);
+    let health = c
+        .get(format!("http://{}/health", gw.admin()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
     let open = c
         .get(format!("http://{}/metrics", gw.admin()))
         .header("accept", "application/openmetrics-text; version=1.0.0")

@@ -35,6 +35,7 @@ use tracing::Instrument as _;
 
 use crate::clock::rfc3339_ms;
 use crate::error::{msg, Code};
+use crate::limits::RunSlot;
 use crate::mapping::{interrupt, Mapper};
 use crate::store::{Lapse, LastRun, ThreadDoc};
 use crate::telemetry::observer::with_incoming;
@@ -52,18 +53,20 @@ use output::Output;
 use task::KernelTask;
 pub(super) use task::CANCEL_WAIT;
 
-/// Starts the driver of an admitted run; returns the receiving end of its SSE bytes. The run is
+/// Starts the driver of an admitted run; returns the receiving end of its SSE bytes. The run holds
+/// `slot` (its place among `--max-runs`) until it ends, detached or not. The run is
 /// driven inside `span` (the run's trace span, which ends with it); `trace_headers` are the
 /// client's W3C headers, passed on to the kernel when tracing is off.
 pub fn spawn_run(
     rt: Arc<Runtime>,
     adm: Admitted,
+    slot: RunSlot,
     span: tracing::Span,
     trace_headers: Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
 ) -> mpsc::Receiver<Bytes> {
     let grace = rt.detach_grace();
     let replay = (!grace.is_zero()).then(|| {
-        let events = RunEvents::new(rt.cfg().replay_buffer_bytes, grace);
+        let events = RunEvents::limited(rt.cfg().replay_buffer_bytes, grace, rt.limits().clone());
         let (thread, run) = (&adm.req.envelope.thread_id, &adm.req.envelope.run_id);
         rt.replays().insert(thread, run, events.clone());
         (thread.clone(), run.clone(), events)
@@ -103,6 +106,8 @@ pub fn spawn_run(
         drop(span);
         rt.metrics().run_finished(outcome, code, started.elapsed());
         rt.activity().stream_closed(rt.now_ms());
+        // The run is over: its slot is free (its buffer may stay for late readers).
+        drop(slot);
         // An ended run's events stay for late readers for the grace period.
         if let Some((thread, run, events)) = replay {
             tokio::time::sleep(grace).await;

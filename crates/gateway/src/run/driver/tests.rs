@@ -77,7 +77,14 @@ impl Harness {
     /// Admits and drives a run; its receiving end.
     async fn run(&self, req: RunRequest) -> mpsc::Receiver<Bytes> {
         let adm = admit(&self.rt, req).await.expect("admitted");
-        spawn_run(self.rt.clone(), adm, tracing::Span::none(), Vec::new())
+        let slot = self.rt.limits().run().expect("a run slot");
+        spawn_run(
+            self.rt.clone(),
+            adm,
+            slot,
+            tracing::Span::none(),
+            Vec::new(),
+        )
     }
 
     fn ctx(&self, thread: &str) -> String {

@@ -1,0 +1,274 @@
+//! The bounds on concurrent work, at run time (their values: [`Caps`]).
+//!
+//! A bound is a count with a slot per unit of work: a slot is taken before the work starts and
+//! given back when the guard that holds it drops, so no path can forget to give it back. Taking
+//! one never waits: beyond a bound the work is refused (or, for a detached run, not granted its
+//! grace), counted in `agui_limit_reached_total{limit}` and logged (info). The connection bound lives
+//! in the accept loop (`server`), which waits for a slot instead.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::Caps;
+use crate::telemetry::{Limit, Metrics};
+
+/// The runtime's bounds.
+#[derive(Debug)]
+pub struct Limits {
+    runs: Arc<Semaphore>,
+    max_runs: usize,
+    detached: Arc<Semaphore>,
+    readers_per_run: usize,
+    guidance: Arc<PerKey>,
+    metrics: Arc<Metrics>,
+}
+
+/// A run's slot among `--max-runs`, held for the run's whole life (detached included).
+#[derive(Debug)]
+pub struct RunSlot(#[allow(dead_code)] OwnedSemaphorePermit);
+
+/// A detached run's slot among `--max-detached-runs`, held while no client is attached.
+#[derive(Debug)]
+pub struct DetachedSlot(#[allow(dead_code)] OwnedSemaphorePermit);
+
+/// A guidance run's slot among its thread's `--max-guidance-per-thread`.
+#[derive(Debug)]
+pub struct GuidanceSlot {
+    counts: Arc<PerKey>,
+    key: String,
+}
+
+impl Drop for GuidanceSlot {
+    fn drop(&mut self) {
+        self.counts.put_back(&self.key);
+    }
+}
+
+/// Counts per key (a thread), each at most `max`; a key whose count is zero takes no memory.
+#[derive(Debug)]
+struct PerKey {
+    max: usize,
+    counts: Mutex<HashMap<String, usize>>,
+}
+
+impl PerKey {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self, key: &str) -> bool {
+        let mut m = self.map();
+        let n = m.entry(key.to_owned()).or_insert(0);
+        if *n >= self.max {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn put_back(&self, key: &str) {
+        let mut m = self.map();
+        if let Some(n) = m.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(key);
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.map().len()
+    }
+}
+
+impl Limits {
+    pub fn new(caps: &Caps, metrics: Arc<Metrics>) -> Limits {
+        Limits {
+            runs: Arc::new(Semaphore::new(caps.max_runs)),
+            max_runs: caps.max_runs,
+            detached: Arc::new(Semaphore::new(caps.max_detached_runs)),
+            readers_per_run: caps.max_readers_per_run,
+            guidance: Arc::new(PerKey {
+                max: caps.max_guidance_per_thread,
+                counts: Mutex::default(),
+            }),
+            metrics,
+        }
+    }
+
+    /// Counts and logs a refusal at `limit`.
+    pub fn reached(&self, limit: Limit) {
+        self.metrics.limit_reached(limit);
+        tracing::warn!(
+            limit = limit.as_str(),
+            "a bound on concurrent work is reached"
+        );
+    }
+
+    /// A slot for a new run, or `None` (counted) when `--max-runs` are being served.
+    pub fn run(&self) -> Option<RunSlot> {
+        match self.runs.clone().try_acquire_owned() {
+            Ok(p) => Some(RunSlot(p)),
+            Err(_) => {
+                self.reached(Limit::Runs);
+                None
+            }
+        }
+    }
+
+    /// A slot for a run that just lost its last client, or `None` (counted) when
+    /// `--max-detached-runs` are detached already.
+    pub fn detach(&self) -> Option<DetachedSlot> {
+        match self.detached.clone().try_acquire_owned() {
+            Ok(p) => Some(DetachedSlot(p)),
+            Err(_) => {
+                self.reached(Limit::DetachedRuns);
+                None
+            }
+        }
+    }
+
+    /// How many readers may follow one run at once.
+    pub fn readers_per_run(&self) -> usize {
+        self.readers_per_run
+    }
+
+    /// A slot for a guidance run of `thread_id`, or `None` (counted) when the thread has
+    /// `--max-guidance-per-thread` already.
+    pub fn guidance(&self, thread_id: &str) -> Option<GuidanceSlot> {
+        if !self.guidance.take(thread_id) {
+            self.reached(Limit::Guidance);
+            return None;
+        }
+        Some(GuidanceSlot {
+            counts: self.guidance.clone(),
+            key: thread_id.to_owned(),
+        })
+    }
+
+    /// Runs being served now.
+    pub fn runs_in_use(&self) -> usize {
+        self.max_runs - self.runs.available_permits()
+    }
+
+    /// Threads with a guidance run now.
+    pub fn threads_with_guidance(&self) -> usize {
+        self.guidance.len()
+    }
+}
+
+/// Descriptors the gateway may hold with every bound reached: a socket per connection, a kernel
+/// stream per run, and room for the rest (the listeners, the kernel's pooled connections, the
+/// store, the journal, the logs).
+pub fn descriptors_needed(caps: &Caps) -> u64 {
+    (caps.max_connections + caps.max_runs) as u64 + 256
+}
+
+/// Raises the soft open-file limit towards the hard one, as far as `--max-connections` and
+/// `--max-runs` need (a system's default soft limit, often 1,024, is below the default bounds):
+/// a gateway out of descriptors fails every accept and every kernel call, where one at its bounds
+/// only makes clients wait. Says so when even the hard limit is too low. Returns the soft limit.
+#[allow(unsafe_code)]
+pub fn make_room_for_descriptors(caps: &Caps) -> u64 {
+    let needed = descriptors_needed(caps);
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit with a valid pointer to an rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 0;
+    }
+    if r.rlim_cur < needed {
+        let raised = libc::rlimit {
+            rlim_cur: needed.min(r.rlim_max),
+            rlim_max: r.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            r = raised;
+        }
+    }
+    if r.rlim_cur < needed {
+        tracing::warn!(
+            limit = r.rlim_cur,
+            needed,
+            "the open-file limit is below what --max-connections and --max-runs need: raise it \
+             (LimitNOFILE=, ulimit -n) or lower them"
+        );
+    }
+    r.rlim_cur
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_file_limit_is_raised_as_far_as_the_bounds_need() {
+        let c = Caps::default();
+        assert_eq!(descriptors_needed(&c), 4096 + 1024 + 256);
+        let soft = make_room_for_descriptors(&c);
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: getrlimit with a valid pointer to an rlimit.
+        let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0;
+        assert!(ok);
+        assert_eq!(soft, r.rlim_cur);
+        assert!(soft >= descriptors_needed(&c).min(r.rlim_max), "{soft}");
+    }
+
+    fn caps(runs: usize, detached: usize, guidance: usize) -> Caps {
+        Caps {
+            max_runs: runs,
+            max_detached_runs: detached,
+            max_guidance_per_thread: guidance,
+            ..Caps::default()
+        }
+    }
+
+    #[test]
+    fn a_slot_comes_back_when_its_holder_drops_it() {
+        let c = caps(2, 1, 1);
+        let l = Limits::new(&c, Arc::new(Metrics::new()));
+        let (a, b) = (l.run().unwrap(), l.run().unwrap());
+        assert!(l.run().is_none(), "a third run over a cap of two");
+        assert_eq!(l.runs_in_use(), 2);
+        drop(a);
+        let c2 = l.run().expect("a slot came back");
+        drop((b, c2));
+        assert_eq!(l.runs_in_use(), 0);
+
+        let d = l.detach().unwrap();
+        assert!(l.detach().is_none());
+        drop(d);
+        assert!(l.detach().is_some());
+    }
+
+    #[test]
+    fn guidance_is_counted_per_thread_and_forgotten_at_zero() {
+        let l = Limits::new(&caps(10, 10, 2), Arc::new(Metrics::new()));
+        let g1 = l.guidance("t1").unwrap();
+        let g2 = l.guidance("t1").unwrap();
+        assert!(l.guidance("t1").is_none(), "a third on one thread");
+        let other = l.guidance("t2").expect("another thread has its own count");
+        assert_eq!(l.threads_with_guidance(), 2);
+        drop((g1, g2, other));
+        assert_eq!(l.threads_with_guidance(), 0, "no memory for idle threads");
+        assert!(l.guidance("t1").is_some());
+        let text = l.metrics.encode();
+        assert!(
+            text.contains("agui_limit_reached_total{limit=\"runs\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("agui_limit_reached_total{limit=\"guidance\"} 1"),
+            "{text}"
+        );
+    }
+}
