@@ -10,7 +10,7 @@ pub struct Cli {
     /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
     /// kernel_idle_timeout, client_stall_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
-    /// kernel_persistence_dir, kernel_env; dashes or underscores).
+    /// kernel_persistence_dir, kernel_env, max_image_decodes; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -149,6 +149,15 @@ pub struct Cli {
         value_delimiter = ','
     )]
     pub kernel_env: Vec<String>,
+    /// Images decoded and scaled down at once, across requests; more wait their turn (decoding
+    /// is CPU work) [default: the number of CPU cores].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "IAC_CODE_AGUI_MAX_IMAGE_DECODES",
+        allow_hyphen_values = true
+    )]
+    pub max_image_decodes: Option<String>,
 }
 
 impl Cli {

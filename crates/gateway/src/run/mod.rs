@@ -4,6 +4,8 @@
 //!   property-tested without a server.
 //! - `threads`: the per-thread registry and its durable-first edits.
 //! - `admit`: admission's I/O (lock, load, decide, save) before the SSE response starts.
+//! - `prepare`: a request's costly part (images decoded under a gate, the workspace created),
+//!   once a trial of the decision says its thread would admit it.
 //! - `driver/`: a run's life after admission: the kernel calls, the stream, the events.
 //! - `hold`: a run's hold on its thread, the one way it reads or changes its document.
 //! - `cancel`: the cancellation extension.
@@ -14,6 +16,7 @@ pub mod cancel;
 pub mod decide;
 mod driver;
 pub mod hold;
+pub mod prepare;
 pub mod replay;
 mod request;
 pub mod sink;
@@ -47,6 +50,8 @@ pub struct Runtime {
     /// and ended ones for the grace period after their end.
     replays: Replays,
     metrics: Arc<Metrics>,
+    /// Bounds the image decodes running at once (`--max-image-decodes`).
+    decode_gate: Arc<prepare::DecodeGate>,
 }
 
 /// `(threadId, runId)` → the run's replay buffer.
@@ -96,6 +101,7 @@ impl Runtime {
         channel_capacity: usize,
         metrics: Arc<Metrics>,
     ) -> Runtime {
+        let decode_gate = Arc::new(prepare::DecodeGate::new(cfg.max_image_decodes));
         let rt = Runtime {
             cfg: Arc::new(cfg),
             threads: Arc::new(Threads::new(
@@ -110,6 +116,7 @@ impl Runtime {
             channel_capacity,
             replays: Replays::default(),
             metrics,
+            decode_gate,
         };
         rt.touch();
         rt
@@ -158,6 +165,10 @@ impl Runtime {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    pub fn decode_gate(&self) -> &Arc<prepare::DecodeGate> {
+        &self.decode_gate
     }
 
     pub fn replays(&self) -> &Replays {

@@ -20,3 +20,4 @@ mod stall;
 mod support;
 mod telemetry;
 mod wire;
+mod workspace;
