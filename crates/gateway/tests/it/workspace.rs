@@ -239,3 +239,70 @@ async fn without_configured_roots_workspaces_live_in_the_state_dir() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The defaults end to end, as `scripts/run.sh` runs them: no configured root, a managed real
+/// kernel; a turn in `<state-dir>/workspaces/…` is served (the kernel accepts the gateway's
+/// default root as its own), and the process directory is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_root_serves_a_real_kernel_turn() {
+    let env = testkit::real_kernel::KernelEnv::new().await;
+    let here = env.dir.path().join("process-dir");
+    // The kernel's own defaults (its directory, its temp directory) hold nothing of the state
+    // dir: only the root the gateway hands it lets it take the turn.
+    let tmp = here.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let port = free_port();
+    let vars = env
+        .vars()
+        .into_iter()
+        .filter(|(k, _)| !k.ends_with("_ALLOWED_CWDS"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iac-code-agui"))
+        .args(["--port", &port.to_string(), "--a2a-command", &env.command()])
+        .arg("--state-dir")
+        .arg(env.state_dir())
+        .current_dir(&here)
+        .env_remove("IAC_CODE_AGUI_ALLOWED_CWDS")
+        .env_remove("IACCODE_A2A_ALLOWED_CWDS")
+        .env_remove("IAC_CODE_AGUI_A2A_URL")
+        .envs(vars)
+        .env("TMPDIR", &tmp)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/");
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let ready = match c.get(format!("{url}health")).send().await {
+            Ok(r) => {
+                let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+                v["kernel"]["state"] == "ready"
+            }
+            Err(_) => false,
+        };
+        if ready {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "kernel never ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let root = env.state_dir().canonicalize().unwrap().join("workspaces");
+    let cwd = root.join("d1").display().to_string();
+    let r = post(
+        &url,
+        &body("d1", "r1", "Hi. scenario:text", &cwd, json!({})),
+        &[],
+    )
+    .await;
+    sse::assert_valid_run(&r, "d1", "r1");
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let outside = here.canonicalize().unwrap().join("w").display().to_string();
+    let r = post(&url, &body("d2", "r1", "Hi", &outside, json!({})), &[]).await;
+    assert_eq!(r.status, 400);
+    let _ = child.kill();
+    let _ = child.wait();
+}
