@@ -74,15 +74,12 @@ impl From<ApiError> for NotAdmitted {
 /// ([`super::prepare`]); the admission itself is in a span of its own, timed.
 pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitted> {
     use tracing::Instrument as _;
-    let (req, made) = super::prepare::costly_part(rt, req).await?;
+    let req = super::prepare::costly_part(rt, req).await?;
     let started = std::time::Instant::now();
     let admitted = admit_now(rt, req)
         .instrument(tracing::info_span!("agui.admission"))
         .await;
     rt.metrics().admission(started.elapsed());
-    if admitted.is_err() {
-        made.undo();
-    }
     admitted
 }
 

@@ -9,10 +9,10 @@
 //! id consumed, the binding, an epoch with a shared store) before the stream starts, and a decode
 //! that failed after it would have to take all of that back. Done before, a failure is a plain
 //! 400 with nothing saved. What the trial cannot see is a concurrent admission on the same thread
-//! between the trial and the admission: that request then decoded for nothing, and the directory
-//! it created is removed again ([`Made::undo`]).
+//! between the trial and the admission: the request that loses then decoded for nothing, and the
+//! directory it created stays. It is not removed: the request that won (two tries of one request
+//! at two instances, say) may be running in that very directory.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -69,24 +69,6 @@ impl DecodeGate {
     }
 }
 
-/// What the costly part made on the file system: the directory to remove if the request is not
-/// admitted after all.
-#[derive(Debug, Default)]
-pub struct Made {
-    /// The workspace and the top-most directory created for it.
-    workspace: Option<(PathBuf, PathBuf)>,
-}
-
-impl Made {
-    /// Removes what was made (only while empty: see [`cwd::remove_created`]), off the runtime;
-    /// nobody waits for it.
-    pub fn undo(self) {
-        if let Some((path, top)) = self.workspace {
-            tokio::task::spawn_blocking(move || cwd::remove_created(&path, &top));
-        }
-    }
-}
-
 /// Whether `req` has a costly part.
 fn is_costly(req: &RunRequest) -> bool {
     req.create_cwd
@@ -98,12 +80,9 @@ fn is_costly(req: &RunRequest) -> bool {
 
 /// The request with its images decoded and its workspace created, once the trial says the thread
 /// would admit it; a request without either goes to admission as it is (no trial).
-pub async fn costly_part(
-    rt: &Runtime,
-    mut req: RunRequest,
-) -> Result<(RunRequest, Made), NotAdmitted> {
+pub async fn costly_part(rt: &Runtime, mut req: RunRequest) -> Result<RunRequest, NotAdmitted> {
     if !is_costly(&req) {
-        return Ok((req, Made::default()));
+        return Ok(req);
     }
     admit::trial(rt, &req).await?;
     if let Some(mut message) = req.user_message.take() {
@@ -118,16 +97,14 @@ pub async fn costly_part(
         }
         req.user_message = Some(message);
     }
-    let mut made = Made::default();
     if req.create_cwd {
         let path = req.cwd.clone();
-        let top = tokio::task::spawn_blocking(move || cwd::create(&path))
+        tokio::task::spawn_blocking(move || cwd::create(&path))
             .await
             .map_err(|_| ApiError::new(Code::InvalidInput, msg::CWD_CANNOT_CREATE))??;
-        made.workspace = top.map(|top| (req.cwd.clone(), top));
         req.create_cwd = false;
     }
-    Ok((req, made))
+    Ok(req)
 }
 
 #[cfg(test)]

@@ -56,30 +56,9 @@ pub struct Workspace {
 }
 
 /// Creates a checked workspace `path` and its missing parents (with the process's umask, as the
-/// reference does); the top-most directory it made, to remove again if the run is not admitted
-/// after all. Blocking I/O.
-pub fn create(path: &Path) -> Result<Option<PathBuf>, ApiError> {
-    let mut top = None;
-    let mut p = Some(path);
-    while let Some(dir) = p.filter(|d| std::fs::symlink_metadata(d).is_err()) {
-        top = Some(dir.to_path_buf());
-        p = dir.parent();
-    }
-    std::fs::create_dir_all(path).map_err(|_| err(msg::CWD_CANNOT_CREATE))?;
-    Ok(top)
-}
-
-/// Removes what [`create`] made for a request that was not admitted: `path`, then its parents up
-/// to `top`, each only while empty (a run admitted meanwhile in the same directory keeps it).
-pub fn remove_created(path: &Path, top: &Path) {
-    let mut p = Some(path);
-    while let Some(dir) = p.filter(|d| d.starts_with(top)) {
-        match std::fs::remove_dir(dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return,
-            _ => {}
-        }
-        p = dir.parent();
-    }
+/// reference does). Blocking I/O.
+pub fn create(path: &Path) -> Result<(), ApiError> {
+    std::fs::create_dir_all(path).map_err(|_| err(msg::CWD_CANNOT_CREATE))
 }
 
 /// Whether a client's workspace asks for an expansion: `~` (a home directory) at its start, or
@@ -227,17 +206,9 @@ mod tests {
             !deep.exists() && checked.missing,
             "checking creates nothing"
         );
-        let top = create(&checked.path).unwrap();
-        assert_eq!(top, Some(ws.join("new")));
+        create(&checked.path).unwrap();
         assert!(deep.is_dir());
-        // Undone: only what it made, and only while empty.
-        std::fs::write(ws.join("new/deep/kept"), b"x").unwrap();
-        remove_created(&deep, &ws.join("new"));
-        assert!(!deep.exists() && ws.join("new/deep/kept").exists());
-        std::fs::remove_file(ws.join("new/deep/kept")).unwrap();
-        remove_created(&deep, &ws.join("new"));
-        assert!(!ws.join("new").exists() && ws.is_dir());
-        assert_eq!(create(&ws.join("a")).unwrap(), None);
+        create(&ws.join("a")).unwrap();
         assert_eq!(
             r(ws.join("file/sub").to_str().unwrap())
                 .unwrap_err()
