@@ -67,6 +67,14 @@ pub fn kernel_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Kernel
                 {
                     launch.env("IACCODE_A2A_ALLOWED_CWDS", v);
                 }
+            } else if cfg.allowed_cwds.is_none() {
+                // The kernel checks workspaces against its own roots, by default its process's
+                // directory and the temporary one: it gets the gateway's default root instead.
+                let root = cfg.default_workspace_root();
+                launch.env(
+                    "IACCODE_A2A_ALLOWED_CWDS",
+                    root.to_string_lossy().into_owned(),
+                );
             }
             // Shared by several instances: the kernel backs its sessions up there, and keeps its
             // tasks there, so that another instance's kernel restores and finds them.

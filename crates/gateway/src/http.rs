@@ -507,9 +507,10 @@ async fn prepare(
     // Only the latest user message is used: the history leaves with the request instead of
     // staying with the run for its whole life.
     let messages = needs_message.then(|| std::mem::take(&mut envelope.messages));
-    // Workspace checks and image decoding run off the runtime. The workspace is created only
-    // once every check has passed: a refused request leaves nothing behind.
-    let (cwd, user_message) = tokio::task::spawn_blocking(move || {
+    // The checks read the file system (the workspace) and base64: off the runtime. They change
+    // nothing: images are decoded and the workspace created only once the thread would admit
+    // the request (`run::prepare`).
+    let (workspace, user_message) = tokio::task::spawn_blocking(move || {
         let workspace = cwd::resolve(&raw_cwd, rt2.cfg())?;
         if tools_len > 0 {
             return Err(ApiError::new(Code::InvalidInput, msg::TOOLS_UNSUPPORTED));
@@ -521,14 +522,15 @@ async fn prepare(
             )?),
             None => None,
         };
-        Ok((workspace.create()?, user_message))
+        Ok((workspace, user_message))
     })
     .await
     .map_err(|_| ApiError::new(Code::InvalidInput, msg::INVALID_PROPS))??;
     Ok(RunRequest {
         envelope,
         iac,
-        cwd,
+        cwd: workspace.path,
+        create_cwd: workspace.missing,
         digest,
         user_message,
         lang,

@@ -42,6 +42,17 @@ fn main() {
             }
         }
     }
+    // Without configured roots, workspaces live in a private directory of the state dir.
+    match iac_code_agui::validate::cwd::ensure_default_root(&cfg) {
+        Ok(_) => {}
+        Err(e) => {
+            eprintln!(
+                "Unable to create the workspace root {}: {e}",
+                cfg.default_workspace_root().display()
+            );
+            std::process::exit(1);
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -85,6 +96,10 @@ fn main() {
             tracing::info!(addr = %a, "metrics listening");
         }
         tracing::info!(%addr, open_file_limit = files, "iac-code-agui listening");
+        if state.rt.cfg().allowed_cwds.is_none() {
+            let root = state.rt.cfg().default_workspace_root();
+            tracing::info!(root = %root.display(), "workspaces: under the default root (IAC_CODE_AGUI_ALLOWED_CWDS sets others)");
+        }
         if !state.rt.cfg().has_auth() {
             // No bearer token: whoever reaches the listener may use every route.
             let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());

@@ -19,6 +19,8 @@ pub(super) const CLIENT_STALL_TIMEOUT: &str =
 pub(super) const ADVERTISE_URL: &str = "--advertise-url must be an http:// URL.";
 const ADVERTISE_NEEDED: &str =
     "--advertise-url is needed with --state-url when --host is a wildcard address.";
+pub(super) const MAX_IMAGE_DECODES: &str =
+    "--max-image-decodes must be an integer between 1 and 1024.";
 pub(super) const KERNEL_ENV: &str = "--kernel-env must be a list of variable names.";
 pub(super) const LOOPBACK: &str =
     "The AG-UI adapter may connect only to a loopback A2A HTTP(S) URL.";
@@ -79,6 +81,15 @@ pub(super) fn client_stall_timeout(v: f64) -> Result<Duration, String> {
         return Err(CLIENT_STALL_TIMEOUT.into());
     }
     Ok(Duration::from_secs_f64(v.min(LONGEST_SECS)))
+}
+
+/// How many images may be decoded at once: at least one (none would refuse every image), at most
+/// 1024 (each decode holds up to about 150 MB).
+pub(super) fn max_image_decodes(v: i64) -> Result<usize, String> {
+    (1..=1024)
+        .contains(&v)
+        .then_some(v as usize)
+        .ok_or_else(|| MAX_IMAGE_DECODES.to_owned())
 }
 
 /// A loopback http(s) URL of a kernel (host `127.0.0.1`, `::1` or `localhost`), normalised to

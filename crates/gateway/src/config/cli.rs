@@ -11,7 +11,7 @@ pub struct Cli {
     /// kernel_idle_timeout, client_stall_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
     /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,
-    /// max_readers_per_run, max_guidance_per_thread; dashes or underscores).
+    /// max_readers_per_run, max_guidance_per_thread, max_image_decodes; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -193,6 +193,15 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub max_guidance_per_thread: Option<String>,
+    /// Images decoded and scaled down at once, across requests; more wait their turn (decoding
+    /// is CPU work) [default: the number of CPU cores].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "IAC_CODE_AGUI_MAX_IMAGE_DECODES",
+        allow_hyphen_values = true
+    )]
+    pub max_image_decodes: Option<String>,
 }
 
 impl Cli {

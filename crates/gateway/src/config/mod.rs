@@ -55,10 +55,6 @@ pub struct Config {
     pub allowed_cwds: Option<String>,
     /// `HOME` (for `~` expansion).
     pub home: Option<String>,
-    /// The process working directory (a default workspace root).
-    pub process_cwd: PathBuf,
-    /// The temporary directory (a default workspace root).
-    pub temp_dir: PathBuf,
     /// Server fallback language (from the locale variables).
     pub fallback_lang: Lang,
     /// Origins allowed to call the gateway from a browser; empty ⇒ no CORS headers.
@@ -84,6 +80,8 @@ pub struct Config {
     pub kernel_env: Vec<String>,
     /// The bounds on concurrent work (connections, runs, detached runs, readers, guidance).
     pub caps: Caps,
+    /// Images decoded at once across requests (the others wait their turn).
+    pub max_image_decodes: usize,
 }
 
 /// How log lines look.
@@ -147,6 +145,7 @@ const KERNEL_PERSISTENCE_DIR: Opt<Text> = Opt::new(
     "--kernel-persistence-dir must be a string.",
 );
 const KERNEL_ENV: Opt<List> = Opt::new("kernel_env", check::KERNEL_ENV);
+const MAX_IMAGE_DECODES: Opt<Integer> = Opt::new("max_image_decodes", check::MAX_IMAGE_DECODES);
 
 impl Config {
     /// Builds the configuration from the parsed command line (flags and their variables) and the
@@ -232,15 +231,13 @@ impl Config {
         let kernel_env = l.get(&KERNEL_ENV, Some(cli.kernel_env))?;
         let kernel_env = check::kernel_env(kernel_env.unwrap_or_default())?;
         let caps = caps::load(&l, caps_flags)?;
+        let max_image_decodes = l.get(&MAX_IMAGE_DECODES, cli.max_image_decodes)?;
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as i64);
+        let max_image_decodes = check::max_image_decodes(max_image_decodes.unwrap_or(cores))?;
 
         let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
         let allowed_cwds = env_nonempty("IAC_CODE_AGUI_ALLOWED_CWDS")
             .or_else(|| env_nonempty("IACCODE_A2A_ALLOWED_CWDS"));
-        let temp_dir = ["TMPDIR", "TEMP", "TMP"]
-            .iter()
-            .find_map(|k| env_nonempty(k))
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("/tmp"));
 
         Ok(Config {
             host,
@@ -260,8 +257,6 @@ impl Config {
             client_stall_timeout,
             allowed_cwds,
             home,
-            process_cwd,
-            temp_dir,
             fallback_lang: Lang::server_fallback(env),
             cors_origins,
             detach_grace,
@@ -275,6 +270,7 @@ impl Config {
             kernel_persistence_dir,
             kernel_env,
             caps,
+            max_image_decodes,
         })
     }
 
@@ -285,6 +281,13 @@ impl Config {
         c.state_dir = state_dir;
         c.state_dir_is_default = false;
         c
+    }
+
+    /// The workspace root when none is configured: `<state-dir>/workspaces`, a private directory
+    /// beside the thread state (created 0700 at start-up), never the process's directory or the
+    /// shared temporary one, where anyone could plant a workspace or read one.
+    pub fn default_workspace_root(&self) -> PathBuf {
+        self.state_dir.join("workspaces")
     }
 
     /// Whether callers must present the bearer token.
@@ -332,8 +335,6 @@ impl fmt::Debug for Config {
             client_stall_timeout,
             allowed_cwds,
             home,
-            process_cwd,
-            temp_dir,
             fallback_lang,
             cors_origins,
             detach_grace,
@@ -347,6 +348,7 @@ impl fmt::Debug for Config {
             kernel_persistence_dir,
             kernel_env,
             caps,
+            max_image_decodes,
         } = self;
         f.debug_struct("Config")
             .field("host", host)
@@ -366,8 +368,6 @@ impl fmt::Debug for Config {
             .field("client_stall_timeout", client_stall_timeout)
             .field("allowed_cwds", allowed_cwds)
             .field("home", home)
-            .field("process_cwd", process_cwd)
-            .field("temp_dir", temp_dir)
             .field("fallback_lang", fallback_lang)
             .field("cors_origins", cors_origins)
             .field("detach_grace", detach_grace)
@@ -381,6 +381,7 @@ impl fmt::Debug for Config {
             .field("kernel_persistence_dir", kernel_persistence_dir)
             .field("kernel_env", kernel_env)
             .field("caps", caps)
+            .field("max_image_decodes", max_image_decodes)
             .finish()
     }
 }
@@ -449,6 +450,7 @@ mod tests {
                 "max_guidance_per_thread",
                 "IAC_CODE_AGUI_MAX_GUIDANCE_PER_THREAD",
             ),
+            ("max_image_decodes", "IAC_CODE_AGUI_MAX_IMAGE_DECODES"),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }
@@ -544,6 +546,35 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn max_image_decodes_from_each_layer_and_bounded() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(load(&[], &[]).unwrap().max_image_decodes, cores);
+        let c = load(&["--max-image-decodes", "3"], &[]).unwrap();
+        assert_eq!(c.max_image_decodes, 3);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        std::fs::write(&p, "max-image-decodes: 7\n").unwrap();
+        let c = load(&["--config", p.to_str().unwrap()], &[]).unwrap();
+        assert_eq!(c.max_image_decodes, 7);
+        for bad in ["0", "-1", "1.5", "x", "1025"] {
+            assert_eq!(
+                load(&["--max-image-decodes", bad], &[]).unwrap_err(),
+                "--max-image-decodes must be an integer between 1 and 1024.",
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_default_workspace_root_is_private_to_the_state_dir() {
+        let c = load(&["--state-dir", "/data/s"], &[]).unwrap();
+        assert_eq!(
+            c.default_workspace_root(),
+            PathBuf::from("/data/s/workspaces")
+        );
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub struct RunRequest {
     pub iac: IacCode,
     /// The resolved workspace.
     pub cwd: PathBuf,
+    /// The workspace does not exist yet: it is created once the thread's decision would admit
+    /// the request (`run::prepare`), never for a refused one.
+    pub create_cwd: bool,
     /// Digest of the request body (idempotency of run ids).
     pub digest: String,
     /// The latest user message (new turns and guidance).
@@ -69,9 +72,12 @@ impl From<ApiError> for NotAdmitted {
     }
 }
 
-/// Admits a validated request, or says why not (in a span of its own, timed).
+/// Admits a validated request, or says why not. Its costly part (images to decode, a workspace
+/// to create) is done first, once a trial of the decision says the thread would admit it
+/// ([`super::prepare`]); the admission itself is in a span of its own, timed.
 pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitted> {
     use tracing::Instrument as _;
+    let req = super::prepare::costly_part(rt, req).await?;
     let started = std::time::Instant::now();
     let admitted = admit_now(rt, req)
         .instrument(tracing::info_span!("agui.admission"))
@@ -80,17 +86,65 @@ pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
     admitted
 }
 
-async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitted> {
-    if rt.shutdown().is_draining() {
-        return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN).into());
-    }
-    let mode = if req.iac.active_guidance {
+/// The kind of run a request asks for.
+fn mode_of(req: &RunRequest) -> Mode {
+    if req.iac.active_guidance {
         Mode::Guidance
     } else if let Some(entries) = &req.envelope.resume {
         Mode::Resume(entries.clone())
     } else {
         Mode::NewTurn
-    };
+    }
+}
+
+/// The facts of `req` admission decides on.
+fn ask_of<'a>(req: &'a RunRequest, mode: &'a Mode, cwd: &'a str) -> Ask<'a> {
+    Ask {
+        thread_id: &req.envelope.thread_id,
+        run_id: &req.envelope.run_id,
+        digest: &req.digest,
+        mode,
+        cwd,
+        user_id: req.iac.user_id.as_deref(),
+        ros_invocation_id: &req.iac.ros_invocation_id,
+        pipeline: req.iac.run_mode == Some(RunMode::Pipeline),
+        has_resume: req.envelope.resume.is_some(),
+    }
+}
+
+/// A trial of the decision on the thread as it is now, changing nothing (no save, no expiry, no
+/// id consumed): the refusal admission would answer (busy, a used run id, another binding, a
+/// resume with nothing to resume…), so that a request refused for it costs no image decode and
+/// creates no workspace. The admission decides again (the thread may change meanwhile).
+pub async fn trial(rt: &Runtime, req: &RunRequest) -> Result<(), ApiError> {
+    if rt.shutdown().is_draining() {
+        return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN));
+    }
+    let mode = mode_of(req);
+    let thread_id = req.envelope.thread_id.as_str();
+    let slot = rt.threads().slot(thread_id);
+    let st = rt
+        .threads()
+        .lock(&slot, thread_id)
+        .await
+        .map_err(state_unavailable)?;
+    let cwd = req.cwd.to_string_lossy();
+    let ask = ask_of(req, &mode, &cwd);
+    let decision = admission::decide(
+        st.doc.as_ref(),
+        st.active.is_some(),
+        &ask,
+        rt.now_ms(),
+        &mut String::new,
+    );
+    decision.verdict.map(drop)
+}
+
+async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitted> {
+    if rt.shutdown().is_draining() {
+        return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN).into());
+    }
+    let mode = mode_of(&req);
     let thread_id = req.envelope.thread_id.as_str();
     // Guidance runs do not hold their thread, so nothing else bounds how many join it: a slot
     // among `--max-guidance-per-thread`, before the store is touched.
@@ -111,17 +165,7 @@ async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
         .await
         .map_err(state_unavailable)?;
     let cwd = req.cwd.to_string_lossy();
-    let ask = Ask {
-        thread_id,
-        run_id: &req.envelope.run_id,
-        digest: &req.digest,
-        mode: &mode,
-        cwd: &cwd,
-        user_id: req.iac.user_id.as_deref(),
-        ros_invocation_id: &req.iac.ros_invocation_id,
-        pipeline: req.iac.run_mode == Some(RunMode::Pipeline),
-        has_resume: req.envelope.resume.is_some(),
-    };
+    let ask = ask_of(&req, &mode, &cwd);
     let now = rt.now_ms();
     let mut decided = None;
     // The decision is made on the thread's current document inside the store's admission (with

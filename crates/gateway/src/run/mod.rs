@@ -4,6 +4,8 @@
 //!   property-tested without a server.
 //! - `threads`: the per-thread registry and its durable-first edits.
 //! - `admit`: admission's I/O (lock, load, decide, save) before the SSE response starts.
+//! - `prepare`: a request's costly part (images decoded under a gate, the workspace created),
+//!   once a trial of the decision says its thread would admit it.
 //! - `driver/`: a run's life after admission: the kernel calls, the stream, the events.
 //! - `hold`: a run's hold on its thread, the one way it reads or changes its document.
 //! - `cancel`: the cancellation extension.
@@ -14,6 +16,7 @@ pub mod cancel;
 pub mod decide;
 mod driver;
 pub mod hold;
+pub mod prepare;
 pub mod replay;
 mod request;
 pub mod sink;
@@ -50,6 +53,8 @@ pub struct Runtime {
     metrics: Arc<Metrics>,
     /// The bounds on runs, detached runs, readers and guidance runs.
     limits: Arc<Limits>,
+    /// Bounds the image decodes running at once (`--max-image-decodes`).
+    decode_gate: Arc<prepare::DecodeGate>,
 }
 
 /// `(threadId, runId)` → the run's replay buffer.
@@ -100,6 +105,7 @@ impl Runtime {
         metrics: Arc<Metrics>,
     ) -> Runtime {
         let cfg_caps = cfg.caps;
+        let decode_gate = Arc::new(prepare::DecodeGate::new(cfg.max_image_decodes));
         let rt = Runtime {
             cfg: Arc::new(cfg),
             threads: Arc::new(Threads::new(
@@ -115,6 +121,7 @@ impl Runtime {
             replays: Replays::default(),
             limits: Arc::new(Limits::new(&cfg_caps, metrics.clone())),
             metrics,
+            decode_gate,
         };
         rt.touch();
         rt
@@ -167,6 +174,10 @@ impl Runtime {
 
     pub fn limits(&self) -> &Arc<Limits> {
         &self.limits
+    }
+
+    pub fn decode_gate(&self) -> &Arc<prepare::DecodeGate> {
+        &self.decode_gate
     }
 
     pub fn replays(&self) -> &Replays {

@@ -212,6 +212,7 @@ pub struct Metrics {
     interrupts: [Counter; 4],
     events_sent: [Counter; agui::EVENT_TYPES.len()],
     client_disconnects: Counter,
+    images_decoded: Counter,
     admission_duration: Histogram,
     state_save_duration: Histogram,
     state_save_failures: Counter,
@@ -283,6 +284,12 @@ impl Metrics {
             "Runs whose client went away before the run ended",
             client_disconnects.clone(),
         );
+        let images_decoded = Counter::default();
+        r.register(
+            "agui_images_decoded",
+            "Images of requests handed to the decoder (valid or not), once every other check passed and their thread would admit the request",
+            images_decoded.clone(),
+        );
         let admission_duration = short_histogram();
         r.register(
             "agui_admission_duration_seconds",
@@ -351,6 +358,7 @@ impl Metrics {
             interrupts,
             events_sent,
             client_disconnects,
+            images_decoded,
             admission_duration,
             state_save_duration,
             state_save_failures,
@@ -420,6 +428,11 @@ impl Metrics {
         if delta != 0 {
             self.pending_interrupts.inc_by(delta);
         }
+    }
+
+    /// `n` images are about to be decoded.
+    pub fn images_decoded(&self, n: usize) {
+        self.images_decoded.inc_by(n as u64);
     }
 
     pub fn admission(&self, took: Duration) {

@@ -1,15 +1,15 @@
 //! The latest user message → A2A parts, validated before the SSE response starts.
 //!
 //! Text parts pass through; images must be inline base64 data of an allowed type, within the size
-//! limits and decodable. Images are normalised (≤ 2000×2000 px, ≤ 3,932,160 bytes, PNG/JPEG/GIF/WEBP
-//! kept, others re-encoded as PNG, JPEG fallback). This is CPU work: call it off the async runtime.
-
-use std::io::Cursor;
+//! limits and the pixel cap their header declares. These checks are cheap and come first; the
+//! images are decoded and normalised ([`super::images`]) only later, once the request would be
+//! admitted ([`UserMessage::decode_images`]), so a request refused for anything else costs no
+//! decode.
 
 use base64::Engine as _;
-use image::{DynamicImage, GenericImageView, ImageFormat};
 use serde_json::{json, Value};
 
+pub use super::images::{normalise_image, pixels, MAX_PIXELS, MAX_SIDE, TARGET_BYTES};
 use crate::error::{msg, ApiError, Code};
 
 /// Size limits of images (decoded bytes).
@@ -28,15 +28,60 @@ impl Default for ImageLimits {
     }
 }
 
-/// Target of normalisation: 5 MiB × 3/4 of raw bytes, 2000×2000 px.
-pub const TARGET_BYTES: usize = 3_932_160;
-pub const MAX_SIDE: u32 = 2000;
-
 /// The message id and A2A parts of the latest user message.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UserMessage {
     pub message_id: String,
+    /// Its parts; images join them when decoded ([`UserMessage::decode_images`]).
     pub parts: Vec<a2a::Part>,
+    /// Images that passed the cheap checks and wait to be decoded, in order.
+    images: Vec<RawImage>,
+}
+
+/// An image checked (type, size, declared pixels) but not decoded yet.
+#[derive(Clone, PartialEq)]
+struct RawImage {
+    /// Its index among the message's parts once every image is in.
+    at: usize,
+    filename: String,
+    bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for RawImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawImage")
+            .field("at", &self.at)
+            .field("filename", &self.filename)
+            .field("bytes", &self.bytes.len())
+            .finish()
+    }
+}
+
+impl UserMessage {
+    /// The images still to decode.
+    pub fn images_to_decode(&self) -> usize {
+        self.images.len()
+    }
+
+    /// Decodes and normalises the images, each into its place among the parts; an image that
+    /// does not decode refuses the request. CPU work of up to a second an image: run it off the
+    /// async runtime, under the decode gate.
+    pub fn decode_images(&mut self) -> Result<(), ApiError> {
+        for image in std::mem::take(&mut self.images) {
+            let (normalised, media_type) =
+                normalise_image(&image.bytes).ok_or_else(|| err(msg::IMAGE_INVALID))?;
+            let part = a2a::Part::Data {
+                data: json!({
+                    "filename": image.filename,
+                    "bytes": base64::engine::general_purpose::STANDARD.encode(&normalised),
+                }),
+                media_type: media_type.to_owned(),
+            };
+            // In order of `at`: the parts before each image are in place when it goes in.
+            self.parts.insert(image.at.min(self.parts.len()), part);
+        }
+        Ok(())
+    }
 }
 
 fn err(m: &'static str) -> ApiError {
@@ -63,16 +108,25 @@ pub fn latest_user_message(
     if !super::is_bounded(&message_id) {
         return Err(err(msg::ID_MESSAGE));
     }
-    let parts = match m.get("content") {
-        Some(Value::String(s)) => vec![a2a::Part::text(s.as_str())],
+    let (parts, images) = match m.get("content") {
+        Some(Value::String(s)) => (vec![a2a::Part::text(s.as_str())], Vec::new()),
         Some(Value::Array(items)) => convert_parts(items, limits)?,
         _ => return Err(err(msg::CONTENT_INVALID)),
     };
-    Ok(UserMessage { message_id, parts })
+    Ok(UserMessage {
+        message_id,
+        parts,
+        images,
+    })
 }
 
-fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<a2a::Part>, ApiError> {
+/// The text parts, and the images checked but not decoded.
+fn convert_parts(
+    items: &[Value],
+    limits: ImageLimits,
+) -> Result<(Vec<a2a::Part>, Vec<RawImage>), ApiError> {
     let mut out = Vec::with_capacity(items.len());
+    let mut images = Vec::new();
     let mut total = 0usize;
     for item in items {
         match item.get("type").and_then(Value::as_str) {
@@ -113,11 +167,13 @@ fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<a2a::Part>,
                 if total > limits.total {
                     return Err(err(msg::IMAGES_TOO_LARGE));
                 }
+                if bytes.is_empty() {
+                    return Err(err(msg::IMAGE_INVALID));
+                }
                 if pixels(&bytes).is_some_and(|p| p > MAX_PIXELS) {
                     return Err(err(msg::IMAGE_TOO_MANY_PIXELS));
                 }
-                let (normalised, media_type) =
-                    normalise_image(&bytes).ok_or_else(|| err(msg::IMAGE_INVALID))?;
+                let at = out.len() + images.len();
                 let filename = item
                     .get("metadata")
                     .and_then(Value::as_object)
@@ -125,13 +181,11 @@ fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<a2a::Part>,
                     .and_then(Value::as_str)
                     .filter(|f| f.len() <= 255 && is_safe_filename(f))
                     .map(str::to_owned)
-                    .unwrap_or_else(|| format!("agui-image-{}", out.len() + 1));
-                out.push(a2a::Part::Data {
-                    data: json!({
-                        "filename": filename,
-                        "bytes": base64::engine::general_purpose::STANDARD.encode(&normalised),
-                    }),
-                    media_type: media_type.to_owned(),
+                    .unwrap_or_else(|| format!("agui-image-{}", at + 1));
+                images.push(RawImage {
+                    at,
+                    filename,
+                    bytes,
                 });
             }
             Some("audio") => return Err(err(msg::AUDIO_UNSUPPORTED)),
@@ -142,7 +196,7 @@ fn convert_parts(items: &[Value], limits: ImageLimits) -> Result<Vec<a2a::Part>,
             _ => return Err(err(msg::ONLY_TEXT_AND_IMAGES)),
         }
     }
-    Ok(out)
+    Ok((out, images))
 }
 
 /// Strict standard base64: padding required, no whitespace; non-zero trailing bits accepted.
@@ -205,130 +259,10 @@ pub fn is_reserved_windows_name(upper: &str) -> bool {
         && (b'1'..=b'9').contains(&b[3])
 }
 
-fn limits() -> image::Limits {
-    let mut l = image::Limits::default();
-    // Decompression-bomb guard.
-    l.max_image_width = Some(20_000);
-    l.max_image_height = Some(20_000);
-    l.max_alloc = Some(512 * 1024 * 1024);
-    l
-}
-
-/// The most pixels an image may declare: it is decoded whole before it is scaled down, so its
-/// declared size, not its compressed bytes, is what it costs (a 100 KB PNG can declare
-/// 20,000 × 20,000). 36 megapixels: a 6,000 × 6,000 photograph, about 140 MB decoded as RGBA.
-pub const MAX_PIXELS: u64 = 36_000_000;
-
-/// The pixels an image declares in its header, read without decoding it (`None`: no header that
-/// tells).
-pub fn pixels(bytes: &[u8]) -> Option<u64> {
-    let (w, h) = image::ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .ok()?
-        .into_dimensions()
-        .ok()?;
-    Some(u64::from(w) * u64::from(h))
-}
-
-fn decode(bytes: &[u8]) -> Option<(ImageFormat, DynamicImage)> {
-    if pixels(bytes).is_some_and(|p| p > MAX_PIXELS) {
-        return None;
-    }
-    let mut reader = image::ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .ok()?;
-    reader.limits(limits());
-    let format = reader.format()?;
-    let img = reader.decode().ok()?;
-    Some((format, img))
-}
-
-fn encode(img: &DynamicImage, format: ImageFormat) -> Option<Vec<u8>> {
-    let mut out = Cursor::new(Vec::new());
-    img.write_to(&mut out, format).ok()?;
-    Some(out.into_inner())
-}
-
-fn encode_jpeg(img: &DynamicImage, quality: u8) -> Option<Vec<u8>> {
-    let rgb = DynamicImage::ImageRgb8(img.to_rgb8());
-    let mut out = Vec::new();
-    let enc = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, quality);
-    rgb.write_with_encoder(enc).ok()?;
-    Some(out)
-}
-
-fn fit(img: &DynamicImage, side: u32) -> DynamicImage {
-    let (w, h) = img.dimensions();
-    if w <= side && h <= side {
-        return img.clone();
-    }
-    img.resize(side, side, image::imageops::FilterType::Lanczos3)
-}
-
-/// Normalises an image; returns the bytes to send and their media type, `None` when invalid.
-pub fn normalise_image(bytes: &[u8]) -> Option<(Vec<u8>, &'static str)> {
-    if bytes.is_empty() {
-        return None;
-    }
-    let (format, img) = decode(bytes)?;
-    let (mut bytes, mut format) = match format {
-        ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::Gif | ImageFormat::WebP => {
-            (bytes.to_vec(), format)
-        }
-        _ => (encode(&img, ImageFormat::Png)?, ImageFormat::Png),
-    };
-    let (w, h) = img.dimensions();
-    if bytes.len() <= TARGET_BYTES && w <= MAX_SIDE && h <= MAX_SIDE {
-        return Some((bytes, mime(format)));
-    }
-    let scaled = fit(&img, MAX_SIDE);
-    if format == ImageFormat::Png {
-        if let Some(png) = encode(&scaled, ImageFormat::Png) {
-            if png.len() <= TARGET_BYTES {
-                return Some((png, "image/png"));
-            }
-        }
-    }
-    for q in [80u8, 60, 40, 20] {
-        let jpg = encode_jpeg(&scaled, q)?;
-        if jpg.len() <= TARGET_BYTES {
-            bytes = jpg;
-            format = ImageFormat::Jpeg;
-            return Some((bytes, mime(format)));
-        }
-    }
-    let small = fit(&img, 1000);
-    let jpg = encode_jpeg(&small, 20)?;
-    (jpg.len() <= TARGET_BYTES).then_some((jpg, "image/jpeg"))
-}
-
-fn mime(f: ImageFormat) -> &'static str {
-    match f {
-        ImageFormat::Png => "image/png",
-        ImageFormat::Jpeg => "image/jpeg",
-        ImageFormat::Gif => "image/gif",
-        ImageFormat::WebP => "image/webp",
-        _ => "image/png",
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::images::testing::png;
     use super::*;
-
-    fn png(w: u32, h: u32, noise: bool) -> Vec<u8> {
-        let mut img = image::RgbImage::new(w, h);
-        let mut x: u32 = 12345;
-        for p in img.pixels_mut() {
-            if noise {
-                x = x.wrapping_mul(1103515245).wrapping_add(12345);
-                *p = image::Rgb([(x >> 16) as u8, (x >> 8) as u8, x as u8]);
-            } else {
-                *p = image::Rgb([200, 10, 10]);
-            }
-        }
-        encode(&DynamicImage::ImageRgb8(img), ImageFormat::Png).unwrap()
-    }
 
     fn b64(b: &[u8]) -> String {
         base64::engine::general_purpose::STANDARD.encode(b)
@@ -379,10 +313,44 @@ mod tests {
         );
     }
 
+    /// The message with its images decoded, as an admitted run has it.
+    fn decoded(messages: &[Value], limits: ImageLimits) -> Result<UserMessage, ApiError> {
+        let mut u = latest_user_message(messages, limits)?;
+        u.decode_images()?;
+        Ok(u)
+    }
+
+    #[test]
+    fn images_are_checked_first_and_decoded_in_their_place() {
+        let p = png(4, 4, false);
+        let m = msg_with(
+            json!([{"type":"image","source":{"type":"data","value":b64(&p),"mimeType":"image/png"}},
+            {"type":"text","text":"between"},
+            {"type":"image","source":{"type":"data","value":b64(b"not an image"),"mimeType":"image/png"}}]),
+        );
+        // The checks pass without decoding: only the text is in, both images wait.
+        let mut u = latest_user_message(&m, ImageLimits::default()).unwrap();
+        assert_eq!(u.parts, vec![a2a::Part::text("between")]);
+        assert_eq!(u.images_to_decode(), 2);
+        // The one that does not decode refuses the request when decoded.
+        assert_eq!(u.decode_images().unwrap_err().message, msg::IMAGE_INVALID);
+        let m = msg_with(
+            json!([{"type":"image","source":{"type":"data","value":b64(&p),"mimeType":"image/png"}},
+            {"type":"text","text":"between"},
+            {"type":"image","source":{"type":"data","value":b64(&p),"mimeType":"image/png"}}]),
+        );
+        let u = decoded(&m, ImageLimits::default()).unwrap();
+        assert_eq!(u.images_to_decode(), 0);
+        let parts = serde_json::to_value(&u.parts).unwrap();
+        assert_eq!(parts[0]["data"]["filename"], "agui-image-1");
+        assert_eq!(parts[1], json!({"text":"between"}));
+        assert_eq!(parts[2]["data"]["filename"], "agui-image-3");
+    }
+
     #[test]
     fn images_are_converted_and_named() {
         let p = png(4, 4, false);
-        let u = latest_user_message(
+        let u = decoded(
             &msg_with(json!([{"type":"text","text":"see"},
                 {"type":"image","source":{"type":"data","value":b64(&p),"mimeType":"image/PNG"},"metadata":{"filename":"pic.png"}},
                 {"type":"image","source":{"type":"data","value":b64(&p),"mimeType":"image/jpeg"},"metadata":{"filename":"a/b.png"}}])),
@@ -440,17 +408,6 @@ mod tests {
     }
 
     #[test]
-    fn bmp_is_reencoded_as_png() {
-        let mut bmp = Cursor::new(Vec::new());
-        DynamicImage::ImageRgb8(image::RgbImage::new(3, 3))
-            .write_to(&mut bmp, ImageFormat::Bmp)
-            .unwrap();
-        let (bytes, mt) = normalise_image(bmp.get_ref()).unwrap();
-        assert_eq!(mt, "image/png");
-        assert_eq!(image::guess_format(&bytes).unwrap(), ImageFormat::Png);
-    }
-
-    #[test]
     fn rejections() {
         let cases = [
             (
@@ -503,8 +460,7 @@ mod tests {
             ),
         ];
         for (parts, expected) in cases {
-            let e =
-                latest_user_message(&msg_with(parts.clone()), ImageLimits::default()).unwrap_err();
+            let e = decoded(&msg_with(parts.clone()), ImageLimits::default()).unwrap_err();
             assert_eq!(e.message, expected, "{parts}");
             assert_eq!(e.code, Code::InvalidInput);
         }
@@ -537,18 +493,6 @@ mod tests {
                 .message,
             msg::IMAGES_TOO_LARGE
         );
-    }
-
-    #[test]
-    fn large_images_are_downscaled_within_bounds() {
-        let p = png(3000, 1500, true);
-        assert!(p.len() > TARGET_BYTES);
-        let (bytes, mt) = normalise_image(&p).unwrap();
-        assert!(bytes.len() <= TARGET_BYTES);
-        let (_, img) = decode(&bytes).unwrap();
-        let (w, h) = img.dimensions();
-        assert!(w <= MAX_SIDE && h <= MAX_SIDE, "{w}x{h}");
-        assert!(mt == "image/png" || mt == "image/jpeg");
     }
 
     #[test]

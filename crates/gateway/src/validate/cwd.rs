@@ -11,7 +11,9 @@ fn err(m: &'static str) -> ApiError {
     ApiError::new(Code::InvalidInput, m)
 }
 
-/// The allowed roots that currently exist as directories.
+/// The allowed roots that currently exist as directories: the configured ones, else the private
+/// default, `<state-dir>/workspaces` (never the process's directory or the shared temporary one,
+/// the reference's defaults: the first is often a checkout, the second anyone's).
 pub fn allowed_roots(cfg: &Config) -> Vec<PathBuf> {
     let candidates: Vec<PathBuf> = match cfg.allowed_cwds.as_deref() {
         Some(list) => list
@@ -20,7 +22,7 @@ pub fn allowed_roots(cfg: &Config) -> Vec<PathBuf> {
             .map(|s| PathBuf::from(paths::expand_user(s, cfg.home.as_deref())))
             .filter(|p| p.is_absolute())
             .collect(),
-        None => vec![cfg.process_cwd.clone(), cfg.temp_dir.clone()],
+        None => vec![cfg.default_workspace_root()],
     };
     candidates
         .into_iter()
@@ -29,22 +31,34 @@ pub fn allowed_roots(cfg: &Config) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Creates the default workspace root, `<state-dir>/workspaces`, when no root is configured:
+/// 0700, as are the missing directories above it (an existing one keeps its mode). The root it
+/// stands for, `None` when roots are configured. Called at start-up. Blocking I/O.
+pub fn ensure_default_root(cfg: &Config) -> std::io::Result<Option<PathBuf>> {
+    use std::os::unix::fs::DirBuilderExt;
+    if cfg.allowed_cwds.is_some() {
+        return Ok(None);
+    }
+    let root = cfg.default_workspace_root();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&root)?;
+    Ok(Some(root))
+}
+
 /// A workspace that passed every check; it may not exist yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workspace {
     pub path: PathBuf,
-    missing: bool,
+    /// It does not exist yet: it is created once the request would be admitted.
+    pub missing: bool,
 }
 
-impl Workspace {
-    /// Creates the directory if it is missing. Called once every check of the request has
-    /// passed, so a refused request leaves nothing behind. Blocking I/O.
-    pub fn create(self) -> Result<PathBuf, ApiError> {
-        if self.missing {
-            std::fs::create_dir_all(&self.path).map_err(|_| err(msg::CWD_CANNOT_CREATE))?;
-        }
-        Ok(self.path)
-    }
+/// Creates a checked workspace `path` and its missing parents (with the process's umask, as the
+/// reference does). Blocking I/O.
+pub fn create(path: &Path) -> Result<(), ApiError> {
+    std::fs::create_dir_all(path).map_err(|_| err(msg::CWD_CANNOT_CREATE))
 }
 
 /// Whether a client's workspace asks for an expansion: `~` (a home directory) at its start, or
@@ -95,6 +109,41 @@ pub fn resolve(raw: &str, cfg: &Config) -> Result<Workspace, ApiError> {
 mod tests {
     use super::*;
 
+    /// Without configured roots the one root is `<state-dir>/workspaces`, private; the process's
+    /// directory and the temporary directory are not roots.
+    #[test]
+    fn the_default_root_is_a_private_directory_of_the_state_dir() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = paths::resolve(dir.path()).unwrap();
+        let c = Config::for_state_dir(root.join("state"), &|_| None);
+        assert!(c.allowed_cwds.is_none());
+        assert!(allowed_roots(&c).is_empty(), "not created yet");
+        let made = ensure_default_root(&c).unwrap().unwrap();
+        assert_eq!(made, root.join("state/workspaces"));
+        for d in [root.join("state"), made.clone()] {
+            let mode = std::fs::metadata(&d).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{}", d.display());
+        }
+        assert_eq!(allowed_roots(&c), vec![made.clone()]);
+        let ok = made.join("t1");
+        assert_eq!(resolve(ok.to_str().unwrap(), &c).unwrap().path, ok);
+        let here = paths::resolve(&std::env::current_dir().unwrap()).unwrap();
+        for outside in [here.join("w"), std::env::temp_dir().join("w")] {
+            assert_eq!(
+                resolve(outside.to_str().unwrap(), &c).unwrap_err().message,
+                msg::CWD_OUTSIDE_ROOTS,
+                "{}",
+                outside.display()
+            );
+        }
+        // Configured roots: nothing is created.
+        let mut configured = c.clone();
+        configured.allowed_cwds = Some(root.join("elsewhere").display().to_string());
+        assert_eq!(ensure_default_root(&configured).unwrap(), None);
+        assert!(!root.join("elsewhere").exists());
+    }
+
     fn cfg(root: &Path) -> Config {
         let r = root.to_str().unwrap().to_owned();
         let mut c = Config::for_state_dir(root.join("state"), &|k| {
@@ -114,7 +163,11 @@ mod tests {
         std::os::unix::fs::symlink(root.join("ws/a"), root.join("ws/alias")).unwrap();
         let c = cfg(&root);
         let ws = root.join("ws");
-        let r = |s: &str| resolve(s, &c).and_then(Workspace::create);
+        let r = |s: &str| {
+            let w = resolve(s, &c)?;
+            create(&w.path)?;
+            Ok::<_, ApiError>(w.path)
+        };
         assert_eq!(r(ws.join("a").to_str().unwrap()).unwrap(), ws.join("a"));
         assert_eq!(
             r(&format!("{}/a/../a/", ws.display())).unwrap(),
@@ -149,9 +202,13 @@ mod tests {
         );
         let deep = ws.join("new/deep/dir");
         let checked = resolve(deep.to_str().unwrap(), &c).unwrap();
-        assert!(!deep.exists(), "checking creates nothing");
-        assert_eq!(checked.create().unwrap(), deep);
+        assert!(
+            !deep.exists() && checked.missing,
+            "checking creates nothing"
+        );
+        create(&checked.path).unwrap();
         assert!(deep.is_dir());
+        create(&ws.join("a")).unwrap();
         assert_eq!(
             r(ws.join("file/sub").to_str().unwrap())
                 .unwrap_err()

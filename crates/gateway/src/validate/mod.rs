@@ -3,6 +3,7 @@
 pub mod content;
 pub mod cwd;
 pub mod envelope;
+pub mod images;
 pub mod props;
 
 pub use content::{ImageLimits, UserMessage};

@@ -22,3 +22,4 @@ mod stall;
 mod support;
 mod telemetry;
 mod wire;
+mod workspace;

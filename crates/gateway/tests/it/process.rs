@@ -94,6 +94,8 @@ fn the_managed_kernel_gets_no_secret_of_the_gateway_and_its_output_is_logged() {
         .arg(dir.path().join("state"))
         .env_remove("IAC_CODE_AGUI_A2A_URL")
         .env_remove("IAC_CODE_AGUI_KERNEL_ENV")
+        .env_remove("IAC_CODE_AGUI_ALLOWED_CWDS")
+        .env_remove("IACCODE_A2A_ALLOWED_CWDS")
         .env("IAC_CODE_AGUI_AUTH_TOKEN", "gw-secret-1")
         .env(
             "IAC_CODE_AGUI_STATE_URL",
@@ -140,6 +142,13 @@ fn the_managed_kernel_gets_no_secret_of_the_gateway_and_its_output_is_logged() {
     assert!(env.contains("IAC_CODE_API_KEY=allowed-llm-key\n"), "{env}");
     assert!(env.contains("PASSED_ON=passed-value\n"), "{env}");
     assert!(env.contains("IACCODE_A2A_HTTP_TOKEN="), "{env}");
+    // Without configured roots the kernel checks workspaces against the gateway's default root
+    // (its own default would be its process's directory and the temporary directory).
+    let root = dir.path().join("state/workspaces");
+    assert!(
+        env.contains(&format!("IACCODE_A2A_ALLOWED_CWDS={}\n", root.display())),
+        "{env}"
+    );
 
     let text = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<serde_json::Value> = text
@@ -312,6 +321,8 @@ fn help_documents_every_option() {
         "--kernel-persistence-dir",
         "--kernel-env",
         "IAC_CODE_AGUI_KERNEL_ENV",
+        "--max-image-decodes",
+        "IAC_CODE_AGUI_MAX_IMAGE_DECODES",
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");
     }

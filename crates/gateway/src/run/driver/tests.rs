@@ -68,6 +68,7 @@ impl Harness {
             envelope,
             iac,
             cwd: self.dir.path().to_path_buf(),
+            create_cwd: false,
             digest: format!("digest-{run}"),
             user_message,
             lang: Lang::En,
