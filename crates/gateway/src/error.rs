@@ -53,6 +53,8 @@ pub enum Code {
     ThreadNotFound,
     RunNotFound,
     RunEventsGone,
+    HostNotAllowed,
+    BodyTimeout,
 }
 
 impl Code {
@@ -94,6 +96,8 @@ impl Code {
             Code::ThreadNotFound => ("THREAD_NOT_FOUND", StatusCode::NOT_FOUND),
             Code::RunNotFound => ("RUN_NOT_FOUND", StatusCode::NOT_FOUND),
             Code::RunEventsGone => ("RUN_EVENTS_GONE", StatusCode::GONE),
+            Code::HostNotAllowed => ("HOST_NOT_ALLOWED", StatusCode::MISDIRECTED_REQUEST),
+            Code::BodyTimeout => ("BODY_TIMEOUT", StatusCode::REQUEST_TIMEOUT),
         }
     }
 
@@ -177,6 +181,8 @@ pub mod msg {
         UNSUPPORTED_MEDIA_TYPE = "Content-Type must be application/json.";
         RUN_TOO_LARGE = "The AG-UI request body is too large.";
         CANCEL_TOO_LARGE = "The cancel request body is too large.";
+        BODY_TIMEOUT = "The request body did not arrive in time.";
+        HOST_NOT_ALLOWED = "The request's Host is not one this gateway serves (see --allowed-host).";
         RUN_INVALID_JSON = "The request body is not valid JSON.";
         CANCEL_INVALID_JSON = "The cancel request body is not valid JSON.";
         RUN_NOT_OBJECT = "RunAgentInput must be a JSON object.";
@@ -292,7 +298,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 27);
+        assert_eq!(names.len(), 29);
         assert_eq!(Code::from_wire("thread_busy"), None);
         assert_eq!(Code::from_wire(""), None);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);
@@ -300,6 +306,8 @@ mod tests {
         assert_eq!(Code::ExecutionNotFound.status().as_u16(), 404);
         assert_eq!(Code::RequestTooLarge.status().as_u16(), 413);
         assert_eq!(Code::RunEventsGone.status().as_u16(), 410);
+        assert_eq!(Code::HostNotAllowed.status().as_u16(), 421);
+        assert_eq!(Code::BodyTimeout.status().as_u16(), 408);
     }
 
     /// README.md's error table (the table under its `| Code | HTTP status |` header): one row per

@@ -34,6 +34,9 @@ pub struct Builder {
     pub detach_grace: Option<Duration>,
     pub replay_buffer: Option<usize>,
     pub client_stall: Option<Duration>,
+    pub body_timeout: Option<Duration>,
+    pub linger_timeout: Option<Duration>,
+    pub allowed_hosts: Vec<String>,
 }
 
 pub struct TestServer {
@@ -63,7 +66,25 @@ impl Builder {
             detach_grace: None,
             replay_buffer: None,
             client_stall: None,
+            body_timeout: None,
+            linger_timeout: None,
+            allowed_hosts: vec![],
         }
+    }
+    /// How long a request body may take (`--body-timeout`).
+    pub fn body_timeout(mut self, d: Duration) -> Self {
+        self.body_timeout = Some(d);
+        self
+    }
+    /// How long a body left unread is drained (`--linger-timeout`).
+    pub fn linger_timeout(mut self, d: Duration) -> Self {
+        self.linger_timeout = Some(d);
+        self
+    }
+    /// A host requests without a token may name (`--allowed-host`).
+    pub fn allowed_host(mut self, name: &str) -> Self {
+        self.allowed_hosts.push(name.into());
+        self
     }
     /// Runs go on without a client for `grace` (`--detach-grace`).
     pub fn detach_grace(mut self, grace: Duration) -> Self {
@@ -190,6 +211,18 @@ impl Builder {
         if let Some(d) = self.client_stall {
             cfg.client_stall_timeout = d;
         }
+        if let Some(d) = self.body_timeout {
+            cfg.body_timeout = d;
+        }
+        if let Some(d) = self.linger_timeout {
+            cfg.linger_timeout = d;
+        }
+        cfg.allowed_hosts = iac_code_agui::hosts::AllowedHosts::new(
+            &self.allowed_hosts,
+            &cfg.host,
+            &cfg.advertise_url,
+        )
+        .expect("valid allowed hosts");
         cfg.cors_origins =
             iac_code_agui::cors::Origins::parse(&self.cors).expect("valid CORS origins");
         let mut opts = Options::new(cfg, env);
