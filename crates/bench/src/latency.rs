@@ -52,7 +52,7 @@ pub(crate) async fn latency_stream(
     let mut tcp = tokio::net::TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
     let req = format!(
-        "POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     tcp.write_all(req.as_bytes()).await?;

@@ -60,6 +60,8 @@ pub enum Code {
     TooManyRuns,
     TooManyReaders,
     TooManyGuidanceRuns,
+    HostNotAllowed,
+    BodyTimeout,
 }
 
 impl Code {
@@ -104,6 +106,8 @@ impl Code {
             Code::TooManyRuns => ("TOO_MANY_RUNS", StatusCode::SERVICE_UNAVAILABLE),
             Code::TooManyReaders => ("TOO_MANY_READERS", StatusCode::TOO_MANY_REQUESTS),
             Code::TooManyGuidanceRuns => ("TOO_MANY_GUIDANCE_RUNS", StatusCode::TOO_MANY_REQUESTS),
+            Code::HostNotAllowed => ("HOST_NOT_ALLOWED", StatusCode::MISDIRECTED_REQUEST),
+            Code::BodyTimeout => ("BODY_TIMEOUT", StatusCode::REQUEST_TIMEOUT),
         }
     }
 
@@ -202,6 +206,8 @@ pub mod msg {
         UNSUPPORTED_MEDIA_TYPE = "Content-Type must be application/json.";
         RUN_TOO_LARGE = "The AG-UI request body is too large.";
         CANCEL_TOO_LARGE = "The cancel request body is too large.";
+        BODY_TIMEOUT = "The request body did not arrive in time.";
+        HOST_NOT_ALLOWED = "The request's Host is not one this gateway serves (see --allowed-host).";
         RUN_INVALID_JSON = "The request body is not valid JSON.";
         CANCEL_INVALID_JSON = "The cancel request body is not valid JSON.";
         RUN_NOT_OBJECT = "RunAgentInput must be a JSON object.";
@@ -322,7 +328,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 30);
+        assert_eq!(names.len(), 32);
         assert_eq!(Code::from_wire("thread_busy"), None);
         assert_eq!(Code::from_wire(""), None);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);
@@ -332,6 +338,8 @@ mod tests {
         assert_eq!(Code::RunEventsGone.status().as_u16(), 410);
         assert_eq!(Code::TooManyRuns.status().as_u16(), 503);
         assert_eq!(Code::TooManyReaders.status().as_u16(), 429);
+        assert_eq!(Code::HostNotAllowed.status().as_u16(), 421);
+        assert_eq!(Code::BodyTimeout.status().as_u16(), 408);
     }
 
     /// A refusal at a bound tells the client when to ask again; no other error does.

@@ -3,10 +3,13 @@
 //! With CORS origins configured, a preflight of an allowed origin on a POST route is answered
 //! first (`cors.rs`), and every answer to an allowed origin carries its CORS headers.
 //!
-//! Order of checks on the POST routes: route and method (404/405, plain text) → bearer token (401)
-//! → Content-Type (415) → body size (413, from Content-Length and while reading) → JSON (400) →
-//! validation (400) → admission (409/503) → SSE. Every error before the SSE response is the JSON
-//! envelope `{"error":{"code","message"}}` in the negotiated language.
+//! Before any route, without a token configured: the request's host (421, `hosts.rs`; `/health`
+//! answers it as a caller without the token). Order of checks on the POST routes: route and method
+//! (404/405, plain text) → bearer token (401) → Content-Type (415) → body size (413, from
+//! Content-Length and while reading) and time (408; `request_body.rs`, which also drains a body an
+//! early answer left unread) → JSON (400) → validation (400) → admission (409/503) → SSE. Every
+//! error before the SSE response is the JSON envelope `{"error":{"code","message"}}` in the
+//! negotiated language; a 413 and a 408 close the connection.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,14 +20,15 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
-use http_body_util::BodyExt;
 use serde_json::{json, Map, Value};
 use subtle::ConstantTimeEq;
 
 use crate::canonical;
 use crate::error::{msg, ApiError, Code};
 use crate::forward;
+use crate::hosts;
 use crate::i18n::Lang;
+use crate::request_body;
 use crate::run::admit::{self, RunRequest};
 use crate::run::{cancel, sink, spawn_run, Holder, Runtime};
 use crate::telemetry::{self, observer, otel};
@@ -44,8 +48,10 @@ pub struct AppState {
 
 /// The router.
 pub fn router(state: AppState) -> Router {
+    let bounds = state.rt.cfg().body_bounds();
     let cors = state.rt.cfg().cors_origins.clone();
     let metrics = state.rt.metrics().clone();
+    let hosts = state.clone();
     let router = Router::new()
         .route("/health", any(health))
         .route("/", any(run))
@@ -60,6 +66,7 @@ pub fn router(state: AppState) -> Router {
         )
         .fallback(not_found)
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(hosts, host_check))
         .layer(axum::middleware::map_response(no_store_json))
         // The access line and the HTTP counters see every answer, CORS headers included.
         .layer(axum::middleware::from_fn(move |req, next| {
@@ -67,10 +74,10 @@ pub fn router(state: AppState) -> Router {
         }));
     if cors.is_empty() {
         // No CORS: not even a layer in the way.
-        return router;
+        return request_body::layer(router, bounds);
     }
     let cors = Arc::new(cors);
-    router.layer(axum::middleware::from_fn(
+    let router = router.layer(axum::middleware::from_fn(
         move |req: Request, next: axum::middleware::Next| {
             let cors = cors.clone();
             async move {
@@ -84,7 +91,22 @@ pub fn router(state: AppState) -> Router {
                 response
             }
         },
-    ))
+    ));
+    request_body::layer(router, bounds)
+}
+
+/// The DNS-rebinding defence (`hosts.rs`): 421 `HOST_NOT_ALLOWED` on every route but `/health`,
+/// which judges the request itself.
+async fn host_check(
+    State(s): State<AppState>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if req.uri().path() == "/health" || hosts::allowed(s.rt.cfg(), req.uri(), req.headers()) {
+        return next.run(req).await;
+    }
+    let hl = header_lang(&s.rt, req.headers());
+    ApiError::new(Code::HostNotAllowed, msg::HOST_NOT_ALLOWED).into_response_in(hl)
 }
 
 /// A JSON answer (an error, a thread's state, a cancellation, `/health`) is about one moment and
@@ -276,11 +298,15 @@ fn method_not_allowed(allow: &'static str) -> Response {
     r
 }
 
-async fn health(State(s): State<AppState>, method: Method, headers: HeaderMap) -> Response {
-    if method != Method::GET && method != Method::HEAD {
+async fn health(State(s): State<AppState>, req: Request) -> Response {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
         return method_not_allowed("GET, HEAD");
     }
-    crate::health::answer(&s.rt, authorized(&s.rt, &headers))
+    // Probes send any Host (a service's name, a pod's): they get the answer; a request for a host
+    // that is not allowed gets what a caller without the token gets.
+    let (cfg, h) = (s.rt.cfg(), req.headers());
+    let caller = authorized(&s.rt, h) && hosts::allowed(cfg, req.uri(), h);
+    crate::health::answer(&s.rt, caller)
 }
 
 fn header_lang(rt: &Runtime, headers: &HeaderMap) -> Lang {
@@ -320,23 +346,12 @@ fn is_json(headers: &HeaderMap) -> bool {
         .unwrap_or(false)
 }
 
-/// Reads the body within `limit` (Content-Length first, then while reading).
-async fn read_body(req: Request, limit: usize) -> Result<Bytes, ()> {
-    if let Some(len) = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-    {
-        if len > limit as u64 {
-            return Err(());
-        }
-    }
-    let body = http_body_util::Limited::new(req.into_body(), limit);
-    match body.collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(_) => Err(()),
-    }
+/// An error answer after which the connection closes: the rest of the body is not wanted (it is
+/// drained within bounds all the same, so that the client reads the answer).
+fn closing(mut r: Response) -> Response {
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 fn parse_json(bytes: &[u8]) -> Option<Value> {
@@ -385,8 +400,14 @@ async fn json_object(
     if !is_json(req.headers()) {
         return err(Code::UnsupportedMediaType, msg::UNSUPPORTED_MEDIA_TYPE);
     }
-    let Ok(body) = read_body(req, rules.limit).await else {
-        return err(Code::RequestTooLarge, rules.too_large);
+    let body = match request_body::read(req, rules.limit).await {
+        Ok(b) => b,
+        Err(request_body::Unread::TooLarge) => {
+            return err(Code::RequestTooLarge, rules.too_large).map_err(closing)
+        }
+        Err(request_body::Unread::Late) => {
+            return err(Code::BodyTimeout, msg::BODY_TIMEOUT).map_err(closing)
+        }
     };
     match parse_json(&body) {
         None => err(Code::InvalidJson, rules.invalid_json),

@@ -71,6 +71,15 @@ fn main() {
                 return 1;
             }
         };
+        // Without a token, only loopback unless the operator says otherwise.
+        let served = match listener.local_addr() {
+            Ok(a) => cfg.may_serve_on(a),
+            Err(e) => Err(format!("Unable to listen on {addr}: {e}")),
+        };
+        if let Err(e) = served {
+            eprintln!("{e}");
+            return 1;
+        }
         let admin = match cfg.metrics_listen.as_deref() {
             None => None,
             Some(a) => match app::bind(a).await {
@@ -106,7 +115,7 @@ fn main() {
             if loopback {
                 tracing::info!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN): any local process may use the gateway");
             } else {
-                tracing::warn!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN) on a non-loopback address: anyone who reaches it may use the gateway");
+                tracing::warn!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN) on a non-loopback address (--allow-unauthenticated): anyone who reaches it may use the gateway");
             }
         }
         let code = match app::serve_with_admin(listener, admin, state, shutdown_signal()).await {

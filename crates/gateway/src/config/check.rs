@@ -16,6 +16,7 @@ pub(super) const STATE_URL: &str = "--state-url must be a postgres:// URL.";
 pub(super) const LEASE_TTL: &str = "--lease-ttl must be a number of seconds, at least 1.";
 pub(super) const CLIENT_STALL_TIMEOUT: &str =
     "--client-stall-timeout must be a positive number of seconds.";
+pub(super) const BODY_TIMEOUT: &str = "--body-timeout must be a positive number of seconds.";
 pub(super) const ADVERTISE_URL: &str = "--advertise-url must be an http:// URL.";
 const ADVERTISE_NEEDED: &str =
     "--advertise-url is needed with --state-url when --host is a wildcard address.";
@@ -90,6 +91,15 @@ pub(super) fn max_image_decodes(v: i64) -> Result<usize, String> {
         .contains(&v)
         .then_some(v as usize)
         .ok_or_else(|| MAX_IMAGE_DECODES.to_owned())
+}
+
+/// How long a request body may take: a bound, never zero (a body could otherwise take for ever).
+pub(super) fn body_timeout(v: f64) -> Result<Duration, String> {
+    let v = non_negative(v, BODY_TIMEOUT)?;
+    if v <= 0.0 {
+        return Err(BODY_TIMEOUT.into());
+    }
+    Ok(Duration::from_secs_f64(v.min(LONGEST_SECS)))
 }
 
 /// A loopback http(s) URL of a kernel (host `127.0.0.1`, `::1` or `localhost`), normalised to

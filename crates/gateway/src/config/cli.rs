@@ -11,7 +11,8 @@ pub struct Cli {
     /// kernel_idle_timeout, client_stall_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
     /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,
-    /// max_readers_per_run, max_guidance_per_thread, max_image_decodes; dashes or underscores).
+    /// max_readers_per_run, max_guidance_per_thread, max_image_decodes, body_timeout,
+    /// linger_timeout, allowed_hosts, allow_unauthenticated; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -202,6 +203,44 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub max_image_decodes: Option<String>,
+    /// Seconds a request body may take to arrive whole after its head; past them the request is
+    /// answered 408 BODY_TIMEOUT and the connection closed [default: 60].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_BODY_TIMEOUT",
+        allow_hyphen_values = true
+    )]
+    pub body_timeout: Option<String>,
+    /// Seconds a request body left unread by an early answer (401, 413, 415, 421…) is still read
+    /// and discarded, at most 32 MiB of it, so that a client still sending gets the answer
+    /// instead of a reset connection; 0 closes at once [default: 10].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_LINGER_TIMEOUT",
+        allow_hyphen_values = true
+    )]
+    pub linger_timeout: Option<String>,
+    /// A host name requests may carry in `Host` besides localhost, IP addresses, the bind host
+    /// and the advertised URL's host (DNS rebinding defence, for requests without a token):
+    /// `agui.example.com`, `.example.com` (a domain and its subdomains) or `*` (any);
+    /// repeatable. The variable takes a comma-separated list [default: none].
+    #[arg(
+        long = "allowed-host",
+        value_name = "NAME",
+        env = "IAC_CODE_AGUI_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    pub allowed_host: Vec<String>,
+    /// Serve without a token on a non-loopback address (refused otherwise): anyone who reaches
+    /// the address may use the gateway. The variable takes true/1/yes.
+    #[arg(
+        long,
+        env = "IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    pub allow_unauthenticated: bool,
 }
 
 impl Cli {

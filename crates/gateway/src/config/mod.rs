@@ -23,6 +23,7 @@ pub use cli::Cli;
 use layers::{Integer, Layers, List, Number, Opt, Switch, Text, YamlFile};
 
 use crate::cors::Origins;
+use crate::hosts::AllowedHosts;
 use crate::i18n::Lang;
 use crate::paths;
 
@@ -82,6 +83,15 @@ pub struct Config {
     pub caps: Caps,
     /// Images decoded at once across requests (the others wait their turn).
     pub max_image_decodes: usize,
+    /// How long a request body may take to arrive whole after its head.
+    pub body_timeout: Duration,
+    /// How long a request body an early answer left unread is read on and discarded; zero ⇒
+    /// not at all.
+    pub linger_timeout: Duration,
+    /// The host names requests without a token may carry (`Host`).
+    pub allowed_hosts: AllowedHosts,
+    /// Serving without a token on a non-loopback address was asked for.
+    pub allow_unauthenticated: bool,
 }
 
 /// How log lines look.
@@ -146,6 +156,16 @@ const KERNEL_PERSISTENCE_DIR: Opt<Text> = Opt::new(
 );
 const KERNEL_ENV: Opt<List> = Opt::new("kernel_env", check::KERNEL_ENV);
 const MAX_IMAGE_DECODES: Opt<Integer> = Opt::new("max_image_decodes", check::MAX_IMAGE_DECODES);
+const BODY_TIMEOUT: Opt<Number> = Opt::new("body_timeout", check::BODY_TIMEOUT);
+const LINGER_TIMEOUT: Opt<Number> = Opt::new(
+    "linger_timeout",
+    "--linger-timeout must be a non-negative number.",
+);
+const ALLOWED_HOSTS: Opt<List> = Opt::new("allowed_hosts", crate::hosts::INVALID);
+const ALLOW_UNAUTHENTICATED: Opt<Switch> = Opt::new(
+    "allow_unauthenticated",
+    "allow_unauthenticated must be a boolean.",
+);
 
 impl Config {
     /// Builds the configuration from the parsed command line (flags and their variables) and the
@@ -234,6 +254,15 @@ impl Config {
         let max_image_decodes = l.get(&MAX_IMAGE_DECODES, cli.max_image_decodes)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as i64);
         let max_image_decodes = check::max_image_decodes(max_image_decodes.unwrap_or(cores))?;
+        let body_timeout = l.get(&BODY_TIMEOUT, cli.body_timeout)?.unwrap_or(60.0);
+        let body_timeout = check::body_timeout(body_timeout)?;
+        let linger_timeout = seconds(&LINGER_TIMEOUT, cli.linger_timeout, 10.0)?;
+        let allowed_hosts = l.get(&ALLOWED_HOSTS, Some(cli.allowed_host))?;
+        let allowed_hosts =
+            AllowedHosts::new(&allowed_hosts.unwrap_or_default(), &host, &advertise_url)?;
+        let allow_unauthenticated = cli.allow_unauthenticated.then_some(true);
+        let allow_unauthenticated = l.get(&ALLOW_UNAUTHENTICATED, allow_unauthenticated)?;
+        let allow_unauthenticated = allow_unauthenticated.unwrap_or(false);
 
         let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
         let allowed_cwds = env_nonempty("IAC_CODE_AGUI_ALLOWED_CWDS")
@@ -271,6 +300,10 @@ impl Config {
             kernel_env,
             caps,
             max_image_decodes,
+            body_timeout,
+            linger_timeout,
+            allowed_hosts,
+            allow_unauthenticated,
         })
     }
 
@@ -293,6 +326,29 @@ impl Config {
     /// Whether callers must present the bearer token.
     pub fn has_auth(&self) -> bool {
         self.auth_token.as_deref().is_some_and(|t| !t.is_empty())
+    }
+
+    /// Whether the gateway may serve on `bound` (the listener's address): without a token only
+    /// on loopback, unless `--allow-unauthenticated` says otherwise. The error says what to do.
+    pub fn may_serve_on(&self, bound: std::net::SocketAddr) -> Result<(), String> {
+        if self.has_auth() || self.allow_unauthenticated || bound.ip().is_loopback() {
+            return Ok(());
+        }
+        Err(format!(
+            "Refusing to listen on {bound} without authentication: anyone who reaches it could \
+             use the gateway. Set IAC_CODE_AGUI_AUTH_TOKEN (or auth_token in the config file), \
+             listen on a loopback address (--host 127.0.0.1), or pass --allow-unauthenticated \
+             (IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED=true) to serve without a token."
+        ))
+    }
+
+    /// The bounds of request bodies.
+    pub fn body_bounds(&self) -> crate::request_body::Bounds {
+        crate::request_body::Bounds {
+            deadline: self.body_timeout,
+            linger: self.linger_timeout,
+            linger_bytes: crate::request_body::LINGER_BYTES,
+        }
     }
 
     /// Timeouts of the kernel client.
@@ -349,6 +405,10 @@ impl fmt::Debug for Config {
             kernel_env,
             caps,
             max_image_decodes,
+            body_timeout,
+            linger_timeout,
+            allowed_hosts,
+            allow_unauthenticated,
         } = self;
         f.debug_struct("Config")
             .field("host", host)
@@ -382,6 +442,10 @@ impl fmt::Debug for Config {
             .field("kernel_env", kernel_env)
             .field("caps", caps)
             .field("max_image_decodes", max_image_decodes)
+            .field("body_timeout", body_timeout)
+            .field("linger_timeout", linger_timeout)
+            .field("allowed_hosts", allowed_hosts)
+            .field("allow_unauthenticated", allow_unauthenticated)
             .finish()
     }
 }
@@ -451,6 +515,13 @@ mod tests {
                 "IAC_CODE_AGUI_MAX_GUIDANCE_PER_THREAD",
             ),
             ("max_image_decodes", "IAC_CODE_AGUI_MAX_IMAGE_DECODES"),
+            ("body_timeout", "IAC_CODE_AGUI_BODY_TIMEOUT"),
+            ("linger_timeout", "IAC_CODE_AGUI_LINGER_TIMEOUT"),
+            ("allowed_host", "IAC_CODE_AGUI_ALLOWED_HOSTS"),
+            (
+                "allow_unauthenticated",
+                "IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED",
+            ),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }
@@ -574,6 +645,127 @@ mod tests {
         assert_eq!(
             c.default_workspace_root(),
             PathBuf::from("/data/s/workspaces")
+        );
+    }
+
+    #[test]
+    fn body_and_linger_timeouts_from_each_layer() {
+        let c = load(&[], &[]).unwrap();
+        assert_eq!(
+            (c.body_timeout, c.linger_timeout),
+            (Duration::from_secs(60), Duration::from_secs(10))
+        );
+        assert_eq!(
+            c.body_bounds().linger_bytes,
+            crate::request_body::LINGER_BYTES
+        );
+        let c = load(&["--body-timeout", "2.5", "--linger-timeout", "0"], &[]).unwrap();
+        assert_eq!(
+            (c.body_timeout, c.linger_timeout),
+            (Duration::from_millis(2500), Duration::ZERO)
+        );
+        let f = yaml(
+            "body-timeout: 7
+linger_timeout: 3
+",
+        );
+        let c = load(&["--config", f.path().to_str().unwrap()], &[]).unwrap();
+        assert_eq!(
+            (c.body_timeout, c.linger_timeout),
+            (Duration::from_secs(7), Duration::from_secs(3))
+        );
+        for bad in ["0", "-1", "x", "inf"] {
+            assert_eq!(
+                load(&["--body-timeout", bad], &[]).unwrap_err(),
+                "--body-timeout must be a positive number of seconds.",
+                "{bad}"
+            );
+        }
+        for bad in ["-1", "x"] {
+            assert_eq!(
+                load(&["--linger-timeout", bad], &[]).unwrap_err(),
+                "--linger-timeout must be a non-negative number."
+            );
+        }
+    }
+
+    #[test]
+    fn allowed_hosts_from_flags_the_variable_or_yaml() {
+        let c = load(&[], &[]).unwrap();
+        assert!(c.allowed_hosts.allows_value("localhost:8000"));
+        assert!(!c.allowed_hosts.allows_value("agui.example.com"));
+        let c = load(
+            &[
+                "--allowed-host",
+                "agui.example.com",
+                "--allowed-host",
+                ".corp.example,b.test",
+            ],
+            &[],
+        )
+        .unwrap();
+        for ok in ["agui.example.com", "x.corp.example", "b.test:1"] {
+            assert!(c.allowed_hosts.allows_value(ok), "{ok}");
+        }
+        let f = yaml("allowed-hosts: [\"y.test\"]\n");
+        let c = load(&["--config", f.path().to_str().unwrap()], &[]).unwrap();
+        assert!(c.allowed_hosts.allows_value("y.test"));
+        let f = yaml("allowed_hosts: \"*\"\n");
+        let c = load(&["--config", f.path().to_str().unwrap()], &[]).unwrap();
+        assert!(c.allowed_hosts.any());
+        // The bind host and the advertised host are allowed.
+        let c = load(
+            &[
+                "--host",
+                "gw.internal",
+                "--advertise-url",
+                "http://gw-1.pods:8000",
+            ],
+            &[],
+        )
+        .unwrap();
+        assert!(c.allowed_hosts.allows_value("gw.internal:8000"));
+        assert!(c.allowed_hosts.allows_value("gw-1.pods:8000"));
+        for bad in ["agui.example.com:8000", "http://a.test"] {
+            assert_eq!(
+                load(&["--allowed-host", bad], &[]).unwrap_err(),
+                crate::hosts::INVALID
+            );
+        }
+        let f = yaml("allowed_hosts: 5\n");
+        assert_eq!(
+            load(&["--config", f.path().to_str().unwrap()], &[]).unwrap_err(),
+            crate::hosts::INVALID
+        );
+    }
+
+    #[test]
+    fn no_token_on_a_non_loopback_address_needs_saying_so() {
+        let addr = |a: &str| a.parse::<std::net::SocketAddr>().unwrap();
+        let c = load(&["--host", "0.0.0.0"], &[]).unwrap();
+        assert!(!c.allow_unauthenticated);
+        let err = c.may_serve_on(addr("0.0.0.0:8000")).unwrap_err();
+        assert!(
+            err.starts_with("Refusing to listen on 0.0.0.0:8000 without authentication"),
+            "{err}"
+        );
+        assert!(err.contains("--allow-unauthenticated"), "{err}");
+        assert!(c.may_serve_on(addr("10.0.0.5:8000")).is_err());
+        for loopback in ["127.0.0.1:8000", "127.0.0.2:1", "[::1]:8000"] {
+            assert_eq!(c.may_serve_on(addr(loopback)), Ok(()), "{loopback}");
+        }
+        let token = [("IAC_CODE_AGUI_AUTH_TOKEN", "t")];
+        let c = load(&["--host", "0.0.0.0"], &token).unwrap();
+        assert_eq!(c.may_serve_on(addr("0.0.0.0:8000")), Ok(()));
+        let c = load(&["--host", "0.0.0.0", "--allow-unauthenticated"], &[]).unwrap();
+        assert_eq!(c.may_serve_on(addr("0.0.0.0:8000")), Ok(()));
+        let f = yaml("allow-unauthenticated: true\n");
+        let c = load(&["--config", f.path().to_str().unwrap()], &[]).unwrap();
+        assert!(c.allow_unauthenticated);
+        let f = yaml("allow_unauthenticated: \"yes\"\n");
+        assert_eq!(
+            load(&["--config", f.path().to_str().unwrap()], &[]).unwrap_err(),
+            "allow_unauthenticated must be a boolean."
         );
     }
 

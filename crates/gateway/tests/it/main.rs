@@ -7,6 +7,7 @@ mod cluster_real;
 mod conformance;
 mod crash;
 mod docs;
+mod edge;
 mod fake_kernel;
 mod fuzz;
 mod fuzz_cwd;

@@ -323,6 +323,14 @@ fn help_documents_every_option() {
         "IAC_CODE_AGUI_KERNEL_ENV",
         "--max-image-decodes",
         "IAC_CODE_AGUI_MAX_IMAGE_DECODES",
+        "--body-timeout",
+        "IAC_CODE_AGUI_BODY_TIMEOUT",
+        "--linger-timeout",
+        "IAC_CODE_AGUI_LINGER_TIMEOUT",
+        "--allowed-host",
+        "IAC_CODE_AGUI_ALLOWED_HOSTS",
+        "--allow-unauthenticated",
+        "IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED",
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");
     }
@@ -749,4 +757,87 @@ async fn authentication_off_is_logged_and_an_empty_variable_keeps_the_yaml_token
     let out = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(!log.contains("authentication is off"), "{log}");
+}
+
+/// Without a token, a non-loopback address is refused at start (status 1, a message that says
+/// what to do) unless `--allow-unauthenticated` or its variable says so; with a token it starts.
+#[test]
+fn a_non_loopback_address_without_a_token_needs_allow_unauthenticated() {
+    let dir = tempfile::tempdir().unwrap();
+    let command = |port: u16, args: &[&str], env: &[(&str, &str)]| {
+        let mut c = Command::new(bin());
+        c.args(["--host", "0.0.0.0", "--port", &port.to_string()])
+            .args(["--a2a-url", "http://127.0.0.1:9/", "--state-dir"])
+            .arg(dir.path().join("state"))
+            .args(args)
+            .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
+            .env_remove("IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED")
+            .env_remove("IAC_CODE_AGUI_A2A_URL")
+            .envs(env.iter().copied());
+        c
+    };
+    for env in [
+        &[][..],
+        &[("IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED", "false")][..],
+    ] {
+        let port = free_port();
+        let out = output_within_10s(command(port, &[], env));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert_eq!(
+            err.trim(),
+            format!(
+                "Refusing to listen on 0.0.0.0:{port} without authentication: anyone who reaches \
+                 it could use the gateway. Set IAC_CODE_AGUI_AUTH_TOKEN (or auth_token in the \
+                 config file), listen on a loopback address (--host 127.0.0.1), or pass \
+                 --allow-unauthenticated (IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED=true) to serve \
+                 without a token."
+            )
+        );
+    }
+    let serves = |args: &[&str], env: &[(&str, &str)]| {
+        let port = free_port();
+        let mut child = command(port, args, env)
+            .args(["--idle-shutdown", "1"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let up = wait_health(port, Duration::from_secs(10));
+        if up.is_none() {
+            let _ = child.kill();
+        }
+        let out = child.wait_with_output().unwrap();
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(up.is_some(), "{args:?} {env:?}: {log}");
+        log
+    };
+    let log = serves(&["--allow-unauthenticated"], &[]);
+    assert!(log.contains("on a non-loopback address"), "{log}");
+    serves(&[], &[("IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED", "1")]);
+    let log = serves(&[], &[("IAC_CODE_AGUI_AUTH_TOKEN", "tok")]);
+    assert!(!log.contains("authentication is off"), "{log}");
+}
+
+/// A command's output, with a bound on how long it may take.
+fn output_within_10s(mut cmd: Command) -> std::process::Output {
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
+    let start = Instant::now();
+    while !waiter.is_finished() {
+        if start.elapsed() > Duration::from_secs(10) {
+            #[allow(unsafe_code)]
+            // SAFETY: plain kill syscall of the child started above.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL);
+            }
+            panic!("the gateway started where it must refuse to");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    waiter.join().unwrap()
 }

@@ -70,7 +70,7 @@ async fn stalled_request(url: &str, method: &str, path: &str, body: Option<&Valu
     let mut tcp = tiny_window(url).await;
     let body = body.map(Value::to_string).unwrap_or_default();
     let head = format!(
-        "{method} /{path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        "{method} /{path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
     tcp.write_all(head.as_bytes()).await.unwrap();

@@ -37,6 +37,9 @@ pub struct Builder {
     pub caps: Option<Caps>,
     /// Open the admin listener (`/metrics`, `/health`).
     pub admin: bool,
+    pub body_timeout: Option<Duration>,
+    pub linger_timeout: Option<Duration>,
+    pub allowed_hosts: Vec<String>,
 }
 
 pub struct TestServer {
@@ -70,6 +73,9 @@ impl Builder {
             client_stall: None,
             caps: None,
             admin: false,
+            body_timeout: None,
+            linger_timeout: None,
+            allowed_hosts: vec![],
         }
     }
     /// The bounds on concurrent work (`--max-connections`, `--max-runs`, …).
@@ -80,6 +86,21 @@ impl Builder {
     /// Opens the admin listener too (`--metrics-listen`).
     pub fn admin(mut self) -> Self {
         self.admin = true;
+        self
+    }
+    /// How long a request body may take (`--body-timeout`).
+    pub fn body_timeout(mut self, d: Duration) -> Self {
+        self.body_timeout = Some(d);
+        self
+    }
+    /// How long a body left unread is drained (`--linger-timeout`).
+    pub fn linger_timeout(mut self, d: Duration) -> Self {
+        self.linger_timeout = Some(d);
+        self
+    }
+    /// A host requests without a token may name (`--allowed-host`).
+    pub fn allowed_host(mut self, name: &str) -> Self {
+        self.allowed_hosts.push(name.into());
         self
     }
     /// Runs go on without a client for `grace` (`--detach-grace`).
@@ -210,6 +231,18 @@ impl Builder {
         if let Some(c) = self.caps {
             cfg.caps = c;
         }
+        if let Some(d) = self.body_timeout {
+            cfg.body_timeout = d;
+        }
+        if let Some(d) = self.linger_timeout {
+            cfg.linger_timeout = d;
+        }
+        cfg.allowed_hosts = iac_code_agui::hosts::AllowedHosts::new(
+            &self.allowed_hosts,
+            &cfg.host,
+            &cfg.advertise_url,
+        )
+        .expect("valid allowed hosts");
         cfg.cors_origins =
             iac_code_agui::cors::Origins::parse(&self.cors).expect("valid CORS origins");
         let mut opts = Options::new(cfg, env);

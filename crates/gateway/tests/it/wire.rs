@@ -183,7 +183,7 @@ async fn plain_server() -> TestServer {
 
 fn post(path: &str, extra: &str, body: &str) -> Vec<u8> {
     format!(
-        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -195,10 +195,10 @@ async fn keep_alive_pipelining_and_head() {
     let mut c = Conn::open(&s).await;
     // Four requests in one write: answered in order on the same connection.
     c.send(
-        b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n\
-          HEAD /health HTTP/1.1\r\nhost: x\r\n\r\n\
-          GET /nope HTTP/1.1\r\nhost: x\r\n\r\n\
-          GET /health HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n\
+          HEAD /health HTTP/1.1\r\nhost: localhost\r\n\r\n\
+          GET /nope HTTP/1.1\r\nhost: localhost\r\n\r\n\
+          GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n",
     )
     .await;
     let get = c.response(false).await;
@@ -220,7 +220,7 @@ async fn keep_alive_pipelining_and_head() {
     );
     assert_eq!(c.response(false).await.status, 200);
     // Connection: close is honoured and announced.
-    c.send(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+    c.send(b"GET /health HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n")
         .await;
     let last = c.response(false).await;
     assert_eq!(last.header("connection"), Some("close"));
@@ -252,7 +252,7 @@ async fn request_bodies_chunked_length_and_continue() {
     let mut c = Conn::open(&s).await;
     // A chunked body, sent in pieces that split sizes and data: it is read (INVALID_INPUT: an
     // array, not an object), and the connection carries on.
-    let head = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+    let head = b"POST / HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
     c.send(head).await;
     for piece in [&b"1"[..], b"\r\n[\r", b"\n2;ext=1\r\n1]\r\n0\r\n", b"\r\n"] {
         c.send(piece).await;
@@ -265,7 +265,7 @@ async fn request_bodies_chunked_length_and_continue() {
     // (content-length 0 above: no body, so no interim answer either.)
     let r = c.response(false).await;
     assert_eq!((r.status, r.code()), (400, "INVALID_JSON".to_string()));
-    c.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\n").await;
+    c.send(b"POST / HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 1\r\n\r\n").await;
     let interim = c.response(false).await;
     assert_eq!(interim.status, 100);
     c.send(b"{").await;
@@ -279,8 +279,9 @@ async fn request_bodies_chunked_length_and_continue() {
     c.send(b).await;
     let r = c.response(false).await;
     assert_eq!((r.status, r.code()), (400, "INVALID_INPUT".to_string()));
-    // A body over the limit is refused from its Content-Length, unread; the connection closes.
-    c.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 99999999\r\n\r\n{").await;
+    // A body over the limit, and over what an early answer drains (32 MiB), is refused from its
+    // Content-Length, unread; the connection closes at once.
+    c.send(b"POST / HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 99999999\r\n\r\n{").await;
     let r = c.response(false).await;
     assert_eq!((r.status, r.code()), (413, "REQUEST_TOO_LARGE".to_string()));
     assert!(c.closed().await, "the unread body is not drained");
@@ -295,7 +296,7 @@ async fn an_answer_without_reading_the_body_skips_no_continue() {
         .await;
     let mut c = Conn::open(&s).await;
     // Refused before the body is read: no 100 Continue, and the client need not send the body.
-    c.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n").await;
+    c.send(b"POST / HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n").await;
     let r = c.response(false).await;
     assert_eq!((r.status, r.code()), (401, "UNAUTHORIZED".to_string()));
     // hyper closes such a connection without announcing it (`Connection: close`).
@@ -303,7 +304,8 @@ async fn an_answer_without_reading_the_body_skips_no_continue() {
     // A refused request whose small body came along keeps the connection (hyper drains it).
     let mut c = Conn::open(&s).await;
     c.send(&post("/", "", "{}")).await;
-    c.send(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    c.send(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await;
     assert_eq!(c.response(false).await.status, 401);
     assert_eq!(c.response(false).await.status, 200);
 }
@@ -311,38 +313,45 @@ async fn an_answer_without_reading_the_body_skips_no_continue() {
 #[tokio::test]
 async fn malformed_and_oversized_heads_are_refused() {
     let s = plain_server().await;
-    let cases: Vec<(Vec<u8>, u16)> = vec![
-        (b"NOT HTTP AT ALL\r\n\r\n".to_vec(), 400),
-        (b"GET / HTTP/1.1\r\nbad header\r\n\r\n".to_vec(), 400),
+    // (request, status, the rest of the request's body, sent after the answer).
+    let cases: Vec<(Vec<u8>, u16, &[u8])> = vec![
+        (b"NOT HTTP AT ALL\r\n\r\n".to_vec(), 400, b""),
+        (b"GET / HTTP/1.1\r\nbad header\r\n\r\n".to_vec(), 400, b""),
         // Both framings: hyper reads the body as chunked, ignoring the length (RFC 9112 allows
-        // it), and closes the connection after the answer (here: no JSON content type).
+        // it), and closes the connection after the answer (here: no JSON content type) and the
+        // body (drained: the client may still be sending it).
         (
             b"POST / HTTP/1.1\r\ncontent-length: 2\r\ntransfer-encoding: chunked\r\n\r\n".to_vec(),
             415,
+            b"0\r\n\r\n",
         ),
         (
             b"POST / HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n".to_vec(),
             400,
+            b"",
         ),
         (
             b"POST / HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n".to_vec(),
             400,
+            b"",
         ),
         (
             format!("GET / HTTP/1.1\r\nx-big: {}\r\n\r\n", "a".repeat(17_000)).into_bytes(),
             431,
+            b"",
         ),
     ];
-    for (raw, want) in cases {
+    for (raw, want, rest) in cases {
         let mut c = Conn::open(&s).await;
         c.send(&raw).await;
         let r = c.response(false).await;
         assert_eq!(r.status, want, "{:?}", String::from_utf8_lossy(&raw[..40]));
+        c.send(rest).await;
         assert!(c.closed().await);
     }
     // A malformed chunked body is an error to the handler, never a shorter valid body.
     let mut c = Conn::open(&s).await;
-    c.send(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\nzz\r\n").await;
+    c.send(b"POST / HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\nzz\r\n").await;
     let r = c.response(false).await;
     assert_ne!(r.status, 200);
     assert_ne!(r.code(), "INVALID_INPUT");
@@ -353,7 +362,8 @@ async fn malformed_and_oversized_heads_are_refused() {
     c.tcp.shutdown().await.unwrap();
     assert!(c.closed().await);
     let mut c = Conn::open(&s).await;
-    c.send(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    c.send(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await;
     assert_eq!(c.response(false).await.status, 200);
 }
 
@@ -398,7 +408,8 @@ async fn an_event_stream_then_the_next_request_on_the_same_connection() {
     );
     assert!(text.contains("\"delta\":\"hello\""), "{text}");
     assert!(text.contains("RUN_FINISHED"), "{text}");
-    conn.send(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    conn.send(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await;
     assert_eq!(conn.response(false).await.status, 200);
 }
 
@@ -409,7 +420,7 @@ async fn mangled_requests_never_take_the_server_down() {
     use rand::{Rng, SeedableRng};
     let s = plain_server().await;
     let templates: Vec<Vec<u8>> = vec![
-        b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n".to_vec(),
+        b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n".to_vec(),
         post("/", "", "{\"threadId\":\"t\",\"runId\":\"r\",\"messages\":[]}"),
         post("/extensions/iac-code/v1/executions/e/cancel", "expect: 100-continue\r\n", "{}"),
         b"POST / HTTP/1.1\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n".to_vec(),
@@ -480,6 +491,7 @@ async fn mangled_requests_never_take_the_server_down() {
         "seed {seed}: only {answered} of 200 answered"
     );
     let mut c = Conn::open(&s).await;
-    c.send(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    c.send(b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        .await;
     assert_eq!(c.response(false).await.status, 200);
 }
