@@ -11,6 +11,9 @@
 //! error before the SSE response is the JSON envelope `{"error":{"code","message"}}` in the
 //! negotiated language; a 413 and a 408 close the connection.
 
+mod cancel_route;
+mod threads;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,12 +60,12 @@ pub fn router(state: AppState) -> Router {
         .route("/", any(run))
         .route(
             "/extensions/iac-code/v1/executions/{execution_id}/cancel",
-            any(cancel_route),
+            any(cancel_route::cancel_route),
         )
-        .route("/threads/{thread_id}", any(thread_route))
+        .route("/threads/{thread_id}", any(threads::thread_route))
         .route(
             "/threads/{thread_id}/runs/{run_id}/events",
-            any(events_route),
+            any(threads::events_route),
         )
         .fallback(not_found)
         .with_state(state)
@@ -221,56 +224,6 @@ fn path_of(req: &Request) -> String {
     req.uri()
         .path_and_query()
         .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned())
-}
-
-async fn events_route(
-    State(s): State<AppState>,
-    Path((thread_id, run_id)): Path<(String, String)>,
-    req: Request,
-) -> Response {
-    let hl = match get_checks(&s.rt, &req) {
-        Ok(hl) => hl,
-        Err(r) => return r,
-    };
-    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
-        return e.into_response_in(hl);
-    }
-    let Ok(after) = threads_api::resume_point(req.headers(), req.uri().query()) else {
-        return ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl);
-    };
-    if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
-        return r;
-    }
-    match threads_api::events(&s.rt, &thread_id, &run_id, after, s.heartbeat).await {
-        Ok(r) => r,
-        Err(e) => e.into_response_in(hl),
-    }
-}
-
-async fn thread_route(
-    State(s): State<AppState>,
-    Path(thread_id): Path<String>,
-    req: Request,
-) -> Response {
-    let hl = match get_checks(&s.rt, &req) {
-        Ok(hl) => hl,
-        Err(r) => return r,
-    };
-    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
-        return e.into_response_in(hl);
-    }
-    if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
-        return r;
-    }
-    match threads_api::thread(&s.rt, &thread_id).await {
-        Ok(v) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            serde_json::to_vec(&v).expect("serialises"),
-        )
-            .into_response(),
-        Err(e) => e.into_response_in(hl),
-    }
 }
 
 /// A CORS preflight of an allowed origin on a POST route, answered before authentication.
@@ -568,53 +521,4 @@ fn sse_response(s: &AppState, rx: tokio::sync::mpsc::Receiver<Bytes>) -> Respons
         .header(header::CONNECTION, "keep-alive")
         .body(body)
         .expect("response builds")
-}
-
-async fn cancel_route(
-    State(s): State<AppState>,
-    Path(execution_id): Path<String>,
-    req: Request,
-) -> Response {
-    if execution_id.is_empty() {
-        return not_found().await;
-    }
-    let rt = s.rt.clone();
-    if let Some(r) = preflight(&rt, &req) {
-        return r;
-    }
-    // The headers: the trace context, and a forward to the thread's holder.
-    let trace = req.headers().clone();
-    let path = path_of(&req);
-    let (hl, raw, obj) = match json_object(&rt, req, &CANCEL_RULES).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    let field = |k: &str| obj.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
-    let (Some(thread_id), Some(ros)) = (field("threadId"), field("rosInvocationId")) else {
-        return ApiError::new(Code::InvalidInput, msg::CANCEL_FIELDS).into_response_in(hl);
-    };
-    if let Err(e) = cancel::check_ids(&execution_id, thread_id, ros) {
-        return e.into_response_in(hl);
-    }
-    if let Some(r) = held_elsewhere(&rt, thread_id, &trace, Method::POST, &path, raw, hl).await {
-        return r;
-    }
-    let cancelled = observer::with_incoming(
-        otel::client_headers(&trace),
-        cancel::cancel(&rt, &execution_id, thread_id, ros),
-    );
-    let span = tracing::info_span!("agui.cancel", otel.kind = "server", thread_id, execution_id = %execution_id);
-    otel::continue_trace(&span, &trace);
-    match tracing::Instrument::instrument(cancelled, span).await {
-        Ok(outcome) => {
-            let body = json!({"executionId": execution_id, "status": outcome.as_str()});
-            (
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, "application/json")],
-                serde_json::to_vec(&body).expect("serialises"),
-            )
-                .into_response()
-        }
-        Err(e) => e.into_response_in(hl),
-    }
 }

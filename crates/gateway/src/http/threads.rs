@@ -1,0 +1,54 @@
+//! The routes that read a thread: `GET /threads/{id}` (its state) and
+//! `GET /threads/{id}/runs/{run}/events` (a run's events, replayed and followed).
+
+use super::*;
+
+pub(super) async fn events_route(
+    State(s): State<AppState>,
+    Path((thread_id, run_id)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    let hl = match get_checks(&s.rt, &req) {
+        Ok(hl) => hl,
+        Err(r) => return r,
+    };
+    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
+        return e.into_response_in(hl);
+    }
+    let Ok(after) = threads_api::resume_point(req.headers(), req.uri().query()) else {
+        return ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl);
+    };
+    if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
+        return r;
+    }
+    match threads_api::events(&s.rt, &thread_id, &run_id, after, s.heartbeat).await {
+        Ok(r) => r,
+        Err(e) => e.into_response_in(hl),
+    }
+}
+
+pub(super) async fn thread_route(
+    State(s): State<AppState>,
+    Path(thread_id): Path<String>,
+    req: Request,
+) -> Response {
+    let hl = match get_checks(&s.rt, &req) {
+        Ok(hl) => hl,
+        Err(r) => return r,
+    };
+    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
+        return e.into_response_in(hl);
+    }
+    if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
+        return r;
+    }
+    match threads_api::thread(&s.rt, &thread_id).await {
+        Ok(v) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_vec(&v).expect("serialises"),
+        )
+            .into_response(),
+        Err(e) => e.into_response_in(hl),
+    }
+}
