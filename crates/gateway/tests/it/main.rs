@@ -10,6 +10,7 @@ mod docs;
 mod edge;
 mod fake_kernel;
 mod fuzz;
+mod fuzz_body;
 mod fuzz_cwd;
 mod http_surface;
 mod ids;
