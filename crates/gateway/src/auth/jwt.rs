@@ -169,3 +169,5 @@ fn user(claims: &Value, claim: &str) -> Result<String, Refusal> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+pub(crate) mod tests_support;
