@@ -77,9 +77,22 @@ impl From<ApiError> for NotAdmitted {
 /// ([`super::prepare`]); the admission itself is in a span of its own, timed.
 pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitted> {
     use tracing::Instrument as _;
+    // Guidance runs do not hold their thread, so nothing else bounds how many join it: a slot
+    // among `--max-guidance-per-thread`, before anything costly (a decode, a workspace) or the
+    // store is touched.
+    let guidance = match mode_of(&req) {
+        Mode::Guidance => match rt.limits().guidance(&req.envelope.thread_id) {
+            Some(g) => Some(g),
+            None => {
+                let e = ApiError::new(Code::TooManyGuidanceRuns, msg::TOO_MANY_GUIDANCE_RUNS);
+                return Err(e.into());
+            }
+        },
+        _ => None,
+    };
     let req = super::prepare::costly_part(rt, req).await?;
     let started = std::time::Instant::now();
-    let admitted = admit_now(rt, req)
+    let admitted = admit_now(rt, req, guidance)
         .instrument(tracing::info_span!("agui.admission"))
         .await;
     rt.metrics().admission(started.elapsed());
@@ -140,24 +153,16 @@ pub async fn trial(rt: &Runtime, req: &RunRequest) -> Result<(), ApiError> {
     decision.verdict.map(drop)
 }
 
-async fn admit_now(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitted> {
+async fn admit_now(
+    rt: &Runtime,
+    req: RunRequest,
+    guidance: Option<GuidanceSlot>,
+) -> Result<Admitted, NotAdmitted> {
     if rt.shutdown().is_draining() {
         return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN).into());
     }
     let mode = mode_of(&req);
     let thread_id = req.envelope.thread_id.as_str();
-    // Guidance runs do not hold their thread, so nothing else bounds how many join it: a slot
-    // among `--max-guidance-per-thread`, before the store is touched.
-    let guidance = match mode {
-        Mode::Guidance => match rt.limits().guidance(thread_id) {
-            Some(g) => Some(g),
-            None => {
-                let e = ApiError::new(Code::TooManyGuidanceRuns, msg::TOO_MANY_GUIDANCE_RUNS);
-                return Err(e.into());
-            }
-        },
-        _ => None,
-    };
     let slot = rt.threads().slot(thread_id);
     let mut st = rt
         .threads()

@@ -361,9 +361,18 @@ async fn the_guidance_run_over_the_cap_is_refused() {
     k.on_context("SendStreamingMessage", &c1, open);
     let g1 = start(&s, &body("t1", "g1", "a", &s.ws("w"), guidance.clone())).await;
 
-    let g2 = body("t1", "g2", "b", &s.ws("w"), guidance);
+    // The refused one carries an image: refused before it is decoded.
+    let mut g2 = body("t1", "g2", "b", &s.ws("w"), guidance);
+    g2["messages"][0]["content"] = json!([{"type": "text", "text": "see"},
+        {"type": "image", "source": {"type": "data", "value": small_png(), "mimeType": "image/png"}}]);
+    let decoded = metric(&s, "agui_images_decoded_total");
     let res = post(&s.url, &g2, &[]).await;
     assert_eq!(res.status, 429, "{}", res.raw);
+    assert_eq!(
+        metric(&s, "agui_images_decoded_total"),
+        decoded,
+        "decoded before the cap"
+    );
     assert_eq!(res.error_code(), Some("TOO_MANY_GUIDANCE_RUNS"));
     assert!(res
         .headers
@@ -400,4 +409,15 @@ async fn the_guidance_run_over_the_cap_is_refused() {
         k.calls("CancelTask").is_empty(),
         "guidance never cancels the task"
     );
+}
+
+/// A small valid PNG, base64.
+fn small_png() -> String {
+    use base64::Engine as _;
+    let img = image::RgbImage::from_pixel(8, 8, image::Rgb([10, 200, 10]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    image::DynamicImage::ImageRgb8(img)
+        .write_to(&mut out, image::ImageFormat::Png)
+        .unwrap();
+    base64::engine::general_purpose::STANDARD.encode(out.into_inner())
 }
