@@ -101,7 +101,9 @@ impl Limits {
     /// Counts and logs a refusal at `limit`.
     pub fn reached(&self, limit: Limit) {
         self.metrics.limit_reached(limit);
-        tracing::warn!(
+        // Info, as every refusal: a flood at a bound must not flood the warnings (the metric and
+        // its alert tell an operator).
+        tracing::info!(
             limit = limit.as_str(),
             "a bound on concurrent work is reached"
         );

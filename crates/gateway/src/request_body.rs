@@ -84,10 +84,12 @@ pub fn layer(router: axum::Router, bounds: Bounds) -> axum::Router {
 /// Why a body was not read.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Unread {
-    /// Over `limit` (from `Content-Length` or while reading), or cut short.
+    /// Over `limit` (from `Content-Length` or while reading).
     TooLarge,
     /// Not whole within the body timeout.
     Late,
+    /// Broken on the way (malformed chunks, the connection reset): what arrived is not the body.
+    Broken,
 }
 
 /// Reads the body of `req` within `limit` bytes (`Content-Length` first, then while reading)
@@ -105,7 +107,8 @@ pub async fn read(req: Request, limit: usize) -> Result<Bytes, Unread> {
     match body.collect().await {
         Ok(c) => Ok(c.to_bytes()),
         Err(e) if is_timeout(&*e) => Err(Unread::Late),
-        Err(_) => Err(Unread::TooLarge),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Unread::TooLarge),
+        Err(_) => Err(Unread::Broken),
     }
 }
 

@@ -81,6 +81,8 @@ impl KeySource {
 /// Reads `source` again every `every` (off the runtime's threads), until the returned task is
 /// aborted.
 pub fn spawn_periodic(source: Arc<KeySource>, every: Duration) -> tokio::task::JoinHandle<()> {
+    // A zero period would make the timer panic: a millisecond is the least.
+    let every = every.max(Duration::from_millis(1));
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

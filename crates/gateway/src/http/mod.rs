@@ -358,6 +358,10 @@ async fn json_object(
         Err(request_body::Unread::TooLarge) => {
             return err(Code::RequestTooLarge, rules.too_large).map_err(closing)
         }
+        // A body broken on the way is not JSON; the connection is not reused.
+        Err(request_body::Unread::Broken) => {
+            return err(Code::InvalidJson, rules.invalid_json).map_err(closing)
+        }
         Err(request_body::Unread::Late) => {
             return err(Code::BodyTimeout, msg::BODY_TIMEOUT).map_err(closing)
         }

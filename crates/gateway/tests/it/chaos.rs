@@ -616,6 +616,7 @@ async fn an_answer_refused_while_its_earlier_delivery_runs_is_settled() {
     ];
     for (thread, refusal) in refusals {
         interrupted(&rig, thread).await;
+        cut_delivery(&rig, thread, "r1b").await;
         rig.kernel.on(
             "GetTask",
             task_reply(
@@ -684,6 +685,28 @@ async fn an_answer_refused_while_its_earlier_delivery_runs_is_settled() {
     assert!(rig.server.thread_doc("t3")["execution"]["pending"]["perm-1"].is_object());
 }
 
+/// A resume whose delivery is cut before the kernel answers: its answer stays marked as on its
+/// way (a crashed run leaves the same mark).
+async fn cut_delivery(rig: &Rig, thread: &str, run_id: &str) {
+    rig.kernel.on(
+        "GetTask",
+        task_reply(
+            thread,
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm_input(thread)}),
+        ),
+    );
+    rig.kernel
+        .on("SendStreamingMessage", Reply::Sse(vec![Item::Cut]));
+    let res = resume(rig, thread, run_id).await;
+    assert!(res.last()["type"] == "RUN_ERROR", "{}", res.raw);
+    let doc = rig.server.thread_doc(thread);
+    assert_eq!(
+        doc["deliveringAnswers"][0]["interruptId"], "perm-1",
+        "{doc}"
+    );
+}
+
 /// An answer an earlier run sent and lost track of (its stream broke before its first event):
 /// the kernel carried it out and the task completed before the answer was sent again. The
 /// repeated answer is refused, the task has moved past the interrupt: the kernel had the
@@ -709,22 +732,14 @@ async fn an_answer_refused_after_its_earlier_delivery_completed_is_settled() {
         if sent_before {
             // The first delivery is lost on the way (no answer from the kernel): it stays
             // marked as on its way.
-            rig.kernel.on("GetTask", waiting());
-            rig.kernel
-                .on("SendStreamingMessage", Reply::Sse(vec![Item::Cut]));
-            let res = resume(&rig, thread, "r2").await;
-            assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
-            let doc = rig.server.thread_doc(thread);
-            assert_eq!(
-                doc["deliveringAnswers"][0]["interruptId"], "perm-1",
-                "{doc}"
-            );
+            cut_delivery(&rig, thread, "r2").await;
         }
         rig.kernel.on("GetTask", waiting());
         rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
         if moved_past {
-            // Looked at once after the refusal, and once more to end the run from it.
-            for _ in 0..if sent_before { 2 } else { 1 } {
+            // Looked at once after the refusal, and once more to end the run from it (never
+            // for an answer nobody sent before: its refusal stands at once).
+            for _ in 0..if sent_before { 2 } else { 0 } {
                 rig.kernel.on(
                     "GetTask",
                     task_reply(thread, "TASK_STATE_COMPLETED", json!({})),
@@ -776,4 +791,73 @@ async fn an_answer_refused_after_its_earlier_delivery_completed_is_settled() {
             assert_eq!(doc["appliedResumeDigests"], json!([]), "{doc}");
         }
     }
+    // Sent before, and the task lists nothing (a restarted kernel's summary): nothing can be
+    // told either way. The run ends unavailable; the answer stays pending and stays marked.
+    // (A rig of its own: the kernel above has replies left.)
+    let rig = self::rig().await;
+    interrupted(&rig, "t5").await;
+    cut_delivery(&rig, "t5", "r2").await;
+    rig.kernel.on(
+        "GetTask",
+        task_reply(
+            "t5",
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm_input("t5")}),
+        ),
+    );
+    rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
+    for _ in 0..30 {
+        rig.kernel.on(
+            "GetTask",
+            task_reply("t5", "TASK_STATE_INPUT_REQUIRED", json!({})),
+        );
+    }
+    let res = resume(&rig, "t5", "r3").await;
+    assert_eq!(res.last()["code"], "A2A_UNAVAILABLE", "{}", res.raw);
+    let doc = rig.server.thread_doc("t5");
+    assert!(doc["execution"]["pending"]["perm-1"].is_object(), "{doc}");
+    assert_eq!(
+        doc["deliveringAnswers"][0]["interruptId"], "perm-1",
+        "{doc}"
+    );
+    assert_eq!(doc["appliedResumeDigests"], json!([]), "{doc}");
+}
+
+/// Another answer than the one an earlier run sent: refused while the task carries the earlier
+/// one out, it is a conflict (`RESUME_ALREADY_APPLIED`), not recorded as applied, and the
+/// earlier answer's mark stays for the resume that settles it.
+#[tokio::test]
+async fn a_different_answer_refused_while_the_earlier_one_runs_is_a_conflict() {
+    let rig = rig().await;
+    interrupted(&rig, "t1").await;
+    cut_delivery(&rig, "t1", "r2").await;
+    rig.kernel.on(
+        "GetTask",
+        task_reply(
+            "t1",
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm_input("t1")}),
+        ),
+    );
+    rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
+    rig.kernel
+        .on("GetTask", task_reply("t1", "TASK_STATE_WORKING", json!({})));
+    let deny = crate::support::resume_body(
+        "t1",
+        "r3",
+        &rig.server.ws("w"),
+        "inv-1",
+        json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "deny"}}]),
+    );
+    let res = post(&rig.server.url, &deny, &[]).await;
+    assert_valid_run(&res, "t1", "r3");
+    assert_eq!(res.last()["code"], "RESUME_ALREADY_APPLIED", "{}", res.raw);
+    let doc = rig.server.thread_doc("t1");
+    assert_eq!(doc["appliedResumeDigests"], json!([]), "{doc}");
+    let marks = doc["deliveringAnswers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(marks.len(), 1, "only the earlier answer's mark: {doc}");
+    assert!(rig.kernel.calls("CancelTask").is_empty());
 }

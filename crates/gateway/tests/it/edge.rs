@@ -553,3 +553,33 @@ async fn health_for_a_foreign_host_hides_the_kernels_process() {
     assert!(foreign.get("pid").is_none(), "{foreign}");
     kernel.stop().await;
 }
+
+/// A chunked body broken on the way (a chunk size that is no number) is not JSON: 400
+/// `INVALID_JSON`, not "too large", and the connection closes.
+#[tokio::test]
+async fn a_broken_chunked_body_is_invalid_not_too_large() {
+    let s = Builder::new()
+        .a2a("http://127.0.0.1:9/", None)
+        .start()
+        .await;
+    for path in ["/", "/extensions/iac-code/v1/executions/e1/cancel"] {
+        let mut tcp = connect(&s).await;
+        tcp.write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
+                 transfer-encoding: chunked\r\n\r\n4\r\n{{\"a\"\r\nzz\r\n"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut buf = Vec::new();
+        let (status, head, body) = read_answer(&mut tcp, &mut buf).await;
+        assert_eq!(status, 400, "{path}: {head}");
+        assert_eq!(body["error"]["code"], "INVALID_JSON", "{path}: {body}");
+        assert!(
+            closes_within(&mut tcp, Duration::from_secs(5)).await,
+            "{path}"
+        );
+    }
+}

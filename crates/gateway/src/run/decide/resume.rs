@@ -74,6 +74,9 @@ pub struct Delivery {
     /// An earlier run marked this very answer (same digest) as on its way to the kernel and
     /// stopped before it knew the outcome: the kernel may have it already.
     pub sent_before: bool,
+    /// An earlier run marked another answer to this interrupt as on its way: the kernel may
+    /// be carrying that one out.
+    pub other_before: bool,
 }
 
 /// What happens after the merged pending interrupts are stored.
@@ -284,6 +287,11 @@ fn then(
                 deliveries.push(Delivery {
                     interrupt_id: e.interrupt_id.clone(),
                     sent_before: sent_before(doc, exec, &e.interrupt_id, &digest),
+                    other_before: doc.delivering.iter().any(|m| {
+                        m.execution_id == exec
+                            && m.interrupt_id == e.interrupt_id
+                            && m.digest != digest
+                    }),
                     digest,
                     pending: p.clone(),
                     answer,
@@ -577,11 +585,12 @@ mod tests {
             panic!()
         };
         assert!(!d[0].sent_before);
+        assert!(d[0].other_before, "allow was on its way");
         let unmarked = doc_with_pending(&[("a", None)]);
         let Then::Deliver(d) = plan(&unmarked, &[allow("a")], waits, None).unwrap().then else {
             panic!()
         };
-        assert!(!d[0].sent_before);
+        assert!(!d[0].sent_before && !d[0].other_before);
         // A task that lists nothing (a kernel restarted: its durable summary) settles nothing.
         let p = plan(&only_a, &[allow("a")], TaskView::default(), None).unwrap();
         assert!(p.settled.is_empty());

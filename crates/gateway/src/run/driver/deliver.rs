@@ -21,14 +21,18 @@ use super::{Driver, End, Flow, Unsaved, CANCEL_WAIT};
 /// How long a task that refused an answer is watched for an earlier delivery of it starting.
 const EARLIER_DELIVERY_WAIT: Duration = Duration::from_secs(2);
 
-/// What a refused answer says of an earlier delivery of it.
+/// What a refused answer says of an earlier delivery (see [`Driver::earlier_delivery`]).
 enum Earlier {
-    /// The kernel carried it out (or is carrying it out).
+    /// The kernel carried this answer out (or is carrying it out).
     Carried,
-    /// The kernel holds it but the task shows nothing of it.
+    /// The kernel holds this answer's decision but its task shows nothing of it.
     Unconfirmed,
-    /// There was none: the refusal stands.
-    None,
+    /// The kernel carries out another answer to the interrupt.
+    Other,
+    /// There was no earlier delivery the kernel has: the refusal stands.
+    Refused,
+    /// The task could not be looked at.
+    Unknown,
 }
 
 /// What the kernel did with an answer.
@@ -233,9 +237,8 @@ impl Driver {
 
     /// The kernel refused an answer to a pending interrupt (an empty stream, or "not pending").
     /// `Some(Held)` when it had the answer from an earlier delivery and carries it out (the run
-    /// follows the task); `None` when the answer was really not accepted (it stays pending, and
-    /// is no longer on its way); an end of its own when an earlier delivery reached the kernel
-    /// but the task does not show what became of it.
+    /// follows the task); `None` when the answer was really not accepted (it stays pending);
+    /// an end of its own otherwise (see [`Earlier`]).
     async fn refused(&mut self, d: &Delivery) -> Flow<Option<Accepted>> {
         match self.earlier_delivery(d).await {
             Earlier::Carried => {
@@ -252,59 +255,82 @@ impl Driver {
                 self.commit_answer(d).await?;
                 Err(End::fail(Code::ResumeAlreadyApplied, msg::EARLIER_DELIVERY).keep_task())
             }
-            Earlier::None => {
+            Earlier::Other => {
+                // Another answer, on its way from an earlier run, is what the kernel has: this
+                // one is a conflict, and is not on its way (the other's mark stays, for the
+                // resume that settles it).
                 self.unmark_delivering(d).await;
+                Err(End::fail(Code::ResumeAlreadyApplied, msg::ALREADY_APPLIED).keep_task())
+            }
+            Earlier::Refused => {
+                // Only this run's own mark goes: one an earlier run left stays for later.
+                if !d.sent_before {
+                    self.unmark_delivering(d).await;
+                }
                 Ok(None)
+            }
+            Earlier::Unknown => {
+                // The task could not be looked at (the kernel, or the client, went away): the
+                // answer stays pending and every mark stays; nothing is claimed either way.
+                Err(End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE).keep_task())
             }
         }
     }
 
-    /// What a refusal of `d` says about an earlier delivery of it, by a run that stopped before
-    /// it could record the outcome. The task working: the earlier delivery is carried out. For
-    /// an answer an earlier run marked as on its way (`sent_before`): the task moved past the
-    /// interrupt (it completed, or waits for something else) means it was carried out; still
-    /// waiting for it after a short while means the kernel took it without showing progress
-    /// (the refusal says the kernel holds a decision for it). A task cancelled or failed, or an
-    /// answer never sent before: the refusal stands. The earlier delivery may still be on its
+    /// What a refusal of `d` says about an earlier delivery of an answer to its interrupt, by a
+    /// run that stopped before it could record the outcome (only such a run leaves a mark).
+    /// Without any mark there was none: the refusal stands. With this very answer marked
+    /// (`sent_before`): the task working, completed or waiting for something else carried it
+    /// out; the task still listing the interrupt after a short while holds a decision for it
+    /// without showing progress (the kernel refuses a second one); a task cancelled or failed
+    /// may have ended before it arrived. With another answer marked (`other_before`): a task
+    /// that works or moved past carries that one out. The earlier delivery may still be on its
     /// way into the task, so a waiting task is looked at again for a short while.
     async fn earlier_delivery(&mut self, d: &Delivery) -> Earlier {
+        if !d.sent_before && !d.other_before {
+            return Earlier::Refused;
+        }
         let (Some(task), Some(client)) =
             (self.task.id().map(str::to_owned), self.task.client_now())
         else {
-            return Earlier::None;
+            return Earlier::Unknown;
+        };
+        let carried = if d.sent_before {
+            Earlier::Carried
+        } else {
+            Earlier::Other
         };
         let deadline = tokio::time::Instant::now() + EARLIER_DELIVERY_WAIT;
         loop {
-            match tokio::time::timeout(CANCEL_WAIT, client.get_task(&task, 0)).await {
-                Ok(Ok(t)) if t.state().is_some_and(|s| s.is_active()) => return Earlier::Carried,
-                Ok(Ok(t)) => {
-                    let view = task_view(&t.view());
-                    tracing::debug!(
-                        state = ?t.state(),
-                        moved_past = view.moved_past(&d.interrupt_id),
-                        "answer refused; the task is looked at"
-                    );
-                    if view.moved_past(&d.interrupt_id) {
-                        return if d.sent_before {
-                            Earlier::Carried
-                        } else {
-                            Earlier::None
-                        };
-                    }
-                    if view.stage == TaskStage::Ended {
-                        return Earlier::None;
-                    }
-                }
-                _ => return Earlier::None,
+            let view = match tokio::time::timeout(CANCEL_WAIT, client.get_task(&task, 0)).await {
+                Ok(Ok(t)) if t.state().is_some_and(|s| s.is_active()) => return carried,
+                Ok(Ok(t)) => task_view(&t.view()),
+                _ => return Earlier::Unknown,
+            };
+            tracing::debug!(
+                stage = ?view.stage,
+                moved_past = view.moved_past(&d.interrupt_id),
+                "answer refused; the task is looked at"
+            );
+            if view.moved_past(&d.interrupt_id) {
+                return carried;
+            }
+            if view.stage == TaskStage::Ended {
+                return Earlier::Refused;
             }
             if self.out.is_closed() {
-                return Earlier::None;
+                return Earlier::Unknown;
             }
             if tokio::time::Instant::now() >= deadline {
-                return if d.sent_before {
-                    Earlier::Unconfirmed
-                } else {
-                    Earlier::None
+                // Still listing the interrupt it refuses an answer to: it holds this answer's
+                // decision. A task that lists nothing (a kernel restarted: its summary) shows
+                // nothing either way.
+                let listed =
+                    view.lists_inputs && view.required.iter().any(|r| r.id == d.interrupt_id);
+                return match (d.sent_before, listed) {
+                    (true, true) => Earlier::Unconfirmed,
+                    (true, false) => Earlier::Unknown,
+                    (false, _) => Earlier::Refused,
                 };
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
