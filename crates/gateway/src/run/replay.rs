@@ -231,9 +231,16 @@ impl RunEvents {
             *n -= 1;
             // The last client left a running run: it goes on detached if a slot is free
             // (decided before any waiter sees the count, so `abandoned` reads the outcome).
-            if *n == 0 && !self.is_ended() {
+            if *n == 0 {
                 if let Some(limits) = &self.limits {
-                    *self.detached() = match limits.detach() {
+                    // Decided under the lock `end` takes after marking the run ended: a run that
+                    // ends meanwhile either is seen ended here, or has its slot dropped by `end`
+                    // right after.
+                    let mut detached = self.detached();
+                    if self.is_ended() {
+                        return;
+                    }
+                    *detached = match limits.detach() {
                         Some(slot) => Detached::Holding(slot),
                         None => {
                             tracing::info!(
