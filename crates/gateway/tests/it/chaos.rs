@@ -685,17 +685,26 @@ async fn an_answer_refused_while_its_earlier_delivery_runs_is_settled() {
     assert!(rig.server.thread_doc("t3")["execution"]["pending"]["perm-1"].is_object());
 }
 
+/// The task waits for the permission; the kernel refuses the next answer to it (an empty
+/// stream).
+fn refuse_next_answer(rig: &Rig, thread: &str) {
+    rig.kernel.on("GetTask", waiting_for_permission(thread));
+    rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
+}
+
+/// A task snapshot waiting for the thread's permission.
+fn waiting_for_permission(thread: &str) -> Reply {
+    task_reply(
+        thread,
+        "TASK_STATE_INPUT_REQUIRED",
+        json!({"input": perm_input(thread)}),
+    )
+}
+
 /// A resume whose delivery is cut before the kernel answers: its answer stays marked as on its
 /// way (a crashed run leaves the same mark).
 async fn cut_delivery(rig: &Rig, thread: &str, run_id: &str) {
-    rig.kernel.on(
-        "GetTask",
-        task_reply(
-            thread,
-            "TASK_STATE_INPUT_REQUIRED",
-            json!({"input": perm_input(thread)}),
-        ),
-    );
+    rig.kernel.on("GetTask", waiting_for_permission(thread));
     rig.kernel
         .on("SendStreamingMessage", Reply::Sse(vec![Item::Cut]));
     let res = resume(rig, thread, run_id).await;
@@ -722,20 +731,12 @@ async fn an_answer_refused_after_its_earlier_delivery_completed_is_settled() {
         [("t1", true, true), ("t2", false, true), ("t4", true, false)]
     {
         interrupted(&rig, thread).await;
-        let waiting = || {
-            task_reply(
-                thread,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm_input(thread)}),
-            )
-        };
         if sent_before {
             // The first delivery is lost on the way (no answer from the kernel): it stays
             // marked as on its way.
             cut_delivery(&rig, thread, "r2").await;
         }
-        rig.kernel.on("GetTask", waiting());
-        rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
+        refuse_next_answer(&rig, thread);
         if moved_past {
             // Looked at once after the refusal, and once more to end the run from it (never
             // for an answer nobody sent before: its refusal stands at once).
@@ -749,7 +750,7 @@ async fn an_answer_refused_after_its_earlier_delivery_completed_is_settled() {
             // The task goes on listing the interrupt (the kernel took the earlier delivery and
             // shows nothing of it): looked at until the wait ends.
             for _ in 0..30 {
-                rig.kernel.on("GetTask", waiting());
+                rig.kernel.on("GetTask", waiting_for_permission(thread));
             }
         }
         let res = resume(&rig, thread, "r3").await;
@@ -797,15 +798,7 @@ async fn an_answer_refused_after_its_earlier_delivery_completed_is_settled() {
     let rig = self::rig().await;
     interrupted(&rig, "t5").await;
     cut_delivery(&rig, "t5", "r2").await;
-    rig.kernel.on(
-        "GetTask",
-        task_reply(
-            "t5",
-            "TASK_STATE_INPUT_REQUIRED",
-            json!({"input": perm_input("t5")}),
-        ),
-    );
-    rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
+    refuse_next_answer(&rig, "t5");
     for _ in 0..30 {
         rig.kernel.on(
             "GetTask",
@@ -831,15 +824,7 @@ async fn a_different_answer_refused_while_the_earlier_one_runs_is_a_conflict() {
     let rig = rig().await;
     interrupted(&rig, "t1").await;
     cut_delivery(&rig, "t1", "r2").await;
-    rig.kernel.on(
-        "GetTask",
-        task_reply(
-            "t1",
-            "TASK_STATE_INPUT_REQUIRED",
-            json!({"input": perm_input("t1")}),
-        ),
-    );
-    rig.kernel.on("SendStreamingMessage", Reply::Sse(vec![]));
+    refuse_next_answer(&rig, "t1");
     rig.kernel
         .on("GetTask", task_reply("t1", "TASK_STATE_WORKING", json!({})));
     let deny = crate::support::resume_body(

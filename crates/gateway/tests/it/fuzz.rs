@@ -457,11 +457,13 @@ fn check_server_output(out: &[u8], context: &str) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Request heads with any method, target and fields, followed by garbage, arriving in any
-/// pieces: hyper's HTTP/1.1 server with the gateway's routes answers each connection with
-/// well-formed responses or closes it, and a valid head alone always gets its answer.
-#[test]
-fn fuzz_http_server_answers_any_request() {
+/// A gateway (no kernel behind it) whose routes are served over in-memory pipes
+/// (`server::serve_connection`), with the runtime that drives it.
+pub(crate) fn in_memory_gateway() -> (
+    tokio::runtime::Runtime,
+    crate::support::TestServer,
+    axum::Router,
+) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -473,6 +475,15 @@ fn fuzz_http_server_answers_any_request() {
             .start(),
     );
     let app = iac_code_agui::http::router(server.state.clone());
+    (rt, server, app)
+}
+
+/// Request heads with any method, target and fields, followed by garbage, arriving in any
+/// pieces: hyper's HTTP/1.1 server with the gateway's routes answers each connection with
+/// well-formed responses or closes it, and a valid head alone always gets its answer.
+#[test]
+fn fuzz_http_server_answers_any_request() {
+    let (rt, server, app) = in_memory_gateway();
     // Sends `input`; with `answer`, reads until a whole response head is in (the connection stays
     // open), else closes the sending side and reads to the end. (hyper drops a request whose
     // client closes its side before the answer: a client gone mid-message is noticed at once.)

@@ -33,17 +33,7 @@ fn responses(mut out: &[u8]) -> Vec<(u16, String, Vec<u8>)> {
 
 #[test]
 fn fuzz_body_limits_answer_exactly_and_keep_connections_usable() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let server = rt.block_on(
-        crate::support::Builder::new()
-            .a2a("http://127.0.0.1:9/", None)
-            .start(),
-    );
-    let app = iac_code_agui::http::router(server.state.clone());
+    let (rt, server, app) = crate::fuzz::in_memory_gateway();
     // The answers seen (413, 415 and the others): the target must reach each.
     let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
     let sizes = prop_oneof![
