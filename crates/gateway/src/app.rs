@@ -26,6 +26,9 @@ pub struct Options {
     pub channel_capacity: usize,
     /// The metrics (the binary makes them first: the trace exporter counts into them).
     pub metrics: Option<Arc<Metrics>>,
+    /// How callers authenticate, its key set read (the binary opens it first: a key set that
+    /// cannot be read stops the start). Without it the key set is read by its timer.
+    pub auth: Option<Arc<crate::auth::Auth>>,
 }
 
 impl Options {
@@ -39,6 +42,7 @@ impl Options {
             heartbeat: http::HEARTBEAT,
             channel_capacity: 64,
             metrics: None,
+            auth: None,
         }
     }
 }
@@ -168,7 +172,8 @@ pub fn build(opts: Options) -> AppState {
         .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env, &metrics));
     metrics.watch_kernel(kernel.clone());
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
-    let rt = Arc::new(Runtime::new(
+    let refresh = opts.cfg.jwt.jwks_refresh;
+    let mut rt = Runtime::new(
         opts.cfg,
         store,
         kernel,
@@ -176,7 +181,13 @@ pub fn build(opts: Options) -> AppState {
         opts.env,
         opts.channel_capacity,
         metrics,
-    ));
+    );
+    if let Some(auth) = opts.auth {
+        rt.set_auth(auth);
+    }
+    // The key set is read again on its timer for as long as the runtime lives.
+    rt.auth().spawn_refresh(refresh);
+    let rt = Arc::new(rt);
     // Interrupts already waiting in the store count before their threads are loaded.
     let counting = rt.clone();
     tokio::spawn(async move { counting.threads().count_stored_interrupts().await });

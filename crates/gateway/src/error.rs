@@ -62,6 +62,8 @@ pub enum Code {
     TooManyGuidanceRuns,
     HostNotAllowed,
     BodyTimeout,
+    UserMismatch,
+    ThreadIdTaken,
 }
 
 impl Code {
@@ -108,6 +110,8 @@ impl Code {
             Code::TooManyGuidanceRuns => ("TOO_MANY_GUIDANCE_RUNS", StatusCode::TOO_MANY_REQUESTS),
             Code::HostNotAllowed => ("HOST_NOT_ALLOWED", StatusCode::MISDIRECTED_REQUEST),
             Code::BodyTimeout => ("BODY_TIMEOUT", StatusCode::REQUEST_TIMEOUT),
+            Code::UserMismatch => ("USER_MISMATCH", StatusCode::FORBIDDEN),
+            Code::ThreadIdTaken => ("THREAD_ID_TAKEN", StatusCode::CONFLICT),
         }
     }
 
@@ -203,6 +207,12 @@ pub mod msg {
 
     texts! {
         UNAUTHORIZED = "A valid bearer token is required.";
+        TOKEN_EXPIRED = "The bearer token has expired.";
+        TOKEN_INVALID = "The bearer token is not valid for this gateway.";
+        USER_HEADER_NOT_ALLOWED = "X-IAC-Code-User is honoured only together with the service token.";
+        ID_USER_HEADER = "X-IAC-Code-User must be 1 to 256 bytes, without control characters.";
+        USER_MISMATCH = "iacCode.userId must name the authenticated user.";
+        THREAD_ID_TAKEN = "This thread id is already in use; start the thread under another id.";
         UNSUPPORTED_MEDIA_TYPE = "Content-Type must be application/json.";
         RUN_TOO_LARGE = "The AG-UI request body is too large.";
         CANCEL_TOO_LARGE = "The cancel request body is too large.";
@@ -328,7 +338,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 32);
+        assert_eq!(names.len(), 34);
         assert_eq!(Code::from_wire("thread_busy"), None);
         assert_eq!(Code::from_wire(""), None);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);

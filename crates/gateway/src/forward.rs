@@ -22,9 +22,12 @@ pub const FORWARDED: &str = "x-iac-code-agui-forwarded-by";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Request headers passed on.
-const PASSED: [&str; 8] = [
+/// Request headers passed on: the holder authenticates the request itself, from the same
+/// credentials (a JWT it verifies, or the service token with the user it names), so no header a
+/// client could forge decides who it is there either.
+const PASSED: [&str; 9] = [
     "authorization",
+    crate::auth::USER_HEADER,
     "content-type",
     "accept",
     "accept-language",

@@ -15,15 +15,15 @@
 //!   instances send when they forward a request).
 //!
 //! Configured (`--allowed-host`): a name, `.example.com` for a domain and its subdomains, or `*`
-//! for any. Every port is allowed. The check applies to requests that carry no token: with a
-//! token configured, every route but `/health` requires it, and a browser never attaches a
-//! bearer token on its own, so a page that rebinds a name gets nothing from the gateway either
-//! way (`http`).
+//! for any. Every port is allowed. The check applies only when no authentication is configured:
+//! with a service token or a JWT key set, every route but `/health` requires a bearer
+//! credential, and a browser never attaches one on its own, so a page that rebinds a name gets
+//! nothing from the gateway either way (`http`).
 
 use axum::http::{header, HeaderMap, Uri};
 
-/// Whether a request may be served as far as its host goes: always with a token configured (the
-/// token is the check), else when it names an allowed host.
+/// Whether a request may be served as far as its host goes: always with authentication
+/// configured (the credential is the check), else when it names an allowed host.
 pub fn allowed(cfg: &crate::config::Config, uri: &Uri, headers: &HeaderMap) -> bool {
     cfg.has_auth() || cfg.allowed_hosts.allows(uri, headers)
 }

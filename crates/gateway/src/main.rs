@@ -97,9 +97,17 @@ fn main() {
                 return 1;
             }
         };
+        let auth = match iac_code_agui::auth::Auth::open(&cfg).await {
+            Ok(a) => Arc::new(a),
+            Err(e) => {
+                eprintln!("{e}");
+                return 1;
+            }
+        };
         let mut opts = app::Options::new(cfg, env);
         opts.store = Some(store);
         opts.metrics = Some(metrics);
+        opts.auth = Some(auth);
         let state = app::build(opts);
         if let Some(a) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
             tracing::info!(addr = %a, "metrics listening");
@@ -109,14 +117,17 @@ fn main() {
             let root = state.rt.cfg().default_workspace_root();
             tracing::info!(root = %root.display(), "workspaces: under the default root (IAC_CODE_AGUI_ALLOWED_CWDS sets others)");
         }
-        if !state.rt.cfg().has_auth() {
-            // No bearer token: whoever reaches the listener may use every route.
+        if !state.rt.auth().required() {
+            // No token, no key set: whoever reaches the listener may use every route.
             let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
             if loopback {
-                tracing::info!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN): any local process may use the gateway");
+                tracing::info!(%addr, "authentication: none (no IAC_CODE_AGUI_AUTH_TOKEN, no --auth-jwks): one user; any local process may use the gateway and every thread");
             } else {
-                tracing::warn!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN) on a non-loopback address (--allow-unauthenticated): anyone who reaches it may use the gateway");
+                tracing::warn!(%addr, "authentication: none (no IAC_CODE_AGUI_AUTH_TOKEN, no --auth-jwks) on a non-loopback address (--allow-unauthenticated): anyone who reaches it may use the gateway and every thread");
             }
+        } else {
+            let how = state.rt.auth().describe();
+            tracing::info!(%addr, "authentication: {how}; a caller with a user reaches only that user's threads");
         }
         let code = match app::serve_with_admin(listener, admin, state, shutdown_signal()).await {
             Ok(()) => 0,

@@ -1,6 +1,7 @@
 //! Reading runs and threads back: `GET /threads/{threadId}/runs/{runId}/events` (re-attach to a
 //! run, with `--detach-grace`) and `GET /threads/{threadId}` (a thread's state, for a reloaded
-//! page). Both take the bearer token of the POST routes.
+//! page). Both authenticate like the POST routes, and a caller with a user reaches only that
+//! user's threads: another's is, to them, a thread that does not exist.
 //!
 //! The events route resumes after the id in `Last-Event-ID` (what `EventSource` sends when it
 //! reconnects) or `?after=<n>`: it replays the buffered frames after it, then follows the run
@@ -17,6 +18,8 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
+use crate::auth::access::{self, Refused, EVENTS_ROUTE, THREAD_ROUTE};
+use crate::auth::Caller;
 use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
 use crate::mapping::interrupt;
@@ -136,17 +139,19 @@ fn follow(
 /// `GET /threads/{threadId}/runs/{runId}/events` after the checks of the route (method, token).
 pub async fn events(
     rt: &Runtime,
+    caller: &Caller,
     thread_id: &str,
     run_id: &str,
     after: u64,
     heartbeat: std::time::Duration,
 ) -> Result<Response, ApiError> {
+    // Whose the thread is first: a stranger learns nothing of its runs.
+    let existed = read_theirs(rt, EVENTS_ROUTE, caller, thread_id, |_, doc| {
+        doc.run_digests.contains_key(run_id)
+    })
+    .await?;
     let Some(events) = rt.replays().get(thread_id, run_id) else {
         // Not buffered: say whether the run ever existed.
-        let existed = read_thread(rt.threads(), thread_id, |_, doc| {
-            doc.run_digests.contains_key(run_id)
-        })
-        .await?;
         return Err(if existed {
             ApiError::new(Code::RunEventsGone, msg::RUN_EVENTS_GONE)
         } else {
@@ -179,11 +184,37 @@ pub async fn events(
 
 /// `GET /threads/{threadId}`: the binding, the active run, the pending interrupts (as the run
 /// ended with them) and how the last run ended. Never a secret: the document holds none.
-pub async fn thread(rt: &Runtime, thread_id: &str) -> Result<Value, ApiError> {
-    read_thread(rt.threads(), thread_id, |st, doc| {
+pub async fn thread(rt: &Runtime, caller: &Caller, thread_id: &str) -> Result<Value, ApiError> {
+    read_theirs(rt, THREAD_ROUTE, caller, thread_id, |st, doc| {
         describe(rt, thread_id, st, doc)
     })
     .await
+}
+
+/// Reads a thread `caller` may touch; another user's is `THREAD_NOT_FOUND`, as a missing one
+/// (the refusal recorded).
+async fn read_theirs<R>(
+    rt: &Runtime,
+    route: &'static str,
+    caller: &Caller,
+    thread_id: &str,
+    read: impl FnOnce(&ThreadState, &ThreadDoc) -> R,
+) -> Result<R, ApiError> {
+    let theirs = read_thread(rt.threads(), thread_id, |st, doc| {
+        caller.may_touch(doc.owner_or_user()).then(|| read(st, doc))
+    })
+    .await?;
+    theirs.ok_or_else(|| {
+        let user = caller.user.as_deref();
+        access::record(
+            rt.metrics(),
+            route,
+            Refused::NotOwner,
+            user,
+            Some(thread_id),
+        );
+        ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND)
+    })
 }
 
 /// The answer of `GET /threads/{threadId}` for a thread's state and document.

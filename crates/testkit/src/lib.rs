@@ -5,6 +5,7 @@
 pub mod chaos;
 pub mod fake_kernel;
 pub mod fake_llm;
+pub mod jwt;
 pub mod otlp;
 pub mod postgres;
 pub mod prometheus;

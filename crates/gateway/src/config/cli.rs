@@ -12,7 +12,8 @@ pub struct Cli {
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
     /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,
     /// max_readers_per_run, max_guidance_per_thread, max_image_decodes, body_timeout,
-    /// linger_timeout, allowed_hosts, allow_unauthenticated; dashes or underscores).
+    /// linger_timeout, allowed_hosts, allow_unauthenticated, auth_jwks, auth_issuer,
+    /// auth_audience, auth_user_claim, auth_jwks_refresh; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -241,6 +242,29 @@ pub struct Cli {
         value_parser = clap::builder::FalseyValueParser::new()
     )]
     pub allow_unauthenticated: bool,
+    /// Accept JWTs signed by these keys: a JWKS file's path, or an http(s) URL serving one. Read
+    /// at start-up, again when a token names a key id it does not hold (at most every 10 s) and
+    /// every --auth-jwks-refresh seconds. Needs --auth-issuer and --auth-audience
+    /// [default: JWTs are not accepted].
+    #[arg(long, value_name = "PATH_OR_URL", env = "IAC_CODE_AGUI_AUTH_JWKS")]
+    pub auth_jwks: Option<String>,
+    /// The issuer (`iss`) a JWT must name.
+    #[arg(long, value_name = "ISSUER", env = "IAC_CODE_AGUI_AUTH_ISSUER")]
+    pub auth_issuer: Option<String>,
+    /// The audience (`aud`) a JWT must name.
+    #[arg(long, value_name = "AUDIENCE", env = "IAC_CODE_AGUI_AUTH_AUDIENCE")]
+    pub auth_audience: Option<String>,
+    /// The JWT claim that names the user [default: sub].
+    #[arg(long, value_name = "CLAIM", env = "IAC_CODE_AGUI_AUTH_USER_CLAIM")]
+    pub auth_user_claim: Option<String>,
+    /// Seconds between two reads of the JWT key set [default: 300].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_AUTH_JWKS_REFRESH",
+        allow_hyphen_values = true
+    )]
+    pub auth_jwks_refresh: Option<String>,
 }
 
 impl Cli {
@@ -252,6 +276,17 @@ impl Cli {
             self.max_detached_runs.take(),
             self.max_readers_per_run.take(),
             self.max_guidance_per_thread.take(),
+        ]
+    }
+
+    /// The flags of the JWT options, in `auth::JwtConfig` order.
+    pub(super) fn jwt_flags(&mut self) -> super::auth::Flags {
+        [
+            self.auth_jwks.take(),
+            self.auth_issuer.take(),
+            self.auth_audience.take(),
+            self.auth_user_claim.take(),
+            self.auth_jwks_refresh.take(),
         ]
     }
 

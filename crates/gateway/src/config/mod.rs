@@ -11,6 +11,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod auth;
 mod caps;
 mod check;
 mod cli;
@@ -92,6 +93,8 @@ pub struct Config {
     pub allowed_hosts: AllowedHosts,
     /// Serving without a token on a non-loopback address was asked for.
     pub allow_unauthenticated: bool,
+    /// JWTs accepted, and how they are checked.
+    pub jwt: auth::JwtConfig,
 }
 
 /// How log lines look.
@@ -178,6 +181,7 @@ impl Config {
         let l = Layers { file: &file, env };
         let log_stdout_flag = cli.log_stdout_flag();
         let caps_flags = cli.caps_flags();
+        let jwt_flags = cli.jwt_flags();
         let seconds = |opt: &Opt<Number>, flag, default| {
             check::seconds(l.get(opt, flag)?.unwrap_or(default), opt.err())
         };
@@ -263,6 +267,7 @@ impl Config {
         let allow_unauthenticated = cli.allow_unauthenticated.then_some(true);
         let allow_unauthenticated = l.get(&ALLOW_UNAUTHENTICATED, allow_unauthenticated)?;
         let allow_unauthenticated = allow_unauthenticated.unwrap_or(false);
+        let jwt = auth::load(&l, jwt_flags)?;
 
         let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
         let allowed_cwds = env_nonempty("IAC_CODE_AGUI_ALLOWED_CWDS")
@@ -304,6 +309,7 @@ impl Config {
             linger_timeout,
             allowed_hosts,
             allow_unauthenticated,
+            jwt,
         })
     }
 
@@ -323,8 +329,13 @@ impl Config {
         self.state_dir.join("workspaces")
     }
 
-    /// Whether callers must present the bearer token.
+    /// Whether callers must authenticate (a service token, JWTs, or both).
     pub fn has_auth(&self) -> bool {
+        self.has_service_token() || self.jwt.jwks.is_some()
+    }
+
+    /// Whether a service token is configured.
+    pub fn has_service_token(&self) -> bool {
         self.auth_token.as_deref().is_some_and(|t| !t.is_empty())
     }
 
@@ -336,7 +347,8 @@ impl Config {
         }
         Err(format!(
             "Refusing to listen on {bound} without authentication: anyone who reaches it could \
-             use the gateway. Set IAC_CODE_AGUI_AUTH_TOKEN (or auth_token in the config file), \
+             use the gateway. Set IAC_CODE_AGUI_AUTH_TOKEN (or auth_token in the config file) or \
+             --auth-jwks, \
              listen on a loopback address (--host 127.0.0.1), or pass --allow-unauthenticated \
              (IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED=true) to serve without a token."
         ))
@@ -409,6 +421,7 @@ impl fmt::Debug for Config {
             linger_timeout,
             allowed_hosts,
             allow_unauthenticated,
+            jwt,
         } = self;
         f.debug_struct("Config")
             .field("host", host)
@@ -446,6 +459,7 @@ impl fmt::Debug for Config {
             .field("linger_timeout", linger_timeout)
             .field("allowed_hosts", allowed_hosts)
             .field("allow_unauthenticated", allow_unauthenticated)
+            .field("jwt", jwt)
             .finish()
     }
 }
@@ -522,6 +536,11 @@ mod tests {
                 "allow_unauthenticated",
                 "IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED",
             ),
+            ("auth_jwks", "IAC_CODE_AGUI_AUTH_JWKS"),
+            ("auth_issuer", "IAC_CODE_AGUI_AUTH_ISSUER"),
+            ("auth_audience", "IAC_CODE_AGUI_AUTH_AUDIENCE"),
+            ("auth_user_claim", "IAC_CODE_AGUI_AUTH_USER_CLAIM"),
+            ("auth_jwks_refresh", "IAC_CODE_AGUI_AUTH_JWKS_REFRESH"),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }

@@ -18,7 +18,12 @@ pub(super) async fn cancel_route(
     // The headers: the trace context, and a forward to the thread's holder.
     let trace = req.headers().clone();
     let path = path_of(&req);
-    let (hl, raw, obj) = match json_object(&rt, req, &CANCEL_RULES).await {
+    let JsonRequest {
+        hl,
+        caller,
+        raw,
+        obj,
+    } = match json_object(&rt, req, &CANCEL_RULES).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -34,7 +39,7 @@ pub(super) async fn cancel_route(
     }
     let cancelled = observer::with_incoming(
         otel::client_headers(&trace),
-        cancel::cancel(&rt, &execution_id, thread_id, ros),
+        cancel::cancel(&rt, &caller, &execution_id, thread_id, ros),
     );
     let span = tracing::info_span!("agui.cancel", otel.kind = "server", thread_id, execution_id = %execution_id);
     otel::continue_trace(&span, &trace);

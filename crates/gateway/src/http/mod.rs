@@ -24,8 +24,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
 use serde_json::{json, Map, Value};
-use subtle::ConstantTimeEq;
 
+use crate::auth::access::{self, Refused, CANCEL_ROUTE, EVENTS_ROUTE, RUN_ROUTE, THREAD_ROUTE};
+use crate::auth::Caller;
 use crate::canonical;
 use crate::error::{msg, ApiError, Code};
 use crate::forward;
@@ -127,20 +128,36 @@ async fn no_store_json(mut response: Response) -> Response {
     response
 }
 
-/// The checks of the GET routes: preflight, method, bearer token. Returns the header language.
-#[allow(clippy::result_large_err)]
-fn get_checks(rt: &Runtime, req: &Request) -> Result<Lang, Response> {
-    if let Some(r) = preflight(rt, req) {
+/// The checks of the GET routes: preflight, method, authentication. Returns the header language
+/// and the caller.
+async fn get_checks(
+    rt: &Runtime,
+    method: &Method,
+    headers: &HeaderMap,
+    route: &'static str,
+) -> Result<(Lang, Caller), Response> {
+    if let Some(r) = rt.cfg().cors_origins.preflight(method, headers) {
         return Err(r);
     }
-    if req.method() != Method::GET {
+    if method != Method::GET {
         return Err(method_not_allowed("GET"));
     }
-    let hl = header_lang(rt, req.headers());
-    if !authorized(rt, req.headers()) {
-        return Err(ApiError::new(Code::Unauthorized, msg::UNAUTHORIZED).into_response_in(hl));
-    }
-    Ok(hl)
+    let hl = header_lang(rt, headers);
+    let caller = authenticate(rt, headers, route, hl).await?;
+    Ok((hl, caller))
+}
+
+/// Who is calling ([`crate::auth::Auth::authenticate`]), or the refusal to answer (recorded).
+async fn authenticate(
+    rt: &Runtime,
+    headers: &HeaderMap,
+    route: &'static str,
+    hl: Lang,
+) -> Result<Caller, Response> {
+    rt.auth().authenticate(headers).await.map_err(|denied| {
+        access::record(rt.metrics(), route, Refused::Auth(denied), None, None);
+        denied.error().into_response_in(hl)
+    })
 }
 
 /// Answers with what the instance holding the thread answers (a forwarded request is never
@@ -258,8 +275,12 @@ async fn health(State(s): State<AppState>, req: Request) -> Response {
     // Probes send any Host (a service's name, a pod's): they get the answer; a request for a host
     // that is not allowed gets what a caller without the token gets.
     let (cfg, h) = (s.rt.cfg(), req.headers());
-    let caller = authorized(&s.rt, h) && hosts::allowed(cfg, req.uri(), h);
-    crate::health::answer(&s.rt, caller)
+    let operator =
+        s.rt.auth()
+            .authenticate(h)
+            .await
+            .is_ok_and(|c| c.is_operator());
+    crate::health::answer(&s.rt, operator && hosts::allowed(cfg, req.uri(), h))
 }
 
 fn header_lang(rt: &Runtime, headers: &HeaderMap) -> Lang {
@@ -267,22 +288,6 @@ fn header_lang(rt: &Runtime, headers: &HeaderMap) -> Lang {
         .get(header::ACCEPT_LANGUAGE)
         .and_then(|v| v.to_str().ok());
     Lang::from_accept_language(al, rt.cfg().fallback_lang)
-}
-
-/// Bearer check: scheme (case-insensitive) and token compared as bytes in constant time.
-fn authorized(rt: &Runtime, headers: &HeaderMap) -> bool {
-    let Some(token) = rt.cfg().auth_token.as_deref().filter(|t| !t.is_empty()) else {
-        return true;
-    };
-    let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return false;
-    };
-    let bytes = value.as_bytes();
-    let Some(space) = bytes.iter().position(|b| *b == b' ') else {
-        return false;
-    };
-    let (scheme, rest) = (&bytes[..space], &bytes[space + 1..]);
-    scheme.eq_ignore_ascii_case(b"bearer") && bool::from(rest.ct_eq(token.as_bytes()))
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
@@ -314,6 +319,8 @@ fn parse_json(bytes: &[u8]) -> Option<Value> {
 
 /// The messages of one POST route's body checks.
 struct BodyRules {
+    /// The route, as the audit names it.
+    route: &'static str,
     limit: usize,
     too_large: &'static str,
     invalid_json: &'static str,
@@ -321,6 +328,7 @@ struct BodyRules {
 }
 
 const RUN_RULES: BodyRules = BodyRules {
+    route: RUN_ROUTE,
     limit: RUN_BODY_LIMIT,
     too_large: msg::RUN_TOO_LARGE,
     invalid_json: msg::RUN_INVALID_JSON,
@@ -328,28 +336,35 @@ const RUN_RULES: BodyRules = BodyRules {
 };
 
 const CANCEL_RULES: BodyRules = BodyRules {
+    route: CANCEL_ROUTE,
     limit: CANCEL_BODY_LIMIT,
     too_large: msg::CANCEL_TOO_LARGE,
     invalid_json: msg::CANCEL_INVALID_JSON,
     not_object: msg::CANCEL_NOT_OBJECT,
 };
 
-/// The checks every POST route shares, in order: method, bearer token, Content-Type, size, JSON
-/// object. Returns the header language, the raw body and the object, or the error response.
-#[allow(clippy::result_large_err)]
+/// A POST route's checked request: the header language, the caller, the raw body and the
+/// object.
+struct JsonRequest {
+    hl: Lang,
+    caller: Caller,
+    raw: Bytes,
+    obj: Map<String, Value>,
+}
+
+/// The checks every POST route shares, in order: method, authentication, Content-Type, size,
+/// JSON object.
 async fn json_object(
     rt: &Runtime,
     req: Request,
     rules: &BodyRules,
-) -> Result<(Lang, Bytes, Map<String, Value>), Response> {
+) -> Result<JsonRequest, Response> {
     if req.method() != Method::POST {
         return Err(method_not_allowed("POST"));
     }
     let hl = header_lang(rt, req.headers());
     let err = |code: Code, m: &'static str| Err(ApiError::new(code, m).into_response_in(hl));
-    if !authorized(rt, req.headers()) {
-        return err(Code::Unauthorized, msg::UNAUTHORIZED);
-    }
+    let caller = authenticate(rt, req.headers(), rules.route, hl).await?;
     if !is_json(req.headers()) {
         return err(Code::UnsupportedMediaType, msg::UNSUPPORTED_MEDIA_TYPE);
     }
@@ -368,7 +383,12 @@ async fn json_object(
     };
     match parse_json(&body) {
         None => err(Code::InvalidJson, rules.invalid_json),
-        Some(Value::Object(obj)) => Ok((hl, body, obj)),
+        Some(Value::Object(obj)) => Ok(JsonRequest {
+            hl,
+            caller,
+            raw: body,
+            obj,
+        }),
         Some(_) => err(Code::InvalidInput, rules.not_object),
     }
 }
@@ -418,7 +438,12 @@ async fn run_request(
     forwardable: Option<(HeaderMap, String)>,
 ) -> Response {
     let rt = s.rt.clone();
-    let (hl, body, obj) = match json_object(&rt, req, &RUN_RULES).await {
+    let JsonRequest {
+        hl,
+        caller,
+        raw: body,
+        obj,
+    } = match json_object(&rt, req, &RUN_RULES).await {
         Ok(x) => x,
         Err(r) => {
             span.record("outcome", "refused");
@@ -439,7 +464,7 @@ async fn run_request(
     let Some(slot) = rt.limits().run() else {
         return refused(ApiError::new(Code::TooManyRuns, msg::TOO_MANY_RUNS));
     };
-    let request = match prepare(&rt, obj, &body, lang).await {
+    let request = match prepare(&rt, obj, &body, lang, caller).await {
         Ok(r) => r,
         Err(e) => return refused(e),
     };
@@ -470,12 +495,18 @@ async fn prepare(
     obj: &Map<String, Value>,
     raw: &[u8],
     lang: Lang,
+    caller: Caller,
 ) -> Result<RunRequest, ApiError> {
     let mut envelope = validate::envelope::parse(obj)?;
     let forwarded = obj
         .get("forwardedProps")
         .or_else(|| obj.get("forwarded_props"));
-    let iac = props::parse(forwarded)?;
+    let mut iac = props::parse(forwarded)?;
+    // The run acts for the authenticated user: the kernel gets them as `userId`.
+    iac.user_id = access::run_user(&caller, iac.user_id.as_deref()).inspect_err(|_| {
+        let (user, thread) = (caller.user.as_deref(), Some(envelope.thread_id.as_str()));
+        access::record(rt.metrics(), RUN_ROUTE, Refused::UserMismatch, user, thread);
+    })?;
     let digest = canonical::digest_bytes(raw)
         .map_err(|_| ApiError::new(Code::InvalidInput, msg::INVALID_PROPS))?;
     let rt2 = rt.clone();
@@ -512,6 +543,7 @@ async fn prepare(
         digest,
         user_message,
         lang,
+        caller,
     })
 }
 

@@ -8,8 +8,8 @@ pub(super) async fn events_route(
     Path((thread_id, run_id)): Path<(String, String)>,
     req: Request,
 ) -> Response {
-    let hl = match get_checks(&s.rt, &req) {
-        Ok(hl) => hl,
+    let (hl, caller) = match get_checks(&s.rt, req.method(), req.headers(), EVENTS_ROUTE).await {
+        Ok(x) => x,
         Err(r) => return r,
     };
     if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
@@ -21,7 +21,7 @@ pub(super) async fn events_route(
     if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
         return r;
     }
-    match threads_api::events(&s.rt, &thread_id, &run_id, after, s.heartbeat).await {
+    match threads_api::events(&s.rt, &caller, &thread_id, &run_id, after, s.heartbeat).await {
         Ok(r) => r,
         Err(e) => e.into_response_in(hl),
     }
@@ -32,8 +32,8 @@ pub(super) async fn thread_route(
     Path(thread_id): Path<String>,
     req: Request,
 ) -> Response {
-    let hl = match get_checks(&s.rt, &req) {
-        Ok(hl) => hl,
+    let (hl, caller) = match get_checks(&s.rt, req.method(), req.headers(), THREAD_ROUTE).await {
+        Ok(x) => x,
         Err(r) => return r,
     };
     if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
@@ -42,7 +42,7 @@ pub(super) async fn thread_route(
     if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
         return r;
     }
-    match threads_api::thread(&s.rt, &thread_id).await {
+    match threads_api::thread(&s.rt, &caller, &thread_id).await {
         Ok(v) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],

@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::auth::access::{self, Refused};
+use crate::auth::Caller;
 use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
 use crate::i18n::Lang;
@@ -31,6 +33,8 @@ pub struct RunRequest {
     /// The latest user message (new turns and guidance).
     pub user_message: Option<UserMessage>,
     pub lang: Lang,
+    /// Who sent it (its user, if any, owns the thread it starts and reaches only its own).
+    pub caller: Caller,
 }
 
 /// An admitted run.
@@ -122,6 +126,7 @@ fn ask_of<'a>(req: &'a RunRequest, mode: &'a Mode, cwd: &'a str) -> Ask<'a> {
         ros_invocation_id: &req.iac.ros_invocation_id,
         pipeline: req.iac.run_mode == Some(RunMode::Pipeline),
         has_resume: req.envelope.resume.is_some(),
+        owner: req.caller.user.as_deref(),
     }
 }
 
@@ -150,7 +155,21 @@ pub async fn trial(rt: &Runtime, req: &RunRequest) -> Result<(), ApiError> {
         rt.now_ms(),
         &mut String::new,
     );
+    if decision.stranger {
+        strangers_refused(rt, req);
+    }
     decision.verdict.map(drop)
+}
+
+/// The audit of a request refused for another user's thread.
+fn strangers_refused(rt: &Runtime, req: &RunRequest) {
+    access::record(
+        rt.metrics(),
+        access::RUN_ROUTE,
+        Refused::NotOwner,
+        req.caller.user.as_deref(),
+        Some(&req.envelope.thread_id),
+    );
 }
 
 async fn admit_now(
@@ -190,7 +209,7 @@ async fn admit_now(
             }
         }
         let next = decision.doc.take();
-        decided = Some((decision.verdict, decision.expired));
+        decided = Some((decision.verdict, decision.expired, decision.stranger));
         next
     };
     let holder = rt
@@ -202,9 +221,12 @@ async fn admit_now(
         Holder::Elsewhere(url) => return Err(NotAdmitted::HeldElsewhere(url)),
         Holder::Here { took_over } => took_over,
     };
-    let Some((verdict, expired)) = decided else {
+    let Some((verdict, expired, stranger)) = decided else {
         return Err(state_unavailable("no admission decision").into());
     };
+    if stranger {
+        strangers_refused(rt, &req);
+    }
     // The task of interrupts that expired waits for answers nobody may give any more.
     if let Some(task) = expired.and_then(|e| e.task) {
         rt.cancel_task_later(task);

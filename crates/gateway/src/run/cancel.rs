@@ -9,6 +9,8 @@
 use super::decide::expiry::expire_if_due;
 use super::hold::ThreadHold;
 use super::Runtime;
+use crate::auth::access::{self, Refused, CANCEL_ROUTE};
+use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 
 /// Result of a cancellation request.
@@ -59,6 +61,7 @@ pub fn check_ids(
 /// Cancels `execution_id` of `thread_id`.
 pub async fn cancel(
     rt: &Runtime,
+    caller: &Caller,
     execution_id: &str,
     thread_id: &str,
     ros_invocation_id: &str,
@@ -86,6 +89,19 @@ pub async fn cancel(
         let Some(doc) = &st.doc else {
             return Err(not_found());
         };
+        // Another user's thread is, to this caller, one that does not exist: nothing expires,
+        // nothing is cancelled.
+        if !caller.may_touch(doc.owner_or_user()) {
+            let user = caller.user.as_deref();
+            access::record(
+                rt.metrics(),
+                CANCEL_ROUTE,
+                Refused::NotOwner,
+                user,
+                Some(thread_id),
+            );
+            return Err(not_found());
+        }
         // Interrupts expire on any access to their thread (a run holding it owns its state).
         if control.is_none() {
             let mut next = doc.clone();

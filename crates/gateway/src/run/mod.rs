@@ -55,6 +55,8 @@ pub struct Runtime {
     limits: Arc<Limits>,
     /// Bounds the image decodes running at once (`--max-image-decodes`).
     decode_gate: Arc<prepare::DecodeGate>,
+    /// How callers authenticate.
+    auth: Arc<crate::auth::Auth>,
 }
 
 /// `(threadId, runId)` → the run's replay buffer.
@@ -106,6 +108,7 @@ impl Runtime {
     ) -> Runtime {
         let cfg_caps = cfg.caps;
         let decode_gate = Arc::new(prepare::DecodeGate::new(cfg.max_image_decodes));
+        let auth = Arc::new(crate::auth::Auth::unread(&cfg));
         let rt = Runtime {
             cfg: Arc::new(cfg),
             threads: Arc::new(Threads::new(
@@ -122,6 +125,7 @@ impl Runtime {
             limits: Arc::new(Limits::new(&cfg_caps, metrics.clone())),
             metrics,
             decode_gate,
+            auth,
         };
         rt.touch();
         rt
@@ -129,6 +133,17 @@ impl Runtime {
 
     pub fn cfg(&self) -> &Config {
         &self.cfg
+    }
+
+    /// How callers authenticate.
+    pub fn auth(&self) -> &crate::auth::Auth {
+        &self.auth
+    }
+
+    /// Replaces the authentication [`Runtime::new`] made (its key set not read yet) with one
+    /// opened already.
+    pub fn set_auth(&mut self, auth: Arc<crate::auth::Auth>) {
+        self.auth = auth;
     }
 
     pub fn threads(&self) -> &Threads {

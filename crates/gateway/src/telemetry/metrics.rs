@@ -220,6 +220,7 @@ pub struct Metrics {
     http_requests: Family<HttpLabels, Counter>,
     spans_dropped: [Counter; 2],
     limits_reached: [Counter; 5],
+    auth_refusals: Family<ReasonLabel, Counter>,
     kernel: Arc<OnceLock<Arc<dyn KernelGauges>>>,
 }
 
@@ -338,6 +339,14 @@ impl Metrics {
         );
         let limits_reached =
             LIMITS.map(|limit| limit_family.get_or_create_owned(&LimitLabel { limit }));
+        let auth_refusals = Family::<ReasonLabel, Counter>::default();
+        r.register(
+            "agui_auth_refusals",
+            "Requests refused access: by authentication (missing, wrong_token, malformed, \
+             algorithm, unknown_key, signature, expired, not_yet_valid, issuer, audience, user, \
+             user_header, bad_user_header) or by ownership (not_owner, user_mismatch)",
+            auth_refusals.clone(),
+        );
         let kernel = Arc::new(OnceLock::new());
         r.register_collector(Box::new(KernelCollector(kernel.clone())));
         // A gauge of 1 (the Prometheus convention for build info; promtool knows no `info` type).
@@ -366,6 +375,7 @@ impl Metrics {
             http_requests,
             spans_dropped,
             limits_reached,
+            auth_refusals,
             kernel,
         }
     }
@@ -464,6 +474,13 @@ impl Metrics {
 
     pub fn limit_reached(&self, limit: Limit) {
         self.limits_reached[limit as usize].inc();
+    }
+
+    /// A request refused access, for `reason` (a fixed set: see `auth::access`).
+    pub fn auth_refused(&self, reason: &'static str) {
+        self.auth_refusals
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 }
 

@@ -13,6 +13,7 @@ mod fuzz;
 mod fuzz_body;
 mod fuzz_cwd;
 mod http_surface;
+mod identity;
 mod ids;
 mod limits;
 mod load;

@@ -40,6 +40,9 @@ pub struct Builder {
     pub body_timeout: Option<Duration>,
     pub linger_timeout: Option<Duration>,
     pub allowed_hosts: Vec<String>,
+    /// Accept JWTs of `testkit::jwt`'s keys: the key set's file (written by `jwt`), and how
+    /// often it is read again.
+    pub jwks: Option<(PathBuf, Duration)>,
 }
 
 pub struct TestServer {
@@ -76,6 +79,7 @@ impl Builder {
             body_timeout: None,
             linger_timeout: None,
             allowed_hosts: vec![],
+            jwks: None,
         }
     }
     /// The bounds on concurrent work (`--max-connections`, `--max-runs`, …).
@@ -125,6 +129,12 @@ impl Builder {
     }
     pub fn auth(mut self, t: &str) -> Self {
         self.auth = Some(t.into());
+        self
+    }
+    /// Accepts JWTs checked against the key set at `jwks` (see [`jwks_file`]), issued by
+    /// `testkit::jwt::ISSUER` for `testkit::jwt::AUDIENCE`, the set read again every `refresh`.
+    pub fn jwks(mut self, jwks: &std::path::Path, refresh: Duration) -> Self {
+        self.jwks = Some((jwks.to_owned(), refresh));
         self
     }
     pub fn a2a(mut self, url: &str, token: Option<&str>) -> Self {
@@ -209,6 +219,12 @@ impl Builder {
         });
         let mut cfg = Config::for_state_dir(dir.join("state"), &*env);
         cfg.auth_token = self.auth.clone();
+        if let Some((path, refresh)) = &self.jwks {
+            cfg.jwt.jwks = Some(path.display().to_string());
+            cfg.jwt.issuer = Some(testkit::jwt::ISSUER.into());
+            cfg.jwt.audience = Some(testkit::jwt::AUDIENCE.into());
+            cfg.jwt.jwks_refresh = *refresh;
+        }
         if let Some((url, token)) = &self.a2a {
             cfg.a2a_url = Some(iac_code_agui::config::validate_a2a_url(url).expect("loopback url"));
             cfg.a2a_token = token.clone();
@@ -251,6 +267,12 @@ impl Builder {
         opts.clock = self.clock;
         opts.kernel = self.kernel;
         opts.channel_capacity = self.channel_capacity;
+        if self.jwks.is_some() {
+            let auth = iac_code_agui::auth::Auth::open(&opts.cfg)
+                .await
+                .expect("key set");
+            opts.auth = Some(Arc::new(auth));
+        }
         let state = app::build(opts);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -400,6 +422,23 @@ pub async fn server(env: &KernelEnv, kernel: Arc<Kernel>) -> TestServer {
         .kernel(kernel)
         .start()
         .await
+}
+
+/// Writes the public key set of `signers` (`testkit::jwt`) to `dir/jwks.json`; its path.
+pub fn jwks_file(dir: &std::path::Path, signers: &[&testkit::jwt::Signer]) -> PathBuf {
+    let path = dir.join("jwks.json");
+    std::fs::write(&path, testkit::jwt::set_json(signers)).expect("key set written");
+    path
+}
+
+/// A valid JWT for `user` (ES256, key `ec-1`), as the `Authorization` header's value.
+pub fn bearer_for(user: &str) -> String {
+    let token = testkit::jwt::sign(
+        testkit::jwt::ec(),
+        Some("ec-1"),
+        &testkit::jwt::claims_for(user),
+    );
+    format!("Bearer {token}")
 }
 
 /// Polls `GET /health` on a gateway process until it answers 200; how long that took.

@@ -1,7 +1,9 @@
 //! Admission: whether a validated request may start a run on its thread, and what the thread's
 //! document becomes if it does.
 //!
-//! The checks, in order (the first that fails answers): interrupts due to expire are expired (a
+//! The checks, in order (the first that fails answers): a thread another user owns is, to the
+//! caller, one that does not exist, except that its id cannot be taken (`THREAD_ID_TAKEN`; no
+//! other state of it shows); interrupts due to expire are expired (a
 //! thread no run holds only); a thread without a document accepts only a new turn; a run id is
 //! used once (the same request again is `DUPLICATE_RUN_ID`, another one `RUN_ID_CONFLICT`); a
 //! thread holds one run at a time (guidance runs join the running one); a thread stays bound to
@@ -53,6 +55,9 @@ pub struct Ask<'a> {
     pub pipeline: bool,
     /// The request carries a `resume` array (a guidance request must not).
     pub has_resume: bool,
+    /// The authenticated user the request comes from (`None`: a caller without a user, who
+    /// reaches every thread). A thread admitting it without an owner becomes theirs.
+    pub owner: Option<&'a str>,
 }
 
 /// The kernel task a crashed run left behind.
@@ -84,6 +89,17 @@ pub struct Decision {
     /// Interrupts that expired just now.
     pub expired: Option<Expired>,
     pub verdict: Result<Admission, ApiError>,
+    /// Refused because the thread is another user's (the audit records it).
+    pub stranger: bool,
+}
+
+/// What a request for another user's thread gets: what it would get if the thread did not exist
+/// (a resume or guidance has nothing to continue), except that a new turn cannot take the id.
+pub fn stranger_answer(mode: &Mode) -> ApiError {
+    match mode {
+        Mode::NewTurn => ApiError::new(Code::ThreadIdTaken, msg::THREAD_ID_TAKEN),
+        Mode::Resume(_) | Mode::Guidance => ApiError::new(Code::ExecutionLost, msg::EXECUTION_GONE),
+    }
 }
 
 /// The context id of a thread: `agui-` and the first 40 hex digits of SHA-256(threadId).
@@ -105,6 +121,17 @@ pub fn decide(
     now_ms: i64,
     new_id: &mut dyn FnMut() -> String,
 ) -> Decision {
+    // Before anything else, expiry included: a stranger changes nothing and learns nothing.
+    if let (Some(d), Some(user)) = (doc, ask.owner) {
+        if d.owner_or_user() != Some(user) {
+            return Decision {
+                doc: None,
+                expired: None,
+                verdict: Err(stranger_answer(ask.mode)),
+                stranger: true,
+            };
+        }
+    }
     let mut next = doc.cloned();
     let expired = match next.as_mut() {
         Some(d) if !held => expire_if_due(d, now_ms),
@@ -116,6 +143,7 @@ pub fn decide(
         doc: if verdict.is_ok() { next } else { expired_doc },
         expired,
         verdict,
+        stranger: false,
     }
 }
 
@@ -187,6 +215,11 @@ fn admit(
             }
         }
     }
+    // The thread is its user's from its first admitted run (or the first since owners were
+    // recorded: the stranger check above let only that user through).
+    if d.owner.is_none() {
+        d.owner = ask.owner.map(str::to_owned);
+    }
     // The save that records a run also keeps the document within its bounds.
     d.record_run(ask.run_id, ask.digest);
     Ok(Admission {
@@ -215,6 +248,7 @@ mod tests {
             ros_invocation_id: "inv-1",
             pipeline: false,
             has_resume: matches!(mode, Mode::Resume(_)),
+            owner: None,
         }
     }
 

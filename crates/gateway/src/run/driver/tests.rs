@@ -72,6 +72,7 @@ impl Harness {
             digest: format!("digest-{run}"),
             user_message,
             lang: Lang::En,
+            caller: crate::auth::Caller::OPEN,
         }
     }
 

@@ -164,6 +164,10 @@ pub struct ThreadDoc {
     /// `lastRun`: written when a run lets go of the thread.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_run: Option<LastRun>,
+    /// `owner` (written only when known): the authenticated user of the thread's first admitted
+    /// run, or of the first one after owners were recorded (`auth::access`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// The document as written: its version and the thread.
@@ -245,7 +249,14 @@ impl ThreadDoc {
             delivering: BTreeSet::new(),
             active_run: None,
             last_run: None,
+            owner: None,
         }
+    }
+
+    /// Whom the thread belongs to: its recorded owner, else (a thread written before owners
+    /// were recorded, or by a caller without a user) the user it is bound to, if any.
+    pub fn owner_or_user(&self) -> Option<&str> {
+        self.owner.as_deref().or(self.user_id.as_deref())
     }
 
     /// Whether `execution_id` is the thread's current execution.

@@ -162,6 +162,7 @@ struct DocShape {
     expired_interrupts: Found<Option<Vec<Found<Obj<MarkShape>>>>>,
     active_run: Found<Option<Obj<RunMarkShape>>>,
     last_run: Found<Option<Obj<LastRunShape>>>,
+    owner: Found<Option<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -331,6 +332,7 @@ impl DocShape {
                 ended_at: l.ended_at.text("endedAt")?,
             }),
         };
+        let owner = self.owner.optional("owner")?;
         Ok(ThreadDoc {
             thread_id: thread_id.to_owned(),
             context_id,
@@ -346,6 +348,7 @@ impl DocShape {
             delivering,
             active_run,
             last_run,
+            owner,
         })
     }
 }

@@ -65,13 +65,13 @@ const HOLDER: &str = "SELECT t.owner, i.advertise_url,
 
 /// A save: only by the holder, at its epoch.
 const SAVE: &str = "UPDATE agui_threads
-    SET doc = $3, active_run = $4, pending = $5, updated_at = now()
+    SET doc = $3, active_run = $4, pending = $5, owner_user = $7, updated_at = now()
     WHERE thread_id = $1 AND owner = $2 AND epoch = $6";
 
 /// An admission's or a takeover's write: the holder becomes this instance, at a new epoch.
 const HOLD: &str = "UPDATE agui_threads
     SET doc = $3, active_run = $4, pending = $5, owner = $2, epoch = epoch + 1,
-        updated_at = now()
+        owner_user = COALESCE($6, owner_user), updated_at = now()
     WHERE thread_id = $1
     RETURNING epoch";
 
@@ -357,16 +357,16 @@ impl PgStore {
         thread_id: &str,
         doc: Option<&ThreadDoc>,
     ) -> Result<i64, StoreError> {
-        let (json, active, pending) = match doc {
-            Some(d) => {
-                let (j, a, p) = columns(d)?;
-                (Some(j), a, p)
-            }
-            None => (None, None, 0),
+        let (json, active, pending, user) = match doc.map(columns).transpose()? {
+            Some(c) => (Some(c.doc), c.active_run, c.pending, c.owner_user),
+            None => (None, None, 0, None),
         };
         let st = tx.prepare_cached(HOLD).await.map_err(unavailable)?;
         let row = tx
-            .query_one(&st, &[&thread_id, &self.inner.me, &json, &active, &pending])
+            .query_one(
+                &st,
+                &[&thread_id, &self.inner.me, &json, &active, &pending, &user],
+            )
             .await
             .map_err(unavailable)?;
         Ok(row.get(0))
@@ -378,13 +378,21 @@ impl PgStore {
         let Some(epoch) = self.epochs().get(&thread_id).copied() else {
             return Err(StoreError::NotHeld(thread_id));
         };
-        let (json, active, pending) = columns(&doc)?;
+        let cols = columns(&doc)?;
         let c = self.client().await?;
         let st = c.prepare_cached(SAVE).await.map_err(unavailable)?;
         let n = c
             .execute(
                 &st,
-                &[&thread_id, &self.inner.me, &json, &active, &pending, &epoch],
+                &[
+                    &thread_id,
+                    &self.inner.me,
+                    &cols.doc,
+                    &cols.active_run,
+                    &cols.pending,
+                    &epoch,
+                    &cols.owner_user,
+                ],
             )
             .await
             .map_err(unavailable)?;

@@ -13,12 +13,21 @@ pub(super) const LOAD: &str =
 pub(super) const MAX_DOC: i32 = MAX_DOC_BYTES as i32;
 
 /// The document (within its bound) and the columns kept beside it.
-pub(super) fn columns(doc: &ThreadDoc) -> Result<(String, Option<String>, i32), StoreError> {
-    Ok((
-        String::from_utf8(doc.to_stored()?).expect("documents are UTF-8 JSON"),
-        doc.active_run.as_ref().map(|r| r.run_id.clone()),
-        i32::try_from(doc.execution.pending.len()).unwrap_or(i32::MAX),
-    ))
+pub(super) struct Columns {
+    pub doc: String,
+    pub active_run: Option<String>,
+    pub pending: i32,
+    /// Whom the thread belongs to ([`ThreadDoc::owner_or_user`]).
+    pub owner_user: Option<String>,
+}
+
+pub(super) fn columns(doc: &ThreadDoc) -> Result<Columns, StoreError> {
+    Ok(Columns {
+        doc: String::from_utf8(doc.to_stored()?).expect("documents are UTF-8 JSON"),
+        active_run: doc.active_run.as_ref().map(|r| r.run_id.clone()),
+        pending: i32::try_from(doc.execution.pending.len()).unwrap_or(i32::MAX),
+        owner_user: doc.owner_or_user().map(str::to_owned),
+    })
 }
 
 /// A document as read with its length: one over the bound was not sent, and is refused.

@@ -9,9 +9,10 @@
 const MIGRATION_LOCK: i64 = 0x6167_7569_5f6d_6967; // "agui_mig"
 
 /// `(version, SQL)`, in order. Never edit one that has shipped: add the next.
-pub const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE agui_instances (
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE agui_instances (
         id text PRIMARY KEY,
         advertise_url text NOT NULL,
         started_at timestamptz NOT NULL DEFAULT now(),
@@ -30,7 +31,28 @@ pub const MIGRATIONS: &[(i32, &str)] = &[(
         updated_at timestamptz NOT NULL DEFAULT now()
     );
     CREATE INDEX agui_threads_owner ON agui_threads (owner);",
-)];
+    ),
+    (
+        2,
+        // The user a thread belongs to (`ThreadDoc::owner_or_user`), kept beside the document
+        // with every write, so that a user's threads are found by the index. Rows written before
+        // get it from their document; one whose document is not JSON keeps it empty.
+        "ALTER TABLE agui_threads ADD COLUMN owner_user text;
+    DO $$
+    DECLARE r record;
+    BEGIN
+        FOR r IN SELECT thread_id, doc FROM agui_threads WHERE doc IS NOT NULL LOOP
+            BEGIN
+                UPDATE agui_threads
+                SET owner_user = COALESCE(r.doc::jsonb->>'owner', r.doc::jsonb->>'userId')
+                WHERE thread_id = r.thread_id;
+            EXCEPTION WHEN others THEN NULL;
+            END;
+        END LOOP;
+    END $$;
+    CREATE INDEX agui_threads_owner_user ON agui_threads (owner_user, thread_id);",
+    ),
+];
 
 /// Applies the migrations this database has not had yet.
 pub async fn migrate(client: &mut deadpool_postgres::Client) -> Result<(), String> {
