@@ -34,7 +34,14 @@ pub(super) async fn cancel_route(
     if let Err(e) = cancel::check_ids(&execution_id, thread_id, ros) {
         return e.into_response_in(hl);
     }
-    if let Some(r) = held_elsewhere(&rt, thread_id, &trace, Method::POST, &path, raw, hl).await {
+    let out = Outgoing {
+        method: Method::POST,
+        path: &path,
+        headers: &trace,
+        body: raw,
+        caller: &caller,
+    };
+    if let Some(r) = held_elsewhere(&rt, thread_id, out, hl).await {
         return r;
     }
     let cancelled = observer::with_incoming(

@@ -154,29 +154,43 @@ async fn authenticate(
     route: &'static str,
     hl: Lang,
 ) -> Result<Caller, Response> {
+    // Forwarded by another instance: authenticated there.
+    let key = rt.threads().store().forward_key();
+    if let Some(caller) = forward::forwarded_caller(headers, key.as_deref()) {
+        return Ok(caller);
+    }
     rt.auth().authenticate(headers).await.map_err(|denied| {
         access::record(rt.metrics(), route, Refused::Auth(denied), None, None);
         denied.error().into_response_in(hl)
     })
 }
 
+/// A request as it goes to the thread's holder.
+struct Outgoing<'a> {
+    method: Method,
+    path: &'a str,
+    headers: &'a HeaderMap,
+    body: Bytes,
+    /// Who the client is, as authenticated here (the holder takes it as it is).
+    caller: &'a Caller,
+}
+
 /// Answers with what the instance holding the thread answers (a forwarded request is never
 /// forwarded again: two instances that disagree about a holder answer 503).
-async fn to_holder(
-    rt: &Runtime,
-    url: &str,
-    method: Method,
-    path: &str,
-    headers: &HeaderMap,
-    body: Bytes,
-    lang: Lang,
-) -> Response {
+async fn to_holder(rt: &Runtime, url: &str, out: Outgoing<'_>, lang: Lang) -> Response {
     let unreachable = || ApiError::new(Code::StateUnavailable, msg::HOLDER_UNREACHABLE);
-    if forward::is_forwarded(headers) || url.is_empty() {
+    let store = rt.threads().store();
+    let key = store.forward_key();
+    if forward::is_forwarded(out.headers, key.as_deref()) || url.is_empty() {
         return unreachable().into_response_in(lang);
     }
-    let me = rt.threads().store().instance_id().unwrap_or_default();
-    match forward::forward(url, method, path, headers, body, &me).await {
+    let me = store.instance_id().unwrap_or_default();
+    let hop = forward::Hop {
+        me: &me,
+        key: key.as_deref().unwrap_or_default(),
+        caller: out.caller,
+    };
+    match forward::forward(url, out.method, out.path, out.headers, out.body, &hop).await {
         Ok(r) => r,
         Err(forward::Unreachable(why)) => {
             tracing::warn!(holder = url, error = %why, "the thread's holder cannot be reached");
@@ -190,23 +204,19 @@ async fn to_holder(
 async fn held_elsewhere(
     rt: &Runtime,
     thread_id: &str,
-    req_headers: &HeaderMap,
-    method: Method,
-    path: &str,
-    body: Bytes,
+    out: Outgoing<'_>,
     lang: Lang,
 ) -> Option<Response> {
     // A forwarded request is looked up too: one that reached a non-holder (the thread moved
-    // meanwhile, or a client sent the mark itself) is refused by `to_holder`, never served
-    // from what this instance has.
+    // meanwhile) is refused by `to_holder`, never served from what this instance has. A mark a
+    // client sent itself is no mark (it lacks the cluster's key): such a request is forwarded
+    // as any other.
     if !rt.threads().store().shared() {
         return None;
     }
     match rt.threads().holder(thread_id).await {
         Ok(Holder::Here { .. }) => None,
-        Ok(Holder::Elsewhere(url)) => {
-            Some(to_holder(rt, &url, method, path, req_headers, body, lang).await)
-        }
+        Ok(Holder::Elsewhere(url)) => Some(to_holder(rt, &url, out, lang).await),
         Err(e) => {
             tracing::warn!(error = %e, "thread state unavailable");
             Some(
@@ -223,18 +233,17 @@ async fn get_held_elsewhere(
     thread_id: &str,
     headers: &HeaderMap,
     path: String,
+    caller: &Caller,
     lang: Lang,
 ) -> Option<Response> {
-    held_elsewhere(
-        rt,
-        thread_id,
+    let out = Outgoing {
+        method: Method::GET,
+        path: &path,
         headers,
-        Method::GET,
-        &path,
-        Bytes::new(),
-        lang,
-    )
-    .await
+        body: Bytes::new(),
+        caller,
+    };
+    held_elsewhere(rt, thread_id, out, lang).await
 }
 
 fn path_of(req: &Request) -> String {
@@ -464,6 +473,7 @@ async fn run_request(
     let Some(slot) = rt.limits().run() else {
         return refused(ApiError::new(Code::TooManyRuns, msg::TOO_MANY_RUNS));
     };
+    let who = caller.clone();
     let request = match prepare(&rt, obj, &body, lang, caller).await {
         Ok(r) => r,
         Err(e) => return refused(e),
@@ -482,7 +492,14 @@ async fn run_request(
             drop(slot);
             span.record("outcome", "forwarded");
             let (headers, path) = forwardable.unwrap_or_default();
-            to_holder(&rt, &url, Method::POST, &path, &headers, body, lang).await
+            let out = Outgoing {
+                method: Method::POST,
+                path: &path,
+                headers: &headers,
+                body,
+                caller: &who,
+            };
+            to_holder(&rt, &url, out, lang).await
         }
     }
 }

@@ -18,7 +18,9 @@ pub(super) async fn events_route(
     let Ok(after) = threads_api::resume_point(req.headers(), req.uri().query()) else {
         return ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl);
     };
-    if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
+    if let Some(r) =
+        get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), &caller, hl).await
+    {
         return r;
     }
     match threads_api::events(&s.rt, &caller, &thread_id, &run_id, after, s.heartbeat).await {
@@ -39,7 +41,9 @@ pub(super) async fn thread_route(
     if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
         return e.into_response_in(hl);
     }
-    if let Some(r) = get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), hl).await {
+    if let Some(r) =
+        get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), &caller, hl).await
+    {
         return r;
     }
     match threads_api::thread(&s.rt, &caller, &thread_id).await {

@@ -163,6 +163,11 @@ pub trait ThreadStore: Send + Sync + 'static {
     fn instance_id(&self) -> Option<String> {
         None
     }
+    /// The key that makes a request forwarded between instances of a shared store count as
+    /// forwarded (`forward`): one per cluster, kept in the store, never sent to a client.
+    fn forward_key(&self) -> Option<String> {
+        None
+    }
     /// This process keeps nothing of the thread any more (its registry evicted it: no run, no
     /// lock, nothing waiting): a store that remembers something per thread it holds (the
     /// PostgreSQL store's epochs) drops it, and learns it again at the thread's next admission.

@@ -152,7 +152,7 @@ async fn pair(db: &str, extra: &[&str]) -> Pair {
 }
 
 /// A turn on the fake kernel: the task, `text`, then `then` (completion by default).
-fn turn(k: &FakeKernel, thread: &str, task: &str, text: &str, then: Vec<Item>) {
+pub(crate) fn turn(k: &FakeKernel, thread: &str, task: &str, text: &str, then: Vec<Item>) {
     let c = ctx(thread);
     let mut items = vec![
         Item::Result(items::task(
@@ -176,14 +176,14 @@ fn turn(k: &FakeKernel, thread: &str, task: &str, text: &str, then: Vec<Item>) {
     k.on_context("SendStreamingMessage", &c, Reply::Sse(items));
 }
 
-fn perm(id: &str, thread: &str, task: &str) -> Value {
+pub(crate) fn perm(id: &str, thread: &str, task: &str) -> Value {
     json!({"schemaVersion":1,"kind":"permission","requestTaskId":task,"contextId":ctx(thread),"inputId":id,"toolUseId":format!("tu-{id}"),
         "toolName":"bash","prompt":"Run bash?","title":"Run bash","options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}],
         "required":true})
 }
 
 /// A turn that ends in a permission interrupt.
-fn interrupting_turn(k: &FakeKernel, thread: &str, task: &str, input: &str) {
+pub(crate) fn interrupting_turn(k: &FakeKernel, thread: &str, task: &str, input: &str) {
     let c = ctx(thread);
     turn(
         k,
@@ -200,7 +200,7 @@ fn interrupting_turn(k: &FakeKernel, thread: &str, task: &str, input: &str) {
 }
 
 /// The kernel's side of a resume: the task as it waits, then the answer's stream.
-fn accepting_resume(k: &FakeKernel, thread: &str, task: &str, input: &str) {
+pub(crate) fn accepting_resume(k: &FakeKernel, thread: &str, task: &str, input: &str) {
     let c = ctx(thread);
     k.on(
         "GetTask",
@@ -234,12 +234,12 @@ fn accepting_resume(k: &FakeKernel, thread: &str, task: &str, input: &str) {
     );
 }
 
-fn allow(input: &str) -> Value {
+pub(crate) fn allow(input: &str) -> Value {
     json!([{"interruptId": input, "status": "resolved", "payload": {"decision": "allow_once"}}])
 }
 
 /// The thread's row: owner, epoch, document.
-fn row(pg: &Cluster, db: &str, thread: &str) -> (String, i64, Value) {
+pub(crate) fn row(pg: &Cluster, db: &str, thread: &str) -> (String, i64, Value) {
     let out = pg.psql(
         db,
         &format!("SELECT owner || '|' || epoch || '|' || coalesce(doc, 'null') FROM agui_threads WHERE thread_id = '{thread}'"),
@@ -381,18 +381,24 @@ async fn a_thread_is_served_by_its_holder_whichever_instance_is_asked() {
     )
     .await;
     assert_eq!(other.error_code(), Some("RUN_ID_CONFLICT"));
-    // A request that claims to be forwarded but reached a non-holder is refused, never served
-    // from what that instance has.
-    let forged = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("{}threads/t1", b.url()))
-        .header("x-iac-code-agui-forwarded-by", "someone")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(forged.status(), 503);
+    // A request forwarded to a non-holder (the thread moved meanwhile) is refused, never
+    // served from what that instance has, nor forwarded again. Only an instance can mark a
+    // request so (the cluster's key is in the database): a client's own mark is no mark, and
+    // its request is forwarded to the holder as any other.
+    let key = pg.psql("forward", "SELECT forward_key FROM agui_cluster");
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let marked = |key: &str| {
+        client
+            .get(format!("{}threads/t1", b.url()))
+            .header("x-iac-code-agui-forwarded-by", "someone")
+            .header("x-iac-code-agui-forward-key", key.trim())
+            .header("x-iac-code-agui-caller", "open")
+    };
+    assert_eq!(marked(&key).send().await.unwrap().status(), 503);
+    let forged = marked("guessed").send().await.unwrap();
+    assert_eq!(forged.status(), 200);
+    let v: Value = serde_json::from_slice(&forged.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["threadId"], "t1");
     // A bad request is refused where it arrives, before any forward.
     let bad = post(&b.url(), &json!({"threadId": "t1"}), &[]).await;
     assert_eq!(bad.status, 400);

@@ -3,6 +3,7 @@
 mod browser;
 mod chaos;
 mod cluster;
+mod cluster_identity;
 mod cluster_real;
 mod conformance;
 mod crash;

@@ -101,6 +101,26 @@ async fn bounded<T>(
         .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("{what}: timed out"))))
 }
 
+/// The cluster's forward key: made by the first instance (256 random bits), read by the others.
+async fn forward_key(client: &deadpool_postgres::Client) -> Result<String, String> {
+    let fresh: String = rand::random::<[u8; 32]>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    client
+        .execute(
+            "INSERT INTO agui_cluster (id, forward_key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+            &[&fresh],
+        )
+        .await
+        .map_err(|e| format!("the cluster's forward key: {e}"))?;
+    let row = client
+        .query_one("SELECT forward_key FROM agui_cluster WHERE id = 1", &[])
+        .await
+        .map_err(|e| format!("the cluster's forward key: {e}"))?;
+    Ok(row.get(0))
+}
+
 /// A row as [`LOCK_ROW`] reads it.
 struct Locked {
     doc: Option<ThreadDoc>,
@@ -120,6 +140,8 @@ struct Inner {
     lease: Arc<Lease>,
     /// The epoch of each thread this instance holds.
     epochs: Mutex<HashMap<String, i64>>,
+    /// The cluster's forward key (`agui_cluster`).
+    forward_key: String,
 }
 
 /// The store. Cheap to clone.
@@ -179,6 +201,7 @@ impl PgStore {
             .await
             .map_err(|e| format!("cannot connect to the state database: {e}"))?;
         schema::migrate(&mut client).await?;
+        let forward_key = forward_key(&client).await?;
         drop(client);
         let store = PgStore {
             inner: Arc::new(Inner {
@@ -188,6 +211,7 @@ impl PgStore {
                 advertise_url: advertise_url.to_owned(),
                 lease: Arc::new(Lease::new(ttl)),
                 epochs: Mutex::new(HashMap::new()),
+                forward_key,
             }),
         };
         store
@@ -574,6 +598,10 @@ impl ThreadStore for PgStore {
 
     fn instance_id(&self) -> Option<String> {
         Some(self.inner.me.clone())
+    }
+
+    fn forward_key(&self) -> Option<String> {
+        Some(self.inner.forward_key.clone())
     }
 
     fn release(&self) -> BoxFuture<'static, ()> {

@@ -50,7 +50,13 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
             END;
         END LOOP;
     END $$;
-    CREATE INDEX agui_threads_owner_user ON agui_threads (owner_user, thread_id);",
+    CREATE INDEX agui_threads_owner_user ON agui_threads (owner_user, thread_id);
+    -- The cluster's forward key (one row): what makes a request forwarded between instances
+    -- count as forwarded, with the caller the forwarding instance authenticated.
+    CREATE TABLE agui_cluster (
+        id integer PRIMARY KEY CHECK (id = 1),
+        forward_key text NOT NULL
+    );",
     ),
 ];
 

@@ -1,0 +1,148 @@
+//! Threads that belong to their user across two instances on one PostgreSQL: whichever instance
+//! a user asks, another user's thread is one that does not exist, and the owner's requests reach
+//! the holder. The holder authenticates a forwarded request itself, from the client's own
+//! credentials: a forward mark or a user header a client adds decides nothing.
+
+use serde_json::{json, Value};
+use testkit::fake_kernel::FakeKernel;
+use testkit::postgres::Cluster;
+use testkit::sse::{assert_valid_run, post};
+
+use crate::cluster::{accepting_resume, allow, interrupting_turn, row, Instance, Workspace};
+use crate::support::{bearer_for, body, jwks_file, resume_body};
+
+async fn get_as(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut rb = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(url);
+    for (k, v) in headers {
+        rb = rb.header(*k, *v);
+    }
+    let r = rb.send().await.unwrap();
+    let status = r.status().as_u16();
+    let bytes = r.bytes().await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_thread_is_theirs_on_every_instance() {
+    let pg = Cluster::start();
+    let db = pg.create_db("identity");
+    let ws = Workspace::new();
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let mut env = ws.env();
+    env.push(("IAC_CODE_AGUI_AUTH_TOKEN".into(), "svc".into()));
+    let jwt_args = |k: &FakeKernel| {
+        vec![
+            "--a2a-url".to_owned(),
+            k.url(),
+            "--auth-jwks".into(),
+            jwks.display().to_string(),
+            "--auth-issuer".into(),
+            testkit::jwt::ISSUER.into(),
+            "--auth-audience".into(),
+            testkit::jwt::AUDIENCE.into(),
+        ]
+    };
+    let start = |k: &FakeKernel| {
+        let args = jwt_args(k);
+        Instance::start(
+            &db,
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            &env,
+        )
+    };
+    let (a, b) = (start(&ka), start(&kb));
+    let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
+    let al = [("authorization", alice.as_str())];
+    let bo = [("authorization", bob.as_str())];
+
+    // Alice's thread, held by A, waiting for her permission.
+    interrupting_turn(&ka, "t1", "task-1", "perm-1");
+    let first = post(
+        &a.url(),
+        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
+        &al,
+    )
+    .await;
+    assert_valid_run(&first, "t1", "r1");
+    assert_eq!(first.last()["outcome"]["type"], "interrupt");
+    let exec = first.sessions()[0]["executionId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (_, _, doc) = row(&pg, "identity", "t1");
+    assert_eq!(doc["owner"], "alice");
+    let owner = pg.psql(
+        "identity",
+        "SELECT owner_user FROM agui_threads WHERE thread_id = 't1'",
+    );
+    assert_eq!(owner.trim(), "alice");
+
+    // Bob, at either instance, by every route, with his JWT or as the service acting for him,
+    // and with a forward mark of his own making (no mark without the cluster's key: his request
+    // is authenticated and forwarded as any other): what a missing thread gets.
+    let svc_bob = [("authorization", "Bearer svc"), ("x-iac-code-user", "bob")];
+    let marked = [
+        ("authorization", bob.as_str()),
+        ("x-iac-code-agui-forwarded-by", "someone"),
+    ];
+    let sends = ka.calls("SendStreamingMessage").len();
+    for (who, h) in [
+        ("jwt", &bo[..]),
+        ("service", &svc_bob[..]),
+        ("marked", &marked[..]),
+    ] {
+        for inst in [&a, &b] {
+            let url = inst.url();
+            let state = get_as(&format!("{url}threads/t1"), h).await;
+            let ghost = get_as(&format!("{url}threads/ghost"), h).await;
+            assert_eq!(state, ghost, "{who} at {url}");
+            assert_eq!(state.1["error"]["code"], "THREAD_NOT_FOUND");
+            let events = get_as(&format!("{url}threads/t1/runs/r1/events"), h).await;
+            assert_eq!(
+                events.1["error"]["code"], "THREAD_NOT_FOUND",
+                "{who} at {url}"
+            );
+            let resume = resume_body("t1", "rb", &ws.cwd("t1"), "inv-1", allow("perm-1"));
+            let r = post(&url, &resume, h).await;
+            assert_eq!(
+                r.error_code(),
+                Some("EXECUTION_LOST"),
+                "{who} at {url}: {:?}",
+                r.json
+            );
+            let turn = post(&url, &body("t1", "rb2", "hi", &ws.cwd("t1"), json!({})), h).await;
+            assert_eq!(turn.error_code(), Some("THREAD_ID_TAKEN"), "{who} at {url}");
+            let cancel = json!({"threadId": "t1", "rosInvocationId": "inv-1"});
+            let c = post(
+                &format!("{url}extensions/iac-code/v1/executions/{exec}/cancel"),
+                &cancel,
+                h,
+            )
+            .await;
+            assert_eq!(c.status, 404, "{who} at {url}");
+        }
+    }
+    assert_eq!(ka.calls("SendStreamingMessage").len(), sends);
+    assert!(ka.calls("CancelTask").is_empty());
+    assert!(kb.calls("SendStreamingMessage").is_empty());
+
+    // Alice, asking B: her state, and her answer reaches the holder's kernel.
+    let (status, state) = get_as(&format!("{}threads/t1", b.url()), &al).await;
+    assert_eq!(status, 200);
+    assert_eq!(state["pendingInterrupts"][0]["id"], "perm-1");
+    accepting_resume(&ka, "t1", "task-1", "perm-1");
+    let resume = resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1"));
+    let r = post(&b.url(), &resume, &al).await;
+    assert_valid_run(&r, "t1", "r2");
+    assert_eq!(ka.calls("SendStreamingMessage").len(), sends + 1);
+    assert!(kb.calls("SendStreamingMessage").is_empty());
+}
