@@ -1,8 +1,9 @@
 //! Real-browser tier: headless Chromium (Debian's, driven by `conformance/browser/drive.mjs`
 //! through puppeteer-core) loads a page from another origin whose script is the official
 //! `@ag-ui/client` (1.0.0 and 0.0.59), bundled by esbuild at test time from the conformance
-//! lockfile. The page runs real-kernel turns against the gateway cross-origin with a bearer token
-//! (so every POST is preflighted): a permission interrupt answered by clicking the page's "Allow"
+//! lockfile. The page runs real-kernel turns against the gateway cross-origin with its user's own
+//! JWT as the bearer token (so every POST is preflighted; the gateway verifies it against the
+//! key set and the thread becomes that user's): a permission interrupt answered by clicking the page's "Allow"
 //! button, then a plain turn. Any console error (CORS blocks land there), page error, failed
 //! request or `[ag-ui]...` client warning fails the run. A page of an origin the gateway does not
 //! allow must be refused by the browser. A third page drops a run's stream and follows it again
@@ -17,10 +18,9 @@ use serde_json::{json, Value};
 use testkit::real_kernel::KernelEnv;
 use tokio::io::AsyncWriteExt;
 
-use crate::support::{managed, Builder};
+use crate::support::{jwks_file, jwt_for, managed, Builder};
 
 const CLIENTS: [&str; 2] = ["1", "0059"];
-const TOKEN: &str = "tok";
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../conformance")
@@ -117,10 +117,11 @@ async fn drive(plan: Value) -> (bool, Value) {
     (out.status.success(), report)
 }
 
-/// The page's config for a thread: the gateway, the token, and the messages of its turns.
+/// The page's config for a thread: the gateway, its user's JWT, and the messages of its turns.
 fn page_config(env: &KernelEnv, url: &str, thread: &str, messages: Value) -> Value {
     let cwd = env.ws().join(thread).display().to_string();
-    json!({"url": url, "token": TOKEN, "threadId": thread, "messages": messages,
+    let token = jwt_for(&format!("user-{thread}"));
+    json!({"url": url, "token": token, "threadId": thread, "messages": messages,
            "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": format!("inv-{thread}"), "cwd": cwd}}})
 }
 
@@ -149,6 +150,8 @@ async fn official_clients_in_chromium_across_origins() {
 
     let env = KernelEnv::new().await;
     let kernel = managed(&env).await;
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
     let s = Builder::new()
         .dir(env.dir.path().canonicalize().unwrap())
         .env(
@@ -156,7 +159,7 @@ async fn official_clients_in_chromium_across_origins() {
             &env.ws().display().to_string(),
         )
         .kernel(kernel.clone())
-        .auth(TOKEN)
+        .jwks(&jwks, Duration::from_secs(300))
         .cors_origin(&allowed)
         .start()
         .await;
@@ -225,6 +228,9 @@ async fn official_clients_in_chromium_across_origins() {
             "{interrupts:?}"
         );
         assert_eq!(page["clicks"], 1);
+        // The page's JWT made the thread its user's.
+        let owner = format!("user-{thread}");
+        assert_eq!(s.thread_doc(&thread)["owner"], owner.as_str());
         // The bearer header made the browser preflight the POSTs, and the gateway allowed them.
         let preflights = page["preflights"].as_array().expect("preflights");
         assert!(

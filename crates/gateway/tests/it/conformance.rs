@@ -15,7 +15,7 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::real_kernel::KernelEnv;
 use tokio::io::AsyncWriteExt;
 
-use crate::support::{ctx, managed, server, Builder};
+use crate::support::{bearer_for, ctx, jwks_file, managed, Builder};
 
 const CLIENTS: [&str; 3] = ["1", "0059", "0058"];
 
@@ -82,8 +82,21 @@ fn plan(client: &str, url: &str, thread: &str, cwd: &str, steps: Value) -> Value
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_clients_consume_real_kernel_streams() {
     let env = KernelEnv::new().await;
-    let s = server(&env, managed(&env).await).await;
+    // Users with JWTs, as a browser calling the gateway with its user's own token.
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(managed(&env).await)
+        .jwks(&jwks, Duration::from_secs(300))
+        .start()
+        .await;
     for client in CLIENTS {
+        let headers = json!({"authorization": bearer_for(&format!("user-{client}"))});
         let cwd = |t: &str| env.ws().join(t).display().to_string();
         let t = |name: &str| format!("{name}-{client}");
         let plans = vec![
@@ -166,6 +179,9 @@ async fn official_clients_consume_real_kernel_streams() {
             p["forwardedProps"]["iacCode"]["pipelineName"] = json!("selling");
         }
         plans.extend([pipeline, question, dropped]);
+        for p in &mut plans {
+            p["headers"] = headers.clone();
+        }
         let results = futures_util::future::join_all(plans.into_iter().map(runner)).await;
         for (ok, report) in results {
             assert!(ok, "client {client}: {report:#}");

@@ -15,6 +15,7 @@ mod fuzz_body;
 mod fuzz_cwd;
 mod http_surface;
 mod identity;
+mod identity_real;
 mod ids;
 mod limits;
 mod load;

@@ -431,14 +431,16 @@ pub fn jwks_file(dir: &std::path::Path, signers: &[&testkit::jwt::Signer]) -> Pa
     path
 }
 
-/// A valid JWT for `user` (ES256, key `ec-1`), as the `Authorization` header's value.
+/// A JWT for `user` (ES256, key `ec-1`) valid for an hour.
+pub fn jwt_for(user: &str) -> String {
+    let mut claims = testkit::jwt::claims_for(user);
+    claims["exp"] = (testkit::jwt::now() + 3600).into();
+    testkit::jwt::sign(testkit::jwt::ec(), Some("ec-1"), &claims)
+}
+
+/// [`jwt_for`] as the `Authorization` header's value.
 pub fn bearer_for(user: &str) -> String {
-    let token = testkit::jwt::sign(
-        testkit::jwt::ec(),
-        Some("ec-1"),
-        &testkit::jwt::claims_for(user),
-    );
-    format!("Bearer {token}")
+    format!("Bearer {}", jwt_for(user))
 }
 
 /// Polls `GET /health` on a gateway process until it answers 200; how long that took.

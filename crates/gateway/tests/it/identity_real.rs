@@ -1,0 +1,81 @@
+//! A permission interrupt of the real kernel under JWT authentication: another user can neither
+//! see nor answer it (the tool does not run); its owner answers it and the tool runs once.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use testkit::real_kernel::KernelEnv;
+use testkit::sse::{assert_valid_run, post};
+
+use crate::support::{bearer_for, body, jwks_file, managed, resume_body, Builder};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_permission_interrupt_is_answered_by_its_owner_only() {
+    let env = KernelEnv::new().await;
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(managed(&env).await)
+        .jwks(&jwks, Duration::from_secs(300))
+        .start()
+        .await;
+    let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
+    let a = [("authorization", alice.as_str())];
+    let b = [("authorization", bob.as_str())];
+    let w = env.ws().join("owned").display().to_string();
+    let r1 = post(
+        &s.url,
+        &body("owned", "r1", "Run it. scenario:bash", &w, json!({})),
+        &a,
+    )
+    .await;
+    assert_valid_run(&r1, "owned", "r1");
+    assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
+    let id = r1.last()["outcome"]["interrupts"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let allow =
+        json!([{"interruptId": id, "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let out = std::path::Path::new(&w).join("out.txt");
+
+    // Bob: the thread does not exist for him; his answer is refused before the kernel.
+    let r = reqwest::Client::new()
+        .get(format!("{}threads/owned", s.url))
+        .header("authorization", &bob)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let stolen = post(
+        &s.url,
+        &resume_body("owned", "rb", &w, "inv-1", allow.clone()),
+        &b,
+    )
+    .await;
+    assert_eq!(stolen.status, 409);
+    assert_eq!(stolen.error_code(), Some("EXECUTION_LOST"));
+    assert!(!out.exists(), "another user's answer ran the tool");
+
+    // Alice answers: the tool runs, once.
+    let r2 = post(&s.url, &resume_body("owned", "r2", &w, "inv-1", allow), &a).await;
+    assert_valid_run(&r2, "owned", "r2");
+    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
+    let state = reqwest::Client::new()
+        .get(format!("{}threads/owned", s.url))
+        .header("authorization", &alice)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let state: Value = serde_json::from_slice(&state).unwrap();
+    assert_eq!(state["binding"]["userId"], "alice");
+}
