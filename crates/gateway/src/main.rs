@@ -121,9 +121,9 @@ fn main() {
             // No token, no key set: whoever reaches the listener may use every route.
             let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
             if loopback {
-                tracing::info!(%addr, "authentication: none (no IAC_CODE_AGUI_AUTH_TOKEN, no --auth-jwks): one user; any local process may use the gateway and every thread");
+                tracing::info!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN, no --auth-jwks): one user; any local process may use the gateway and every thread");
             } else {
-                tracing::warn!(%addr, "authentication: none (no IAC_CODE_AGUI_AUTH_TOKEN, no --auth-jwks) on a non-loopback address (--allow-unauthenticated): anyone who reaches it may use the gateway and every thread");
+                tracing::warn!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN, no --auth-jwks) on a non-loopback address (--allow-unauthenticated): anyone who reaches it may use the gateway and every thread");
             }
         } else {
             let how = state.rt.auth().describe();

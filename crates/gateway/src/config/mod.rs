@@ -348,9 +348,9 @@ impl Config {
         Err(format!(
             "Refusing to listen on {bound} without authentication: anyone who reaches it could \
              use the gateway. Set IAC_CODE_AGUI_AUTH_TOKEN (or auth_token in the config file) or \
-             --auth-jwks, \
-             listen on a loopback address (--host 127.0.0.1), or pass --allow-unauthenticated \
-             (IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED=true) to serve without a token."
+             --auth-jwks (with --auth-issuer and --auth-audience), listen on a loopback address \
+             (--host 127.0.0.1), or pass --allow-unauthenticated \
+             (IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED=true) to serve without authentication."
         ))
     }
 

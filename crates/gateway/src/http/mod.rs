@@ -130,6 +130,7 @@ async fn no_store_json(mut response: Response) -> Response {
 
 /// The checks of the GET routes: preflight, method, authentication. Returns the header language
 /// and the caller.
+#[allow(clippy::result_large_err)]
 async fn get_checks(
     rt: &Runtime,
     method: &Method,
@@ -148,6 +149,7 @@ async fn get_checks(
 }
 
 /// Who is calling ([`crate::auth::Auth::authenticate`]), or the refusal to answer (recorded).
+#[allow(clippy::result_large_err)]
 async fn authenticate(
     rt: &Runtime,
     headers: &HeaderMap,
@@ -363,6 +365,7 @@ struct JsonRequest {
 
 /// The checks every POST route shares, in order: method, authentication, Content-Type, size,
 /// JSON object.
+#[allow(clippy::result_large_err)]
 async fn json_object(
     rt: &Runtime,
     req: Request,

@@ -331,6 +331,16 @@ fn help_documents_every_option() {
         "IAC_CODE_AGUI_ALLOWED_HOSTS",
         "--allow-unauthenticated",
         "IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED",
+        "--auth-jwks",
+        "IAC_CODE_AGUI_AUTH_JWKS",
+        "--auth-issuer",
+        "IAC_CODE_AGUI_AUTH_ISSUER",
+        "--auth-audience",
+        "IAC_CODE_AGUI_AUTH_AUDIENCE",
+        "--auth-user-claim",
+        "IAC_CODE_AGUI_AUTH_USER_CLAIM",
+        "--auth-jwks-refresh",
+        "IAC_CODE_AGUI_AUTH_JWKS_REFRESH",
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");
     }
@@ -759,6 +769,58 @@ async fn authentication_off_is_logged_and_an_empty_variable_keeps_the_yaml_token
     assert!(!log.contains("authentication is off"), "{log}");
 }
 
+/// With `--auth-jwks` the start-up says how callers authenticate, a non-loopback address needs
+/// nothing more, and JWTs are checked; a key set that cannot be read stops the start (status 1,
+/// a message naming it).
+#[tokio::test]
+async fn jwt_authentication_is_announced_and_an_unreadable_key_set_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = crate::support::jwks_file(dir.path(), &[testkit::jwt::ec()]);
+    let command = |port: u16, jwks: &std::path::Path| {
+        let mut c = Command::new(bin());
+        c.args(["--host", "0.0.0.0", "--port", &port.to_string()])
+            .args(["--a2a-url", "http://127.0.0.1:9/", "--idle-shutdown", "2"])
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .arg("--auth-jwks")
+            .arg(jwks)
+            .args(["--auth-issuer", testkit::jwt::ISSUER])
+            .args(["--auth-audience", testkit::jwt::AUDIENCE])
+            .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
+            .env_remove("IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED")
+            .stderr(Stdio::piped());
+        c
+    };
+    let port = free_port();
+    let child = command(port, &jwks).spawn().unwrap();
+    wait_health(port, Duration::from_secs(10)).expect("health");
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://127.0.0.1:{port}/threads/t1");
+    let anonymous = c.get(&url).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let user = c
+        .get(&url)
+        .header("authorization", crate::support::bearer_for("alice"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(user.status(), 404);
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("authentication: JWTs (keys from"), "{log}");
+    assert!(!log.contains("authentication is off"), "{log}");
+
+    let out = command(free_port(), &dir.path().join("missing.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read the JWT key set") && err.contains("missing.json"),
+        "{err}"
+    );
+}
+
 /// Without a token, a non-loopback address is refused at start (status 1, a message that says
 /// what to do) unless `--allow-unauthenticated` or its variable says so; with a token it starts.
 #[test]
@@ -789,9 +851,9 @@ fn a_non_loopback_address_without_a_token_needs_allow_unauthenticated() {
             format!(
                 "Refusing to listen on 0.0.0.0:{port} without authentication: anyone who reaches \
                  it could use the gateway. Set IAC_CODE_AGUI_AUTH_TOKEN (or auth_token in the \
-                 config file), listen on a loopback address (--host 127.0.0.1), or pass \
-                 --allow-unauthenticated (IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED=true) to serve \
-                 without a token."
+                 config file) or --auth-jwks (with --auth-issuer and --auth-audience), listen on \
+                 a loopback address (--host 127.0.0.1), or pass --allow-unauthenticated \
+                 (IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED=true) to serve without authentication."
             )
         );
     }

@@ -231,6 +231,9 @@ fn admit(
 }
 
 #[cfg(test)]
+mod owner_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::run::decide::testing::{doc_with_pending, NOW};

@@ -479,6 +479,7 @@ mod tests {
                 "outcome",
             ),
             (vec!["lastRun"], json!("success"), "lastRun"),
+            (vec!["owner"], json!(["alice"]), "owner"),
         ] {
             let mut v = good.clone();
             let (last, init) = path.split_last().unwrap();
@@ -505,6 +506,26 @@ mod tests {
             .unwrap()
             .replacen('{', r#"{"cwd": 1, "#, 1);
         assert!(ThreadDoc::from_json(text.as_bytes(), "thread-s3").is_ok());
+    }
+
+    /// A thread's owner is written only when known (a reference file stays as it is) and read
+    /// back; without one, the bound user stands for it.
+    #[test]
+    fn the_owner_round_trips_and_is_written_only_when_known() {
+        let bytes = reference("S03_after_interrupt.thread-s3.json");
+        let mut doc = ThreadDoc::from_json(&bytes, "thread-s3").unwrap();
+        assert_eq!(doc.owner, None);
+        assert!(!String::from_utf8(doc.to_stored().unwrap())
+            .unwrap()
+            .contains("\"owner\""));
+        doc.user_id = Some("carol".into());
+        assert_eq!(doc.owner_or_user(), Some("carol"));
+        doc.owner = Some("alice".into());
+        assert_eq!(doc.owner_or_user(), Some("alice"));
+        let stored = doc.to_stored().unwrap();
+        let back = ThreadDoc::from_json(&stored, "thread-s3").unwrap();
+        assert_eq!(back.owner.as_deref(), Some("alice"));
+        assert_eq!(back, doc);
     }
 
     /// `lastRun` holds the outcome and code as their enums; a value this gateway does not name
