@@ -805,9 +805,38 @@ async fn jwt_authentication_is_announced_and_an_unreadable_key_set_stops_the_sta
         .await
         .unwrap();
     assert_eq!(user.status(), 404);
+    let mut expired = testkit::jwt::claims_for("mallory");
+    expired["exp"] = (testkit::jwt::now() - 600).into();
+    let stale = testkit::jwt::sign(testkit::jwt::ec(), Some("ec-1"), &expired);
+    let refused = c
+        .get(&url)
+        .header("authorization", format!("Bearer {stale}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
     let out = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("authentication: JWTs (keys from"), "{log}");
+    // Each refusal is one audit line (route and reason), and no token is ever written.
+    let audit: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("access refused"))
+        .collect();
+    assert_eq!(audit.len(), 2, "{log}");
+    assert!(
+        audit[0].contains("reason=\"missing\"") && audit[0].contains("GET /threads/{threadId}"),
+        "{log}"
+    );
+    assert!(audit[1].contains("reason=\"expired\""), "{log}");
+    let alice = crate::support::bearer_for("alice");
+    let signature = |t: &str| t.rsplit('.').next().unwrap().to_owned();
+    for token in [stale.as_str(), alice.trim_start_matches("Bearer ")] {
+        assert!(
+            !log.contains(&signature(token)),
+            "a token in the log: {log}"
+        );
+    }
     assert!(!log.contains("authentication is off"), "{log}");
 
     let out = command(free_port(), &dir.path().join("missing.json"))
