@@ -3,31 +3,13 @@
 //! the holder. The holder authenticates a forwarded request itself, from the client's own
 //! credentials: a forward mark or a user header a client adds decides nothing.
 
-use serde_json::{json, Value};
+use serde_json::json;
 use testkit::fake_kernel::FakeKernel;
 use testkit::postgres::Cluster;
 use testkit::sse::{assert_valid_run, post};
 
 use crate::cluster::{accepting_resume, allow, interrupting_turn, row, Instance, Workspace};
-use crate::support::{bearer_for, body, jwks_file, resume_body};
-
-async fn get_as(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
-    let mut rb = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(url);
-    for (k, v) in headers {
-        rb = rb.header(*k, *v);
-    }
-    let r = rb.send().await.unwrap();
-    let status = r.status().as_u16();
-    let bytes = r.bytes().await.unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
+use crate::support::{bearer_for, body, get_as, jwks_file, resume_body};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_users_thread_is_theirs_on_every_instance() {

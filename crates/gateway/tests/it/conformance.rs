@@ -15,7 +15,7 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::real_kernel::KernelEnv;
 use tokio::io::AsyncWriteExt;
 
-use crate::support::{bearer_for, ctx, jwks_file, managed, Builder};
+use crate::support::{bearer_for, ctx, jwks_file, jwt_server, managed, Builder};
 
 const CLIENTS: [&str; 3] = ["1", "0059", "0058"];
 
@@ -85,16 +85,7 @@ async fn official_clients_consume_real_kernel_streams() {
     // Users with JWTs, as a browser calling the gateway with its user's own token.
     let keys = tempfile::tempdir().unwrap();
     let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
-        .kernel(managed(&env).await)
-        .jwks(&jwks, Duration::from_secs(300))
-        .start()
-        .await;
+    let s = jwt_server(&env, managed(&env).await, &jwks).await;
     for client in CLIENTS {
         let headers = json!({"authorization": bearer_for(&format!("user-{client}"))});
         let cwd = |t: &str| env.ws().join(t).display().to_string();

@@ -8,7 +8,9 @@ use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{bearer_for, body, ctx, jwks_file, metric, resume_body, Builder, TestServer};
+use crate::support::{
+    bearer_for, body, ctx, get_as, jwks_file, metric, resume_body, Builder, TestServer,
+};
 
 fn perm(thread: &str) -> Value {
     json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),
@@ -58,20 +60,6 @@ fn script_done(k: &FakeKernel, thread: &str, task: &str) {
 async fn get(url: &str, auth: Option<&str>) -> (u16, Value) {
     let h: Vec<(&str, &str)> = auth.map(|a| ("authorization", a)).into_iter().collect();
     get_as(url, &h).await
-}
-
-async fn get_as(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
-    let mut rb = reqwest::Client::new().get(url);
-    for (k, v) in headers {
-        rb = rb.header(*k, *v);
-    }
-    let r = rb.send().await.unwrap();
-    let status = r.status().as_u16();
-    let bytes = r.bytes().await.unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
 }
 
 fn code(r: &RunResult) -> (u16, Option<&str>, Option<&str>) {

@@ -1,29 +1,18 @@
 //! A permission interrupt of the real kernel under JWT authentication: another user can neither
 //! see nor answer it (the tool does not run); its owner answers it and the tool runs once.
 
-use std::time::Duration;
-
-use serde_json::{json, Value};
+use serde_json::json;
 use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post};
 
-use crate::support::{bearer_for, body, jwks_file, managed, resume_body, Builder};
+use crate::support::{bearer_for, body, get_as, jwks_file, jwt_server, managed, resume_body};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_permission_interrupt_is_answered_by_its_owner_only() {
     let env = KernelEnv::new().await;
     let keys = tempfile::tempdir().unwrap();
     let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
-        .kernel(managed(&env).await)
-        .jwks(&jwks, Duration::from_secs(300))
-        .start()
-        .await;
+    let s = jwt_server(&env, managed(&env).await, &jwks).await;
     let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
     let a = [("authorization", alice.as_str())];
     let b = [("authorization", bob.as_str())];
@@ -45,13 +34,8 @@ async fn a_real_permission_interrupt_is_answered_by_its_owner_only() {
     let out = std::path::Path::new(&w).join("out.txt");
 
     // Bob: the thread does not exist for him; his answer is refused before the kernel.
-    let r = reqwest::Client::new()
-        .get(format!("{}threads/owned", s.url))
-        .header("authorization", &bob)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 404);
+    let (status, _) = get_as(&format!("{}threads/owned", s.url), &b).await;
+    assert_eq!(status, 404);
     let stolen = post(
         &s.url,
         &resume_body("owned", "rb", &w, "inv-1", allow.clone()),
@@ -67,15 +51,6 @@ async fn a_real_permission_interrupt_is_answered_by_its_owner_only() {
     assert_valid_run(&r2, "owned", "r2");
     assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
-    let state = reqwest::Client::new()
-        .get(format!("{}threads/owned", s.url))
-        .header("authorization", &alice)
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    let state: Value = serde_json::from_slice(&state).unwrap();
+    let (_, state) = get_as(&format!("{}threads/owned", s.url), &a).await;
     assert_eq!(state["binding"]["userId"], "alice");
 }

@@ -424,6 +424,44 @@ pub async fn server(env: &KernelEnv, kernel: Arc<Kernel>) -> TestServer {
         .await
 }
 
+/// A gateway in front of the real kernel `kernel` (as [`server`]) that accepts JWTs of the key
+/// set at `jwks` (see [`jwks_file`]).
+pub async fn jwt_server(
+    env: &KernelEnv,
+    kernel: Arc<Kernel>,
+    jwks: &std::path::Path,
+) -> TestServer {
+    Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel)
+        .jwks(jwks, Duration::from_secs(300))
+        .start()
+        .await
+}
+
+/// `GET url` with `headers`: the status and the JSON body (`null` when it is none).
+pub async fn get_as(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client");
+    let mut rb = client.get(url);
+    for (k, v) in headers {
+        rb = rb.header(*k, *v);
+    }
+    let r = rb.send().await.expect("request sent");
+    let status = r.status().as_u16();
+    let bytes = r.bytes().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
 /// Writes the public key set of `signers` (`testkit::jwt`) to `dir/jwks.json`; its path.
 pub fn jwks_file(dir: &std::path::Path, signers: &[&testkit::jwt::Signer]) -> PathBuf {
     let path = dir.join("jwks.json");

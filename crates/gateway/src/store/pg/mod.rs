@@ -16,6 +16,9 @@
 mod lease;
 mod rows;
 mod schema;
+mod sql;
+
+use sql::{FORGET_INSTANCES, GONE, HEARTBEAT, HOLD, HOLDER, LIVENESS, LOCK_ROW, SAVE};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,52 +45,6 @@ const POOL_SIZE: usize = 16;
 const SERVER_LIMITS: &str = "-c lock_timeout=2000 -c statement_timeout=2500 \
     -c idle_in_transaction_session_timeout=5000";
 
-/// The row of a thread as an admission or a claim reads it, locked (made when missing: the
-/// conflict clause then locks the existing row, and returns its newest version). The document
-/// only within the bound `$2`, and its length.
-const LOCK_ROW: &str = "INSERT INTO agui_threads AS t (thread_id) VALUES ($1)
-    ON CONFLICT (thread_id) DO UPDATE SET thread_id = t.thread_id
-    RETURNING CASE WHEN octet_length(t.doc) <= $2 THEN t.doc END, t.owner, t.epoch,
-        octet_length(t.doc)";
-
-/// Whether an instance is alive, and where it is. A statement of its own, after the row's lock
-/// was taken: its snapshot sees a heartbeat renewed while the lock was waited for, and the clock
-/// is the statement's, not the transaction's.
-const LIVENESS: &str = "SELECT advertise_url,
-           heartbeat_at > clock_timestamp() - make_interval(secs => $2)
-    FROM agui_instances WHERE id = $1";
-
-/// The holder of a thread, unlocked.
-const HOLDER: &str = "SELECT t.owner, i.advertise_url,
-           COALESCE(i.heartbeat_at > clock_timestamp() - make_interval(secs => $2), false)
-    FROM agui_threads t LEFT JOIN agui_instances i ON i.id = t.owner
-    WHERE t.thread_id = $1";
-
-/// A save: only by the holder, at its epoch.
-const SAVE: &str = "UPDATE agui_threads
-    SET doc = $3, active_run = $4, pending = $5, owner_user = $7, updated_at = now()
-    WHERE thread_id = $1 AND owner = $2 AND epoch = $6";
-
-/// An admission's or a takeover's write: the holder becomes this instance, at a new epoch.
-const HOLD: &str = "UPDATE agui_threads
-    SET doc = $3, active_run = $4, pending = $5, owner = $2, epoch = epoch + 1,
-        owner_user = COALESCE($6, owner_user), updated_at = now()
-    WHERE thread_id = $1
-    RETURNING epoch";
-
-/// A renewal (never after a clean stop gave the instance up: a renewal in flight then loses).
-const HEARTBEAT: &str = "INSERT INTO agui_instances (id, advertise_url) VALUES ($1, $2)
-    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), advertise_url = EXCLUDED.advertise_url
-    WHERE agui_instances.heartbeat_at > '-infinity'";
-
-/// A clean stop: the heartbeat as old as can be, so that the threads are taken over at once.
-const GONE: &str = "UPDATE agui_instances SET heartbeat_at = '-infinity' WHERE id = $1";
-
-/// Rows of instances dead for a week that hold no thread any more.
-const FORGET_INSTANCES: &str = "DELETE FROM agui_instances i
-    WHERE i.heartbeat_at < now() - interval '7 days'
-      AND NOT EXISTS (SELECT 1 FROM agui_threads t WHERE t.owner = i.id)";
-
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
@@ -99,26 +56,6 @@ async fn bounded<T>(
     tokio::time::timeout(OP_TIMEOUT, fut)
         .await
         .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("{what}: timed out"))))
-}
-
-/// The cluster's forward key: made by the first instance (256 random bits), read by the others.
-async fn forward_key(client: &deadpool_postgres::Client) -> Result<String, String> {
-    let fresh: String = rand::random::<[u8; 32]>()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    client
-        .execute(
-            "INSERT INTO agui_cluster (id, forward_key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
-            &[&fresh],
-        )
-        .await
-        .map_err(|e| format!("the cluster's forward key: {e}"))?;
-    let row = client
-        .query_one("SELECT forward_key FROM agui_cluster WHERE id = 1", &[])
-        .await
-        .map_err(|e| format!("the cluster's forward key: {e}"))?;
-    Ok(row.get(0))
 }
 
 /// A row as [`LOCK_ROW`] reads it.
@@ -201,7 +138,7 @@ impl PgStore {
             .await
             .map_err(|e| format!("cannot connect to the state database: {e}"))?;
         schema::migrate(&mut client).await?;
-        let forward_key = forward_key(&client).await?;
+        let forward_key = schema::forward_key(&client).await?;
         drop(client);
         let store = PgStore {
             inner: Arc::new(Inner {

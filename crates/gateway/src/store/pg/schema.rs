@@ -60,6 +60,26 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     ),
 ];
 
+/// The cluster's forward key: made by the first instance (256 random bits), read by the others.
+pub async fn forward_key(client: &deadpool_postgres::Client) -> Result<String, String> {
+    let fresh: String = rand::random::<[u8; 32]>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    client
+        .execute(
+            "INSERT INTO agui_cluster (id, forward_key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+            &[&fresh],
+        )
+        .await
+        .map_err(|e| format!("the cluster's forward key: {e}"))?;
+    let row = client
+        .query_one("SELECT forward_key FROM agui_cluster WHERE id = 1", &[])
+        .await
+        .map_err(|e| format!("the cluster's forward key: {e}"))?;
+    Ok(row.get(0))
+}
+
 /// Applies the migrations this database has not had yet.
 pub async fn migrate(client: &mut deadpool_postgres::Client) -> Result<(), String> {
     let tx = client
