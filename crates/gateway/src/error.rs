@@ -302,6 +302,7 @@ pub mod msg {
         ANSWER_NOT_ACCEPTED = "The A2A interrupt response was not accepted.";
         SHUTTING_DOWN = "The execution service is shutting down.";
         HOLDER_UNREACHABLE = "The gateway instance that serves this thread cannot be reached.";
+        FORWARD_NEEDS_SECRET = "This thread is served by another gateway instance; a request carrying credentials is passed on only when the instances share a cluster secret.";
         TAKEN_OVER = "This thread was taken over by another gateway instance.";
         LEASE_LAPSED = "This gateway instance lost its lease on the shared state.";
         PERMISSION_REQUIRED = "Permission required";

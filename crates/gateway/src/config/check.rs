@@ -191,6 +191,18 @@ pub(super) fn kernel_env(names: Vec<String>) -> Result<Vec<String>, String> {
     Ok(names)
 }
 
+/// The cluster secret, when given, has at least 32 bytes (an HMAC key guessed by nobody).
+pub(super) fn cluster_secret(secret: Option<&str>) -> Result<(), String> {
+    match secret {
+        Some(s) if s.len() < 32 => Err(
+            "IAC_CODE_AGUI_CLUSTER_SECRET must have at least 32 characters (for example the output \
+             of `openssl rand -hex 32`)."
+                .into(),
+        ),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,6 +95,8 @@ pub struct Config {
     pub allow_unauthenticated: bool,
     /// JWTs accepted, and how they are checked.
     pub jwt: auth::JwtConfig,
+    /// The secret instances sign forwarded requests with (`forward`): at least 32 bytes.
+    pub cluster_secret: Option<String>,
 }
 
 /// How log lines look.
@@ -121,6 +123,7 @@ const PORT: Opt<Integer> = Opt::new("port", check::PORT);
 const A2A_URL: Opt<Text> = Opt::new("a2a_url", "--a2a-url must be a string.");
 const AUTH_TOKEN: Opt<Text> = Opt::new("auth_token", "auth_token must be a string.");
 const A2A_TOKEN: Opt<Text> = Opt::new("a2a_token", "a2a_token must be a string.");
+const CLUSTER_SECRET: Opt<Text> = Opt::new("cluster_secret", "cluster_secret must be a string.");
 const DEBUG: Opt<Switch> = Opt::new("debug", "debug must be a boolean.");
 const LOG_STDOUT: Opt<Switch> = Opt::new("log_stdout", "log_stdout must be a boolean.");
 const IDLE_SHUTDOWN: Opt<Number> = Opt::new(
@@ -195,6 +198,8 @@ impl Config {
         let a2a_url = a2a_url.as_deref().map(check::a2a_url).transpose()?;
         let auth_token = l.token(&AUTH_TOKEN, "IAC_CODE_AGUI_AUTH_TOKEN")?;
         let a2a_token = l.token(&A2A_TOKEN, "IAC_CODE_AGUI_A2A_TOKEN")?;
+        let cluster_secret = l.token(&CLUSTER_SECRET, "IAC_CODE_AGUI_CLUSTER_SECRET")?;
+        check::cluster_secret(cluster_secret.as_deref())?;
         let debug = l.get(&DEBUG, cli.debug.then_some(true))?.unwrap_or(false);
         let log_stdout = l.get(&LOG_STDOUT, log_stdout_flag)?.unwrap_or(false);
         let idle_shutdown = seconds(&IDLE_SHUTDOWN, cli.idle_shutdown, 0.0)?;
@@ -310,6 +315,7 @@ impl Config {
             allowed_hosts,
             allow_unauthenticated,
             jwt,
+            cluster_secret,
         })
     }
 
@@ -422,6 +428,7 @@ impl fmt::Debug for Config {
             allowed_hosts,
             allow_unauthenticated,
             jwt,
+            cluster_secret,
         } = self;
         f.debug_struct("Config")
             .field("host", host)
@@ -460,6 +467,7 @@ impl fmt::Debug for Config {
             .field("allowed_hosts", allowed_hosts)
             .field("allow_unauthenticated", allow_unauthenticated)
             .field("jwt", jwt)
+            .field("cluster_secret", &Hidden(cluster_secret.is_some()))
             .finish()
     }
 }
@@ -547,6 +555,18 @@ mod tests {
         // The reference has no variable for these.
         assert_eq!(var("idle_shutdown"), None);
         assert_eq!(var("config"), None);
+    }
+
+    #[test]
+    fn a_cluster_secret_has_32_characters_and_is_never_shown() {
+        assert_eq!(load(&[], &[]).unwrap().cluster_secret, None);
+        let short = load(&[], &[("IAC_CODE_AGUI_CLUSTER_SECRET", "too-short")]).unwrap_err();
+        assert!(short.contains("at least 32 characters"), "{short}");
+        let secret = "s".repeat(32);
+        let c = load(&[], &[("IAC_CODE_AGUI_CLUSTER_SECRET", &secret)]).unwrap();
+        assert_eq!(c.cluster_secret.as_deref(), Some(secret.as_str()));
+        let shown = format!("{c:?}");
+        assert!(shown.contains("cluster_secret: Some(***)") && !shown.contains(&secret));
     }
 
     #[test]

@@ -1,18 +1,21 @@
 //! The HTTP surface: `GET|HEAD /health`, `POST /`, `POST /extensions/iac-code/v1/executions/{id}/cancel`,
-//! `GET /threads/{threadId}` and `GET /threads/{threadId}/runs/{runId}/events` (`threads_api`).
-//! With CORS origins configured, a preflight of an allowed origin on a POST route is answered
+//! `GET /threads/{threadId}` and `GET /threads/{threadId}/runs/{runId}/events` (`threads_api`);
+//! between instances, `GET /cluster/v1/hello` (`relay.rs`). With CORS origins configured, a preflight of an allowed origin on a POST route is answered
 //! first (`cors.rs`), and every answer to an allowed origin carries its CORS headers.
 //!
-//! Before any route, without a token configured: the request's host (421, `hosts.rs`; `/health`
-//! answers it as a caller without the token). Order of checks on the POST routes: route and method
-//! (404/405, plain text) → bearer token (401) → Content-Type (415) → body size (413, from
+//! Before any route, without authentication configured: the request's host (421, `hosts.rs`;
+//! `/health` answers it as a caller without the token). Order of checks on the POST routes: route
+//! and method (404/405, plain text) → authentication (401; a forward's mark instead, `forward`) → Content-Type (415) → body size (413, from
 //! Content-Length and while reading) and time (408; `request_body.rs`, which also drains a body an
 //! early answer left unread) → JSON (400) → validation (400) → admission (409/503) → SSE. Every
 //! error before the SSE response is the JSON envelope `{"error":{"code","message"}}` in the
 //! negotiated language; a 413 and a 408 close the connection.
 
 mod cancel_route;
+mod relay;
 mod threads;
+
+use relay::{cluster_hello, get_held_elsewhere, held_elsewhere, to_holder, Outgoing};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +67,7 @@ pub fn router(state: AppState) -> Router {
             any(cancel_route::cancel_route),
         )
         .route("/threads/{thread_id}", any(threads::thread_route))
+        .route("/cluster/v1/hello", any(cluster_hello))
         .route(
             "/threads/{thread_id}/runs/{run_id}/events",
             any(threads::events_route),
@@ -134,6 +138,7 @@ async fn no_store_json(mut response: Response) -> Response {
 async fn get_checks(
     rt: &Runtime,
     method: &Method,
+    path: &str,
     headers: &HeaderMap,
     route: &'static str,
 ) -> Result<(Lang, Caller), Response> {
@@ -144,108 +149,32 @@ async fn get_checks(
         return Err(method_not_allowed("GET"));
     }
     let hl = header_lang(rt, headers);
-    let caller = authenticate(rt, headers, route, hl).await?;
+    let (caller, _) = authenticate(rt, method, path, headers, route, hl).await?;
     Ok((hl, caller))
 }
 
-/// Who is calling ([`crate::auth::Auth::authenticate`]), or the refusal to answer (recorded).
+/// Who is calling ([`crate::auth::Auth::authenticate`]), or the refusal to answer (recorded);
+/// with the body digest a forward's signature covers (the route checks the body against it).
 #[allow(clippy::result_large_err)]
 async fn authenticate(
     rt: &Runtime,
+    method: &Method,
+    path: &str,
     headers: &HeaderMap,
     route: &'static str,
     hl: Lang,
-) -> Result<Caller, Response> {
+) -> Result<(Caller, Option<String>), Response> {
     // Forwarded by another instance: authenticated there.
-    let key = rt.threads().store().forward_key();
-    if let Some(caller) = forward::forwarded_caller(headers, key.as_deref()) {
-        return Ok(caller);
+    if let Some(f) = rt.with_trust(|t| forward::forwarded(method, path, headers, t)) {
+        return Ok((f.caller, f.body_sha256));
     }
-    rt.auth().authenticate(headers).await.map_err(|denied| {
-        access::record(rt.metrics(), route, Refused::Auth(denied), None, None);
-        denied.error().into_response_in(hl)
-    })
-}
-
-/// A request as it goes to the thread's holder.
-struct Outgoing<'a> {
-    method: Method,
-    path: &'a str,
-    headers: &'a HeaderMap,
-    body: Bytes,
-    /// Who the client is, as authenticated here (the holder takes it as it is).
-    caller: &'a Caller,
-}
-
-/// Answers with what the instance holding the thread answers (a forwarded request is never
-/// forwarded again: two instances that disagree about a holder answer 503).
-async fn to_holder(rt: &Runtime, url: &str, out: Outgoing<'_>, lang: Lang) -> Response {
-    let unreachable = || ApiError::new(Code::StateUnavailable, msg::HOLDER_UNREACHABLE);
-    let store = rt.threads().store();
-    let key = store.forward_key();
-    if forward::is_forwarded(out.headers, key.as_deref()) || url.is_empty() {
-        return unreachable().into_response_in(lang);
-    }
-    let me = store.instance_id().unwrap_or_default();
-    let hop = forward::Hop {
-        me: &me,
-        key: key.as_deref().unwrap_or_default(),
-        caller: out.caller,
-    };
-    match forward::forward(url, out.method, out.path, out.headers, out.body, &hop).await {
-        Ok(r) => r,
-        Err(forward::Unreachable(why)) => {
-            tracing::warn!(holder = url, error = %why, "the thread's holder cannot be reached");
-            unreachable().into_response_in(lang)
+    match rt.auth().authenticate(headers).await {
+        Ok(caller) => Ok((caller, None)),
+        Err(denied) => {
+            access::record(rt.metrics(), route, Refused::Auth(denied), None, None);
+            Err(denied.error().into_response_in(hl))
         }
     }
-}
-
-/// With a shared store, a request for a thread another live instance holds goes there (`None`:
-/// it is served here).
-async fn held_elsewhere(
-    rt: &Runtime,
-    thread_id: &str,
-    out: Outgoing<'_>,
-    lang: Lang,
-) -> Option<Response> {
-    // A forwarded request is looked up too: one that reached a non-holder (the thread moved
-    // meanwhile) is refused by `to_holder`, never served from what this instance has. A mark a
-    // client sent itself is no mark (it lacks the cluster's key): such a request is forwarded
-    // as any other.
-    if !rt.threads().store().shared() {
-        return None;
-    }
-    match rt.threads().holder(thread_id).await {
-        Ok(Holder::Here { .. }) => None,
-        Ok(Holder::Elsewhere(url)) => Some(to_holder(rt, &url, out, lang).await),
-        Err(e) => {
-            tracing::warn!(error = %e, "thread state unavailable");
-            Some(
-                ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
-                    .into_response_in(lang),
-            )
-        }
-    }
-}
-
-/// [`held_elsewhere`] for the GET routes (no body).
-async fn get_held_elsewhere(
-    rt: &Runtime,
-    thread_id: &str,
-    headers: &HeaderMap,
-    path: String,
-    caller: &Caller,
-    lang: Lang,
-) -> Option<Response> {
-    let out = Outgoing {
-        method: Method::GET,
-        path: &path,
-        headers,
-        body: Bytes::new(),
-        caller,
-    };
-    held_elsewhere(rt, thread_id, out, lang).await
 }
 
 fn path_of(req: &Request) -> String {
@@ -376,7 +305,10 @@ async fn json_object(
     }
     let hl = header_lang(rt, req.headers());
     let err = |code: Code, m: &'static str| Err(ApiError::new(code, m).into_response_in(hl));
-    let caller = authenticate(rt, req.headers(), rules.route, hl).await?;
+    let path = path_of(&req);
+    let method = req.method().clone();
+    let (caller, signed_body) =
+        authenticate(rt, &method, &path, req.headers(), rules.route, hl).await?;
     if !is_json(req.headers()) {
         return err(Code::UnsupportedMediaType, msg::UNSUPPORTED_MEDIA_TYPE);
     }
@@ -393,6 +325,11 @@ async fn json_object(
             return err(Code::BodyTimeout, msg::BODY_TIMEOUT).map_err(closing)
         }
     };
+    // A forward's signature names its body: another body is no forward of it.
+    if signed_body.is_some_and(|d| d != forward::body_digest(&body)) {
+        tracing::warn!("a forwarded request's body does not match its signature");
+        return err(Code::Unauthorized, msg::UNAUTHORIZED);
+    }
     match parse_json(&body) {
         None => err(Code::InvalidJson, rules.invalid_json),
         Some(Value::Object(obj)) => Ok(JsonRequest {
@@ -481,6 +418,7 @@ async fn run_request(
         Ok(r) => r,
         Err(e) => return refused(e),
     };
+    let secrets = request.iac.carries_secrets();
     span.record("thread_id", request.envelope.thread_id.as_str());
     span.record("run_id", request.envelope.run_id.as_str());
     match admit::admit(&rt, request).await {
@@ -493,6 +431,18 @@ async fn run_request(
         Err(admit::NotAdmitted::Refused(e)) => refused(e),
         Err(admit::NotAdmitted::HeldElsewhere(url)) => {
             drop(slot);
+            // A user's secrets cross to another instance only to one proven by the secret.
+            if secrets && rt.cfg().cluster_secret.is_none() {
+                tracing::error!(
+                    "a request carrying credentials (llmApiKey, llmHeaders, alibabaCloud) is for a \
+                     thread another instance holds: it is not forwarded without a cluster secret \
+                     (IAC_CODE_AGUI_CLUSTER_SECRET)"
+                );
+                return refused(ApiError::new(
+                    Code::StateUnavailable,
+                    msg::FORWARD_NEEDS_SECRET,
+                ));
+            }
             span.record("outcome", "forwarded");
             let (headers, path) = forwardable.unwrap_or_default();
             let out = Outgoing {

@@ -8,7 +8,15 @@ pub(super) async fn events_route(
     Path((thread_id, run_id)): Path<(String, String)>,
     req: Request,
 ) -> Response {
-    let (hl, caller) = match get_checks(&s.rt, req.method(), req.headers(), EVENTS_ROUTE).await {
+    let (hl, caller) = match get_checks(
+        &s.rt,
+        req.method(),
+        &path_of(&req),
+        req.headers(),
+        EVENTS_ROUTE,
+    )
+    .await
+    {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -34,7 +42,15 @@ pub(super) async fn thread_route(
     Path(thread_id): Path<String>,
     req: Request,
 ) -> Response {
-    let (hl, caller) = match get_checks(&s.rt, req.method(), req.headers(), THREAD_ROUTE).await {
+    let (hl, caller) = match get_checks(
+        &s.rt,
+        req.method(),
+        &path_of(&req),
+        req.headers(),
+        THREAD_ROUTE,
+    )
+    .await
+    {
         Ok(x) => x,
         Err(r) => return r,
     };

@@ -57,6 +57,8 @@ pub struct Runtime {
     decode_gate: Arc<prepare::DecodeGate>,
     /// How callers authenticate.
     auth: Arc<crate::auth::Auth>,
+    /// The instances that proved they share the cluster secret (forwarding).
+    peers: crate::forward::Peers,
 }
 
 /// `(threadId, runId)` → the run's replay buffer.
@@ -126,6 +128,7 @@ impl Runtime {
             metrics,
             decode_gate,
             auth,
+            peers: crate::forward::Peers::default(),
         };
         rt.touch();
         rt
@@ -138,6 +141,26 @@ impl Runtime {
     /// How callers authenticate.
     pub fn auth(&self) -> &crate::auth::Auth {
         &self.auth
+    }
+
+    /// The peers proven to share the cluster secret.
+    pub fn peers(&self) -> &crate::forward::Peers {
+        &self.peers
+    }
+
+    /// What this instance trusts in a forwarded request, now.
+    pub fn with_trust<R>(&self, f: impl FnOnce(crate::forward::Trust<'_>) -> R) -> R {
+        let store = self.threads.store();
+        let (key, me) = (store.forward_key(), store.instance_id());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        f(crate::forward::Trust {
+            secret: self.cfg.cluster_secret.as_deref().map(str::as_bytes),
+            key: key.as_deref(),
+            me: me.as_deref(),
+            now,
+        })
     }
 
     /// Replaces the authentication [`Runtime::new`] made (its key set not read yet) with one

@@ -98,6 +98,16 @@ pub struct IacCode {
     pub alibaba_cloud: Option<AlibabaCloud>,
 }
 
+impl IacCode {
+    /// Whether the request carries a secret of the user's (an LLM key or headers, cloud
+    /// credentials).
+    pub fn carries_secrets(&self) -> bool {
+        self.llm_api_key.is_some()
+            || self.llm_headers.as_ref().is_some_and(|h| !h.is_empty())
+            || self.alibaba_cloud.is_some()
+    }
+}
+
 fn bad() -> ApiError {
     ApiError::new(Code::InvalidInput, msg::INVALID_PROPS)
 }

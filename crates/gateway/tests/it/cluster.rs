@@ -254,7 +254,7 @@ pub(crate) fn row(pg: &Cluster, db: &str, thread: &str) -> (String, i64, Value) 
     (owner, epoch, doc)
 }
 
-fn instance_ids(pg: &Cluster, db: &str) -> Vec<(String, String)> {
+pub(crate) fn instance_ids(pg: &Cluster, db: &str) -> Vec<(String, String)> {
     pg.psql(db, "SELECT id || '|' || advertise_url FROM agui_instances")
         .lines()
         .filter_map(|l| l.split_once('|'))
@@ -262,7 +262,7 @@ fn instance_ids(pg: &Cluster, db: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn id_of(pg: &Cluster, db: &str, i: &Instance) -> String {
+pub(crate) fn id_of(pg: &Cluster, db: &str, i: &Instance) -> String {
     instance_ids(pg, db)
         .into_iter()
         .find(|(_, url)| *url == i.url())
@@ -1153,9 +1153,9 @@ async fn a_clean_stop_hands_the_threads_over_at_once() {
     assert_eq!(row(&pg, "handover", "t1").0, id_of(&pg, "handover", &b));
 }
 
-/// With a bearer token on the instances, a forwarded request carries the client's token: the
-/// instance the client asked checks it first (a request without it never leaves), and the holder
-/// accepts the forwarded one.
+/// With a bearer token on the instances, the instance the client asked checks it first (a
+/// request without it never leaves), and the holder accepts the forward, which carries the
+/// caller that instance authenticated (not the token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_requests_carry_the_clients_token() {
     let pg = Cluster::start();

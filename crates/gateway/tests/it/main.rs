@@ -5,6 +5,7 @@ mod chaos;
 mod cluster;
 mod cluster_identity;
 mod cluster_real;
+mod cluster_trust;
 mod conformance;
 mod crash;
 mod docs;

@@ -1,0 +1,130 @@
+//! Proving a peer before anything is sent to it: with a cluster secret, the forwarding instance
+//! first asks the holder's advertised URL to prove it knows the secret
+//! (`GET /cluster/v1/hello?nonce=…`, answered with the instance's id and an HMAC over the nonce
+//! and that id). A listener that cannot prove it (an `advertise_url` rewritten in the database to
+//! point elsewhere) receives that question and nothing else: no token, no body. A proof is kept
+//! for [`PROVEN_FOR`] per URL.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use axum::http::Method;
+use hmac::{Hmac, Mac};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+use super::{send, Dest, Unreachable};
+
+/// How long a proven peer is trusted without asking again.
+pub const PROVEN_FOR: Duration = Duration::from_secs(60);
+/// The whole question, and the most bytes of its answer.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+const HELLO_MAX: usize = 4096;
+/// A nonce: 32 to 128 hex digits.
+const NONCE: std::ops::RangeInclusive<usize> = 32..=128;
+
+/// The peers proven lately: URL → (instance id, when).
+#[derive(Default)]
+pub struct Peers(Mutex<HashMap<String, (String, Instant)>>);
+
+impl Peers {
+    /// The id of the instance at `base`, proven (asked again after [`PROVEN_FOR`]).
+    pub(super) async fn prove(
+        &self,
+        base: &str,
+        dest: &Dest,
+        secret: &[u8],
+    ) -> Result<String, Unreachable> {
+        {
+            let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((id, at)) = map.get(base) {
+                if at.elapsed() < PROVEN_FOR {
+                    return Ok(id.clone());
+                }
+            }
+        }
+        let id = tokio::time::timeout(HELLO_TIMEOUT, ask(dest, secret))
+            .await
+            .map_err(|_| Unreachable("the peer did not prove itself in time".into()))??;
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // A few peers: a map that grows past them is pruned of old proofs.
+        if map.len() > 1024 {
+            map.retain(|_, (_, at)| at.elapsed() < PROVEN_FOR);
+        }
+        map.insert(base.to_owned(), (id.clone(), Instant::now()));
+        Ok(id)
+    }
+}
+
+fn proof(secret: &[u8], nonce: &str, instance: &str) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(format!("iac-code-agui-hello-v1\n{nonce}\n{instance}").as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+async fn ask(dest: &Dest, secret: &[u8]) -> Result<String, Unreachable> {
+    let nonce = hex::encode(rand::random::<[u8; 24]>());
+    let target = format!("{}/cluster/v1/hello?nonce={nonce}", dest.base_path);
+    let answer = send(dest, Method::GET, &target, Vec::new(), bytes::Bytes::new()).await?;
+    let refused = |why: &str| Unreachable(format!("the peer did not prove itself: {why}"));
+    if !answer.status().is_success() {
+        return Err(refused(&format!("it answered {}", answer.status())));
+    }
+    let body = http_body_util::Limited::new(answer.into_body(), HELLO_MAX)
+        .collect()
+        .await
+        .map_err(|_| refused("its answer is too long or broken"))?
+        .to_bytes();
+    let v: Value = serde_json::from_slice(&body).map_err(|_| refused("its answer is not JSON"))?;
+    let (Some(id), Some(given)) = (v["instance"].as_str(), v["proof"].as_str()) else {
+        return Err(refused("its answer is not a proof"));
+    };
+    let ok: bool = proof(secret, &nonce, id)
+        .as_bytes()
+        .ct_eq(given.as_bytes())
+        .into();
+    if !ok || !crate::validate::is_bounded(id) {
+        return Err(refused(
+            "wrong proof (another cluster secret, or not an instance)",
+        ));
+    }
+    Ok(id.to_owned())
+}
+
+/// The answer of `GET /cluster/v1/hello?nonce=…` for an instance `me` with `secret`; `None` for
+/// a nonce that is not 32 to 128 hex digits.
+pub fn hello_answer(secret: &[u8], me: &str, nonce: &str) -> Option<Value> {
+    let ok = NONCE.contains(&nonce.len()) && nonce.bytes().all(|b| b.is_ascii_hexdigit());
+    ok.then(|| json!({"instance": me, "proof": proof(secret, nonce, me)}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hello_proves_the_secret_and_the_instance() {
+        let nonce = "ab".repeat(16);
+        let a = hello_answer(b"s3cret-s3cret-s3cret-s3cret-1234", "inst-1", &nonce).unwrap();
+        assert_eq!(a["instance"], "inst-1");
+        let p = a["proof"].as_str().unwrap();
+        assert_eq!(
+            p,
+            proof(b"s3cret-s3cret-s3cret-s3cret-1234", &nonce, "inst-1")
+        );
+        assert_ne!(
+            p,
+            proof(b"another-secret-another-secret-12", &nonce, "inst-1")
+        );
+        assert_ne!(
+            p,
+            proof(b"s3cret-s3cret-s3cret-s3cret-1234", &nonce, "inst-2")
+        );
+        for bad in ["", "abc", &"g".repeat(32), &"a".repeat(129)] {
+            assert!(hello_answer(b"k", "i", bad).is_none(), "{bad:?}");
+        }
+    }
+}

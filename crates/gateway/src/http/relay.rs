@@ -1,0 +1,123 @@
+//! Requests for a thread another instance holds: sent there and the answer relayed
+//! (`forward`), marked as this instance's forward; and the question an instance answers before
+//! anything is forwarded to it (`/cluster/v1/hello`).
+
+use super::*;
+
+/// A request as it goes to the thread's holder.
+pub(super) struct Outgoing<'a> {
+    pub(super) method: Method,
+    pub(super) path: &'a str,
+    pub(super) headers: &'a HeaderMap,
+    pub(super) body: Bytes,
+    /// Who the client is, as authenticated here (the holder takes it as it is).
+    pub(super) caller: &'a Caller,
+}
+
+/// Answers with what the instance holding the thread answers (a forwarded request is never
+/// forwarded again: two instances that disagree about a holder answer 503).
+pub(super) async fn to_holder(rt: &Runtime, url: &str, out: Outgoing<'_>, lang: Lang) -> Response {
+    let unreachable = || ApiError::new(Code::StateUnavailable, msg::HOLDER_UNREACHABLE);
+    let forwarded = rt.with_trust(|t| forward::is_forwarded(&out.method, out.path, out.headers, t));
+    if forwarded || url.is_empty() {
+        return unreachable().into_response_in(lang);
+    }
+    let store = rt.threads().store();
+    let (key, me) = (store.forward_key(), store.instance_id().unwrap_or_default());
+    let mark = match rt.cfg().cluster_secret.as_deref() {
+        Some(secret) => forward::Mark::Signed {
+            secret: secret.as_bytes(),
+            peers: rt.peers(),
+        },
+        None => forward::Mark::Key(key.as_deref().unwrap_or_default()),
+    };
+    let hop = forward::Hop {
+        me: &me,
+        caller: out.caller,
+        mark,
+    };
+    match forward::forward(url, out.method, out.path, out.headers, out.body, &hop).await {
+        Ok(r) => r,
+        Err(forward::Unreachable(why)) => {
+            tracing::warn!(holder = url, error = %why, "the thread's holder cannot be reached");
+            unreachable().into_response_in(lang)
+        }
+    }
+}
+
+/// With a shared store, a request for a thread another live instance holds goes there (`None`:
+/// it is served here).
+pub(super) async fn held_elsewhere(
+    rt: &Runtime,
+    thread_id: &str,
+    out: Outgoing<'_>,
+    lang: Lang,
+) -> Option<Response> {
+    // A forwarded request is looked up too: one that reached a non-holder (the thread moved
+    // meanwhile) is refused by `to_holder`, never served from what this instance has. A mark a
+    // client sent itself is no mark (it lacks the cluster's key): such a request is forwarded
+    // as any other.
+    if !rt.threads().store().shared() {
+        return None;
+    }
+    match rt.threads().holder(thread_id).await {
+        Ok(Holder::Here { .. }) => None,
+        Ok(Holder::Elsewhere(url)) => Some(to_holder(rt, &url, out, lang).await),
+        Err(e) => {
+            tracing::warn!(error = %e, "thread state unavailable");
+            Some(
+                ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
+                    .into_response_in(lang),
+            )
+        }
+    }
+}
+
+/// [`held_elsewhere`] for the GET routes (no body).
+pub(super) async fn get_held_elsewhere(
+    rt: &Runtime,
+    thread_id: &str,
+    headers: &HeaderMap,
+    path: String,
+    caller: &Caller,
+    lang: Lang,
+) -> Option<Response> {
+    let out = Outgoing {
+        method: Method::GET,
+        path: &path,
+        headers,
+        body: Bytes::new(),
+        caller,
+    };
+    held_elsewhere(rt, thread_id, out, lang).await
+}
+
+/// `GET /cluster/v1/hello?nonce=…`: with a cluster secret and a shared store, this instance
+/// proves it knows the secret (`forward::hello_answer`) to one about to forward to it; else 404.
+pub(super) async fn cluster_hello(State(s): State<AppState>, req: Request) -> Response {
+    let (Some(secret), Some(me)) = (
+        s.rt.cfg().cluster_secret.as_deref(),
+        s.rt.threads().store().instance_id(),
+    ) else {
+        return not_found().await;
+    };
+    if req.method() != Method::GET {
+        return method_not_allowed("GET");
+    }
+    let nonce = req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("nonce="))
+        .unwrap_or("");
+    match forward::hello_answer(secret.as_bytes(), &me, nonce) {
+        Some(v) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            v.to_string(),
+        )
+            .into_response(),
+        None => plain(StatusCode::BAD_REQUEST, "Bad Request"),
+    }
+}

@@ -1,0 +1,167 @@
+//! Instances trust each other by the cluster secret, not the database: a forward goes only to a
+//! peer that proves it knows the secret (an `advertise_url` rewritten in the database receives a
+//! question and nothing else: no token, no body); instances with another secret refuse each other;
+//! without a secret, a request carrying the user's credentials is not forwarded at all.
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+use testkit::fake_kernel::FakeKernel;
+use testkit::postgres::Cluster;
+use testkit::sse::{assert_valid_run, post};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::cluster::{id_of, turn, Instance, Workspace};
+use crate::support::{body, get_as};
+
+const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
+
+/// A listener that keeps every byte it is sent and answers 404.
+async fn sink() -> (String, Arc<Mutex<Vec<u8>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let g = g.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+                while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, tcp.read(&mut buf)).await {
+                    if n == 0 {
+                        break;
+                    }
+                    g.lock().unwrap().extend_from_slice(&buf[..n]);
+                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                        let _ = tcp
+                            .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                            .await;
+                    }
+                }
+            });
+        }
+    });
+    (url, got)
+}
+
+fn start(db: &str, k: &FakeKernel, ws: &Workspace, secret: Option<&str>) -> Instance {
+    let mut env = ws.env();
+    if let Some(s) = secret {
+        env.push(("IAC_CODE_AGUI_CLUSTER_SECRET".into(), s.into()));
+    }
+    Instance::start(db, &["--a2a-url", &k.url(), "--lease-ttl", "60"], &env)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_goes_only_to_a_peer_that_proves_the_secret() {
+    let pg = Cluster::start();
+    let db = pg.create_db("trust");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let (a, b) = (
+        start(&db, &ka, &ws, Some(SECRET)),
+        start(&db, &kb, &ws, Some(SECRET)),
+    );
+    turn(&ka, "t1", "task-1", "from A", vec![]);
+    let r = post(
+        &a.url(),
+        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "t1", "r1");
+    // Signed forwards work: B relays A's answers, and a second turn with a key reaches A.
+    assert_eq!(get_as(&format!("{}threads/t1", b.url()), &[]).await.0, 200);
+    turn(&ka, "t1", "task-1", "again", vec![]);
+    let props = json!({"llmApiKey": "sk-user-secret"});
+    let r2 = post(
+        &b.url(),
+        &body("t1", "r2", "hi", &ws.cwd("t1"), props.clone()),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "t1", "r2");
+    assert_eq!(ka.calls("SendStreamingMessage").len(), 2);
+
+    // A's advertised URL rewritten in the database: the sink gets a question, no token, no body.
+    let (sink_url, got) = sink().await;
+    let a_id = id_of(&pg, "trust", &a);
+    pg.psql(
+        "trust",
+        &format!("UPDATE agui_instances SET advertise_url = '{sink_url}' WHERE id = '{a_id}'"),
+    );
+    let r3 = post(
+        &b.url(),
+        &body("t1", "r3", "hi", &ws.cwd("t1"), props),
+        &[("authorization", "Bearer client-token")],
+    )
+    .await;
+    assert_eq!(r3.status, 503, "{:?}", r3.json);
+    assert_eq!(r3.error_code(), Some("STATE_UNAVAILABLE"));
+    let seen = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
+    assert!(seen.starts_with("GET /cluster/v1/hello?nonce="), "{seen}");
+    for leaked in [
+        "sk-user-secret",
+        "client-token",
+        "POST",
+        "x-iac-code-agui-caller",
+    ] {
+        assert!(!seen.contains(leaked), "the sink received {leaked}: {seen}");
+    }
+    assert_eq!(ka.calls("SendStreamingMessage").len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_secret_or_none_forwards_nothing_of_the_users() {
+    let pg = Cluster::start();
+    let db = pg.create_db("secrets");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let other = "another-secret-another-secret-another-secret";
+    let (a, b) = (
+        start(&db, &ka, &ws, Some(SECRET)),
+        start(&db, &kb, &ws, Some(other)),
+    );
+    turn(&ka, "t1", "task-1", "from A", vec![]);
+    let r = post(
+        &a.url(),
+        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "t1", "r1");
+    // A cannot prove itself to B (another secret): B sends it nothing and answers 503.
+    let (status, v) = get_as(&format!("{}threads/t1", b.url()), &[]).await;
+    assert_eq!(status, 503, "{v}");
+    drop((a, b));
+
+    // Without a secret: a request with the user's credentials is not forwarded; one without is.
+    let db = pg.create_db("nosecret");
+    let (a, b) = (start(&db, &ka, &ws, None), start(&db, &kb, &ws, None));
+    turn(&ka, "t2", "task-2", "from A", vec![]);
+    let r = post(
+        &a.url(),
+        &body("t2", "r1", "hi", &ws.cwd("t2"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "t2", "r1");
+    let sent = ka.calls("SendStreamingMessage").len();
+    let props = json!({"alibabaCloud": {"accessKeyId": "ak", "accessKeySecret": "sk-cloud"}});
+    let refused = post(&b.url(), &body("t2", "r2", "hi", &ws.cwd("t2"), props), &[]).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.error_code(), Some("STATE_UNAVAILABLE"));
+    assert!(refused.error_message().unwrap().contains("cluster secret"));
+    assert_eq!(ka.calls("SendStreamingMessage").len(), sent);
+    assert!(b.log().contains("not forwarded without a cluster secret"));
+    turn(&ka, "t2", "task-2", "again", vec![]);
+    let plain = post(
+        &b.url(),
+        &body("t2", "r3", "hi", &ws.cwd("t2"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&plain, "t2", "r3");
+    assert_eq!(ka.calls("SendStreamingMessage").len(), sent + 1);
+}
