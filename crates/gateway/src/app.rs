@@ -128,7 +128,8 @@ pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
 /// The error says what could not be opened.
 pub async fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, String> {
     if let Some(url) = &cfg.state_url {
-        let store = PgStore::open(url, &cfg.advertise_url, cfg.lease_ttl).await?;
+        let ca = cfg.state_ca_file.as_deref();
+        let store = PgStore::open(url, ca, &cfg.advertise_url, cfg.lease_ttl).await?;
         store.start_heartbeat();
         if urls::parse(&cfg.advertise_url).is_some_and(|u| urls::is_loopback(&u)) {
             tracing::warn!(

@@ -12,6 +12,7 @@ pub mod prometheus;
 pub mod real_kernel;
 pub mod sse;
 pub mod synthetic_kernel;
+pub mod tls;
 
 /// A free loopback port (free when asked: bind it soon).
 pub fn free_port() -> u16 {

@@ -78,12 +78,23 @@ impl Stop {
 pub struct Cluster {
     dir: tempfile::TempDir,
     pub port: u16,
+    /// Serving TLS with the certificate and key in the data directory.
+    tls: bool,
 }
 
 impl Cluster {
     /// Creates and starts a cluster: trust authentication on loopback, `synchronous_commit` on
     /// (the default, said explicitly), `fsync` on.
     pub fn start() -> Cluster {
+        Cluster::create(None)
+    }
+
+    /// [`Cluster::start`], serving TLS (`ssl=on`) with the certificate and key given (PEM).
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Cluster {
+        Cluster::create(Some((cert_pem, key_pem)))
+    }
+
+    fn create(tls: Option<(&str, &str)>) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("agui-pg-")
             .tempdir()
@@ -103,8 +114,34 @@ impl Cluster {
             .arg("-D")
             .arg(dir.path().join("data"));
         run(init, "initdb");
+        if let Some((cert, key)) = tls {
+            use std::os::unix::fs::PermissionsExt as _;
+            let data = dir.path().join("data");
+            std::fs::write(data.join("server.crt"), cert).expect("server.crt");
+            let key_path = data.join("server.key");
+            std::fs::write(&key_path, key).expect("server.key");
+            // The server refuses a key others can read.
+            std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))
+                .expect("server.key mode");
+            if is_root() {
+                run(
+                    {
+                        let mut c = Command::new("chown");
+                        c.args(["postgres:postgres"])
+                            .arg(data.join("server.crt"))
+                            .arg(&key_path);
+                        c
+                    },
+                    "chown the server's certificate",
+                );
+            }
+        }
         let port = crate::free_port();
-        let c = Cluster { dir, port };
+        let c = Cluster {
+            dir,
+            port,
+            tls: tls.is_some(),
+        };
         c.pg_ctl_start();
         c
     }
@@ -114,9 +151,14 @@ impl Cluster {
     }
 
     fn options(&self) -> String {
+        let tls = if self.tls {
+            " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key"
+        } else {
+            ""
+        };
         format!(
             "-c listen_addresses=127.0.0.1 -c port={} -c unix_socket_directories={} \
-             -c synchronous_commit=on -c fsync=on -c max_connections=200",
+             -c synchronous_commit=on -c fsync=on -c max_connections=200{tls}",
             self.port,
             self.dir.path().display()
         )

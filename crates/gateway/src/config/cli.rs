@@ -13,7 +13,7 @@ pub struct Cli {
     /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,
     /// max_readers_per_run, max_guidance_per_thread, max_image_decodes, body_timeout,
     /// linger_timeout, allowed_hosts, allow_unauthenticated, auth_jwks, auth_issuer,
-    /// auth_audience, auth_user_claim, auth_jwks_refresh; dashes or underscores).
+    /// auth_audience, auth_user_claim, auth_jwks_refresh, state_ca_file; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -242,6 +242,11 @@ pub struct Cli {
         value_parser = clap::builder::FalseyValueParser::new()
     )]
     pub allow_unauthenticated: bool,
+    /// The CA certificates (PEM) the state database's TLS certificate must chain to, with
+    /// `sslmode=verify-ca` or `verify-full` in --state-url [default: the system's and Mozilla's
+    /// roots].
+    #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_STATE_CA_FILE")]
+    pub state_ca_file: Option<String>,
     /// Accept JWTs signed by these keys: a JWKS file's path, or an http(s) URL serving one. Read
     /// at start-up, again when a token names a key id it does not hold (at most every 10 s) and
     /// every --auth-jwks-refresh seconds. Needs --auth-issuer and --auth-audience

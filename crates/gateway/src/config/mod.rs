@@ -97,6 +97,8 @@ pub struct Config {
     pub jwt: auth::JwtConfig,
     /// The secret instances sign forwarded requests with (`forward`): at least 32 bytes.
     pub cluster_secret: Option<String>,
+    /// The CA certificates (PEM) the state database's TLS certificate must chain to.
+    pub state_ca_file: Option<PathBuf>,
 }
 
 /// How log lines look.
@@ -153,6 +155,7 @@ const LOG_FORMAT: Opt<Text> = Opt::new("log_format", check::LOG_FORMAT);
 const STATE_URL: Opt<Text> = Opt::new("state_url", check::STATE_URL);
 const LEASE_TTL: Opt<Number> = Opt::new("lease_ttl", check::LEASE_TTL);
 const ADVERTISE_URL: Opt<Text> = Opt::new("advertise_url", check::ADVERTISE_URL);
+const STATE_CA_FILE: Opt<Text> = Opt::new("state_ca_file", "--state-ca-file must be a string.");
 const STATE_DIR: Opt<Text> = Opt::new("state_dir", "--state-dir must be a string.");
 const KERNEL_BACKUP_DIR: Opt<Text> =
     Opt::new("kernel_backup_dir", "--kernel-backup-dir must be a string.");
@@ -256,6 +259,7 @@ impl Config {
             config_dir.join("agui")
         });
         let kernel_backup_dir = dir(&KERNEL_BACKUP_DIR, cli.kernel_backup_dir)?;
+        let state_ca_file = dir(&STATE_CA_FILE, cli.state_ca_file)?;
         let kernel_persistence_dir = dir(&KERNEL_PERSISTENCE_DIR, cli.kernel_persistence_dir)?;
         let kernel_env = l.get(&KERNEL_ENV, Some(cli.kernel_env))?;
         let kernel_env = check::kernel_env(kernel_env.unwrap_or_default())?;
@@ -316,6 +320,7 @@ impl Config {
             allow_unauthenticated,
             jwt,
             cluster_secret,
+            state_ca_file,
         })
     }
 
@@ -429,6 +434,7 @@ impl fmt::Debug for Config {
             allow_unauthenticated,
             jwt,
             cluster_secret,
+            state_ca_file,
         } = self;
         f.debug_struct("Config")
             .field("host", host)
@@ -468,6 +474,7 @@ impl fmt::Debug for Config {
             .field("allow_unauthenticated", allow_unauthenticated)
             .field("jwt", jwt)
             .field("cluster_secret", &Hidden(cluster_secret.is_some()))
+            .field("state_ca_file", state_ca_file)
             .finish()
     }
 }
@@ -549,6 +556,7 @@ mod tests {
             ("auth_audience", "IAC_CODE_AGUI_AUTH_AUDIENCE"),
             ("auth_user_claim", "IAC_CODE_AGUI_AUTH_USER_CLAIM"),
             ("auth_jwks_refresh", "IAC_CODE_AGUI_AUTH_JWKS_REFRESH"),
+            ("state_ca_file", "IAC_CODE_AGUI_STATE_CA_FILE"),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }

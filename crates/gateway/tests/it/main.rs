@@ -25,6 +25,7 @@ mod protocol;
 mod real_kernel;
 mod reattach;
 mod stall;
+mod store_tls;
 mod support;
 mod telemetry;
 mod wire;

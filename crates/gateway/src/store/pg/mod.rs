@@ -17,6 +17,7 @@ mod lease;
 mod rows;
 mod schema;
 mod sql;
+pub mod tls;
 
 use sql::{FORGET_INSTANCES, GONE, HEARTBEAT, HOLD, HOLDER, LIVENESS, LOCK_ROW, SAVE};
 
@@ -56,6 +57,37 @@ async fn bounded<T>(
     tokio::time::timeout(OP_TIMEOUT, fut)
         .await
         .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("{what}: timed out"))))
+}
+
+/// An error and its sources, `: `-separated (the TLS reason is a few sources down).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text = format!("{text}: {s_text}");
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Why the first connection failed, said plainly for the TLS cases.
+fn connect_error(e: &str, mode: Option<tls::Mode>) -> String {
+    if mode.is_some() && e.contains("TLS") && e.contains("not support") {
+        return format!(
+            "cannot connect to the state database: it does not offer TLS, which --state-url's \
+             sslmode asks for ({e})"
+        );
+    }
+    if mode.is_some() && (e.contains("certificate") || e.contains("TLS handshake")) {
+        return format!(
+            "cannot connect to the state database: its TLS certificate is not trusted (--state-ca-file, \
+             sslmode): {e}"
+        );
+    }
+    format!("cannot connect to the state database: {e}")
 }
 
 /// A row as [`LOCK_ROW`] reads it.
@@ -99,10 +131,20 @@ impl PgStore {
     /// Connects, migrates the schema and registers this instance (its first heartbeat). Fails
     /// when the database cannot be reached or migrated: the gateway does not start without its
     /// state.
-    pub async fn open(url: &str, advertise_url: &str, ttl: Duration) -> Result<PgStore, String> {
+    pub async fn open(
+        url: &str,
+        ca_file: Option<&std::path::Path>,
+        advertise_url: &str,
+        ttl: Duration,
+    ) -> Result<PgStore, String> {
+        let (url, mode) = tls::split_mode(url)?;
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| format!("invalid --state-url: {e}"))?;
+        if mode.is_some() {
+            // Encrypted or nothing: a server without TLS is refused.
+            config.ssl_mode(tokio_postgres::config::SslMode::Require);
+        }
         config.connect_timeout(OP_TIMEOUT);
         if config.get_application_name().is_none() {
             config.application_name("iac-code-agui");
@@ -112,14 +154,20 @@ impl PgStore {
             _ => SERVER_LIMITS.to_owned(),
         };
         config.options(options);
+        let tls = match mode {
+            None => None,
+            Some(m) => Some(tokio_postgres_rustls::MakeRustlsConnect::new(
+                tls::client_config(m, ca_file)?,
+            )),
+        };
         let pool = |config: tokio_postgres::Config, size: usize| {
-            let manager = Manager::from_config(
-                config,
-                NoTls,
-                ManagerConfig {
-                    recycling_method: RecyclingMethod::Fast,
-                },
-            );
+            let recycling = ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            };
+            let manager = match &tls {
+                Some(t) => Manager::from_config(config, t.clone(), recycling),
+                None => Manager::from_config(config, NoTls, recycling),
+            };
             Pool::builder(manager)
                 .max_size(size)
                 .wait_timeout(Some(OP_TIMEOUT))
@@ -136,7 +184,7 @@ impl PgStore {
         let mut client = pool
             .get()
             .await
-            .map_err(|e| format!("cannot connect to the state database: {e}"))?;
+            .map_err(|e| connect_error(&chain(&e), mode))?;
         schema::migrate(&mut client).await?;
         let forward_key = schema::forward_key(&client).await?;
         drop(client);

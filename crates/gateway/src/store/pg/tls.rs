@@ -1,0 +1,241 @@
+//! The connection to PostgreSQL over TLS: `sslmode` in `--state-url` as libpq reads it, with
+//! rustls (the ring provider).
+//!
+//! - no `sslmode`, `disable`, `allow`, `prefer`: as before this option existed (plain TCP);
+//! - `require`: encrypted, the server's certificate not checked (libpq's meaning);
+//! - `verify-ca`: encrypted, the certificate signed by a trusted CA (`--state-ca-file`, else the
+//!   system's and Mozilla's roots), any host name;
+//! - `verify-full`: `verify-ca`, and the certificate names the host connected to.
+//!
+//! A server that does not offer TLS is refused with the three last (tokio-postgres's `require`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, Error, RootCertStore, SignatureScheme};
+use rustls_pki_types::pem::PemObject as _;
+
+/// How the connection is encrypted and checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+/// `url` without a `sslmode` the gateway handles itself, and that mode (`None`: plain, as before).
+/// Other parameters and other modes stay for tokio-postgres.
+pub fn split_mode(url: &str) -> Result<(String, Option<Mode>), String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), None));
+    };
+    let mut mode = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("sslmode", v)) => match v {
+                "require" => mode = Some(Mode::Require),
+                "verify-ca" => mode = Some(Mode::VerifyCa),
+                "verify-full" => mode = Some(Mode::VerifyFull),
+                "disable" | "allow" | "prefer" => mode = None,
+                other => {
+                    return Err(format!(
+                        "invalid --state-url: sslmode {other:?} is not disable, allow, prefer, \
+                         require, verify-ca or verify-full"
+                    ))
+                }
+            },
+            _ => kept.push(pair),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, mode))
+}
+
+/// The rustls client configuration of `mode`, trusting `ca_file`'s certificates (PEM) or, without
+/// one, the system's and Mozilla's roots.
+pub fn client_config(mode: Mode, ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS to the state database: {e}"))?;
+    let roots = Arc::new(roots(ca_file)?);
+    let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .map_err(|e| format!("TLS to the state database: {e}"))?;
+    let verifier: Arc<dyn ServerCertVerifier> = match mode {
+        Mode::VerifyFull => webpki,
+        Mode::VerifyCa => Arc::new(AnyName(webpki)),
+        Mode::Require => Arc::new(Unchecked(provider)),
+    };
+    Ok(builder
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth())
+}
+
+fn roots(ca_file: Option<&Path>) -> Result<RootCertStore, String> {
+    let mut store = RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("--state-ca-file {}: {e}", path.display()))?;
+            for cert in certs {
+                let cert = cert.map_err(|e| format!("--state-ca-file {}: {e}", path.display()))?;
+                store
+                    .add(cert)
+                    .map_err(|e| format!("--state-ca-file {}: {e}", path.display()))?;
+            }
+            if store.is_empty() {
+                return Err(format!(
+                    "--state-ca-file {}: no certificate in it",
+                    path.display()
+                ));
+            }
+        }
+        None => {
+            store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            for cert in rustls_native_certs::load_native_certs().certs {
+                let _ = store.add(cert);
+            }
+        }
+    }
+    Ok(store)
+}
+
+/// `verify-ca`: the chain must verify; the name it is for does not matter.
+#[derive(Debug)]
+struct AnyName(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(Error::InvalidCertificate(CertificateError::NotValidForName))
+            | Err(Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. })) => {
+                Ok(ServerCertVerified::assertion())
+            }
+            other => other,
+        }
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// `require`: encrypted, the certificate not checked (the handshake's signatures still are).
+#[derive(Debug)]
+struct Unchecked(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for Unchecked {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_takes_the_modes_that_encrypt_and_leaves_the_rest() {
+        let u = "postgres://u@db:5432/agui";
+        assert_eq!(split_mode(u).unwrap(), (u.to_owned(), None));
+        for (q, mode) in [
+            ("sslmode=require", Some(Mode::Require)),
+            ("sslmode=verify-ca", Some(Mode::VerifyCa)),
+            ("sslmode=verify-full", Some(Mode::VerifyFull)),
+            ("sslmode=disable", None),
+            ("sslmode=prefer", None),
+        ] {
+            let (rest, m) = split_mode(&format!("{u}?{q}&application_name=x")).unwrap();
+            assert_eq!(m, mode, "{q}");
+            assert_eq!(rest, format!("{u}?application_name=x"), "{q}");
+        }
+        assert_eq!(
+            split_mode(&format!("{u}?sslmode=verify-full")).unwrap().0,
+            u
+        );
+        assert!(split_mode(&format!("{u}?sslmode=always")).is_err());
+    }
+
+    #[test]
+    fn a_ca_file_must_hold_a_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("ca.pem");
+        std::fs::write(&empty, "no certificate here\n").unwrap();
+        let e = client_config(Mode::VerifyFull, Some(&empty)).unwrap_err();
+        assert!(e.contains("no certificate"), "{e}");
+        let missing = dir.path().join("missing.pem");
+        assert!(client_config(Mode::VerifyCa, Some(&missing)).is_err());
+        assert!(client_config(Mode::Require, None).is_ok());
+    }
+}
