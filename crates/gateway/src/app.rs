@@ -208,6 +208,22 @@ pub async fn serve(
     serve_with_admin(listener, None, state, shutdown).await
 }
 
+/// A listener's TLS, when configured: its pair read (an error stops the start) and watched.
+fn listener_tls(
+    pair: Option<&crate::config::TlsPair>,
+) -> std::io::Result<Option<tokio_rustls::TlsAcceptor>> {
+    let Some(pair) = pair else {
+        return Ok(None);
+    };
+    let reloading =
+        crate::tls::Reloading::load(&pair.cert, &pair.key).map_err(std::io::Error::other)?;
+    reloading.spawn_watch();
+    reloading
+        .acceptor()
+        .map(Some)
+        .map_err(std::io::Error::other)
+}
+
 /// [`serve`], with the admin listener (`/metrics`) on `admin` when given: it answers until the
 /// public server has drained, so that a scrape sees the end of the drain.
 pub async fn serve_with_admin(
@@ -217,6 +233,8 @@ pub async fn serve_with_admin(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let rt = state.rt.clone();
+    let tls = listener_tls(rt.cfg().tls.as_ref())?;
+    let admin_tls = listener_tls(rt.cfg().metrics_tls.as_ref())?;
     let (admin_stop, admin_done) = tokio::sync::oneshot::channel::<()>();
     let admin_task = admin.map(|l| {
         // An external kernel is probed for `agui_kernel_up`; a managed one is watched anyway.
@@ -225,9 +243,16 @@ pub async fn serve_with_admin(
         let stall = rt.cfg().client_stall_timeout;
         // Not capped: an operator's probe and scrape still answer when the public listener is
         // full.
-        tokio::spawn(crate::server::serve(l, router, stall, None, async move {
-            let _ = admin_done.await;
-        }))
+        tokio::spawn(crate::server::serve(
+            l,
+            router,
+            stall,
+            None,
+            admin_tls,
+            async move {
+                let _ = admin_done.await;
+            },
+        ))
     });
     let (stop_tx, mut stop_rx) = watch::channel(false);
     // External shutdown signal.
@@ -273,7 +298,7 @@ pub async fn serve_with_admin(
         on_full: Box::new(move || metrics.limit_reached(crate::telemetry::Limit::Connections)),
     };
     let server = async move {
-        crate::server::serve(listener, app, stall, Some(cap), graceful).await;
+        crate::server::serve(listener, app, stall, Some(cap), tls, graceful).await;
         Ok::<(), std::io::Error>(())
     };
     // One deadline for the whole drain, from the stop signal: open connections, then runs

@@ -28,5 +28,6 @@ pub mod shutdown;
 pub mod store;
 pub mod telemetry;
 pub mod threads_api;
+pub mod tls;
 pub mod validate;
 pub mod write_deadline;

@@ -80,6 +80,13 @@ fn main() {
             eprintln!("{e}");
             return 1;
         }
+        // A certificate that cannot be served stops the start, naming the file.
+        for pair in [&cfg.tls, &cfg.metrics_tls].into_iter().flatten() {
+            if let Err(e) = iac_code_agui::tls::Reloading::load(&pair.cert, &pair.key) {
+                eprintln!("{e}");
+                return 1;
+            }
+        }
         let admin = match cfg.metrics_listen.as_deref() {
             None => None,
             Some(a) => match app::bind(a).await {

@@ -89,11 +89,15 @@ pub struct ConnectionCap {
 /// connection finish its current response (idle keep-alive connections close at once) and
 /// returns once all are gone. A connection whose writes make no progress for `stall` is closed.
 /// With `cap`, no more than `cap.max` connections are open at once (see the module's comment).
+/// With `tls`, each connection first completes a TLS handshake within
+/// [`crate::tls::HANDSHAKE_TIMEOUT`], on its own task (a slow handshake holds its connection's
+/// slot, never the accept loop).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     stall: Duration,
     cap: Option<ConnectionCap>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     graceful: impl Future<Output = ()>,
 ) {
     let builder = builder();
@@ -139,14 +143,37 @@ pub async fn serve(
             }
         };
         prepare(&tcp);
-        let io = TokioIo::new(WriteDeadline::new(tcp, stall));
-        let conn = builder.serve_connection(io, TowerToHyperService::new(app.clone()));
-        let conn = shutdown.watch(conn);
+        let io = WriteDeadline::new(tcp, stall);
+        let service = TowerToHyperService::new(app.clone());
+        let Some(acceptor) = &tls else {
+            let conn = builder.serve_connection(TokioIo::new(io), service);
+            let conn = shutdown.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::trace!(error = %e, "connection ended with an error");
+                }
+                // The slot is free once the connection is gone.
+                drop(slot);
+            });
+            continue;
+        };
+        let (acceptor, builder) = (acceptor.clone(), builder.clone());
+        let watcher = shutdown.watcher();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let handshake =
+                tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(io));
+            let stream = match handshake.await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(conn).await {
                 tracing::trace!(error = %e, "connection ended with an error");
             }
-            // The slot is free once the connection is gone.
             drop(slot);
         });
     }

@@ -17,7 +17,8 @@ pub(super) const LEASE_TTL: &str = "--lease-ttl must be a number of seconds, at 
 pub(super) const CLIENT_STALL_TIMEOUT: &str =
     "--client-stall-timeout must be a positive number of seconds.";
 pub(super) const BODY_TIMEOUT: &str = "--body-timeout must be a positive number of seconds.";
-pub(super) const ADVERTISE_URL: &str = "--advertise-url must be an http:// URL.";
+pub(super) const ADVERTISE_URL: &str =
+    "--advertise-url must be an http:// URL (https:// when the listener serves TLS).";
 const ADVERTISE_NEEDED: &str =
     "--advertise-url is needed with --state-url when --host is a wildcard address.";
 pub(super) const MAX_IMAGE_DECODES: &str =
@@ -144,9 +145,15 @@ pub(super) fn state_url(u: &str) -> Result<(), String> {
 
 /// The URL other instances reach this one at: the given one (plain `http://`, normalised to one
 /// trailing `/`), else the bound host and port (a wildcard host has no address to give: empty).
-pub(super) fn advertise(given: Option<&str>, host: &str, port: u16) -> Result<String, String> {
+pub(super) fn advertise(
+    given: Option<&str>,
+    host: &str,
+    port: u16,
+    tls: bool,
+) -> Result<String, String> {
+    let scheme = if tls { "https" } else { "http" };
     if let Some(u) = given {
-        let http = urls::parse(u).is_some_and(|u| u.scheme() == "http");
+        let http = urls::parse(u).is_some_and(|u| u.scheme() == scheme);
         if !http {
             return Err(ADVERTISE_URL.into());
         }
@@ -164,7 +171,7 @@ pub(super) fn advertise(given: Option<&str>, host: &str, port: u16) -> Result<St
     } else {
         h.to_owned()
     };
-    Ok(format!("http://{h}:{port}/"))
+    Ok(format!("{scheme}://{h}:{port}/"))
 }
 
 /// Several instances forward to each other: one on a wildcard host must say where.
@@ -272,20 +279,25 @@ mod tests {
     #[test]
     fn the_advertised_url() {
         assert_eq!(
-            advertise(Some(" http://10.0.0.5:8000 "), "h", 1).unwrap(),
+            advertise(Some(" http://10.0.0.5:8000 "), "h", 1, false).unwrap(),
             "http://10.0.0.5:8000/"
         );
         for bad in ["https://a", "nope", "http:a", ""] {
             assert_eq!(
-                advertise(Some(bad), "h", 1),
+                advertise(Some(bad), "h", 1, false),
                 Err(ADVERTISE_URL.to_owned()),
                 "{bad}"
             );
         }
-        assert_eq!(advertise(None, "::1", 9).unwrap(), "http://[::1]:9/");
-        assert_eq!(advertise(None, "[::]", 9).unwrap(), "");
-        assert_eq!(advertise(None, "0.0.0.0", 9).unwrap(), "");
-        assert_eq!(advertise(None, "gw", 9).unwrap(), "http://gw:9/");
+        assert_eq!(advertise(None, "::1", 9, false).unwrap(), "http://[::1]:9/");
+        assert_eq!(advertise(None, "[::]", 9, false).unwrap(), "");
+        assert_eq!(advertise(None, "0.0.0.0", 9, false).unwrap(), "");
+        assert_eq!(advertise(None, "gw", 9, false).unwrap(), "http://gw:9/");
+        // A listener serving TLS is advertised, and must be, with https.
+        assert_eq!(advertise(None, "gw", 9, true).unwrap(), "https://gw:9/");
+        let https = advertise(Some("https://10.0.0.5:8000"), "h", 1, true).unwrap();
+        assert_eq!(https, "https://10.0.0.5:8000/");
+        assert!(advertise(Some("http://10.0.0.5:8000"), "h", 1, true).is_err());
         assert!(advertised(Some("postgres://h/db"), "").is_err());
         assert!(advertised(None, "").is_ok());
     }

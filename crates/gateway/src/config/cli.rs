@@ -13,7 +13,8 @@ pub struct Cli {
     /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,
     /// max_readers_per_run, max_guidance_per_thread, max_image_decodes, body_timeout,
     /// linger_timeout, allowed_hosts, allow_unauthenticated, auth_jwks, auth_issuer,
-    /// auth_audience, auth_user_claim, auth_jwks_refresh, state_ca_file; dashes or underscores).
+    /// auth_audience, auth_user_claim, auth_jwks_refresh, state_ca_file, tls_cert, tls_key,
+    /// metrics_tls_cert, metrics_tls_key, cluster_ca; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -242,6 +243,23 @@ pub struct Cli {
         value_parser = clap::builder::FalseyValueParser::new()
     )]
     pub allow_unauthenticated: bool,
+    /// The listener's TLS certificate chain (PEM); with --tls-key, the gateway serves https
+    /// (read again on SIGHUP and when the files change) [default: plain HTTP].
+    #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_TLS_CERT")]
+    pub tls_cert: Option<String>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_TLS_KEY")]
+    pub tls_key: Option<String>,
+    /// The admin listener's TLS certificate chain (PEM), with --metrics-tls-key.
+    #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_METRICS_TLS_CERT")]
+    pub metrics_tls_cert: Option<String>,
+    /// The key of --metrics-tls-cert (PEM).
+    #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_METRICS_TLS_KEY")]
+    pub metrics_tls_key: Option<String>,
+    /// The CA certificates (PEM) the other instances' TLS certificates chain to, for forwards
+    /// over https [default: the system's and Mozilla's roots].
+    #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_CLUSTER_CA")]
+    pub cluster_ca: Option<String>,
     /// The CA certificates (PEM) the state database's TLS certificate must chain to, with
     /// `sslmode=verify-ca` or `verify-full` in --state-url [default: the system's and Mozilla's
     /// roots].

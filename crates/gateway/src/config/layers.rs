@@ -53,7 +53,7 @@ impl YamlFile {
     }
 
     /// The value of `key`; null counts as absent.
-    fn get(&self, key: &str) -> Option<&Yaml> {
+    pub(super) fn get(&self, key: &str) -> Option<&Yaml> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 }

@@ -99,6 +99,20 @@ pub struct Config {
     pub cluster_secret: Option<String>,
     /// The CA certificates (PEM) the state database's TLS certificate must chain to.
     pub state_ca_file: Option<PathBuf>,
+    /// The main listener's certificate and key (PEM): it serves TLS.
+    pub tls: Option<TlsPair>,
+    /// The admin listener's.
+    pub metrics_tls: Option<TlsPair>,
+    /// The CA certificates (PEM) the other instances' certificates chain to (forwards over
+    /// `https://`).
+    pub cluster_ca: Option<PathBuf>,
+}
+
+/// A certificate and its key, PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsPair {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// How log lines look.
@@ -155,6 +169,13 @@ const LOG_FORMAT: Opt<Text> = Opt::new("log_format", check::LOG_FORMAT);
 const STATE_URL: Opt<Text> = Opt::new("state_url", check::STATE_URL);
 const LEASE_TTL: Opt<Number> = Opt::new("lease_ttl", check::LEASE_TTL);
 const ADVERTISE_URL: Opt<Text> = Opt::new("advertise_url", check::ADVERTISE_URL);
+const TLS_CERT: Opt<Text> = Opt::new("tls_cert", "--tls-cert must be a string.");
+const TLS_KEY: Opt<Text> = Opt::new("tls_key", "--tls-key must be a string.");
+const METRICS_TLS_CERT: Opt<Text> =
+    Opt::new("metrics_tls_cert", "--metrics-tls-cert must be a string.");
+const METRICS_TLS_KEY: Opt<Text> =
+    Opt::new("metrics_tls_key", "--metrics-tls-key must be a string.");
+const CLUSTER_CA: Opt<Text> = Opt::new("cluster_ca", "--cluster-ca must be a string.");
 const STATE_CA_FILE: Opt<Text> = Opt::new("state_ca_file", "--state-ca-file must be a string.");
 const STATE_DIR: Opt<Text> = Opt::new("state_dir", "--state-dir must be a string.");
 const KERNEL_BACKUP_DIR: Opt<Text> =
@@ -232,7 +253,12 @@ impl Config {
         state_url.as_deref().map(check::state_url).transpose()?;
         let lease_ttl = check::lease_ttl(l.get(&LEASE_TTL, cli.lease_ttl)?.unwrap_or(15.0))?;
         let advertise_url = l.get(&ADVERTISE_URL, cli.advertise_url)?;
-        let advertise_url = check::advertise(advertise_url.as_deref(), &host, port)?;
+        let tls_given = cli
+            .tls_cert
+            .as_deref()
+            .is_some_and(|c| !c.trim().is_empty())
+            || file.get("tls_cert").is_some();
+        let advertise_url = check::advertise(advertise_url.as_deref(), &host, port, tls_given)?;
         check::advertised(state_url.as_deref(), &advertise_url)?;
 
         let home = env("HOME");
@@ -260,6 +286,22 @@ impl Config {
         });
         let kernel_backup_dir = dir(&KERNEL_BACKUP_DIR, cli.kernel_backup_dir)?;
         let state_ca_file = dir(&STATE_CA_FILE, cli.state_ca_file)?;
+        let pair = |cert: Option<PathBuf>, key: Option<PathBuf>, flags: &str| match (cert, key) {
+            (Some(c), Some(k)) => Ok(Some(TlsPair { cert: c, key: k })),
+            (None, None) => Ok(None),
+            _ => Err(format!("{flags} must be given together.")),
+        };
+        let tls = pair(
+            dir(&TLS_CERT, cli.tls_cert)?,
+            dir(&TLS_KEY, cli.tls_key)?,
+            "--tls-cert and --tls-key",
+        )?;
+        let metrics_tls = pair(
+            dir(&METRICS_TLS_CERT, cli.metrics_tls_cert)?,
+            dir(&METRICS_TLS_KEY, cli.metrics_tls_key)?,
+            "--metrics-tls-cert and --metrics-tls-key",
+        )?;
+        let cluster_ca = dir(&CLUSTER_CA, cli.cluster_ca)?;
         let kernel_persistence_dir = dir(&KERNEL_PERSISTENCE_DIR, cli.kernel_persistence_dir)?;
         let kernel_env = l.get(&KERNEL_ENV, Some(cli.kernel_env))?;
         let kernel_env = check::kernel_env(kernel_env.unwrap_or_default())?;
@@ -321,6 +363,9 @@ impl Config {
             jwt,
             cluster_secret,
             state_ca_file,
+            tls,
+            metrics_tls,
+            cluster_ca,
         })
     }
 
@@ -435,6 +480,9 @@ impl fmt::Debug for Config {
             jwt,
             cluster_secret,
             state_ca_file,
+            tls,
+            metrics_tls,
+            cluster_ca,
         } = self;
         f.debug_struct("Config")
             .field("host", host)
@@ -475,6 +523,9 @@ impl fmt::Debug for Config {
             .field("jwt", jwt)
             .field("cluster_secret", &Hidden(cluster_secret.is_some()))
             .field("state_ca_file", state_ca_file)
+            .field("tls", tls)
+            .field("metrics_tls", metrics_tls)
+            .field("cluster_ca", cluster_ca)
             .finish()
     }
 }
@@ -557,6 +608,11 @@ mod tests {
             ("auth_user_claim", "IAC_CODE_AGUI_AUTH_USER_CLAIM"),
             ("auth_jwks_refresh", "IAC_CODE_AGUI_AUTH_JWKS_REFRESH"),
             ("state_ca_file", "IAC_CODE_AGUI_STATE_CA_FILE"),
+            ("tls_cert", "IAC_CODE_AGUI_TLS_CERT"),
+            ("tls_key", "IAC_CODE_AGUI_TLS_KEY"),
+            ("metrics_tls_cert", "IAC_CODE_AGUI_METRICS_TLS_CERT"),
+            ("metrics_tls_key", "IAC_CODE_AGUI_METRICS_TLS_KEY"),
+            ("cluster_ca", "IAC_CODE_AGUI_CLUSTER_CA"),
         ] {
             assert_eq!(var(id).as_deref(), Some(name), "{id}");
         }

@@ -13,6 +13,7 @@
 //! instead of passing it back and forth. A client that goes away drops the relay, and the
 //! holder sees its client go.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -71,11 +72,13 @@ pub enum Mark<'a> {
     Key(&'a str),
 }
 
-/// Who forwards: this instance's id, the caller as authenticated here, and the mark.
+/// Who forwards: this instance's id, the caller as authenticated here, the mark, and the TLS
+/// client for holders advertised with `https://`.
 pub struct Hop<'a> {
     pub me: &'a str,
     pub caller: &'a Caller,
     pub mark: Mark<'a>,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 /// Where a request goes: an advertised URL's parts.
@@ -84,21 +87,31 @@ pub(super) struct Dest {
     host: String,
     port: u16,
     base_path: String,
+    /// `https://`: the TLS client that checks the holder's certificate.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Dest {
-    fn parse(base: &str) -> Result<Dest, Unreachable> {
+    fn parse(base: &str, client: Option<Arc<rustls::ClientConfig>>) -> Result<Dest, Unreachable> {
         let bad = || Unreachable(format!("invalid holder URL {base:?}"));
         let uri: hyper::Uri = base.parse().map_err(|_| bad())?;
         let authority = uri.authority().ok_or_else(bad)?.clone();
+        let tls = match uri.scheme_str() {
+            Some("https") => Some(client.ok_or_else(|| {
+                Unreachable("no TLS client for an https holder (see --cluster-ca)".into())
+            })?),
+            _ => None,
+        };
+        let default_port = if tls.is_some() { 443 } else { 80 };
         Ok(Dest {
+            tls,
             authority: authority.as_str().to_owned(),
             host: authority
                 .host()
                 .trim_start_matches('[')
                 .trim_end_matches(']')
                 .to_owned(),
-            port: authority.port_u16().unwrap_or(80),
+            port: authority.port_u16().unwrap_or(default_port),
             base_path: uri.path().trim_end_matches('/').to_owned(),
         })
     }
@@ -113,7 +126,7 @@ pub async fn forward(
     body: Bytes,
     hop: &Hop<'_>,
 ) -> Result<Response<Body>, Unreachable> {
-    let dest = Dest::parse(base)?;
+    let dest = Dest::parse(base, hop.tls.clone())?;
     let target = format!("{}{path_and_query}", dest.base_path);
     let caller = trust::encode_caller(hop.caller);
     let me = HeaderValue::from_str(hop.me).map_err(|_| Unreachable("bad instance id".into()))?;
@@ -183,7 +196,30 @@ pub(super) async fn send(
     let req = req
         .body(Full::new(body))
         .map_err(|e| Unreachable(format!("request: {e}")))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+    match &dest.tls {
+        None => exchange(tcp, req).await,
+        Some(client) => {
+            let name = rustls::pki_types::ServerName::try_from(dest.host.clone())
+                .map_err(|e| Unreachable(format!("holder name: {e}")))?;
+            let connect = tokio_rustls::TlsConnector::from(client.clone()).connect(name, tcp);
+            let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
+                .await
+                .map_err(|_| Unreachable("TLS handshake timed out".into()))?
+                .map_err(|e| Unreachable(format!("TLS: {e}")))?;
+            exchange(stream, req).await
+        }
+    }
+}
+
+/// One request and its answer's head over `io`.
+async fn exchange<IO>(
+    io: IO,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<hyper::body::Incoming>, Unreachable>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
         .map_err(|e| Unreachable(format!("handshake: {e}")))?;
     tokio::spawn(async move {

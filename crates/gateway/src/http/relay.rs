@@ -35,6 +35,7 @@ pub(super) async fn to_holder(rt: &Runtime, url: &str, out: Outgoing<'_>, lang: 
         me: &me,
         caller: out.caller,
         mark,
+        tls: rt.forward_tls(),
     };
     match forward::forward(url, out.method, out.path, out.headers, out.body, &hop).await {
         Ok(r) => r,

@@ -59,6 +59,8 @@ pub struct Runtime {
     auth: Arc<crate::auth::Auth>,
     /// The instances that proved they share the cluster secret (forwarding).
     peers: crate::forward::Peers,
+    /// The TLS client of forwards to `https://` holders (made at the first).
+    forward_tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
 }
 
 /// `(threadId, runId)` → the run's replay buffer.
@@ -129,6 +131,7 @@ impl Runtime {
             decode_gate,
             auth,
             peers: crate::forward::Peers::default(),
+            forward_tls: std::sync::OnceLock::new(),
         };
         rt.touch();
         rt
@@ -146,6 +149,18 @@ impl Runtime {
     /// The peers proven to share the cluster secret.
     pub fn peers(&self) -> &crate::forward::Peers {
         &self.peers
+    }
+
+    /// The TLS client of forwards to `https://` holders: trusting `--cluster-ca`, else the
+    /// system's and Mozilla's roots (`None` when `--cluster-ca` cannot be read: logged).
+    pub fn forward_tls(&self) -> Option<Arc<rustls::ClientConfig>> {
+        self.forward_tls
+            .get_or_init(|| {
+                crate::tls::client(self.cfg.cluster_ca.as_deref(), "--cluster-ca")
+                    .inspect_err(|e| tracing::error!(error = %e, "no TLS client for forwards"))
+                    .ok()
+            })
+            .clone()
     }
 
     /// What this instance trusts in a forwarded request, now.

@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::support::{bearer_for, ctx, jwks_file, jwt_server, managed, Builder};
 
-const CLIENTS: [&str; 3] = ["1", "0059", "0058"];
+pub const CLIENTS: [&str; 3] = ["1", "0059", "0058"];
 
 /// The expectation of a step that ends cancelled, as `client` is told it.
 fn cancelled(client: &str, mut step: Value) -> Value {
@@ -36,6 +36,11 @@ fn dir() -> PathBuf {
 
 /// Runs the Node runner with `plan`; returns (passed, report).
 async fn runner(plan: Value) -> (bool, Value) {
+    runner_with(plan, &[]).await
+}
+
+/// [`runner`] with variables of its own (`NODE_EXTRA_CA_CERTS` to trust a test's CA).
+pub async fn runner_with(plan: Value, env: &[(&str, &str)]) -> (bool, Value) {
     let d = dir();
     assert!(
         CLIENTS
@@ -45,6 +50,7 @@ async fn runner(plan: Value) -> (bool, Value) {
     );
     let mut child = tokio::process::Command::new("node")
         .arg(d.join("run.mjs"))
+        .envs(env.iter().copied())
         .current_dir(&d)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -73,7 +79,7 @@ async fn runner(plan: Value) -> (bool, Value) {
     (out.status.success(), report)
 }
 
-fn plan(client: &str, url: &str, thread: &str, cwd: &str, steps: Value) -> Value {
+pub fn plan(client: &str, url: &str, thread: &str, cwd: &str, steps: Value) -> Value {
     json!({"client": client, "url": url, "threadId": thread,
            "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": format!("inv-{thread}"), "cwd": cwd}},
            "steps": steps})

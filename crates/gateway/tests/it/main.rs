@@ -28,5 +28,6 @@ mod stall;
 mod store_tls;
 mod support;
 mod telemetry;
+mod tls_listener;
 mod wire;
 mod workspace;

@@ -341,6 +341,13 @@ fn help_documents_every_option() {
         "IAC_CODE_AGUI_AUTH_USER_CLAIM",
         "--auth-jwks-refresh",
         "IAC_CODE_AGUI_AUTH_JWKS_REFRESH",
+        "--state-ca-file",
+        "--tls-cert",
+        "--tls-key",
+        "--metrics-tls-cert",
+        "--metrics-tls-key",
+        "--cluster-ca",
+        "IAC_CODE_AGUI_TLS_CERT",
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");
     }
@@ -846,6 +853,150 @@ async fn jwt_authentication_is_announced_and_an_unreadable_key_set_stops_the_sta
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("cannot read the JWT key set") && err.contains("missing.json"),
+        "{err}"
+    );
+}
+
+/// TLS on both listeners from the binary: https on the main and the admin listener; SIGHUP reads
+/// the certificate again (the process keeps serving: without its handler SIGHUP would end it);
+/// a key that does not match stops the start with a message naming the file.
+#[tokio::test]
+async fn tls_listeners_serve_https_and_sighup_reads_the_certificate_again() {
+    use testkit::tls::Ca;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let write = |name: &str| {
+        let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
+        let (c, k) = (
+            dir.path().join(format!("{name}.crt")),
+            dir.path().join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert).unwrap();
+        std::fs::write(&k, key).unwrap();
+        (c, k)
+    };
+    let (cert, key) = write("main");
+    let (mcert, mkey) = write("admin");
+    let (port, admin) = (free_port(), free_port());
+    let mut child = Command::new(bin())
+        .args([
+            "--port",
+            &port.to_string(),
+            "--a2a-url",
+            "http://127.0.0.1:9/",
+        ])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .args(["--metrics-listen", &format!("127.0.0.1:{admin}")])
+        .arg("--metrics-tls-cert")
+        .arg(&mcert)
+        .arg("--metrics-tls-key")
+        .arg(&mkey)
+        .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = || {
+        reqwest::Client::builder()
+            .no_proxy()
+            .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes()).unwrap())
+            .tls_built_in_root_certs(false)
+            .tls_info(true)
+            .build()
+            .unwrap()
+    };
+    let cert_of = |r: &reqwest::Response| {
+        r.extensions()
+            .get::<reqwest::tls::TlsInfo>()
+            .and_then(|i| i.peer_certificate())
+            .unwrap()
+            .to_vec()
+    };
+    let health = format!("https://127.0.0.1:{port}/health");
+    let start = std::time::Instant::now();
+    let first = loop {
+        match client().get(&health).send().await {
+            Ok(r) => break cert_of(&r),
+            Err(_) if start.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("no https answer: {e}"),
+        }
+    };
+    let metrics = client()
+        .get(format!("https://127.0.0.1:{admin}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 200);
+    // A new pair with the files' times unchanged: only the signal makes it read.
+    let times: Vec<_> = [&cert, &key]
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().modified().unwrap())
+        .collect();
+    let (cert2, key2) = ca.issue(&["localhost", "127.0.0.1"]);
+    for ((p, text), t) in [(&cert, cert2), (&key, key2)].into_iter().zip(times) {
+        std::fs::write(p, text).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGHUP);
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let r = client()
+            .get(&health)
+            .send()
+            .await
+            .expect("still serving after SIGHUP");
+        if cert_of(&r) != first {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "SIGHUP did not read the certificate"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP ended the process"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // Another pair's key: refused at start, naming the file.
+    let (_, other_key) = write("other");
+    let out = Command::new(bin())
+        .args([
+            "--port",
+            &free_port().to_string(),
+            "--a2a-url",
+            "http://127.0.0.1:9/",
+        ])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&other_key)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("other.key") && err.contains("does not match"),
         "{err}"
     );
 }

@@ -43,6 +43,8 @@ pub struct Builder {
     /// Accept JWTs of `testkit::jwt`'s keys: the key set's file (written by `jwt`), and how
     /// often it is read again.
     pub jwks: Option<(PathBuf, Duration)>,
+    /// Serve TLS with this certificate and key (PEM files).
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 pub struct TestServer {
@@ -80,6 +82,7 @@ impl Builder {
             linger_timeout: None,
             allowed_hosts: vec![],
             jwks: None,
+            tls: None,
         }
     }
     /// The bounds on concurrent work (`--max-connections`, `--max-runs`, …).
@@ -129,6 +132,12 @@ impl Builder {
     }
     pub fn auth(mut self, t: &str) -> Self {
         self.auth = Some(t.into());
+        self
+    }
+    /// Serves https with the certificate and key at these paths (the URL stays `http://`: the
+    /// test says `https://` itself).
+    pub fn tls(mut self, cert: &std::path::Path, key: &std::path::Path) -> Self {
+        self.tls = Some((cert.to_owned(), key.to_owned()));
         self
     }
     /// Accepts JWTs checked against the key set at `jwks` (see [`jwks_file`]), issued by
@@ -219,6 +228,13 @@ impl Builder {
         });
         let mut cfg = Config::for_state_dir(dir.join("state"), &*env);
         cfg.auth_token = self.auth.clone();
+        cfg.tls = self
+            .tls
+            .as_ref()
+            .map(|(cert, key)| iac_code_agui::config::TlsPair {
+                cert: cert.clone(),
+                key: key.clone(),
+            });
         if let Some((path, refresh)) = &self.jwks {
             cfg.jwt.jwks = Some(path.display().to_string());
             cfg.jwt.issuer = Some(testkit::jwt::ISSUER.into());

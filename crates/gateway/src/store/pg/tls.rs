@@ -15,8 +15,7 @@ use std::sync::Arc;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{CertificateError, DigitallySignedStruct, Error, RootCertStore, SignatureScheme};
-use rustls_pki_types::pem::PemObject as _;
+use rustls::{CertificateError, DigitallySignedStruct, Error, SignatureScheme};
 
 /// How the connection is encrypted and checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +65,7 @@ pub fn client_config(mode: Mode, ca_file: Option<&Path>) -> Result<rustls::Clien
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS to the state database: {e}"))?;
-    let roots = Arc::new(roots(ca_file)?);
+    let roots = Arc::new(crate::tls::roots(ca_file, "--state-ca-file")?);
     let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
         .build()
         .map_err(|e| format!("TLS to the state database: {e}"))?;
@@ -79,35 +78,6 @@ pub fn client_config(mode: Mode, ca_file: Option<&Path>) -> Result<rustls::Clien
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth())
-}
-
-fn roots(ca_file: Option<&Path>) -> Result<RootCertStore, String> {
-    let mut store = RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("--state-ca-file {}: {e}", path.display()))?;
-            for cert in certs {
-                let cert = cert.map_err(|e| format!("--state-ca-file {}: {e}", path.display()))?;
-                store
-                    .add(cert)
-                    .map_err(|e| format!("--state-ca-file {}: {e}", path.display()))?;
-            }
-            if store.is_empty() {
-                return Err(format!(
-                    "--state-ca-file {}: no certificate in it",
-                    path.display()
-                ));
-            }
-        }
-        None => {
-            store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-            for cert in rustls_native_certs::load_native_certs().certs {
-                let _ = store.add(cert);
-            }
-        }
-    }
-    Ok(store)
 }
 
 /// `verify-ca`: the chain must verify; the name it is for does not matter.
