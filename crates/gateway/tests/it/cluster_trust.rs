@@ -165,3 +165,84 @@ async fn another_secret_or_none_forwards_nothing_of_the_users() {
     assert_valid_run(&plain, "t2", "r3");
     assert_eq!(ka.calls("SendStreamingMessage").len(), sent + 1);
 }
+
+/// Instances serving TLS advertise `https://` and forward to each other over TLS, trusting the
+/// cluster's CA (`--cluster-ca`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_serving_tls_forward_over_tls() {
+    let pg = Cluster::start();
+    let db = pg.create_db("tls");
+    let ws = Workspace::new();
+    let ca = testkit::tls::Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
+    let paths = ["cert.pem", "key.pem", "ca.pem"].map(|n| dir.path().join(n));
+    for (p, text) in paths.iter().zip([cert, key, ca.pem()]) {
+        std::fs::write(p, text).unwrap();
+    }
+    let [cert, key, ca_file] = paths.map(|p| p.display().to_string());
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let mut env = ws.env();
+    env.push(("IAC_CODE_AGUI_CLUSTER_SECRET".into(), SECRET.into()));
+    let start = |k: &FakeKernel| {
+        let args = [
+            "--a2a-url",
+            &k.url(),
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--cluster-ca",
+            &ca_file,
+        ];
+        Instance::spawn(&db, &args, &env)
+    };
+    let (a, b) = (start(&ka), start(&kb));
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes()).unwrap())
+        .tls_built_in_root_certs(false)
+        .build()
+        .unwrap();
+    let https = |i: &Instance| i.url().replacen("http://", "https://", 1);
+    for i in [&a, &b] {
+        let t0 = std::time::Instant::now();
+        while client
+            .get(format!("{}health", https(i)))
+            .send()
+            .await
+            .is_err()
+        {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(30),
+                "{}",
+                i.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    let advertised = pg.psql("tls", "SELECT advertise_url FROM agui_instances ORDER BY 1");
+    assert!(
+        advertised.lines().all(|u| u.starts_with("https://")),
+        "{advertised}"
+    );
+    turn(&ka, "t1", "task-1", "from A", vec![]);
+    let run = client
+        .post(https(&a))
+        .header("content-type", "application/json")
+        .body(body("t1", "r1", "hi", &ws.cwd("t1"), json!({})).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(run.status(), 200);
+    assert!(run.text().await.unwrap().contains("RUN_FINISHED"));
+    // Asked at B, answered by A over TLS.
+    let state = client
+        .get(format!("{}threads/t1", https(&b)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(state.status(), 200, "{}", b.log());
+    let v: serde_json::Value = serde_json::from_slice(&state.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["threadId"], "t1");
+}
