@@ -126,8 +126,10 @@ try {
     userDataDir: profile,
     // The background-networking flags keep Chromium from dialling out (refused on a closed
     // network); puppeteer passes some of them too, they are repeated here on purpose.
+    // `chromiumArgs`: the plan's own (such as trusting a test's certificate by its key).
     args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      ...(plan.chromiumArgs ?? [])],
     timeout: 60000,
   });
   report.browser = await browser.version();

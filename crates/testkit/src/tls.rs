@@ -28,7 +28,18 @@ impl Ca {
 
     /// A server certificate for `names` (host names or IP addresses) and its key, PEM.
     pub fn issue(&self, names: &[&str]) -> (String, String) {
+        let (cert, key, _) = self.issue_with_spki(names);
+        (cert, key)
+    }
+
+    /// [`Ca::issue`], and the base64 SHA-256 of the certificate's public key (what Chromium's
+    /// `--ignore-certificate-errors-spki-list` takes to trust exactly this certificate).
+    pub fn issue_with_spki(&self, names: &[&str]) -> (String, String, String) {
+        use base64::Engine as _;
+        use sha2::Digest as _;
         let key = KeyPair::generate().expect("server key");
+        let spki = base64::engine::general_purpose::STANDARD
+            .encode(sha2::Sha256::digest(key.public_key_der()));
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let mut params = CertificateParams::new(names).expect("server params");
         params
@@ -37,7 +48,7 @@ impl Ca {
         let cert = params
             .signed_by(&key, &self.cert, &self.key)
             .expect("server certificate");
-        (cert.pem(), key.serialize_pem())
+        (cert.pem(), key.serialize_pem(), spki)
     }
 }
 

@@ -622,6 +622,25 @@ mod tests {
     }
 
     #[test]
+    fn a_tls_pair_comes_whole_and_makes_the_advertised_url_https() {
+        let e = load(&["--tls-cert", "/c.pem"], &[]).unwrap_err();
+        assert_eq!(e, "--tls-cert and --tls-key must be given together.");
+        let e = load(&["--metrics-tls-key", "/k.pem"], &[]).unwrap_err();
+        assert!(
+            e.contains("--metrics-tls-cert and --metrics-tls-key"),
+            "{e}"
+        );
+        let c = load(&["--tls-cert", "/c.pem", "--tls-key", "/k.pem"], &[]).unwrap();
+        let pair = c.tls.unwrap();
+        assert_eq!(
+            (pair.cert.to_str(), pair.key.to_str()),
+            (Some("/c.pem"), Some("/k.pem"))
+        );
+        assert_eq!(c.advertise_url, "https://127.0.0.1:8000/");
+        assert!(load(&[], &[]).unwrap().tls.is_none());
+    }
+
+    #[test]
     fn a_cluster_secret_has_32_characters_and_is_never_shown() {
         assert_eq!(load(&[], &[]).unwrap().cluster_secret, None);
         let short = load(&[], &[("IAC_CODE_AGUI_CLUSTER_SECRET", "too-short")]).unwrap_err();
@@ -1019,11 +1038,11 @@ linger_timeout: 3
             ),
             (
                 &["--advertise-url", "https://a"][..],
-                "--advertise-url must be an http:// URL.",
+                "--advertise-url must be an http:// URL (https:// when the listener serves TLS).",
             ),
             (
                 &["--advertise-url", "nope"][..],
-                "--advertise-url must be an http:// URL.",
+                "--advertise-url must be an http:// URL (https:// when the listener serves TLS).",
             ),
         ] {
             assert_eq!(load(args, &[]).unwrap_err(), err, "{args:?}");

@@ -1,7 +1,8 @@
 //! Real-browser tier: headless Chromium (Debian's, driven by `conformance/browser/drive.mjs`
 //! through puppeteer-core) loads a page from another origin whose script is the official
 //! `@ag-ui/client` (1.0.0 and 0.0.59), bundled by esbuild at test time from the conformance
-//! lockfile. The page runs real-kernel turns against the gateway cross-origin with its user's own
+//! lockfile. The page runs real-kernel turns against the gateway, over https (a certificate of
+//! the test's own CA, which Chromium is told to trust by its key), cross-origin, with its user's own
 //! JWT as the bearer token (so every POST is preflighted; the gateway verifies it against the
 //! key set and the thread becomes that user's): a permission interrupt answered by clicking the page's "Allow"
 //! button, then a plain turn. Any console error (CORS blocks land there), page error, failed
@@ -152,6 +153,13 @@ async fn official_clients_in_chromium_across_origins() {
     let kernel = managed(&env).await;
     let keys = tempfile::tempdir().unwrap();
     let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    // The gateway serves https with a certificate of the test's own CA; Chromium trusts exactly
+    // that certificate (by its public key), nothing else.
+    let ca = testkit::tls::Ca::new();
+    let (cert, key, spki) = ca.issue_with_spki(&["127.0.0.1", "localhost"]);
+    let (cert_file, key_file) = (keys.path().join("cert.pem"), keys.path().join("key.pem"));
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, key).unwrap();
     let s = Builder::new()
         .dir(env.dir.path().canonicalize().unwrap())
         .env(
@@ -160,6 +168,7 @@ async fn official_clients_in_chromium_across_origins() {
         )
         .kernel(kernel.clone())
         .jwks(&jwks, Duration::from_secs(300))
+        .tls(&cert_file, &key_file)
         .cors_origin(&allowed)
         .start()
         .await;
@@ -176,6 +185,7 @@ async fn official_clients_in_chromium_across_origins() {
         .start()
         .await;
 
+    let secure = s.url.replacen("http://", "https://", 1);
     for client in CLIENTS {
         let thread = format!("browser-{client}");
         let blocked = format!("blocked-{client}");
@@ -188,12 +198,13 @@ async fn official_clients_in_chromium_across_origins() {
         );
         reattach_config["mode"] = json!("reattach");
         reattach_config["dropAfter"] = json!(5);
-        let plan = json!({"timeoutMs": 180_000, "pages": [
+        let trust = format!("--ignore-certificate-errors-spki-list={spki}");
+        let plan = json!({"timeoutMs": 180_000, "chromiumArgs": [trust], "pages": [
             {"name": "allowed", "page": format!("{allowed}/{client}/"),
-             "config": page_config(&env, &s.url, &thread, json!(["Run. scenario:bash", "Hello. scenario:text"])),
+             "config": page_config(&env, &secure, &thread, json!(["Run. scenario:bash", "Hello. scenario:text"])),
              "expect": ["interrupt", "success", "success"]},
             {"name": "blocked", "page": format!("{foreign}/{client}/"),
-             "config": page_config(&env, &s.url, &blocked, json!(["Hello. scenario:text"])),
+             "config": page_config(&env, &secure, &blocked, json!(["Hello. scenario:text"])),
              "expect": "blocked"},
             {"name": "reattach", "page": format!("{allowed}/{client}/"),
              "config": reattach_config, "expect": ["success"], "dropsStream": true}]});
