@@ -59,37 +59,6 @@ async fn bounded<T>(
         .unwrap_or_else(|_| Err(StoreError::Unavailable(format!("{what}: timed out"))))
 }
 
-/// An error and its sources, `: `-separated (the TLS reason is a few sources down).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !text.contains(&s_text) {
-            text = format!("{text}: {s_text}");
-        }
-        source = s.source();
-    }
-    text
-}
-
-/// Why the first connection failed, said plainly for the TLS cases.
-fn connect_error(e: &str, mode: Option<tls::Mode>) -> String {
-    if mode.is_some() && e.contains("TLS") && e.contains("not support") {
-        return format!(
-            "cannot connect to the state database: it does not offer TLS, which --state-url's \
-             sslmode asks for ({e})"
-        );
-    }
-    if mode.is_some() && (e.contains("certificate") || e.contains("TLS handshake")) {
-        return format!(
-            "cannot connect to the state database: its TLS certificate is not trusted (--state-ca-file, \
-             sslmode): {e}"
-        );
-    }
-    format!("cannot connect to the state database: {e}")
-}
-
 /// A row as [`LOCK_ROW`] reads it.
 struct Locked {
     doc: Option<ThreadDoc>,
@@ -181,10 +150,7 @@ impl PgStore {
         // the lease.
         let beats = pool(config.clone(), 2)?;
         let pool = pool(config, POOL_SIZE)?;
-        let mut client = pool
-            .get()
-            .await
-            .map_err(|e| connect_error(&chain(&e), mode))?;
+        let mut client = pool.get().await.map_err(|e| tls::connect_error(&e, mode))?;
         schema::migrate(&mut client).await?;
         let forward_key = schema::forward_key(&client).await?;
         drop(client);

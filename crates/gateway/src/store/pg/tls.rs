@@ -80,6 +80,38 @@ pub fn client_config(mode: Mode, ca_file: Option<&Path>) -> Result<rustls::Clien
         .with_no_client_auth())
 }
 
+/// An error and its sources, `: `-separated (the TLS reason is a few sources down).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text = format!("{text}: {s_text}");
+        }
+        source = s.source();
+    }
+    text
+}
+
+/// Why the first connection failed, said plainly for the TLS cases.
+pub(super) fn connect_error(e: &dyn std::error::Error, mode: Option<Mode>) -> String {
+    let e = &chain(e);
+    if mode.is_some() && e.contains("TLS") && e.contains("not support") {
+        return format!(
+            "cannot connect to the state database: it does not offer TLS, which --state-url's \
+             sslmode asks for ({e})"
+        );
+    }
+    if mode.is_some() && (e.contains("certificate") || e.contains("TLS handshake")) {
+        return format!(
+            "cannot connect to the state database: its TLS certificate is not trusted (--state-ca-file, \
+             sslmode): {e}"
+        );
+    }
+    format!("cannot connect to the state database: {e}")
+}
+
 /// `verify-ca`: the chain must verify; the name it is for does not matter.
 #[derive(Debug)]
 struct AnyName(Arc<WebPkiServerVerifier>);
