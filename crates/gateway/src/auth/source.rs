@@ -55,7 +55,8 @@ pub struct KeySource {
     /// When the set was last read (or a read was last tried); `None`: never.
     last_read: Mutex<Option<Instant>>,
     min_interval: Duration,
-    client: reqwest::Client,
+    /// `None` only when it could not be made (logged): a URL is then never read.
+    client: Option<reqwest::Client>,
 }
 
 impl KeySource {
@@ -71,12 +72,23 @@ impl KeySource {
 
     /// A source with no keys yet (every token refused until a read succeeds).
     pub fn empty(origin: Origin, min_interval: Duration) -> KeySource {
+        // A redirect may not leave https (the set would then travel in the clear).
+        let policy = reqwest::redirect::Policy::custom(|attempt| {
+            let downgrade = attempt.previous().iter().any(|u| u.scheme() == "https")
+                && attempt.url().scheme() != "https";
+            if downgrade || attempt.previous().len() >= 3 {
+                attempt.stop()
+            } else {
+                attempt.follow()
+            }
+        });
         let client = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(FETCH_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::limited(3))
+            .redirect(policy)
             .build()
-            .unwrap_or_default();
+            .inspect_err(|e| tracing::error!(error = %e, "no HTTP client for the JWT key set"))
+            .ok();
         KeySource {
             origin,
             current: RwLock::new(Arc::new(KeySet::default())),
@@ -149,7 +161,7 @@ impl KeySource {
                     .await
                     .map_err(|e| format!("reading the JWT key set: {e}"))?
             }
-            Origin::Url(url) => fetch(&self.client, url)
+            Origin::Url(url) => fetch(self.client.as_ref().ok_or("no HTTP client")?, url)
                 .await
                 .map_err(|e| format!("{}: {e}", self.origin)),
         }

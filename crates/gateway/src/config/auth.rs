@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::layers::{Layers, Number, Opt, Text};
 
 /// The JWT options (`jwks: None`: JWTs are not accepted).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct JwtConfig {
     /// A JWKS file's path or URL.
     pub jwks: Option<String>,
@@ -18,6 +18,23 @@ pub struct JwtConfig {
     pub user_claim: String,
     /// How often the key set is read again [default: 300 s].
     pub jwks_refresh: Duration,
+}
+
+impl std::fmt::Debug for JwtConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A key set URL's query may hold a key of the identity provider's: not shown.
+        let jwks = self
+            .jwks
+            .as_deref()
+            .map(|j| crate::auth::source::Origin::parse(j).to_string());
+        f.debug_struct("JwtConfig")
+            .field("jwks", &jwks)
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .field("user_claim", &self.user_claim)
+            .field("jwks_refresh", &self.jwks_refresh)
+            .finish()
+    }
 }
 
 impl Default for JwtConfig {
@@ -69,6 +86,9 @@ pub(super) fn load(l: &Layers<'_>, flags: Flags) -> Result<JwtConfig, String> {
     if !(1.0..=86400.0).contains(&refresh) {
         return Err(JWKS_REFRESH_ERR.to_owned());
     }
+    if let Some(j) = jwks.as_deref() {
+        check_jwks_url(j)?;
+    }
     if jwks.is_some() && (issuer.is_none() || audience.is_none()) {
         return Err(NEEDS.to_owned());
     }
@@ -79,6 +99,25 @@ pub(super) fn load(l: &Layers<'_>, flags: Flags) -> Result<JwtConfig, String> {
         user_claim,
         jwks_refresh: Duration::from_secs_f64(refresh),
     })
+}
+
+/// A key set fetched over the network comes over https: whoever can change it in transit can
+/// sign any user's token. Plain http only to a loopback address.
+fn check_jwks_url(j: &str) -> Result<(), String> {
+    if !j
+        .get(..7)
+        .is_some_and(|p| p.eq_ignore_ascii_case("http://"))
+    {
+        return Ok(());
+    }
+    match super::urls::parse(j) {
+        Some(u) if super::urls::is_loopback(&u) => Ok(()),
+        _ => Err(
+            "--auth-jwks must be an https:// URL (http:// only on a loopback address) or a \
+                  file's path."
+                .into(),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -152,6 +191,15 @@ mod tests {
         ] {
             let e = load(args, None).unwrap_err();
             assert!(e.contains(needle), "{args:?}: {e}");
+        }
+        let e = load(&["--auth-jwks", "http://idp.example/keys"], None).unwrap_err();
+        assert!(e.contains("https://"), "{e}");
+        for ok in [
+            "http://127.0.0.1:9/keys",
+            "https://idp.example/keys",
+            "/etc/jwks.json",
+        ] {
+            assert_eq!(super::check_jwks_url(ok), Ok(()), "{ok}");
         }
         let e = load(&[], Some("auth_issuer: 5\n")).unwrap_err();
         assert_eq!(e, "--auth-issuer must be a string.");

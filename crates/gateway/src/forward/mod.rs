@@ -26,7 +26,7 @@ mod peer;
 mod trust;
 
 pub use peer::{hello_answer, Peers};
-pub use trust::{body_digest, forwarded, is_forwarded, Forwarded, Trust};
+pub use trust::{body_digest, forwarded, is_forwarded, Forwarded, Seen, Trust};
 
 use crate::auth::Caller;
 

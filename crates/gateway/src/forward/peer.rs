@@ -1,7 +1,8 @@
 //! Proving a peer before anything is sent to it: with a cluster secret, the forwarding instance
 //! first asks the holder's advertised URL to prove it knows the secret
-//! (`GET /cluster/v1/hello?nonce=…`, answered with the instance's id and an HMAC over the nonce
-//! and that id). A listener that cannot prove it (an `advertise_url` rewritten in the database to
+//! (`GET /cluster/v1/hello?nonce=…`, answered with the instance's id, its advertised URL and an
+//! HMAC over the nonce, the id and that URL; the URL must be the one dialled, so an answer relayed
+//! from another instance by whoever rewrote the database proves nothing). A listener that cannot prove it (an `advertise_url` rewritten in the database to
 //! point elsewhere) receives that question and nothing else: no token, no body. A proof is kept
 //! for [`PROVEN_FOR`] per URL.
 
@@ -46,7 +47,7 @@ impl Peers {
                 }
             }
         }
-        let id = tokio::time::timeout(HELLO_TIMEOUT, ask(dest, secret))
+        let id = tokio::time::timeout(HELLO_TIMEOUT, ask(base, dest, secret))
             .await
             .map_err(|_| Unreachable("the peer did not prove itself in time".into()))??;
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -59,13 +60,13 @@ impl Peers {
     }
 }
 
-fn proof(secret: &[u8], nonce: &str, instance: &str) -> String {
+fn proof(secret: &[u8], nonce: &str, instance: &str, url: &str) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
-    mac.update(format!("iac-code-agui-hello-v1\n{nonce}\n{instance}").as_bytes());
+    mac.update(format!("iac-code-agui-hello-v1\n{nonce}\n{instance}\n{url}").as_bytes());
     hex::encode(mac.finalize().into_bytes())
 }
 
-async fn ask(dest: &Dest, secret: &[u8]) -> Result<String, Unreachable> {
+async fn ask(base: &str, dest: &Dest, secret: &[u8]) -> Result<String, Unreachable> {
     let nonce = hex::encode(rand::random::<[u8; 24]>());
     let target = format!("{}/cluster/v1/hello?nonce={nonce}", dest.base_path);
     let answer = send(dest, Method::GET, &target, Vec::new(), bytes::Bytes::new()).await?;
@@ -79,10 +80,19 @@ async fn ask(dest: &Dest, secret: &[u8]) -> Result<String, Unreachable> {
         .map_err(|_| refused("its answer is too long or broken"))?
         .to_bytes();
     let v: Value = serde_json::from_slice(&body).map_err(|_| refused("its answer is not JSON"))?;
-    let (Some(id), Some(given)) = (v["instance"].as_str(), v["proof"].as_str()) else {
+    let (Some(id), Some(url), Some(given)) = (
+        v["instance"].as_str(),
+        v["url"].as_str(),
+        v["proof"].as_str(),
+    ) else {
         return Err(refused("its answer is not a proof"));
     };
-    let ok: bool = proof(secret, &nonce, id)
+    if url != base {
+        return Err(refused(
+            "it is advertised at another URL (an answer relayed from elsewhere)",
+        ));
+    }
+    let ok: bool = proof(secret, &nonce, id, base)
         .as_bytes()
         .ct_eq(given.as_bytes())
         .into();
@@ -94,11 +104,11 @@ async fn ask(dest: &Dest, secret: &[u8]) -> Result<String, Unreachable> {
     Ok(id.to_owned())
 }
 
-/// The answer of `GET /cluster/v1/hello?nonce=…` for an instance `me` with `secret`; `None` for
-/// a nonce that is not 32 to 128 hex digits.
-pub fn hello_answer(secret: &[u8], me: &str, nonce: &str) -> Option<Value> {
+/// The answer of `GET /cluster/v1/hello?nonce=…` for an instance `me` advertised at `url`, with
+/// `secret`; `None` for a nonce that is not 32 to 128 hex digits.
+pub fn hello_answer(secret: &[u8], me: &str, url: &str, nonce: &str) -> Option<Value> {
     let ok = NONCE.contains(&nonce.len()) && nonce.bytes().all(|b| b.is_ascii_hexdigit());
-    ok.then(|| json!({"instance": me, "proof": proof(secret, nonce, me)}))
+    ok.then(|| json!({"instance": me, "url": url, "proof": proof(secret, nonce, me, url)}))
 }
 
 #[cfg(test)]
@@ -106,25 +116,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_hello_proves_the_secret_and_the_instance() {
+    fn a_hello_proves_the_secret_the_instance_and_its_url() {
+        let (k, url) = (b"s3cret-s3cret-s3cret-s3cret-1234", "http://10.0.0.5:8000/");
         let nonce = "ab".repeat(16);
-        let a = hello_answer(b"s3cret-s3cret-s3cret-s3cret-1234", "inst-1", &nonce).unwrap();
-        assert_eq!(a["instance"], "inst-1");
-        let p = a["proof"].as_str().unwrap();
+        let a = hello_answer(k, "inst-1", url, &nonce).unwrap();
         assert_eq!(
-            p,
-            proof(b"s3cret-s3cret-s3cret-s3cret-1234", &nonce, "inst-1")
+            (a["instance"].as_str(), a["url"].as_str()),
+            (Some("inst-1"), Some(url))
         );
+        let p = a["proof"].as_str().unwrap();
+        assert_eq!(p, proof(k, &nonce, "inst-1", url));
         assert_ne!(
             p,
-            proof(b"another-secret-another-secret-12", &nonce, "inst-1")
+            proof(b"another-secret-another-secret-12", &nonce, "inst-1", url)
         );
-        assert_ne!(
-            p,
-            proof(b"s3cret-s3cret-s3cret-s3cret-1234", &nonce, "inst-2")
-        );
+        assert_ne!(p, proof(k, &nonce, "inst-2", url));
+        // Relayed from an instance advertised elsewhere: another proof.
+        assert_ne!(p, proof(k, &nonce, "inst-1", "http://evil:8000/"));
         for bad in ["", "abc", &"g".repeat(32), &"a".repeat(129)] {
-            assert!(hello_answer(b"k", "i", bad).is_none(), "{bad:?}");
+            assert!(hello_answer(b"k", "i", url, bad).is_none(), "{bad:?}");
         }
     }
 }

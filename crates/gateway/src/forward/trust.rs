@@ -47,6 +47,9 @@ pub struct Trust<'a> {
     pub me: Option<&'a str>,
     /// Now, in Unix seconds.
     pub now: u64,
+    /// Callers must authenticate here: no instance forwards a caller without authentication
+    /// then, so a mark claiming one is forged.
+    pub auth_required: bool,
 }
 
 /// A request another instance forwarded: the caller it authenticated, and the body digest the
@@ -55,6 +58,30 @@ pub struct Trust<'a> {
 pub struct Forwarded {
     pub caller: Caller,
     pub body_sha256: Option<String>,
+    /// A signed forward's signature and time: it counts once (see [`Seen`]).
+    pub signature: Option<(String, u64)>,
+}
+
+/// The signatures of the signed forwards taken within their window: a forward counts once, so
+/// one captured on the way cannot be sent again. Bounded: at most [`Seen::MOST`] are kept (past
+/// them, forwards are refused until some leave the window; at 30 s that is thousands a second).
+#[derive(Default)]
+pub struct Seen(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+impl Seen {
+    pub const MOST: usize = 100_000;
+
+    /// Whether `signature` (of a forward made at `time`) is new at `now`; it is remembered.
+    pub fn first(&self, signature: &str, time: u64, now: u64) -> bool {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() >= Self::MOST {
+            seen.retain(|_, t| t.abs_diff(now) <= WINDOW.as_secs());
+            if seen.len() >= Self::MOST {
+                return false;
+            }
+        }
+        seen.insert(signature.to_owned(), time).is_none()
+    }
 }
 
 /// The SHA-256 of a body, in hex.
@@ -72,6 +99,9 @@ pub fn forwarded(
     let from = headers.get(FORWARDED)?.to_str().ok()?;
     let caller_text = headers.get(CALLER)?.to_str().ok()?;
     let caller = decode_caller(caller_text)?;
+    if trust.auth_required && caller.via == Via::Open {
+        return None;
+    }
     match trust.secret {
         Some(secret) => {
             let text = |h: &str| headers.get(h).and_then(|v| v.to_str().ok());
@@ -97,6 +127,7 @@ pub fn forwarded(
             ok.then(|| Forwarded {
                 caller,
                 body_sha256: Some(body.to_owned()),
+                signature: Some((sig.to_owned(), t)),
             })
         }
         None => {
@@ -106,6 +137,7 @@ pub fn forwarded(
             ok.then_some(Forwarded {
                 caller,
                 body_sha256: None,
+                signature: None,
             })
         }
     }

@@ -41,7 +41,8 @@ pub(super) async fn cancel_route(
         body: raw,
         caller: &caller,
     };
-    if let Some(r) = held_elsewhere(&rt, thread_id, out, hl).await {
+    let missing = crate::run::cancel::not_found();
+    if let Some(r) = held_elsewhere(&rt, thread_id, out, CANCEL_ROUTE, missing, hl).await {
         return r;
     }
     let cancelled = observer::with_incoming(

@@ -166,6 +166,15 @@ async fn authenticate(
 ) -> Result<(Caller, Option<String>), Response> {
     // Forwarded by another instance: authenticated there.
     if let Some(f) = rt.with_trust(|t| forward::forwarded(method, path, headers, t)) {
+        // A signed forward counts once: one sent again is no forward (and no client either).
+        let fresh = f.signature.as_ref().is_none_or(|(sig, time)| {
+            let now = rt.with_trust(|t| t.now);
+            rt.forwards_seen().first(sig, *time, now)
+        });
+        if !fresh {
+            tracing::warn!("a signed forward was sent again: refused");
+            return Err(ApiError::new(Code::Unauthorized, msg::UNAUTHORIZED).into_response_in(hl));
+        }
         return Ok((f.caller, f.body_sha256));
     }
     match rt.auth().authenticate(headers).await {
@@ -419,6 +428,10 @@ async fn run_request(
         Err(e) => return refused(e),
     };
     let secrets = request.iac.carries_secrets();
+    let (stranger, thread_id) = (
+        admit::stranger_answer(&request),
+        request.envelope.thread_id.clone(),
+    );
     span.record("thread_id", request.envelope.thread_id.as_str());
     span.record("run_id", request.envelope.run_id.as_str());
     match admit::admit(&rt, request).await {
@@ -431,6 +444,11 @@ async fn run_request(
         Err(admit::NotAdmitted::Refused(e)) => refused(e),
         Err(admit::NotAdmitted::HeldElsewhere(url)) => {
             drop(slot);
+            // Another user's thread is answered here as admission would, never forwarded.
+            if let Err(r) = relay::theirs(&rt, &who, &thread_id, RUN_ROUTE, stranger, lang).await {
+                span.record("outcome", "refused");
+                return r;
+            }
             // A user's secrets cross to another instance only to one proven by the secret.
             if secrets && rt.cfg().cluster_secret.is_none() {
                 tracing::error!(

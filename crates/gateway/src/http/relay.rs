@@ -52,6 +52,8 @@ pub(super) async fn held_elsewhere(
     rt: &Runtime,
     thread_id: &str,
     out: Outgoing<'_>,
+    route: &'static str,
+    missing: ApiError,
     lang: Lang,
 ) -> Option<Response> {
     // A forwarded request is looked up too: one that reached a non-holder (the thread moved
@@ -63,7 +65,12 @@ pub(super) async fn held_elsewhere(
     }
     match rt.threads().holder(thread_id).await {
         Ok(Holder::Here { .. }) => None,
-        Ok(Holder::Elsewhere(url)) => Some(to_holder(rt, &url, out, lang).await),
+        Ok(Holder::Elsewhere(url)) => Some(
+            match theirs(rt, out.caller, thread_id, route, missing, lang).await {
+                Ok(()) => to_holder(rt, &url, out, lang).await,
+                Err(r) => r,
+            },
+        ),
         Err(e) => {
             tracing::warn!(error = %e, "thread state unavailable");
             Some(
@@ -74,13 +81,42 @@ pub(super) async fn held_elsewhere(
     }
 }
 
-/// [`held_elsewhere`] for the GET routes (no body).
+/// Before a request for a thread another instance holds leaves: another user's thread gets
+/// `missing` (what the route answers for a thread that does not exist) here, without a forward
+/// whose answer or failure could tell it apart.
+pub(super) async fn theirs(
+    rt: &Runtime,
+    caller: &Caller,
+    thread_id: &str,
+    route: &'static str,
+    missing: ApiError,
+    lang: Lang,
+) -> Result<(), Response> {
+    match access::may_touch(rt, caller, thread_id).await {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            let user = caller.user.as_deref();
+            access::record(
+                rt.metrics(),
+                route,
+                Refused::NotOwner,
+                user,
+                Some(thread_id),
+            );
+            Err(missing.into_response_in(lang))
+        }
+        Err(e) => Err(e.into_response_in(lang)),
+    }
+}
+
+/// [`held_elsewhere`] for the GET routes (no body): another user's thread is not found.
 pub(super) async fn get_held_elsewhere(
     rt: &Runtime,
     thread_id: &str,
     headers: &HeaderMap,
     path: String,
     caller: &Caller,
+    route: &'static str,
     lang: Lang,
 ) -> Option<Response> {
     let out = Outgoing {
@@ -90,7 +126,8 @@ pub(super) async fn get_held_elsewhere(
         body: Bytes::new(),
         caller,
     };
-    held_elsewhere(rt, thread_id, out, lang).await
+    let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
+    held_elsewhere(rt, thread_id, out, route, missing, lang).await
 }
 
 /// `GET /cluster/v1/hello?nonce=…`: with a cluster secret and a shared store, this instance
@@ -112,7 +149,8 @@ pub(super) async fn cluster_hello(State(s): State<AppState>, req: Request) -> Re
         .split('&')
         .find_map(|kv| kv.strip_prefix("nonce="))
         .unwrap_or("");
-    match forward::hello_answer(secret.as_bytes(), &me, nonce) {
+    let url = &s.rt.cfg().advertise_url;
+    match forward::hello_answer(secret.as_bytes(), &me, url, nonce) {
         Some(v) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],

@@ -26,8 +26,16 @@ pub(super) async fn events_route(
     let Ok(after) = threads_api::resume_point(req.headers(), req.uri().query()) else {
         return ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl);
     };
-    if let Some(r) =
-        get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), &caller, hl).await
+    if let Some(r) = get_held_elsewhere(
+        &s.rt,
+        &thread_id,
+        req.headers(),
+        path_of(&req),
+        &caller,
+        EVENTS_ROUTE,
+        hl,
+    )
+    .await
     {
         return r;
     }
@@ -57,8 +65,16 @@ pub(super) async fn thread_route(
     if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
         return e.into_response_in(hl);
     }
-    if let Some(r) =
-        get_held_elsewhere(&s.rt, &thread_id, req.headers(), path_of(&req), &caller, hl).await
+    if let Some(r) = get_held_elsewhere(
+        &s.rt,
+        &thread_id,
+        req.headers(),
+        path_of(&req),
+        &caller,
+        THREAD_ROUTE,
+        hl,
+    )
+    .await
     {
         return r;
     }

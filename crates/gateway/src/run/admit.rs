@@ -85,6 +85,14 @@ pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
     // among `--max-guidance-per-thread`, before anything costly (a decode, a workspace) or the
     // store is touched.
     let guidance = match mode_of(&req) {
+        // Whose the thread is first: a stranger neither takes nor learns of its places.
+        Mode::Guidance
+            if !crate::auth::access::may_touch(rt, &req.caller, &req.envelope.thread_id)
+                .await? =>
+        {
+            strangers_refused(rt, &req);
+            return Err(admission::stranger_answer(&Mode::Guidance).into());
+        }
         Mode::Guidance => match rt.limits().guidance(&req.envelope.thread_id) {
             Some(g) => Some(g),
             None => {
@@ -101,6 +109,11 @@ pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
         .await;
     rt.metrics().admission(started.elapsed());
     admitted
+}
+
+/// What `req` gets when its thread is another user's (see `admission::stranger_answer`).
+pub fn stranger_answer(req: &RunRequest) -> ApiError {
+    admission::stranger_answer(&mode_of(req))
 }
 
 /// The kind of run a request asks for.

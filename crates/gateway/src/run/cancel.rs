@@ -29,7 +29,7 @@ impl CancelOutcome {
     }
 }
 
-fn not_found() -> ApiError {
+pub fn not_found() -> ApiError {
     ApiError::new(Code::ExecutionNotFound, msg::EXECUTION_NOT_FOUND)
 }
 
@@ -67,6 +67,19 @@ pub async fn cancel(
     ros_invocation_id: &str,
 ) -> Result<CancelOutcome, ApiError> {
     let threads = rt.threads();
+    // Another user's thread is, to this caller, one that does not exist: checked before the
+    // claim, which may take a thread over (a write); nothing expires, nothing is cancelled.
+    if !access::may_touch(rt, caller, thread_id).await? {
+        let user = caller.user.as_deref();
+        access::record(
+            rt.metrics(),
+            CANCEL_ROUTE,
+            Refused::NotOwner,
+            user,
+            Some(thread_id),
+        );
+        return Err(not_found());
+    }
     let slot = threads.slot(thread_id);
     let (task_id, control, hold) = {
         // A shared store hands the thread to this instance first (its holder dead), or says

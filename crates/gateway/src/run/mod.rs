@@ -59,6 +59,8 @@ pub struct Runtime {
     auth: Arc<crate::auth::Auth>,
     /// The instances that proved they share the cluster secret (forwarding).
     peers: crate::forward::Peers,
+    /// The signed forwards taken lately (each counts once).
+    forwards_seen: crate::forward::Seen,
     /// The TLS client of forwards to `https://` holders (made at the first).
     forward_tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
 }
@@ -131,6 +133,7 @@ impl Runtime {
             decode_gate,
             auth,
             peers: crate::forward::Peers::default(),
+            forwards_seen: crate::forward::Seen::default(),
             forward_tls: std::sync::OnceLock::new(),
         };
         rt.touch();
@@ -144,6 +147,11 @@ impl Runtime {
     /// How callers authenticate.
     pub fn auth(&self) -> &crate::auth::Auth {
         &self.auth
+    }
+
+    /// The signed forwards taken lately.
+    pub fn forwards_seen(&self) -> &crate::forward::Seen {
+        &self.forwards_seen
     }
 
     /// The peers proven to share the cluster secret.
@@ -175,6 +183,7 @@ impl Runtime {
             key: key.as_deref(),
             me: me.as_deref(),
             now,
+            auth_required: self.auth.required(),
         })
     }
 

@@ -113,6 +113,26 @@ async fn a_users_thread_is_theirs_on_every_instance() {
             assert_eq!(c.status, 404, "{who} at {url}");
         }
     }
+    // With the user's credentials and no cluster secret, a forward would be refused for them:
+    // a stranger is answered as for a missing thread before that (nothing tells it apart).
+    let props = json!({"llmApiKey": "sk-bob"});
+    let resume = resume_body("t1", "rc", &ws.cwd("t1"), "inv-1", allow("perm-1"));
+    let mut resume = resume;
+    resume["forwardedProps"]["iacCode"]["llmApiKey"] = json!("sk-bob");
+    let r = post(&b.url(), &resume, &bo).await;
+    assert_eq!(r.error_code(), Some("EXECUTION_LOST"), "{:?}", r.json);
+    let turn = post(
+        &b.url(),
+        &body("t1", "rc2", "hi", &ws.cwd("t1"), props),
+        &bo,
+    )
+    .await;
+    assert_eq!(
+        turn.error_code(),
+        Some("THREAD_ID_TAKEN"),
+        "{:?}",
+        turn.json
+    );
     assert_eq!(ka.calls("SendStreamingMessage").len(), sends);
     assert!(ka.calls("CancelTask").is_empty());
     assert!(kb.calls("SendStreamingMessage").is_empty());

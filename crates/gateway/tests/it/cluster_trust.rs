@@ -18,13 +18,19 @@ const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
 
 /// A listener that keeps every byte it is sent and answers 404.
 async fn sink() -> (String, Arc<Mutex<Vec<u8>>>) {
+    relay(None).await
+}
+
+/// [`sink`], which, given `to`, passes a `GET` on to `to` and answers what it answers (a relay
+/// of another instance's proof).
+async fn relay(to: Option<String>) -> (String, Arc<Mutex<Vec<u8>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/", listener.local_addr().unwrap());
     let got = Arc::new(Mutex::new(Vec::new()));
     let g = got.clone();
     tokio::spawn(async move {
         while let Ok((mut tcp, _)) = listener.accept().await {
-            let g = g.clone();
+            let (g, to) = (g.clone(), to.clone());
             tokio::spawn(async move {
                 let mut buf = [0u8; 4096];
                 let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
@@ -33,11 +39,25 @@ async fn sink() -> (String, Arc<Mutex<Vec<u8>>>) {
                         break;
                     }
                     g.lock().unwrap().extend_from_slice(&buf[..n]);
-                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                        let _ = tcp
-                            .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
-                            .await;
+                    if !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                        continue;
                     }
+                    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                    let answer = match &to {
+                        Some(base) if head.starts_with("GET ") => {
+                            let url = format!("{}{}", base.trim_end_matches('/'), path);
+                            let r = reqwest::get(url).await.unwrap();
+                            let (status, text) = (r.status().as_u16(), r.text().await.unwrap());
+                            format!(
+                                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n\
+                                 content-length: {}\r\n\r\n{text}",
+                                text.len()
+                            )
+                        }
+                        _ => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n".to_owned(),
+                    };
+                    let _ = tcp.write_all(answer.as_bytes()).await;
                 }
             });
         }
@@ -109,6 +129,24 @@ async fn a_forward_goes_only_to_a_peer_that_proves_the_secret() {
     ] {
         assert!(!seen.contains(leaked), "the sink received {leaked}: {seen}");
     }
+    assert_eq!(ka.calls("SendStreamingMessage").len(), 2);
+
+    // A relay that passes the question on to the real instance A and its proof back: the proof
+    // names A's own URL, not the relay's, so it proves nothing and nothing else is sent.
+    let (relay_url, got) = relay(Some(a.url())).await;
+    pg.psql(
+        "trust",
+        &format!("UPDATE agui_instances SET advertise_url = '{relay_url}' WHERE id = '{a_id}'"),
+    );
+    let props = json!({"llmApiKey": "sk-user-secret"});
+    let r4 = post(&b.url(), &body("t1", "r4", "hi", &ws.cwd("t1"), props), &[]).await;
+    assert_eq!(r4.status, 503, "{:?}", r4.json);
+    let seen = String::from_utf8_lossy(&got.lock().unwrap()).into_owned();
+    assert!(seen.starts_with("GET /cluster/v1/hello?nonce="), "{seen}");
+    assert!(
+        !seen.contains("sk-user-secret") && !seen.contains("POST"),
+        "{seen}"
+    );
     assert_eq!(ka.calls("SendStreamingMessage").len(), 2);
 }
 

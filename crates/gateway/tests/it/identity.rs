@@ -429,3 +429,56 @@ async fn the_service_token_acts_for_the_user_it_names() {
     assert_valid_run(&next, "t3", "r2");
     assert_eq!(s.thread_doc("t3")["owner"], "carol");
 }
+
+/// A stranger's guidance request neither takes nor learns of the owner's guidance places: with
+/// the thread's places all taken, the owner is told 429 and the stranger what a missing thread
+/// gets.
+#[tokio::test]
+async fn a_strangers_guidance_takes_no_place_of_the_owners() {
+    let k = FakeKernel::start().await;
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    let caps = iac_code_agui::config::Caps {
+        max_guidance_per_thread: 1,
+        ..Default::default()
+    };
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .caps(caps)
+        .jwks(&jwks, Duration::from_secs(300))
+        .start()
+        .await;
+    let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
+    script_done(&k, "g1", "task-1");
+    let first = post(
+        &s.url,
+        &body("g1", "r1", "hi", &s.ws("g1"), json!({})),
+        &[("authorization", alice.as_str())],
+    )
+    .await;
+    assert_valid_run(&first, "g1", "r1");
+    // The thread's one guidance place, taken (as by a guidance run of the owner's).
+    let _held = s.state.rt.limits().guidance("g1").expect("a place");
+    let guide = |run: &str| {
+        body(
+            "g1",
+            run,
+            "steer",
+            &s.ws("g1"),
+            json!({"runMode": "pipeline", "activeGuidance": true}),
+        )
+    };
+    let owners = post(&s.url, &guide("r2"), &[("authorization", alice.as_str())]).await;
+    assert_eq!(owners.error_code(), Some("TOO_MANY_GUIDANCE_RUNS"));
+    let strangers = post(&s.url, &guide("r3"), &[("authorization", bob.as_str())]).await;
+    let ghost = body(
+        "ghost",
+        "r3",
+        "steer",
+        &s.ws("ghost"),
+        json!({"runMode": "pipeline", "activeGuidance": true}),
+    );
+    let missing = post(&s.url, &ghost, &[("authorization", bob.as_str())]).await;
+    assert_eq!(code(&strangers), code(&missing));
+    assert_eq!(strangers.error_code(), Some("EXECUTION_LOST"));
+}

@@ -36,6 +36,7 @@ fn db(key: &str) -> Trust<'_> {
         key: Some(key),
         me: Some("instance-b"),
         now: 1_000,
+        auth_required: false,
     }
 }
 
@@ -64,6 +65,7 @@ fn cluster() -> Trust<'static> {
         key: Some("db-key"),
         me: Some("instance-b"),
         now: 1_000,
+        auth_required: false,
     }
 }
 
@@ -145,4 +147,32 @@ fn a_signed_mark_counts_only_for_its_request_target_and_time() {
         &keyed("db-key", "open"),
         cluster()
     ));
+}
+
+/// Where callers must authenticate, no instance forwards an unauthenticated caller: a mark
+/// claiming one (a database reader's forgery with the key) is no mark.
+#[test]
+fn an_open_caller_is_no_forward_where_authentication_is_required() {
+    let post = Method::POST;
+    let strict = Trust {
+        auth_required: true,
+        ..db("k3y")
+    };
+    assert!(!is_forwarded(&post, "/", &keyed("k3y", "open"), strict));
+    assert!(is_forwarded(
+        &post,
+        "/",
+        &keyed("k3y", "jwt:YWxpY2U"),
+        strict
+    ));
+    assert!(is_forwarded(&post, "/", &keyed("k3y", "service"), strict));
+}
+
+/// A signed forward counts once within its window; the memory of it is bounded.
+#[test]
+fn a_signed_forward_counts_once() {
+    let seen = Seen::default();
+    assert!(seen.first("sig-1", 1_000, 1_000));
+    assert!(!seen.first("sig-1", 1_000, 1_005), "replayed");
+    assert!(seen.first("sig-2", 1_000, 1_005));
 }

@@ -3,8 +3,8 @@
 //!
 //! - no `sslmode`, `disable`, `allow`, `prefer`: as before this option existed (plain TCP);
 //! - `require`: encrypted, the server's certificate not checked (libpq's meaning);
-//! - `verify-ca`: encrypted, the certificate signed by a trusted CA (`--state-ca-file`, else the
-//!   system's and Mozilla's roots), any host name;
+//! - `verify-ca`: encrypted, the certificate signed by the CA of `--state-ca-file` (required:
+//!   public roots with any host name would prove nothing), any host name;
 //! - `verify-full`: `verify-ca`, and the certificate names the host connected to.
 //!
 //! A server that does not offer TLS is refused with the three last (tokio-postgres's `require`).
@@ -61,6 +61,14 @@ pub fn split_mode(url: &str) -> Result<(String, Option<Mode>), String> {
 /// The rustls client configuration of `mode`, trusting `ca_file`'s certificates (PEM) or, without
 /// one, the system's and Mozilla's roots.
 pub fn client_config(mode: Mode, ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    // As libpq: a chain checked against every public CA, whatever the name, proves nothing.
+    if mode == Mode::VerifyCa && ca_file.is_none() {
+        return Err(
+            "sslmode=verify-ca needs --state-ca-file (the CA the database's certificate must \
+             chain to); with public roots use sslmode=verify-full"
+                .into(),
+        );
+    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -238,6 +246,9 @@ mod tests {
         assert!(e.contains("no certificate"), "{e}");
         let missing = dir.path().join("missing.pem");
         assert!(client_config(Mode::VerifyCa, Some(&missing)).is_err());
+        let e = client_config(Mode::VerifyCa, None).unwrap_err();
+        assert!(e.contains("--state-ca-file"), "{e}");
+        assert!(client_config(Mode::VerifyFull, None).is_ok());
         assert!(client_config(Mode::Require, None).is_ok());
     }
 }
