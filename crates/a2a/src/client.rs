@@ -359,6 +359,34 @@ impl Client {
         }
     }
 
+    /// `GET /.well-known/agent-card.json`: the kernel's Agent Card (at most 256 KiB, within
+    /// `timeout`).
+    pub async fn agent_card(&self, timeout: Duration) -> Result<Value, Error> {
+        const MOST: usize = 256 * 1024;
+        let url = format!("{}.well-known/agent-card.json", self.base);
+        let fetch = async {
+            let mut resp = self.request(reqwest::Method::GET, &url).send().await?;
+            if !resp.status().is_success() {
+                return Err(Error::Status {
+                    status: resp.status().as_u16(),
+                    body: Value::Null,
+                });
+            }
+            let mut bytes = Vec::new();
+            while let Some(chunk) = resp.chunk().await? {
+                if bytes.len() + chunk.len() > MOST {
+                    return Err(Error::Protocol("the agent card is too large".into()));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            serde_json::from_slice(&bytes)
+                .map_err(|_| Error::Protocol("the agent card is not JSON".into()))
+        };
+        tokio::time::timeout(timeout, fetch)
+            .await
+            .map_err(|_| Error::transport("timeout"))?
+    }
+
     /// `POST /iac-code/session/ensure-restored`: makes the session (and the task's claim) current
     /// on this kernel.
     pub async fn ensure_restored(

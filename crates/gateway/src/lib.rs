@@ -7,6 +7,7 @@
 pub mod app;
 pub mod auth;
 pub mod canonical;
+pub mod capabilities;
 pub mod clock;
 pub mod config;
 pub mod cors;

@@ -68,6 +68,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/threads/{thread_id}", any(threads::thread_route))
         .route("/cluster/v1/hello", any(cluster_hello))
+        .route("/capabilities", any(threads::capabilities_route))
         .route(
             "/threads/{thread_id}/runs/{run_id}/events",
             any(threads::events_route),

@@ -1,5 +1,6 @@
-//! The routes that read a thread: `GET /threads/{id}` (its state) and
-//! `GET /threads/{id}/runs/{run}/events` (a run's events, replayed and followed).
+//! The routes that read: `GET /threads/{id}` (a thread's state),
+//! `GET /threads/{id}/runs/{run}/events` (a run's events, replayed and followed) and
+//! `GET /capabilities` (what the agent can do; `capabilities`).
 
 use super::*;
 
@@ -87,4 +88,18 @@ pub(super) async fn thread_route(
             .into_response(),
         Err(e) => e.into_response_in(hl),
     }
+}
+
+pub(super) async fn capabilities_route(State(s): State<AppState>, req: Request) -> Response {
+    let route = "GET /capabilities";
+    if let Err(r) = get_checks(&s.rt, req.method(), &path_of(&req), req.headers(), route).await {
+        return r;
+    }
+    let body = crate::capabilities::answer(&s.rt).await;
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }

@@ -61,6 +61,8 @@ pub struct Runtime {
     peers: crate::forward::Peers,
     /// The signed forwards taken lately (each counts once).
     forwards_seen: crate::forward::Seen,
+    /// The kernel's Agent Card, for `/capabilities`.
+    card_cache: crate::capabilities::CardCache,
     /// The TLS client of forwards to `https://` holders (made at the first).
     forward_tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
 }
@@ -134,6 +136,7 @@ impl Runtime {
             auth,
             peers: crate::forward::Peers::default(),
             forwards_seen: crate::forward::Seen::default(),
+            card_cache: crate::capabilities::CardCache::default(),
             forward_tls: std::sync::OnceLock::new(),
         };
         rt.touch();
@@ -147,6 +150,11 @@ impl Runtime {
     /// How callers authenticate.
     pub fn auth(&self) -> &crate::auth::Auth {
         &self.auth
+    }
+
+    /// The kernel's Agent Card, as last read.
+    pub fn card_cache(&self) -> &crate::capabilities::CardCache {
+        &self.card_cache
     }
 
     /// The signed forwards taken lately.

@@ -1,6 +1,7 @@
 //! Integration tests of the gateway (one test binary).
 
 mod browser;
+mod capabilities;
 mod chaos;
 mod cluster;
 mod cluster_identity;

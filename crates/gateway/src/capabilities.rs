@@ -1,0 +1,117 @@
+//! `GET /capabilities`: what this agent can do, in AG-UI's `AgentCapabilities` shape (the
+//! convention of Google ADK's adapter, which `getCapabilities()` clients read). Who the agent is
+//! comes from the kernel's Agent Card (kept a minute; without a kernel answer, the gateway's own
+//! name); the rest from what the gateway serves and how it is configured. Ours are under
+//! `custom.iacCode`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::run::Runtime;
+
+/// How long a kernel's card is kept, and how long it is waited for.
+const CARD_FOR: Duration = Duration::from_secs(60);
+const CARD_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The kernel's Agent Card, as last read.
+#[derive(Default)]
+pub struct CardCache(Mutex<Option<(Instant, Value)>>);
+
+impl CardCache {
+    async fn card(&self, rt: &Runtime) -> Value {
+        if let Some((at, card)) = &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
+            if at.elapsed() < CARD_FOR {
+                return card.clone();
+            }
+        }
+        let Some(client) = rt.kernel().client() else {
+            return Value::Null;
+        };
+        match client.agent_card(CARD_TIMEOUT).await {
+            Ok(card) if card.is_object() => {
+                *self.0.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((Instant::now(), card.clone()));
+                card
+            }
+            Ok(_) | Err(_) => Value::Null,
+        }
+    }
+}
+
+/// The answer.
+pub async fn answer(rt: &Runtime) -> Value {
+    let card = rt.card_cache().card(rt).await;
+    describe(rt, &card)
+}
+
+/// The capabilities for a kernel card (`Null`: none could be read).
+pub fn describe(rt: &Runtime, card: &Value) -> Value {
+    let text = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(str::to_owned);
+    let extensions: Vec<Value> = card["capabilities"]["extensions"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e.get("uri").cloned()).collect())
+        .unwrap_or_default();
+    let mut identity = json!({
+        "name": text(&card["name"]).unwrap_or_else(|| "iac-code".into()),
+        "type": "iac-code",
+        "metadata": {
+            "gatewayVersion": env!("CARGO_PKG_VERSION"),
+            "kernelProtocolVersion": card["protocolVersion"].clone(),
+            "kernelExtensions": extensions,
+        },
+    });
+    for (key, value) in [
+        ("description", text(&card["description"])),
+        ("version", text(&card["version"])),
+        ("provider", text(&card["provider"]["organization"])),
+        ("documentationUrl", text(&card["documentationUrl"])),
+    ] {
+        if let Some(v) = value {
+            identity[key] = json!(v);
+        }
+    }
+    let cfg = rt.cfg();
+    json!({
+        "identity": identity,
+        "transport": {
+            "streaming": true,
+            "websocket": false,
+            "httpBinary": false,
+            "pushNotifications": false,
+            // Runs outlive a dropped connection and are followed again by event id.
+            "resumable": !cfg.detach_grace.is_zero(),
+        },
+        "tools": {"supported": true, "clientProvided": false},
+        "state": {"snapshots": false, "deltas": false, "memory": true, "persistentState": true},
+        "multiAgent": {"supported": false},
+        "reasoning": {"supported": true, "streaming": true, "encrypted": false},
+        "multimodal": {
+            "input": {"image": true, "audio": false, "video": false, "pdf": false, "file": false},
+            "output": {"image": false, "audio": false},
+        },
+        "execution": {"codeExecution": true, "sandboxed": false},
+        "humanInTheLoop": {
+            "supported": true,
+            "approvals": true,
+            "interrupts": true,
+            "approveWithEdits": false,
+            // Guidance: a message into a running pipeline.
+            "interventions": true,
+            "feedback": false,
+        },
+        "custom": {
+            "iacCode": {
+                "protocolVersions": agui::SUPPORTED_VERSIONS,
+                "interruptTtlSeconds": cfg.interrupt_ttl_secs,
+                "routes": {
+                    "cancel": "/extensions/iac-code/v1/executions/{executionId}/cancel",
+                    "thread": "/threads/{threadId}",
+                    "runEvents": "/threads/{threadId}/runs/{runId}/events",
+                },
+                "images": {"mediaTypes": ["image/png", "image/jpeg", "image/gif", "image/webp"]},
+            }
+        }
+    })
+}
