@@ -18,7 +18,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::auth::access::{self, Refused, EVENTS_ROUTE, THREAD_ROUTE};
+use crate::auth::access::{self, EVENTS_ROUTE, THREAD_ROUTE};
 use crate::auth::Caller;
 use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
@@ -205,14 +205,7 @@ async fn read_theirs<R>(
     })
     .await?;
     theirs.ok_or_else(|| {
-        let user = caller.user.as_deref();
-        access::record(
-            rt.metrics(),
-            route,
-            Refused::NotOwner,
-            user,
-            Some(thread_id),
-        );
+        access::not_theirs(rt.metrics(), route, caller, thread_id);
         ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND)
     })
 }

@@ -72,6 +72,12 @@ impl Refused {
     }
 }
 
+/// Records that `caller` was refused `thread_id` because it is another user's.
+pub fn not_theirs(metrics: &Metrics, route: &'static str, caller: &Caller, thread_id: &str) {
+    let user = caller.user.as_deref();
+    record(metrics, route, Refused::NotOwner, user, Some(thread_id));
+}
+
 /// Records a refused access on `route` (its pattern, e.g. `GET /threads/{threadId}`): one
 /// structured line (route, reason, the authenticated user and the thread when known; never a
 /// token) and `agui_auth_refusals_total{reason}`.

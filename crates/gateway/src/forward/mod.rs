@@ -26,7 +26,7 @@ mod peer;
 mod trust;
 
 pub use peer::{hello_answer, Peers};
-pub use trust::{body_digest, forwarded, is_forwarded, Forwarded, Seen, Trust};
+pub use trust::{body_digest, forwarded, is_forwarded, signed_mark, At, Forwarded, Seen, Trust};
 
 use crate::auth::Caller;
 
@@ -137,17 +137,15 @@ pub async fn forward(
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
-            let digest = body_digest(&body);
-            let signed = trust::Signed {
-                method: method.as_str(),
-                path: &target,
-                body: &digest,
-                time: now,
-                from: hop.me,
+            let (from, caller) = (hop.me, hop.caller);
+            let at = trust::At {
+                from,
                 to: &to,
-                caller: &caller,
+                time: now,
             };
-            extra.extend(signed.headers(secret));
+            extra.extend(trust::signed_mark(
+                secret, &method, &target, &body, at, caller,
+            ));
         }
         Mark::Key(key) => {
             let v = |s: &str| HeaderValue::from_str(s).map_err(|_| Unreachable("bad mark".into()));

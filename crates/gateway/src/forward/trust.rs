@@ -148,6 +148,38 @@ pub fn is_forwarded(method: &Method, path: &str, headers: &HeaderMap, trust: Tru
     forwarded(method, path, headers, trust).is_some()
 }
 
+/// Who signs a forward, for whom, and when (Unix seconds).
+#[derive(Clone, Copy)]
+pub struct At<'a> {
+    pub from: &'a str,
+    pub to: &'a str,
+    pub time: u64,
+}
+
+/// The headers that mark a request (`method` on `path` with `body`) as forwarded by `at.from`
+/// to `at.to` for `caller`, signed with `secret` (without [`super::FORWARDED`], which names
+/// `from` too).
+pub fn signed_mark(
+    secret: &[u8],
+    method: &Method,
+    path: &str,
+    body: &[u8],
+    at: At<'_>,
+    caller: &Caller,
+) -> Vec<(&'static str, HeaderValue)> {
+    let (digest, caller) = (body_digest(body), encode_caller(caller));
+    Signed {
+        method: method.as_str(),
+        path,
+        body: &digest,
+        time: at.time,
+        from: at.from,
+        to: at.to,
+        caller: &caller,
+    }
+    .headers(secret)
+}
+
 /// The facts a signature covers.
 pub(super) struct Signed<'a> {
     pub method: &'a str,

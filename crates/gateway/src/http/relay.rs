@@ -95,14 +95,7 @@ pub(super) async fn theirs(
     match access::may_touch(rt, caller, thread_id).await {
         Ok(true) => Ok(()),
         Ok(false) => {
-            let user = caller.user.as_deref();
-            access::record(
-                rt.metrics(),
-                route,
-                Refused::NotOwner,
-                user,
-                Some(thread_id),
-            );
+            access::not_theirs(rt.metrics(), route, caller, thread_id);
             Err(missing.into_response_in(lang))
         }
         Err(e) => Err(e.into_response_in(lang)),

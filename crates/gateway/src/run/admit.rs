@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::auth::access::{self, Refused};
+use crate::auth::access;
 use crate::auth::Caller;
 use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
@@ -176,12 +176,11 @@ pub async fn trial(rt: &Runtime, req: &RunRequest) -> Result<(), ApiError> {
 
 /// The audit of a request refused for another user's thread.
 fn strangers_refused(rt: &Runtime, req: &RunRequest) {
-    access::record(
+    access::not_theirs(
         rt.metrics(),
         access::RUN_ROUTE,
-        Refused::NotOwner,
-        req.caller.user.as_deref(),
-        Some(&req.envelope.thread_id),
+        &req.caller,
+        &req.envelope.thread_id,
     );
 }
 

@@ -9,7 +9,7 @@
 use super::decide::expiry::expire_if_due;
 use super::hold::ThreadHold;
 use super::Runtime;
-use crate::auth::access::{self, Refused, CANCEL_ROUTE};
+use crate::auth::access::{self, CANCEL_ROUTE};
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 
@@ -70,14 +70,7 @@ pub async fn cancel(
     // Another user's thread is, to this caller, one that does not exist: checked before the
     // claim, which may take a thread over (a write); nothing expires, nothing is cancelled.
     if !access::may_touch(rt, caller, thread_id).await? {
-        let user = caller.user.as_deref();
-        access::record(
-            rt.metrics(),
-            CANCEL_ROUTE,
-            Refused::NotOwner,
-            user,
-            Some(thread_id),
-        );
+        access::not_theirs(rt.metrics(), CANCEL_ROUTE, caller, thread_id);
         return Err(not_found());
     }
     let slot = threads.slot(thread_id);
@@ -105,14 +98,7 @@ pub async fn cancel(
         // Another user's thread is, to this caller, one that does not exist: nothing expires,
         // nothing is cancelled.
         if !caller.may_touch(doc.owner_or_user()) {
-            let user = caller.user.as_deref();
-            access::record(
-                rt.metrics(),
-                CANCEL_ROUTE,
-                Refused::NotOwner,
-                user,
-                Some(thread_id),
-            );
+            access::not_theirs(rt.metrics(), CANCEL_ROUTE, caller, thread_id);
             return Err(not_found());
         }
         // Interrupts expire on any access to their thread (a run holding it owns its state).

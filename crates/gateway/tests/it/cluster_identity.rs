@@ -137,6 +137,19 @@ async fn a_users_thread_is_theirs_on_every_instance() {
     assert!(ka.calls("CancelTask").is_empty());
     assert!(kb.calls("SendStreamingMessage").is_empty());
 
+    // Whoever reads the forward key from the database cannot claim a caller without a user
+    // where authentication is configured: such a mark is no mark (401, no credentials).
+    let key = pg.psql("identity", "SELECT forward_key FROM agui_cluster");
+    let forged = [
+        ("x-iac-code-agui-forwarded-by", "someone"),
+        ("x-iac-code-agui-forward-key", key.trim()),
+        ("x-iac-code-agui-caller", "open"),
+    ];
+    for inst in [&a, &b] {
+        let (status, _) = get_as(&format!("{}threads/t1", inst.url()), &forged).await;
+        assert_eq!(status, 401, "an open caller was taken from a keyed mark");
+    }
+
     // Alice, asking B: her state, and her answer reaches the holder's kernel.
     let (status, state) = get_as(&format!("{}threads/t1", b.url()), &al).await;
     assert_eq!(status, 200);

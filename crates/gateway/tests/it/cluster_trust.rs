@@ -73,6 +73,60 @@ fn start(db: &str, k: &FakeKernel, ws: &Workspace, secret: Option<&str>) -> Inst
     Instance::start(db, &["--a2a-url", &k.url(), "--lease-ttl", "60"], &env)
 }
 
+/// Sends to the holder `a` (its id `a_id`) forwards signed with the cluster secret as another
+/// instance would: the first counts, the same one again does not (401); one whose body is not
+/// the body it signed does not either.
+async fn signed_forwards_count_once_and_only_with_their_body(a: &Instance, a_id: &str) {
+    use axum::http::Method;
+    use iac_code_agui::auth::Caller;
+    use iac_code_agui::forward::{signed_mark, At, FORWARDED};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let at = At {
+        from: "instance-x",
+        to: a_id,
+        time: now,
+    };
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let send = |method: Method, path: &str, signed_body: &[u8], body: &[u8]| {
+        let mut rb = client
+            .request(
+                method.clone(),
+                format!("{}{}", a.url(), path.trim_start_matches('/')),
+            )
+            .header(FORWARDED, "instance-x")
+            .header("content-type", "application/json")
+            .body(body.to_vec());
+        for (k, v) in signed_mark(
+            SECRET.as_bytes(),
+            &method,
+            path,
+            signed_body,
+            at,
+            &Caller::OPEN,
+        ) {
+            rb = rb.header(k, v);
+        }
+        rb.send()
+    };
+    let first = send(Method::GET, "/threads/t1", b"", b"").await.unwrap();
+    assert_eq!(first.status(), 200);
+    let again = send(Method::GET, "/threads/t1", b"", b"").await.unwrap();
+    assert_eq!(again.status(), 401, "a signed forward counted twice");
+    let cancel = json!({"threadId": "t1", "rosInvocationId": "inv-1"}).to_string();
+    let path = "/extensions/iac-code/v1/executions/e-1/cancel";
+    let swapped = send(Method::POST, path, b"{}", cancel.as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(
+        swapped.status(),
+        401,
+        "a body the signature does not name was taken"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_goes_only_to_a_peer_that_proves_the_secret() {
     let pg = Cluster::start();
@@ -104,9 +158,12 @@ async fn a_forward_goes_only_to_a_peer_that_proves_the_secret() {
     assert_valid_run(&r2, "t1", "r2");
     assert_eq!(ka.calls("SendStreamingMessage").len(), 2);
 
+    // A signed forward counts once, and only with the body it names.
+    let a_id = id_of(&pg, "trust", &a);
+    signed_forwards_count_once_and_only_with_their_body(&a, &a_id).await;
+
     // A's advertised URL rewritten in the database: the sink gets a question, no token, no body.
     let (sink_url, got) = sink().await;
-    let a_id = id_of(&pg, "trust", &a);
     pg.psql(
         "trust",
         &format!("UPDATE agui_instances SET advertise_url = '{sink_url}' WHERE id = '{a_id}'"),
@@ -236,12 +293,7 @@ async fn instances_serving_tls_forward_over_tls() {
         Instance::spawn(&db, &args, &env)
     };
     let (a, b) = (start(&ka), start(&kb));
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes()).unwrap())
-        .tls_built_in_root_certs(false)
-        .build()
-        .unwrap();
+    let client = crate::support::https_client(&ca);
     let https = |i: &Instance| i.url().replacen("http://", "https://", 1);
     for i in [&a, &b] {
         let t0 = std::time::Instant::now();

@@ -900,22 +900,8 @@ async fn tls_listeners_serve_https_and_sighup_reads_the_certificate_again() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let client = || {
-        reqwest::Client::builder()
-            .no_proxy()
-            .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes()).unwrap())
-            .tls_built_in_root_certs(false)
-            .tls_info(true)
-            .build()
-            .unwrap()
-    };
-    let cert_of = |r: &reqwest::Response| {
-        r.extensions()
-            .get::<reqwest::tls::TlsInfo>()
-            .and_then(|i| i.peer_certificate())
-            .unwrap()
-            .to_vec()
-    };
+    let client = || crate::support::https_client(&ca);
+    let cert_of = crate::support::presented_cert;
     let health = format!("https://127.0.0.1:{port}/health");
     let start = std::time::Instant::now();
     let first = loop {

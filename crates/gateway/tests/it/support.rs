@@ -478,6 +478,28 @@ pub async fn get_as(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
     )
 }
 
+/// A client that trusts the test's CA only, and reports the certificate each connection saw
+/// ([`presented_cert`]); no idle connection is kept (each request shows a fresh handshake).
+pub fn https_client(ca: &testkit::tls::Ca) -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes()).unwrap())
+        .tls_built_in_root_certs(false)
+        .tls_info(true)
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client")
+}
+
+/// The certificate the server presented to `r`'s connection.
+pub fn presented_cert(r: &reqwest::Response) -> Vec<u8> {
+    r.extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .and_then(|i| i.peer_certificate())
+        .expect("a TLS connection")
+        .to_vec()
+}
+
 /// Writes the public key set of `signers` (`testkit::jwt`) to `dir/jwks.json`; its path.
 pub fn jwks_file(dir: &std::path::Path, signers: &[&testkit::jwt::Signer]) -> PathBuf {
     let path = dir.join("jwks.json");

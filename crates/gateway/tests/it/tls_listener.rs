@@ -9,7 +9,7 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::tls::Ca;
 
 use crate::conformance::{plan, runner_with, CLIENTS};
-use crate::support::{body, ctx, Builder};
+use crate::support::{body, ctx, https_client, presented_cert, Builder};
 
 /// Writes a certificate for the loopback names and its key; bumps their times so that a watcher
 /// sees the change even within one second.
@@ -32,26 +32,6 @@ fn write_pair(
     (c, k)
 }
 
-fn client(ca: &Ca) -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes()).unwrap())
-        .tls_built_in_root_certs(false)
-        .tls_info(true)
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap()
-}
-
-/// The certificate the server presented to `r`'s connection.
-fn presented(r: &reqwest::Response) -> Vec<u8> {
-    r.extensions()
-        .get::<reqwest::tls::TlsInfo>()
-        .and_then(|i| i.peer_certificate())
-        .expect("a TLS connection")
-        .to_vec()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
     let ca = Ca::new();
@@ -64,7 +44,7 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
         .start()
         .await;
     let https = s.url.replacen("http://", "https://", 1);
-    let c = client(&ca);
+    let c = https_client(&ca);
 
     // A run over https.
     k.on(
@@ -99,7 +79,7 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let first_cert = presented(&r);
+    let first_cert = presented_cert(&r);
     let text = r.text().await.unwrap();
     assert!(
         text.contains("Hello over TLS") && text.contains("RUN_FINISHED"),
@@ -150,13 +130,13 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
     let start = Instant::now();
     loop {
         // A new client each time: a resumed TLS session would show the certificate it began with.
-        let r = client(&ca)
+        let r = https_client(&ca)
             .get(format!("{https}health"))
             .send()
             .await
             .unwrap();
         assert_eq!(r.status(), 200);
-        if presented(&r) != first_cert {
+        if presented_cert(&r) != first_cert {
             break;
         }
         assert!(
