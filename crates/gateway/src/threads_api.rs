@@ -193,7 +193,7 @@ pub async fn thread(rt: &Runtime, caller: &Caller, thread_id: &str) -> Result<Va
 
 /// Reads a thread `caller` may touch; another user's is `THREAD_NOT_FOUND`, as a missing one
 /// (the refusal recorded).
-async fn read_theirs<R>(
+pub(crate) async fn read_theirs<R>(
     rt: &Runtime,
     route: &'static str,
     caller: &Caller,

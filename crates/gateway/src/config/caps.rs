@@ -1,5 +1,5 @@
 //! The bounds on concurrent work: connections, runs, detached runs, readers of one run, guidance
-//! runs of one thread. Each has a flag, a variable, a YAML key and a default sized for one
+//! runs of one thread; and the messages one thread's transcript keeps. Each has a flag, a variable, a YAML key and a default sized for one
 //! gateway in front of one kernel on one machine; each must be a whole number from 1 to
 //! [`MOST`] (a bound that could be switched off would not be one).
 
@@ -22,6 +22,8 @@ pub struct Caps {
     pub max_readers_per_run: usize,
     /// Guidance runs of one thread at once.
     pub max_guidance_per_thread: usize,
+    /// Messages one thread's transcript keeps (the oldest go first).
+    pub transcript_limit: usize,
 }
 
 impl Default for Caps {
@@ -41,6 +43,8 @@ impl Default for Caps {
             max_readers_per_run: 8,
             // Guidance is a person steering a running pipeline: one or two at a time.
             max_guidance_per_thread: 4,
+            // A long conversation with its tool calls (each message within 64 KiB of text).
+            transcript_limit: crate::transcript::DEFAULT_LIMIT,
         }
     }
 }
@@ -59,6 +63,10 @@ const CONNECTIONS: Opt<Integer> = Opt::new("max_connections", MAX_CONNECTIONS);
 const RUNS: Opt<Integer> = Opt::new("max_runs", MAX_RUNS);
 const DETACHED: Opt<Integer> = Opt::new("max_detached_runs", MAX_DETACHED_RUNS);
 const READERS: Opt<Integer> = Opt::new("max_readers_per_run", MAX_READERS_PER_RUN);
+pub(super) const TRANSCRIPT_LIMIT: &str =
+    "--transcript-limit must be a whole number from 1 to 1000000.";
+
+const TRANSCRIPT: Opt<Integer> = Opt::new("transcript_limit", TRANSCRIPT_LIMIT);
 const GUIDANCE: Opt<Integer> = Opt::new("max_guidance_per_thread", MAX_GUIDANCE_PER_THREAD);
 
 /// A bound's value: 1 to [`MOST`].
@@ -70,13 +78,13 @@ fn bound(v: i64, err: &str) -> Result<usize, String> {
 }
 
 /// The flags of the bounds (each `None` when not given), in [`Caps`] order.
-pub(super) type Flags = [Option<String>; 5];
+pub(super) type Flags = [Option<String>; 6];
 
 /// The bounds from their layers (flag or variable, YAML, default), in order: the first invalid
 /// one is reported.
 pub(super) fn load(l: &Layers<'_>, flags: Flags) -> Result<Caps, String> {
     let d = Caps::default();
-    let [connections, runs, detached, readers, guidance] = flags;
+    let [connections, runs, detached, readers, guidance, transcript] = flags;
     let one = |opt: &Opt<Integer>, flag, default: usize| match l.get(opt, flag)? {
         Some(v) => bound(v, opt.err()),
         None => Ok(default),
@@ -87,6 +95,7 @@ pub(super) fn load(l: &Layers<'_>, flags: Flags) -> Result<Caps, String> {
         max_detached_runs: one(&DETACHED, detached, d.max_detached_runs)?,
         max_readers_per_run: one(&READERS, readers, d.max_readers_per_run)?,
         max_guidance_per_thread: one(&GUIDANCE, guidance, d.max_guidance_per_thread)?,
+        transcript_limit: one(&TRANSCRIPT, transcript, d.transcript_limit)?,
     })
 }
 
@@ -147,6 +156,8 @@ mod layer_tests {
                 "4",
                 "--max-guidance-per-thread",
                 "5",
+                "--transcript-limit",
+                "6",
             ],
             &[],
             None,
@@ -159,11 +170,13 @@ mod layer_tests {
                 max_runs: 2,
                 max_detached_runs: 3,
                 max_readers_per_run: 4,
-                max_guidance_per_thread: 5
+                max_guidance_per_thread: 5,
+                transcript_limit: 6,
             }
         );
         let yaml = "max-connections: 11\nmax_runs: 12\nmax-detached-runs: 13\n\
-                    max_readers_per_run: 14\nmax-guidance-per-thread: 15\n";
+                    max_readers_per_run: 14\nmax-guidance-per-thread: 15\n\
+                    transcript-limit: 16\n";
         let c = load(&[], &[], Some(yaml)).unwrap();
         assert_eq!(
             (
@@ -171,9 +184,10 @@ mod layer_tests {
                 c.max_runs,
                 c.max_detached_runs,
                 c.max_readers_per_run,
-                c.max_guidance_per_thread
+                c.max_guidance_per_thread,
+                c.transcript_limit
             ),
-            (11, 12, 13, 14, 15)
+            (11, 12, 13, 14, 15, 16)
         );
         // The flag (or its variable) wins over YAML.
         let c = load(&["--max-runs", "7"], &[], Some("max_runs: 12\n")).unwrap();
@@ -202,6 +216,10 @@ mod layer_tests {
             assert_eq!(
                 load(&["--max-connections", bad], &[], None),
                 Err(MAX_CONNECTIONS.into())
+            );
+            assert_eq!(
+                load(&["--transcript-limit", bad], &[], None),
+                Err(TRANSCRIPT_LIMIT.into())
             );
         }
         assert_eq!(

@@ -11,7 +11,7 @@ pub struct Cli {
     /// kernel_idle_timeout, client_stall_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
     /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,
-    /// max_readers_per_run, max_guidance_per_thread, max_image_decodes, body_timeout,
+    /// max_readers_per_run, max_guidance_per_thread, transcript_limit, max_image_decodes, body_timeout,
     /// linger_timeout, allowed_hosts, allow_unauthenticated, auth_jwks, auth_issuer,
     /// auth_audience, auth_user_claim, auth_jwks_refresh, state_ca_file, tls_cert, tls_key,
     /// metrics_tls_cert, metrics_tls_key, cluster_ca; dashes or underscores).
@@ -196,6 +196,14 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub max_guidance_per_thread: Option<String>,
+    /// Messages one thread's transcript keeps; the oldest go first [default: 1000].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "IAC_CODE_AGUI_TRANSCRIPT_LIMIT",
+        allow_hyphen_values = true
+    )]
+    pub transcript_limit: Option<String>,
     /// Images decoded and scaled down at once, across requests; more wait their turn (decoding
     /// is CPU work) [default: the number of CPU cores].
     #[arg(
@@ -299,6 +307,7 @@ impl Cli {
             self.max_detached_runs.take(),
             self.max_readers_per_run.take(),
             self.max_guidance_per_thread.take(),
+            self.transcript_limit.take(),
         ]
     }
 

@@ -594,6 +594,7 @@ mod tests {
                 "max_guidance_per_thread",
                 "IAC_CODE_AGUI_MAX_GUIDANCE_PER_THREAD",
             ),
+            ("transcript_limit", "IAC_CODE_AGUI_TRANSCRIPT_LIMIT"),
             ("max_image_decodes", "IAC_CODE_AGUI_MAX_IMAGE_DECODES"),
             ("body_timeout", "IAC_CODE_AGUI_BODY_TIMEOUT"),
             ("linger_timeout", "IAC_CODE_AGUI_LINGER_TIMEOUT"),

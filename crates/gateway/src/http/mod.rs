@@ -70,6 +70,10 @@ pub fn router(state: AppState) -> Router {
         .route("/cluster/v1/hello", any(cluster_hello))
         .route("/capabilities", any(threads::capabilities_route))
         .route(
+            "/threads/{thread_id}/messages",
+            any(threads::messages_route),
+        )
+        .route(
             "/threads/{thread_id}/runs/{run_id}/events",
             any(threads::events_route),
         )

@@ -1,5 +1,6 @@
 //! The routes that read: `GET /threads/{id}` (a thread's state),
-//! `GET /threads/{id}/runs/{run}/events` (a run's events, replayed and followed) and
+//! `GET /threads/{id}/runs/{run}/events` (a run's events, replayed and followed),
+//! `GET /threads/{id}/messages` (its transcript, a page at a time; `history`) and
 //! `GET /capabilities` (what the agent can do; `capabilities`).
 
 use super::*;
@@ -80,14 +81,43 @@ pub(super) async fn thread_route(
         return r;
     }
     match threads_api::thread(&s.rt, &caller, &thread_id).await {
-        Ok(v) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            serde_json::to_vec(&v).expect("serialises"),
-        )
-            .into_response(),
+        Ok(v) => json_ok(&v),
         Err(e) => e.into_response_in(hl),
     }
+}
+
+pub(super) async fn messages_route(
+    State(s): State<AppState>,
+    Path(thread_id): Path<String>,
+    req: Request,
+) -> Response {
+    let route = crate::auth::access::MESSAGES_ROUTE;
+    let (hl, caller) =
+        match get_checks(&s.rt, req.method(), &path_of(&req), req.headers(), route).await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
+    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
+        return e.into_response_in(hl);
+    }
+    let q = match crate::history::page_query(req.uri().query()) {
+        Ok(q) => q,
+        Err(e) => return e.into_response_in(hl),
+    };
+    // The transcript is in the shared store: any instance answers, none forwards.
+    match crate::history::messages(&s.rt, &caller, &thread_id, q).await {
+        Ok(v) => json_ok(&v),
+        Err(e) => e.into_response_in(hl),
+    }
+}
+
+fn json_ok(v: &serde_json::Value) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_vec(v).expect("serialises"),
+    )
+        .into_response()
 }
 
 pub(super) async fn capabilities_route(State(s): State<AppState>, req: Request) -> Response {

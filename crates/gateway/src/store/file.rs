@@ -72,6 +72,7 @@ pub struct FileStore {
     root: PathBuf,
     dir_sync: Arc<DirSync>,
     journal: Option<Arc<Journal>>,
+    transcript_locks: Arc<super::transcript_file::Locks>,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -90,6 +91,7 @@ impl FileStore {
             root: root.into(),
             dir_sync: Arc::default(),
             journal: None,
+            transcript_locks: Arc::default(),
         }
     }
 
@@ -242,6 +244,41 @@ impl FileStore {
 }
 
 impl ThreadStore for FileStore {
+    fn append_transcript(
+        &self,
+        thread_id: &str,
+        add: super::TranscriptAppend,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                super::transcript_file::append(
+                    &store.root,
+                    &store.transcript_locks,
+                    &store.dir_sync,
+                    &id,
+                    add,
+                )
+            })
+            .await
+            .map_err(blocking_failed)?
+        })
+    }
+    fn read_transcript(
+        &self,
+        thread_id: &str,
+        before: Option<u64>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<crate::transcript::Page, StoreError>> {
+        let (root, id) = (self.root.clone(), thread_id.to_owned());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                super::transcript_file::read_page(&root, &id, before, limit)
+            })
+            .await
+            .map_err(blocking_failed)?
+        })
+    }
     fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move {

@@ -17,6 +17,7 @@ mod fs;
 mod journal;
 mod metered;
 mod pg;
+mod transcript_file;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,6 +29,17 @@ pub use doc::{
 pub use file::{file_stem, FileStore};
 pub use metered::Metered;
 pub use pg::{Lapse, Lease, PgStore};
+
+/// What a run adds to its thread's transcript.
+#[derive(Debug, Clone)]
+pub struct TranscriptAppend {
+    pub run_id: String,
+    /// RFC 3339, when it is written.
+    pub at: String,
+    pub messages: Vec<serde_json::Value>,
+    /// The most messages the thread keeps (`--transcript-limit`).
+    pub limit: usize,
+}
 
 /// A boxed future of a store operation.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -172,6 +184,25 @@ pub trait ThreadStore: Send + Sync + 'static {
     /// lock, nothing waiting): a store that remembers something per thread it holds (the
     /// PostgreSQL store's epochs) drops it, and learns it again at the thread's next admission.
     fn forget(&self, _thread_id: &str) {}
+    /// Appends a run's messages to the thread's transcript, numbered after its newest, and
+    /// keeps the newest `limit` (the oldest go first); done when durable. A store that keeps no
+    /// transcript keeps nothing.
+    fn append_transcript(
+        &self,
+        _thread_id: &str,
+        _entries: TranscriptAppend,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+    /// A page of the thread's transcript: the newest `limit` entries before `before`.
+    fn read_transcript(
+        &self,
+        _thread_id: &str,
+        _before: Option<u64>,
+        _limit: usize,
+    ) -> BoxFuture<'static, Result<crate::transcript::Page, StoreError>> {
+        Box::pin(std::future::ready(Ok(crate::transcript::Page::default())))
+    }
     /// A clean stop: a shared store gives this instance's threads up at once (another instance
     /// takes them over without waiting for the lease to run out); nothing is written after it.
     fn release(&self) -> BoxFuture<'static, ()> {

@@ -216,6 +216,7 @@ pub struct Metrics {
     admission_duration: Histogram,
     state_save_duration: Histogram,
     state_save_failures: Counter,
+    transcript_write_failures: Counter,
     kernel_request_duration: HistogramFamily<MethodLabel>,
     http_requests: Family<HttpLabels, Counter>,
     spans_dropped: [Counter; 2],
@@ -309,6 +310,12 @@ impl Metrics {
             "Saves of thread state that failed",
             state_save_failures.clone(),
         );
+        let transcript_write_failures = Counter::default();
+        r.register(
+            "agui_transcript_write_failures",
+            "Runs whose messages could not be added to their thread's transcript",
+            transcript_write_failures.clone(),
+        );
         let kernel_request_duration =
             HistogramFamily::<MethodLabel>::new_with_constructor(short_histogram);
         r.register(
@@ -371,6 +378,7 @@ impl Metrics {
             admission_duration,
             state_save_duration,
             state_save_failures,
+            transcript_write_failures,
             kernel_request_duration,
             http_requests,
             spans_dropped,
@@ -456,6 +464,10 @@ impl Metrics {
         }
     }
 
+    pub fn transcript_write_failed(&self) {
+        self.transcript_write_failures.inc();
+    }
+
     pub fn kernel_request(&self, method: &'static str, took: Duration) {
         self.kernel_request_duration
             .get_or_create(&MethodLabel { method })
@@ -521,6 +533,7 @@ mod tests {
         m.pending_changed(2);
         m.pending_changed(-1);
         m.state_save(Duration::from_millis(1), false);
+        m.transcript_write_failed();
         m.kernel_request("CancelTask", Duration::from_millis(3));
         m.http_request("/", 200);
         let text = m.encode();
@@ -540,6 +553,7 @@ mod tests {
             ),
             ("agui_events_sent_total{type=\"RUN_STARTED\"} ", "0"),
             ("agui_state_save_failures_total ", "1"),
+            ("agui_transcript_write_failures_total ", "1"),
             ("agui_state_save_duration_seconds_count ", "1"),
             (
                 "agui_kernel_request_duration_seconds_count{method=\"CancelTask\"} ",

@@ -562,6 +562,33 @@ async fn a_dead_holders_thread_is_taken_over_by_the_next_request() {
     assert!(epoch >= 2, "a new epoch: {epoch}");
     assert_eq!(doc["execution"]["pending"], json!({}));
     assert_eq!(doc["appliedResumeDigests"].as_array().unwrap().len(), 1);
+    // The transcript is in the shared store: what A's run showed (kept before its terminal
+    // event, so A's death lost none of it), then B's.
+    let (status, page) =
+        crate::support::get_as(&format!("{}threads/t1/messages", b.url()), &[]).await;
+    assert_eq!(status, 200, "{page}");
+    let kinds: Vec<(String, String)> = page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let m = &e["message"];
+            let kind = m["activityType"].as_str().or(m["role"].as_str()).unwrap();
+            (e["runId"].as_str().unwrap().to_owned(), kind.to_owned())
+        })
+        .collect();
+    let expected = [
+        ("r1", "user"),
+        ("r1", "assistant"),
+        ("r1", "iac-code.interrupt"),
+        ("r2", "iac-code.interrupt-response"),
+        ("r2", "assistant"),
+    ];
+    assert_eq!(
+        kinds,
+        expected.map(|(r, k)| (r.to_owned(), k.to_owned())),
+        "{page}"
+    );
     // B's kernel restored the session (the backup is shared) before the answer.
     let restores: Vec<_> = kb
         .requests()

@@ -87,6 +87,10 @@ async fn a_stranger_learns_nothing(
     let none = get_as(&format!("{}threads/{ghost}/runs/r1/events", s.url), b).await;
     assert_eq!(events, none);
     assert_eq!(events.1["error"]["code"], "THREAD_NOT_FOUND");
+    let history = get_as(&format!("{}threads/{t}/messages", s.url), b).await;
+    let nothing = get_as(&format!("{}threads/{ghost}/messages", s.url), b).await;
+    assert_eq!(history, nothing);
+    assert_eq!(history.1["error"]["code"], "THREAD_NOT_FOUND");
     // Answering A's interrupt (with A's ids): the missing thread's answer.
     let answer = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
     let resume = post(

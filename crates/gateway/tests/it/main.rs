@@ -15,6 +15,7 @@ mod fake_kernel;
 mod fuzz;
 mod fuzz_body;
 mod fuzz_cwd;
+mod history;
 mod http_surface;
 mod identity;
 mod identity_real;

@@ -130,6 +130,52 @@ async fn text_reasoning_second_turn_and_errors() {
         r4.of("TOOL_CALL_ARGS")[0]["delta"],
         r#"{"command":"ls -la"}"#
     );
+
+    // The thread's transcript holds the four runs as their client saw them.
+    let (status, page) =
+        crate::support::get_as(&format!("{}threads/t1/messages?limit=200", s.url), &[]).await;
+    assert_eq!(status, 200, "{page}");
+    let entries = page["entries"].as_array().unwrap();
+    let of = |role: &str| -> Vec<&Value> {
+        entries
+            .iter()
+            .map(|e| &e["message"])
+            .filter(|m| m["role"] == role)
+            .collect()
+    };
+    let asked: Vec<&Value> = of("user").iter().map(|m| &m["content"]).collect();
+    assert_eq!(
+        asked,
+        [
+            "Say hello. scenario:text",
+            "Think. scenario:think",
+            "Fail. scenario:error",
+            "List. scenario:bashro"
+        ]
+    );
+    let runs: Vec<&str> = entries
+        .iter()
+        .map(|e| e["runId"].as_str().unwrap())
+        .collect();
+    assert!(runs.windows(2).all(|w| w[0] <= w[1]), "{runs:?}");
+    assert_eq!(of("assistant")[0]["content"], "Hello from the fake LLM.");
+    assert_eq!(
+        of("reasoning")[0]["content"],
+        "Let me think about this carefully."
+    );
+    let error = of("activity")
+        .into_iter()
+        .find(|m| m["activityType"] == "iac-code.run-error")
+        .expect("the failed run's error");
+    assert_eq!(error["content"]["code"], "A2A_EXECUTION_FAILED");
+    let call = of("assistant")
+        .into_iter()
+        .find_map(|m| m.get("toolCalls"))
+        .expect("the tool call");
+    assert_eq!(call[0]["function"]["arguments"], r#"{"command":"ls -la"}"#);
+    let result = &of("tool")[0];
+    assert_eq!(result["content"], r4.of("TOOL_CALL_RESULT")[0]["content"]);
+    assert_eq!(result["toolCallId"], call[0]["id"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

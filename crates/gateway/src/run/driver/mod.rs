@@ -176,14 +176,26 @@ impl Driver {
     fn new(rt: Arc<Runtime>, adm: Admitted, sink: Sink, lapse: Option<Arc<Lapse>>) -> Driver {
         let envelope = &adm.req.envelope;
         let mapper = Mapper::new(&envelope.run_id, Default::default(), &envelope.thread_id);
-        let out = Output::new(
+        let keep = output::Keep {
+            store: rt.threads().store().clone(),
+            limit: rt.cfg().caps.transcript_limit,
+            clock: rt.clock().clone(),
+            metrics: rt.metrics().clone(),
+        };
+        let mut out = Output::new(
             sink,
             mapper,
             envelope.dialect,
             adm.req.lang,
             &envelope.thread_id,
             &envelope.run_id,
+            Some(keep),
         );
+        match (&adm.mode, &adm.req.user_message) {
+            (Mode::Resume(entries), _) => out.recorder().answers(entries),
+            (_, Some(u)) => out.recorder().user(&u.message_id, &u.parts),
+            (_, None) => {}
+        }
         let hold = ThreadHold::new(
             rt.threads_arc().clone(),
             adm.slot.clone(),

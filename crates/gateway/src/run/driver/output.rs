@@ -5,19 +5,41 @@
 //! or `RUN_ERROR`), always after closing every open span, and it sends at most one: once the sink
 //! has ended, every later ending is ignored. Phases send their other events through
 //! [`Output::emit`] and [`Output::map`].
+//!
+//! It also records what the run says (`transcript::Recorder`) and writes it to the thread's
+//! transcript before the terminal event is sent (or when the client left for good), once.
+
+use std::sync::Arc;
 
 use agui::{Dialect, Event, Outcome};
 
+use crate::clock::{rfc3339_ms, Clock};
 use crate::error::{msg, Code};
 use crate::i18n::{self, Lang};
 use crate::mapping::Mapper;
 use crate::run::sink::{GoneSignal, Sink};
+use crate::store::{Metered, TranscriptAppend};
 use crate::telemetry::RunOutcome;
+use crate::transcript::Recorder;
 
 use super::end::{is_cancelled_outcome, Flow};
 
+/// Where a run's transcript is written.
+pub(super) struct Keep {
+    pub store: Metered,
+    /// `--transcript-limit`.
+    pub limit: usize,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<crate::telemetry::Metrics>,
+}
+
 /// The events of one run.
 pub(super) struct Output {
+    recorder: Recorder,
+    /// `None`: the run's messages are not kept (the output's own tests).
+    keep: Option<Keep>,
+    /// The transcript was written (or there was nothing to write it to).
+    written: bool,
     sink: Sink,
     mapper: Mapper,
     /// How the run ended (the thread's `lastRun`, the metrics, the run's span): outcome and
@@ -37,8 +59,12 @@ impl Output {
         lang: Lang,
         thread_id: &str,
         run_id: &str,
+        keep: Option<Keep>,
     ) -> Output {
         Output {
+            recorder: Recorder::new(run_id),
+            keep,
+            written: false,
             sink,
             mapper,
             outcome: (RunOutcome::Disconnected, None),
@@ -68,7 +94,12 @@ impl Output {
             !e.is_terminal(),
             "terminal events are the output's own: {e:?}"
         );
-        if self.sink.is_gone() || self.sink.ended() {
+        if self.sink.ended() {
+            return Ok(());
+        }
+        // What the run says is its history, whether or not its client is still there.
+        self.recorder.event(&e);
+        if self.sink.is_gone() {
             return Ok(());
         }
         Ok(self.sink.emit(&e).await?)
@@ -92,6 +123,9 @@ impl Output {
     /// event encoded straight from the frame; anything else is status text.
     pub(super) async fn text_delta(&mut self, message_id: String, text: &str) -> Flow {
         if self.mapper.continue_text(&message_id, text) {
+            if !self.sink.ended() {
+                self.recorder.text(&message_id, text);
+            }
             if !self.sink.is_gone() {
                 self.sink.emit_text_content(&message_id, text).await?;
             }
@@ -99,6 +133,11 @@ impl Output {
         }
         self.map(|m, out| m.status_text(Some(message_id), text, false, out))
             .await
+    }
+
+    /// What the run records of its request (the user's message, the answers it sends).
+    pub(super) fn recorder(&mut self) -> &mut Recorder {
+        &mut self.recorder
     }
 
     /// The run's mapper, for what it knows (digests, pipeline position) and is told.
@@ -136,15 +175,48 @@ impl Output {
     /// The client went away for good. With a replay buffer, a late reader still gets a whole
     /// run: spans balanced and one terminal event (cancelled, abandoned). Nothing more is sent.
     pub(super) async fn abandon(&mut self) {
-        if self.sink.has_replay() && !self.sink.ended() {
+        if !self.sink.ended() {
             let mut events = Vec::new();
             self.mapper.close_all(&mut events);
             events.push(self.failure_event(Code::Cancelled, msg::ABANDONED));
-            for e in events {
-                let _ = self.sink.emit(&e).await;
+            for e in &events {
+                self.recorder.event(e);
+            }
+            self.write_transcript().await;
+            if self.sink.has_replay() {
+                for e in events {
+                    let _ = self.sink.emit(&e).await;
+                }
             }
         }
         self.sink.mark_gone();
+    }
+
+    /// Writes what the run recorded to its thread's transcript, once. A failure is logged: the
+    /// transcript is history, not what a later run depends on, so the run ends as it would.
+    async fn write_transcript(&mut self) {
+        if std::mem::replace(&mut self.written, true) {
+            return;
+        }
+        let (Some(keep), messages) = (&self.keep, self.recorder.take()) else {
+            return;
+        };
+        if messages.is_empty() {
+            return;
+        }
+        let add = TranscriptAppend {
+            run_id: self.run_id.clone(),
+            at: rfc3339_ms(keep.clock.now_ms()),
+            messages,
+            limit: keep.limit,
+        };
+        // A transcript that cannot be written does not fail the run: the client still gets its
+        // ending, and the failure is logged and counted.
+        if let Err(e) = keep.store.append_transcript(&self.thread_id, add).await {
+            keep.metrics.transcript_write_failed();
+            tracing::warn!(thread_id = %self.thread_id, run_id = %self.run_id, error = %e,
+                "the run's transcript was not written");
+        }
     }
 
     /// Spans closed, then the terminal event; only the first ending of a run is sent.
@@ -157,6 +229,10 @@ impl Output {
         self.mapper.close_all(&mut events);
         debug_assert!(!self.mapper.has_open_spans());
         events.push(terminal);
+        for e in &events {
+            self.recorder.event(e);
+        }
+        self.write_transcript().await;
         for e in events {
             if self.sink.is_gone() {
                 return;

@@ -18,6 +18,7 @@ mod rows;
 mod schema;
 mod sql;
 pub mod tls;
+mod transcript;
 
 use sql::{FORGET_INSTANCES, GONE, HEARTBEAT, HOLD, HOLDER, LIVENESS, LOCK_ROW, SAVE};
 
@@ -512,6 +513,25 @@ impl ThreadStore for PgStore {
 
     fn shared(&self) -> bool {
         true
+    }
+
+    fn append_transcript(
+        &self,
+        thread_id: &str,
+        add: crate::store::TranscriptAppend,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move { store.append_transcript_now(id, add).await })
+    }
+
+    fn read_transcript(
+        &self,
+        thread_id: &str,
+        before: Option<u64>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<crate::transcript::Page, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move { store.read_transcript_now(id, before, limit).await })
     }
 
     fn claim(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {

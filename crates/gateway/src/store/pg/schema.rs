@@ -58,6 +58,19 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         forward_key text NOT NULL
     );",
     ),
+    (
+        3,
+        // A thread's transcript (`transcript`): one row a message, numbered per thread.
+        "CREATE TABLE agui_transcript (
+        thread_id text NOT NULL,
+        seq bigint NOT NULL,
+        run_id text NOT NULL,
+        at text NOT NULL,
+        -- The AG-UI message, compact JSON.
+        message text NOT NULL,
+        PRIMARY KEY (thread_id, seq)
+    );",
+    ),
 ];
 
 /// The cluster's forward key: made by the first instance (256 random bits), read by the others.

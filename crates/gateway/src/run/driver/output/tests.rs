@@ -24,7 +24,7 @@ fn output(dialect: Dialect, replay: Option<Arc<RunEvents>>) -> (Output, mpsc::Re
     );
     let mapper = Mapper::new("run-1", Default::default(), "thread-1");
     (
-        Output::new(sink, mapper, dialect, Lang::En, "thread-1", "run-1"),
+        Output::new(sink, mapper, dialect, Lang::En, "thread-1", "run-1", None),
         rx,
     )
 }

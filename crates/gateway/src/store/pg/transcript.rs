@@ -1,0 +1,86 @@
+//! The PostgreSQL store's transcripts: `agui_transcript`, one row an entry, keyed by thread and
+//! `seq` (migration 3). An append is one transaction, serialised per thread by an advisory lock:
+//! the newest `seq` read, the run's entries inserted after it, the oldest beyond the limit
+//! deleted.
+
+use super::{bounded, unavailable, PgStore};
+use crate::store::{StoreError, TranscriptAppend};
+use crate::transcript::{self, Entry, Page};
+
+const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('agui_transcript:' || $1))";
+const LAST: &str = "SELECT COALESCE(max(seq), 0) FROM agui_transcript WHERE thread_id = $1";
+const INSERT: &str = "INSERT INTO agui_transcript (thread_id, seq, run_id, at, message)
+    SELECT $1, s, $2, $3, m FROM unnest($4::bigint[], $5::text[]) AS x(s, m)";
+const TRIM: &str = "DELETE FROM agui_transcript WHERE thread_id = $1 AND seq <= $2";
+const PAGE: &str = "SELECT seq, run_id, at, message FROM agui_transcript
+    WHERE thread_id = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3";
+
+impl PgStore {
+    pub(super) async fn append_transcript_now(
+        &self,
+        thread_id: String,
+        add: TranscriptAppend,
+    ) -> Result<(), StoreError> {
+        if add.messages.is_empty() {
+            return Ok(());
+        }
+        bounded("transcript", async move {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(unavailable)?;
+            tx.execute(LOCK, &[&thread_id]).await.map_err(unavailable)?;
+            let last: i64 = tx
+                .query_one(LAST, &[&thread_id])
+                .await
+                .map_err(unavailable)?
+                .get(0);
+            let entries = transcript::number(last as u64, &add.run_id, &add.at, add.messages);
+            let seqs: Vec<i64> = entries.iter().map(|e| e.seq as i64).collect();
+            let messages: Vec<String> = entries.iter().map(|e| e.message.to_string()).collect();
+            tx.execute(
+                INSERT,
+                &[&thread_id, &add.run_id, &add.at, &seqs, &messages],
+            )
+            .await
+            .map_err(unavailable)?;
+            let newest = last + seqs.len() as i64;
+            let oldest_kept = newest - add.limit as i64;
+            if oldest_kept > 0 {
+                tx.execute(TRIM, &[&thread_id, &oldest_kept])
+                    .await
+                    .map_err(unavailable)?;
+            }
+            tx.commit().await.map_err(unavailable)
+        })
+        .await
+    }
+
+    pub(super) async fn read_transcript_now(
+        &self,
+        thread_id: String,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        bounded("transcript", async move {
+            let c = self.client().await?;
+            let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
+            let rows = c
+                .query(PAGE, &[&thread_id, &before, &(limit as i64 + 1)])
+                .await
+                .map_err(unavailable)?;
+            let mut entries = Vec::with_capacity(rows.len());
+            for r in rows.iter().rev() {
+                let message: String = r.get(3);
+                let message = serde_json::from_str(&message)
+                    .map_err(|e| StoreError::Invalid(format!("transcript: {e}")))?;
+                entries.push(Entry {
+                    seq: r.get::<_, i64>(0) as u64,
+                    run_id: r.get(1),
+                    at: r.get(2),
+                    message,
+                });
+            }
+            Ok(transcript::page_of(entries.into_iter(), None, limit))
+        })
+        .await
+    }
+}

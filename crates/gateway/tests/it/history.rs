@@ -1,0 +1,311 @@
+//! A thread's transcript (fake kernel): what each run showed its client is kept, durable before
+//! the run's terminal event, bounded by `--transcript-limit`, paged by
+//! `GET /threads/{id}/messages`, without a secret, across a restart of the gateway.
+
+use iac_code_agui::config::Caps;
+use serde_json::{json, Value};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::sse::{assert_valid_run, post};
+
+use crate::support::{body, ctx, get_as, resume_body, Builder, TestServer};
+
+fn perm(thread: &str) -> Value {
+    json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),
+        "inputId":"perm-1","toolUseId":"tu1","toolName":"bash","prompt":"Run bash?","required":true,
+        "options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}]})
+}
+
+/// A turn that says something, calls a tool, gets its result and stops at a permission.
+fn script_tool_then_interrupt(k: &FakeKernel, thread: &str) {
+    let c = ctx(thread);
+    let tool = |status: &str, extra: Value| {
+        let mut t = json!({"toolUseId": "tu0", "name": "ls", "status": status});
+        for (k, v) in extra.as_object().unwrap() {
+            t[k] = v.clone();
+        }
+        Item::Result(items::status(
+            "task-1",
+            &c,
+            "TASK_STATE_WORKING",
+            json!({"tool": t}),
+        ))
+    };
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "sess-1"}),
+            )),
+            Item::Result(items::text("task-1", &c, "Looking.", "m1", json!({}))),
+            tool("input_complete", json!({"toolInput": {"path": "/tmp"}})),
+            tool("completed", json!({"result": "a.tf"})),
+            Item::Result(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm(thread)}),
+            )),
+        ]),
+    );
+}
+
+fn script_done(k: &FakeKernel, thread: &str, task: &str, text: &str) {
+    let c = ctx(thread);
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::task(
+                task,
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "sess-1"}),
+            )),
+            Item::Result(items::text(task, &c, text, &format!("m-{task}"), json!({}))),
+            Item::Result(items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))),
+        ]),
+    );
+}
+
+/// The kernel's side of the answer: the task as it waits, the acknowledgement, a text, the end.
+fn script_resume(k: &FakeKernel, thread: &str) {
+    let c = ctx(thread);
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                json!({"input": perm(thread)}),
+            ),
+        ),
+    );
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_WORKING",
+                json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}),
+            )),
+            Item::Result(items::text("task-1", &c, "Listed.", "m2", json!({}))),
+            Item::Result(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+}
+
+async fn page(s: &TestServer, thread: &str, query: &str) -> (u16, Value) {
+    get_as(&format!("{}threads/{thread}/messages{query}", s.url), &[]).await
+}
+
+fn messages(page: &Value) -> Vec<Value> {
+    page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["message"].clone())
+        .collect()
+}
+
+fn seqs(page: &Value) -> Vec<u64> {
+    page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect()
+}
+
+/// A turn with text, a tool call and a permission, then its answer and the next turn: each run's
+/// messages as its client saw them, in order, numbered, paged back from the newest; a secret of
+/// the request is nowhere in the transcript; a restart keeps it.
+#[tokio::test]
+async fn each_run_leaves_its_messages_in_the_thread_transcript() {
+    let k = FakeKernel::start().await;
+    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let ws = s.ws("t1");
+    // Nothing before the first run: the thread does not exist.
+    let (status, none) = page(&s, "t1", "").await;
+    assert_eq!(status, 404);
+    assert_eq!(none["error"]["code"], "THREAD_NOT_FOUND");
+
+    script_tool_then_interrupt(&k, "t1");
+    let secret = "sk-transcript-secret-0042";
+    let props = json!({"llmApiKey": secret, "llmHeaders": {"x-secret": secret}});
+    let first = post(&s.url, &body("t1", "r1", "list my files", &ws, props), &[]).await;
+    assert_valid_run(&first, "t1", "r1");
+    assert_eq!(first.last()["outcome"]["type"], "interrupt");
+    let (status, p) = page(&s, "t1", "").await;
+    assert_eq!(status, 200, "{p}");
+    assert_eq!(p["threadId"], "t1");
+    assert!(p.get("nextBefore").is_none(), "{p}");
+    let m = messages(&p);
+    assert_eq!(
+        m[0],
+        json!({"id": "msg-r1", "role": "user", "content": "list my files"})
+    );
+    assert_eq!(m[1]["role"], "assistant");
+    assert_eq!(m[1]["content"], "Looking.");
+    let calls: Vec<&Value> = m
+        .iter()
+        .filter_map(|x| x.get("toolCalls"))
+        .flat_map(|c| c.as_array().unwrap())
+        .collect();
+    assert_eq!(calls.len(), 1, "{m:?}");
+    assert_eq!(calls[0]["id"], "tu0");
+    assert_eq!(calls[0]["function"]["name"], "ls");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"path": "/tmp"}));
+    let result = m
+        .iter()
+        .find(|x| x["role"] == "tool")
+        .expect("a tool message");
+    assert_eq!(
+        (&result["toolCallId"], &result["content"]),
+        (&json!("tu0"), &json!("a.tf"))
+    );
+    let last = m.last().unwrap();
+    assert_eq!(last["role"], "activity");
+    assert_eq!(last["activityType"], "iac-code.interrupt");
+    assert_eq!(last["content"]["interrupt"]["id"], "perm-1");
+    let entries = p["entries"].as_array().unwrap();
+    assert!(entries
+        .iter()
+        .all(|e| e["runId"] == "r1" && e["at"].is_string()));
+    assert_eq!(seqs(&p), (1..=m.len() as u64).collect::<Vec<_>>());
+
+    // The answer and the turn it lets finish.
+    script_resume(&k, "t1");
+    let answer = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let resumed = post(&s.url, &resume_body("t1", "r2", &ws, "inv-1", answer), &[]).await;
+    assert_valid_run(&resumed, "t1", "r2");
+    assert_eq!(resumed.last()["type"], "RUN_FINISHED");
+    let (_, p) = page(&s, "t1", "?limit=200").await;
+    let m = messages(&p);
+    let n = m.len();
+    assert_eq!(m[n - 2]["activityType"], "iac-code.interrupt-response");
+    assert_eq!(
+        m[n - 2]["content"],
+        json!({"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}})
+    );
+    assert_eq!(
+        (&m[n - 1]["role"], &m[n - 1]["content"]),
+        (&json!("assistant"), &json!("Listed."))
+    );
+    assert_eq!(p["entries"][n - 1]["runId"], "r2");
+
+    // Paged back from the newest: two at a time, each page in order, `nextBefore` to the next.
+    let mut pages = Vec::new();
+    let mut before = String::new();
+    loop {
+        let (status, p) = page(&s, "t1", &format!("?limit=2{before}")).await;
+        assert_eq!(status, 200);
+        pages.push(seqs(&p));
+        match p.get("nextBefore") {
+            Some(b) => before = format!("&before={b}"),
+            None => break,
+        }
+    }
+    let joined: Vec<u64> = pages.iter().rev().flatten().copied().collect();
+    assert_eq!(joined, (1..=n as u64).collect::<Vec<_>>());
+    assert!(pages.iter().all(|p| p.len() <= 2 && !p.is_empty()));
+
+    // The secret is in no transcript; the transcript survives a restart.
+    let dir = s.stop().await;
+    let transcripts = dir.join("state").join("transcripts");
+    let mut found = 0;
+    for f in std::fs::read_dir(&transcripts).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        assert!(!text.contains(secret));
+        found += text.lines().count();
+    }
+    assert_eq!(found, n);
+    let s = Builder::new().a2a(&k.url(), None).dir(dir).start().await;
+    let (status, again) = page(&s, "t1", "?limit=200").await;
+    assert_eq!(status, 200);
+    assert_eq!(messages(&again), m);
+}
+
+/// `--transcript-limit` keeps the newest messages; the page parameters are checked.
+#[tokio::test]
+async fn the_transcript_keeps_the_newest_messages_and_pages_are_checked() {
+    let k = FakeKernel::start().await;
+    let caps = Caps {
+        transcript_limit: 3,
+        ..Caps::default()
+    };
+    let s = Builder::new().a2a(&k.url(), None).caps(caps).start().await;
+    let ws = s.ws("t2");
+    for i in 1..=3 {
+        script_done(&k, "t2", &format!("task-{i}"), &format!("answer {i}"));
+        let r = post(
+            &s.url,
+            &body("t2", &format!("r{i}"), &format!("q{i}"), &ws, json!({})),
+            &[],
+        )
+        .await;
+        assert_valid_run(&r, "t2", &format!("r{i}"));
+    }
+    // Six messages were written (a question and an answer each): the newest three are kept,
+    // still numbered as they were written.
+    let (_, p) = page(&s, "t2", "").await;
+    assert_eq!(seqs(&p), [4, 5, 6]);
+    let texts: Vec<Value> = messages(&p).iter().map(|m| m["content"].clone()).collect();
+    assert_eq!(texts, [json!("answer 2"), json!("q3"), json!("answer 3")]);
+    assert!(p.get("nextBefore").is_none());
+    let (_, older) = page(&s, "t2", "?before=5&limit=1").await;
+    assert_eq!(seqs(&older), [4]);
+    assert!(older.get("nextBefore").is_none());
+    for bad in [
+        "?limit=0",
+        "?limit=201",
+        "?before=0",
+        "?before=x",
+        "?limit=1&limit=2",
+        "?before=",
+    ] {
+        let (status, e) = page(&s, "t2", bad).await;
+        assert_eq!(status, 400, "{bad}");
+        assert_eq!(e["error"]["code"], "INVALID_INPUT", "{bad}");
+    }
+    let r = reqwest::Client::new()
+        .post(format!("{}threads/t2/messages", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+}
+
+/// A transcript that cannot be written fails nothing of the run: it ends as it would, the
+/// failure is counted, and reading the transcript is a clear 503.
+#[tokio::test]
+async fn a_transcript_that_cannot_be_written_fails_nothing_of_the_run() {
+    let k = FakeKernel::start().await;
+    let s = Builder::new().a2a(&k.url(), None).start().await;
+    // A file where the transcripts' directory would be.
+    let at = s.state_dir().join("transcripts");
+    std::fs::create_dir_all(s.state_dir()).unwrap();
+    std::fs::write(&at, b"not a directory").unwrap_or_else(|e| panic!("{}: {e}", at.display()));
+    script_done(&k, "t3", "task-1", "fine");
+    let r = post(&s.url, &body("t3", "r1", "q", &s.ws("t3"), json!({})), &[]).await;
+    assert_valid_run(&r, "t3", "r1");
+    assert_eq!(r.last()["type"], "RUN_FINISHED", "{}", r.raw);
+    assert_eq!(
+        crate::support::metric(&s, "agui_transcript_write_failures_total"),
+        1.0
+    );
+    let (status, e) = page(&s, "t3", "").await;
+    assert_eq!(status, 503, "{e}");
+    assert_eq!(e["error"]["code"], "STATE_UNAVAILABLE");
+}
