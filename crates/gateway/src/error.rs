@@ -279,6 +279,7 @@ pub mod msg {
         RUN_NOT_FOUND = "The AG-UI run was not found.";
         RUN_EVENTS_GONE = "The run's events are no longer available.";
         BAD_LAST_EVENT_ID = "Last-Event-ID must be the id of an event of this run.";
+        BAD_LIST_PAGE = "The page is invalid: limit must be a number from 1 to 100, cursor one this gateway returned, and archived true or false.";
         BAD_PAGE = "The page is invalid: before must be a message number (at least 1) and limit a number from 1 to 200.";
         TASK_CHANGED = "The A2A task identity changed unexpectedly.";
         CONTEXT_CHANGED = "The A2A context identity changed unexpectedly.";

@@ -1,7 +1,9 @@
-//! A thread's past, read back: `GET /threads/{threadId}/messages?before=&limit=` pages through
-//! its transcript (`transcript`), newest page first. Scoped like `GET /threads/{threadId}`: a
-//! caller with a user reaches only that user's threads, and another's is a thread that does not
-//! exist.
+//! Threads read back: `GET /threads?limit=&cursor=&archived=` lists the caller's threads, newest
+//! activity first (`store::listing`), and `GET /threads/{threadId}/messages?before=&limit=`
+//! pages through a thread's transcript (`transcript`), newest page first. Scoped like
+//! `GET /threads/{threadId}`: a caller with a user reaches only that user's threads, and
+//! another's is a thread that does not exist; a caller without a user (no authentication, the
+//! service token acting for nobody) reaches every thread.
 //!
 //! The answer is `{"threadId", "entries": [{"seq", "runId", "at", "message"}], "nextBefore"}`:
 //! `message` is the AG-UI message as the client saw it; `nextBefore` (absent on the oldest page)
@@ -13,6 +15,7 @@ use crate::auth::access::MESSAGES_ROUTE;
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::run::Runtime;
+use crate::store::listing::{self, Cursor, ListQuery};
 use crate::threads_api::read_theirs;
 use crate::transcript::{DEFAULT_PAGE, MAX_PAGE};
 
@@ -54,6 +57,78 @@ pub fn page_query(query: Option<&str>) -> Result<PageQuery, ApiError> {
     Ok(PageQuery { before, limit })
 }
 
+/// Reads `limit`, `cursor` and `archived` of `GET /threads` (pure); the same refusals as
+/// [`page_query`], and a cursor this gateway did not make is refused.
+pub fn list_query(query: Option<&str>, caller: &Caller) -> Result<ListQuery, ApiError> {
+    let bad = || ApiError::new(Code::InvalidInput, msg::BAD_LIST_PAGE);
+    let (mut limit, mut cursor, mut archived) = (None, None, None);
+    for (k, v) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+        let slot = match &*k {
+            "limit" => &mut limit,
+            "cursor" => &mut cursor,
+            "archived" => &mut archived,
+            _ => continue,
+        };
+        if slot.is_some() || v.is_empty() {
+            return Err(bad());
+        }
+        *slot = Some(v.into_owned());
+    }
+    let limit = match limit {
+        None => listing::DEFAULT_PAGE,
+        Some(n) if n.len() <= 3 && n.bytes().all(|b| b.is_ascii_digit()) => {
+            match n.parse::<usize>() {
+                Ok(n) if (1..=listing::MAX_PAGE).contains(&n) => n,
+                _ => return Err(bad()),
+            }
+        }
+        Some(_) => return Err(bad()),
+    };
+    let after = match cursor {
+        None => None,
+        Some(c) => Some(Cursor::decode(&c).ok_or_else(bad)?),
+    };
+    let archived = match archived.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(bad()),
+    };
+    Ok(ListQuery {
+        user: caller.user.clone(),
+        archived,
+        after,
+        limit,
+    })
+}
+
+/// `GET /threads` after the checks of the route (method, token).
+pub async fn list(rt: &Runtime, q: ListQuery) -> Result<Value, ApiError> {
+    let page = rt.threads().store().list_threads(q).await.map_err(|e| {
+        tracing::warn!(error = %e, "listing the threads failed");
+        ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
+    })?;
+    let threads: Vec<Value> = page
+        .threads
+        .iter()
+        .map(|t| {
+            json!({
+                "threadId": t.thread_id,
+                "title": t.title,
+                "createdAt": t.created_at,
+                "lastActivityAt": t.last_activity_at,
+                "archived": t.archived,
+                "activeRun": t.active_run.as_ref().map(|r| json!({"runId": r})),
+                "pendingInterrupts": t.pending,
+            })
+        })
+        .collect();
+    let mut answer = json!({ "threads": threads });
+    if let Some(last) = page.threads.last().filter(|_| page.more) {
+        answer["nextCursor"] = json!(last.position().encode());
+    }
+    Ok(answer)
+}
+
 /// `GET /threads/{threadId}/messages` after the checks of the route (method, token, thread id).
 pub async fn messages(
     rt: &Runtime,
@@ -86,6 +161,50 @@ pub async fn messages(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_queries() {
+        let alice = Caller {
+            user: Some("alice".into()),
+            ..Caller::OPEN
+        };
+        let q = list_query(None, &alice).unwrap();
+        assert_eq!(q.user.as_deref(), Some("alice"));
+        assert_eq!(
+            (q.limit, q.archived, &q.after),
+            (listing::DEFAULT_PAGE, false, &None)
+        );
+        let c = Cursor {
+            at: "2026-01-01T00:00:00.000Z".into(),
+            thread_id: "t".into(),
+        };
+        let q = list_query(
+            Some(&format!("limit=100&archived=true&cursor={}", c.encode())),
+            &Caller::OPEN,
+        )
+        .unwrap();
+        assert_eq!(
+            (q.limit, q.archived, q.after, q.user),
+            (100, true, Some(c), None)
+        );
+        for bad in [
+            "limit=0",
+            "limit=101",
+            "limit=1000000000000",
+            "limit=",
+            "limit=a",
+            "cursor=abc",
+            "cursor=",
+            "archived=yes",
+            "limit=1&limit=1",
+        ] {
+            assert_eq!(
+                list_query(Some(bad), &alice).map_err(|e| e.code),
+                Err(Code::InvalidInput),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn page_queries() {

@@ -17,6 +17,7 @@ pub const RUN_ROUTE: &str = "POST /";
 pub const CANCEL_ROUTE: &str = "POST /extensions/iac-code/v1/executions/{executionId}/cancel";
 pub const THREAD_ROUTE: &str = "GET /threads/{threadId}";
 pub const EVENTS_ROUTE: &str = "GET /threads/{threadId}/runs/{runId}/events";
+pub const LIST_ROUTE: &str = "GET /threads";
 pub const MESSAGES_ROUTE: &str = "GET /threads/{threadId}/messages";
 
 /// The user a run acts for, which the kernel receives as `userId`: `iacCode.userId` when the

@@ -66,6 +66,7 @@ pub fn router(state: AppState) -> Router {
             "/extensions/iac-code/v1/executions/{execution_id}/cancel",
             any(cancel_route::cancel_route),
         )
+        .route("/threads", any(threads::list_route))
         .route("/threads/{thread_id}", any(threads::thread_route))
         .route("/cluster/v1/hello", any(cluster_hello))
         .route("/capabilities", any(threads::capabilities_route))

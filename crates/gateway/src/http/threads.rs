@@ -86,6 +86,23 @@ pub(super) async fn thread_route(
     }
 }
 
+pub(super) async fn list_route(State(s): State<AppState>, req: Request) -> Response {
+    let route = crate::auth::access::LIST_ROUTE;
+    let (hl, caller) =
+        match get_checks(&s.rt, req.method(), &path_of(&req), req.headers(), route).await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
+    let q = match crate::history::list_query(req.uri().query(), &caller) {
+        Ok(q) => q,
+        Err(e) => return e.into_response_in(hl),
+    };
+    match crate::history::list(&s.rt, q).await {
+        Ok(v) => json_ok(&v),
+        Err(e) => e.into_response_in(hl),
+    }
+}
+
 pub(super) async fn messages_route(
     State(s): State<AppState>,
     Path(thread_id): Path<String>,

@@ -73,6 +73,7 @@ pub struct FileStore {
     dir_sync: Arc<DirSync>,
     journal: Option<Arc<Journal>>,
     transcript_locks: Arc<super::transcript_file::Locks>,
+    index: Arc<super::file_index::Index>,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -92,6 +93,7 @@ impl FileStore {
             dir_sync: Arc::default(),
             journal: None,
             transcript_locks: Arc::default(),
+            index: Arc::default(),
         }
     }
 
@@ -256,6 +258,7 @@ impl ThreadStore for FileStore {
                     &store.root,
                     &store.transcript_locks,
                     &store.dir_sync,
+                    &store.index,
                     &id,
                     add,
                 )
@@ -279,6 +282,20 @@ impl ThreadStore for FileStore {
             .map_err(blocking_failed)?
         })
     }
+    fn list_threads(
+        &self,
+        query: super::listing::ListQuery,
+    ) -> BoxFuture<'static, Result<super::listing::ListPage, StoreError>> {
+        let store = self.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                let dir = super::transcript_file::dir(&store.root);
+                Ok(store.index.list(&dir, &query))
+            })
+            .await
+            .map_err(blocking_failed)?
+        })
+    }
     fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move {
@@ -294,6 +311,7 @@ impl ThreadStore for FileStore {
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
         let thread_id = doc.thread_id.clone();
+        self.index.saved(doc, &crate::clock::rfc3339_ms(now_ms()));
         // Journaled: wait for the group commit on a channel, holding no thread meanwhile.
         let committed = self
             .journal
@@ -335,6 +353,13 @@ impl ThreadStore for FileStore {
                 .unwrap_or_default()
         })
     }
+}
+
+/// Milliseconds since the epoch, for the list's activity times.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

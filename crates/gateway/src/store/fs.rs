@@ -239,6 +239,18 @@ pub(super) enum Loaded {
     Bytes(Vec<u8>),
 }
 
+/// Opens a regular file for reading without following a symlink.
+pub(super) fn open_private(path: &Path) -> std::io::Result<fs::File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(NO_FOLLOW)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    Ok(file)
+}
+
 /// Reads a private file without following a symlink, putting its mode back to 0600.
 pub(super) fn read_private(path: &Path, max: u64) -> std::io::Result<Loaded> {
     let file = match OpenOptions::new()

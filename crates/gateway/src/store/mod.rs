@@ -10,11 +10,15 @@
 //! - `pg`: the PostgreSQL store several instances share (`--state-url`): held threads, fenced
 //!   writes, heartbeats.
 //! - `metered`: the store as the run core sees it: saves timed and counted.
+//! - `listing`: a user's threads, listed; `file_index` is the file store's list, and
+//!   `transcript_file` its transcripts.
 
 mod doc;
 mod file;
+mod file_index;
 mod fs;
 mod journal;
+pub mod listing;
 mod metered;
 mod pg;
 mod transcript_file;
@@ -202,6 +206,14 @@ pub trait ThreadStore: Send + Sync + 'static {
         _limit: usize,
     ) -> BoxFuture<'static, Result<crate::transcript::Page, StoreError>> {
         Box::pin(std::future::ready(Ok(crate::transcript::Page::default())))
+    }
+    /// A page of the list of threads (`GET /threads`), newest activity first. A store that
+    /// keeps no list lists nothing.
+    fn list_threads(
+        &self,
+        _query: listing::ListQuery,
+    ) -> BoxFuture<'static, Result<listing::ListPage, StoreError>> {
+        Box::pin(std::future::ready(Ok(listing::ListPage::default())))
     }
     /// A clean stop: a shared store gives this instance's threads up at once (another instance
     /// takes them over without waiting for the lease to run out); nothing is written after it.

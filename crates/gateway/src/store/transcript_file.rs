@@ -1,4 +1,5 @@
-//! The file store's transcripts: `<state-dir>/transcripts/<stem>.jsonl`, one entry a line
+//! The file store's transcripts: `<state-dir>/transcripts/<stem>.jsonl`, the thread's summary
+//! for the list on the first line (`{"thread": {…}}`, `file_index`), then one entry a line
 //! (`{"seq","runId","at","message"}`), next to the thread files the reference adapter shares
 //! (it never looks in this directory).
 //!
@@ -10,7 +11,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::file_index::{Header, Index};
 use super::fs::{self, DirSync, Loaded};
+use super::listing;
 use super::{file_stem, StoreError, TranscriptAppend};
 use crate::transcript::{self, Entry, Page};
 
@@ -55,7 +58,10 @@ pub(super) fn read_all(root: &Path, thread_id: &str) -> Result<Vec<Entry>, Store
         Loaded::Bytes(b) => b,
     };
     let mut entries = Vec::new();
-    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+    for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
+        if line.is_empty() || (n == 0 && line.starts_with(br#"{"thread":"#)) {
+            continue;
+        }
         match serde_json::from_slice::<Entry>(line) {
             Ok(e) => entries.push(e),
             // Written whole by a rename, so this is a file someone edited: the rest is kept.
@@ -84,6 +90,7 @@ pub(super) fn append(
     root: &Path,
     locks: &Locks,
     dir_sync: &DirSync,
+    index: &Index,
     thread_id: &str,
     add: TranscriptAppend,
 ) -> Result<(), StoreError> {
@@ -94,9 +101,13 @@ pub(super) fn append(
     let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
     let mut entries = read_all(root, thread_id)?;
     let last = entries.last().map_or(0, |e| e.seq);
+    let title = listing::title_of(&add.messages);
     entries.extend(transcript::number(last, &add.run_id, &add.at, add.messages));
     let keep = entries.len().saturating_sub(add.limit);
-    let mut bytes = Vec::new();
+    let summary = index.appended(thread_id, title, &add.at);
+    let mut bytes = serde_json::to_vec(&Header { thread: summary })
+        .map_err(|e| StoreError::Invalid(e.to_string()))?;
+    bytes.push(b'\n');
     for e in &entries[keep..] {
         serde_json::to_writer(&mut bytes, e).map_err(|e| StoreError::Invalid(e.to_string()))?;
         bytes.push(b'\n');
@@ -125,8 +136,24 @@ mod tests {
     fn appends_number_on_and_the_oldest_go_first() {
         let dir = tempfile::tempdir().unwrap();
         let (locks, sync) = (Locks::default(), DirSync::default());
-        append(dir.path(), &locks, &sync, "t-1", add("r1", 3, 4)).unwrap();
-        append(dir.path(), &locks, &sync, "t-1", add("r2", 2, 4)).unwrap();
+        append(
+            dir.path(),
+            &locks,
+            &sync,
+            &Index::default(),
+            "t-1",
+            add("r1", 3, 4),
+        )
+        .unwrap();
+        append(
+            dir.path(),
+            &locks,
+            &sync,
+            &Index::default(),
+            "t-1",
+            add("r2", 2, 4),
+        )
+        .unwrap();
         let all = read_all(dir.path(), "t-1").unwrap();
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3, 4, 5]);
         assert_eq!(all[0].message["id"], "r1-1");
@@ -156,7 +183,15 @@ mod tests {
             .map(|i| {
                 let (root, locks, sync) = (dir.path().to_owned(), locks.clone(), sync.clone());
                 std::thread::spawn(move || {
-                    append(&root, &locks, &sync, "t", add(&format!("r{i}"), 5, 1000)).unwrap()
+                    append(
+                        &root,
+                        &locks,
+                        &sync,
+                        &Index::default(),
+                        "t",
+                        add(&format!("r{i}"), 5, 1000),
+                    )
+                    .unwrap()
                 })
             })
             .collect();

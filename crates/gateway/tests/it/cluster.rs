@@ -934,6 +934,33 @@ async fn two_instances_serve_two_hundred_concurrent_runs_each_without_leaks() {
         .parse()
         .unwrap();
     assert_eq!(rows, 2 * per + 2);
+    // The list, walked a page at a time at either instance, has each thread once, newest
+    // activity first (many share a millisecond: the cursor keeps the database's microseconds).
+    let mut seen = Vec::new();
+    let mut cursor = String::new();
+    for page in 0.. {
+        let inst = if page % 2 == 0 { &a } else { &b };
+        let url = format!("{}threads?limit=37{cursor}", inst.url());
+        let (status, p) = crate::support::get_as(&url, &[]).await;
+        assert_eq!(status, 200, "{p}");
+        for t in p["threads"].as_array().unwrap() {
+            seen.push((
+                t["lastActivityAt"].as_str().unwrap().to_owned(),
+                t["threadId"].as_str().unwrap().to_owned(),
+            ));
+        }
+        match p.get("nextCursor").and_then(Value::as_str) {
+            Some(c) => cursor = format!("&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 2 * per + 2);
+    let unique: std::collections::HashSet<&String> = seen.iter().map(|s| &s.1).collect();
+    assert_eq!(unique.len(), seen.len());
+    assert!(
+        seen.windows(2).all(|w| w[0].0 >= w[1].0),
+        "not newest first"
+    );
 }
 
 /// An answer on its way when its holder died: the holder marked it before sending it, its

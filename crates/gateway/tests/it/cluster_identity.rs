@@ -93,6 +93,17 @@ async fn a_users_thread_is_theirs_on_every_instance() {
                 events.1["error"]["code"], "THREAD_NOT_FOUND",
                 "{who} at {url}"
             );
+            let history = get_as(&format!("{url}threads/t1/messages"), h).await;
+            assert_eq!(
+                history.1["error"]["code"], "THREAD_NOT_FOUND",
+                "{who} at {url}"
+            );
+            let (status, list) = get_as(&format!("{url}threads"), h).await;
+            assert_eq!(
+                (status, &list["threads"]),
+                (200, &json!([])),
+                "{who} at {url}"
+            );
             let resume = resume_body("t1", "rb", &ws.cwd("t1"), "inv-1", allow("perm-1"));
             let r = post(&url, &resume, h).await;
             assert_eq!(
@@ -148,6 +159,21 @@ async fn a_users_thread_is_theirs_on_every_instance() {
     for inst in [&a, &b] {
         let (status, _) = get_as(&format!("{}threads/t1", inst.url()), &forged).await;
         assert_eq!(status, 401, "an open caller was taken from a keyed mark");
+    }
+
+    // Alice's list, at either instance, and the service's (acting for nobody: every thread).
+    for (h, inst) in [
+        (&al[..], &a),
+        (&al[..], &b),
+        (&[("authorization", "Bearer svc")][..], &b),
+    ] {
+        let (status, list) = get_as(&format!("{}threads", inst.url()), h).await;
+        assert_eq!(status, 200, "{list}");
+        let t = &list["threads"][0];
+        assert_eq!(list["threads"].as_array().unwrap().len(), 1, "{list}");
+        assert_eq!((&t["threadId"], &t["title"]), (&json!("t1"), &json!("hi")));
+        assert_eq!(t["pendingInterrupts"], 1);
+        assert!(list.get("nextCursor").is_none());
     }
 
     // Alice, asking B: her state, and her answer reaches the holder's kernel.

@@ -3,11 +3,13 @@
 //! `GET /threads/{id}/messages`, without a secret, across a restart of the gateway.
 
 use iac_code_agui::config::Caps;
+use std::time::Duration;
+
 use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::sse::{assert_valid_run, post};
 
-use crate::support::{body, ctx, get_as, resume_body, Builder, TestServer};
+use crate::support::{bearer_for, body, ctx, get_as, jwks_file, resume_body, Builder, TestServer};
 
 fn perm(thread: &str) -> Value {
     json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),
@@ -228,7 +230,9 @@ async fn each_run_leaves_its_messages_in_the_thread_transcript() {
     for f in std::fs::read_dir(&transcripts).unwrap() {
         let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
         assert!(!text.contains(secret));
-        found += text.lines().count();
+        // The thread's summary, then one line an entry.
+        assert!(text.starts_with(r#"{"thread":{"threadId":"t1""#), "{text}");
+        found += text.lines().count() - 1;
     }
     assert_eq!(found, n);
     let s = Builder::new().a2a(&k.url(), None).dir(dir).start().await;
@@ -308,4 +312,138 @@ async fn a_transcript_that_cannot_be_written_fails_nothing_of_the_run() {
     let (status, e) = page(&s, "t3", "").await;
     assert_eq!(status, 503, "{e}");
     assert_eq!(e["error"]["code"], "STATE_UNAVAILABLE");
+}
+
+/// Walks `GET /threads` as `who`, `limit` at a time: the thread ids in order, and each page's.
+async fn walk(s: &TestServer, who: &[(&str, &str)], limit: usize) -> (Vec<Value>, usize) {
+    let (mut all, mut pages, mut cursor) = (Vec::new(), 0, String::new());
+    loop {
+        let (status, p) = get_as(&format!("{}threads?limit={limit}{cursor}", s.url), who).await;
+        assert_eq!(status, 200, "{p}");
+        let threads = p["threads"].as_array().unwrap();
+        assert!(
+            threads.len() <= limit && (!threads.is_empty() || pages == 0),
+            "{p}"
+        );
+        all.extend(threads.iter().cloned());
+        pages += 1;
+        match p.get("nextCursor") {
+            Some(c) => cursor = format!("&cursor={}", c.as_str().unwrap()),
+            None => return (all, pages),
+        }
+    }
+}
+
+fn ids(threads: &[Value]) -> Vec<&str> {
+    threads
+        .iter()
+        .map(|t| t["threadId"].as_str().unwrap())
+        .collect()
+}
+
+/// Each user lists their own threads, newest activity first, a page at a time, with a title
+/// from the first message, the pending interrupts and no active run once they ended; a
+/// restarted gateway lists them again; bad parameters are 400.
+#[tokio::test]
+async fn each_user_lists_their_own_threads_newest_first() {
+    let k = FakeKernel::start().await;
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .jwks(&jwks, Duration::from_secs(300))
+        .start()
+        .await;
+    let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
+    let a = [("authorization", alice.as_str())];
+    let b = [("authorization", bob.as_str())];
+    // alice: t-a1 (interrupted), t-a2, then t-a1 again (its activity is the newest).
+    script_tool_then_interrupt(&k, "t-a1");
+    let r = post(
+        &s.url,
+        &body("t-a1", "r1", "  Create a\n VPC  ", &s.ws("t-a1"), json!({})),
+        &a,
+    )
+    .await;
+    assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
+    script_done(&k, "t-a2", "task-2", "ok");
+    let r = post(
+        &s.url,
+        &body("t-a2", "r2", "Second", &s.ws("t-a2"), json!({})),
+        &a,
+    )
+    .await;
+    assert_valid_run(&r, "t-a2", "r2");
+    script_done(&k, "t-b1", "task-3", "ok");
+    let r = post(
+        &s.url,
+        &body("t-b1", "r3", "Bob's", &s.ws("t-b1"), json!({})),
+        &b,
+    )
+    .await;
+    assert_valid_run(&r, "t-b1", "r3");
+    let (all, pages) = walk(&s, &a, 1).await;
+    assert_eq!((ids(&all), pages), (vec!["t-a2", "t-a1"], 2));
+    let a1 = &all[1];
+    assert_eq!(a1["title"], "Create a VPC");
+    assert_eq!(a1["pendingInterrupts"], 1);
+    assert_eq!(a1["activeRun"], Value::Null);
+    assert_eq!(a1["archived"], false);
+    assert!(a1["createdAt"].as_str().unwrap() <= a1["lastActivityAt"].as_str().unwrap());
+    assert_eq!(all[0]["title"], "Second");
+    let (theirs, _) = walk(&s, &b, 10).await;
+    assert_eq!(ids(&theirs), ["t-b1"]);
+    // Answering t-a1 makes it the newest.
+    script_resume(&k, "t-a1");
+    let answer = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let r = post(
+        &s.url,
+        &resume_body("t-a1", "r4", &s.ws("t-a1"), "inv-1", answer),
+        &a,
+    )
+    .await;
+    assert_valid_run(&r, "t-a1", "r4");
+    let (all, _) = walk(&s, &a, 10).await;
+    assert_eq!(ids(&all), ["t-a1", "t-a2"]);
+    assert_eq!(all[0]["pendingInterrupts"], 0);
+    assert_eq!(all[0]["title"], "Create a VPC");
+    // Archived threads are listed apart (none yet); bad parameters are refused.
+    let (status, p) = get_as(&format!("{}threads?archived=true", s.url), &a).await;
+    assert_eq!((status, p["threads"].as_array().unwrap().len()), (200, 0));
+    for bad in [
+        "limit=0",
+        "limit=101",
+        "cursor=xyz",
+        "archived=1",
+        "limit=1&limit=2",
+    ] {
+        let (status, e) = get_as(&format!("{}threads?{bad}", s.url), &a).await;
+        assert_eq!(
+            (status, e["error"]["code"].as_str()),
+            (400, Some("INVALID_INPUT")),
+            "{bad}"
+        );
+    }
+    let (status, _) = get_as(&format!("{}threads", s.url), &[]).await;
+    assert_eq!(status, 401);
+    // A restarted gateway lists the same threads, from what it wrote.
+    let dir = s.stop().await;
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .jwks(&jwks, Duration::from_secs(300))
+        .dir(dir)
+        .start()
+        .await;
+    // (Activity as of each run's end: its last save may have come a moment later.)
+    let (again, _) = walk(&s, &a, 10).await;
+    let without_activity = |ts: &[Value]| -> Vec<Value> {
+        ts.iter()
+            .map(|t| {
+                let mut t = t.clone();
+                t.as_object_mut().unwrap().remove("lastActivityAt");
+                t
+            })
+            .collect()
+    };
+    assert_eq!(without_activity(&again), without_activity(&all));
 }

@@ -13,18 +13,20 @@
 //! is bounded as in the file store (`MAX_DOC_BYTES`): a larger one is not written, and one found
 //! larger is refused by its length, which the server gives without sending the text.
 
+mod beat;
 mod lease;
+mod listing;
 mod rows;
 mod schema;
 mod sql;
 pub mod tls;
 mod transcript;
 
-use sql::{FORGET_INSTANCES, GONE, HEARTBEAT, HOLD, HOLDER, LIVENESS, LOCK_ROW, SAVE};
+use sql::{FORGET_INSTANCES, GONE, HOLD, HOLDER, LIVENESS, LOCK_ROW, SAVE};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
@@ -194,71 +196,6 @@ impl PgStore {
 
     async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
         self.inner.pool.get().await.map_err(unavailable)
-    }
-
-    /// Renews this instance's heartbeat once.
-    pub async fn heartbeat(&self) -> Result<(), StoreError> {
-        let sent = Instant::now();
-        bounded("heartbeat", async {
-            let c = self.inner.beats.get().await.map_err(unavailable)?;
-            let st = c.prepare_cached(HEARTBEAT).await.map_err(unavailable)?;
-            c.execute(&st, &[&self.inner.me, &self.inner.advertise_url])
-                .await
-                .map_err(unavailable)?;
-            Ok(())
-        })
-        .await?;
-        self.inner.lease.renewed(sent);
-        Ok(())
-    }
-
-    /// Renews the heartbeat every third of the TTL for as long as the store lives, and watches
-    /// the lease: one that lapses (the database unreachable for most of a TTL, or this process
-    /// stopped) ends the runs of its time.
-    pub fn start_heartbeat(&self) {
-        let weak = Arc::downgrade(&self.inner);
-        let every = self.inner.lease.ttl() / 3;
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                let Some(inner) = weak.upgrade() else { return };
-                if inner.lease.given_up() {
-                    return;
-                }
-                let store = PgStore { inner };
-                let held = store.inner.lease.holds();
-                match store.heartbeat().await {
-                    Ok(()) if !held => tracing::info!("the lease on the shared state is renewed"),
-                    Ok(()) => {}
-                    Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
-                }
-            }
-        });
-        // The watchdog wakes when the lease would lapse, not at the next heartbeat: a lapse is
-        // noticed before another instance may take over.
-        let weak = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
-            loop {
-                let Some(inner) = weak.upgrade() else { return };
-                let lease = inner.lease.clone();
-                drop(inner);
-                if lease.given_up() {
-                    return;
-                }
-                let wake = lease
-                    .lapses_at()
-                    .filter(|t| *t > Instant::now())
-                    .unwrap_or_else(|| Instant::now() + Duration::from_millis(100));
-                tokio::time::sleep_until(wake.into()).await;
-                if !lease.given_up() && lease.check() {
-                    tracing::error!(
-                        late = lease.watch().is_late(),
-                        "the lease on the shared state lapsed: nothing is written until it is \
-                         renewed, and the runs in flight end"
-                    );
-                }
-            }
-        });
     }
 
     /// Whether this instance may write: its lease holds. A lapsed lease writes nothing (another
@@ -532,6 +469,14 @@ impl ThreadStore for PgStore {
     ) -> BoxFuture<'static, Result<crate::transcript::Page, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move { store.read_transcript_now(id, before, limit).await })
+    }
+
+    fn list_threads(
+        &self,
+        q: crate::store::listing::ListQuery,
+    ) -> BoxFuture<'static, Result<crate::store::listing::ListPage, StoreError>> {
+        let store = self.clone();
+        Box::pin(async move { store.list_threads_now(q).await })
     }
 
     fn claim(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {

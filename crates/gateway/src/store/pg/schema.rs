@@ -71,6 +71,19 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
         PRIMARY KEY (thread_id, seq)
     );",
     ),
+    (
+        4,
+        // The list of threads: a title (from the first run's user message), when the thread
+        // was made (rows older than this migration: when it ran) and whether it is archived.
+        "ALTER TABLE agui_threads
+        ADD COLUMN title text,
+        ADD COLUMN created_at timestamptz NOT NULL DEFAULT now(),
+        ADD COLUMN archived boolean NOT NULL DEFAULT false;
+    CREATE INDEX agui_threads_listed ON agui_threads
+        (owner_user, archived, updated_at DESC, thread_id COLLATE \"C\" DESC);
+    CREATE INDEX agui_threads_listed_all ON agui_threads
+        (archived, updated_at DESC, thread_id COLLATE \"C\" DESC);",
+    ),
 ];
 
 /// The cluster's forward key: made by the first instance (256 random bits), read by the others.

@@ -33,6 +33,11 @@ impl PgStore {
                 .await
                 .map_err(unavailable)?
                 .get(0);
+            if let Some(title) = crate::store::listing::title_of(&add.messages) {
+                tx.execute(super::listing::TITLE, &[&thread_id, &title])
+                    .await
+                    .map_err(unavailable)?;
+            }
             let entries = transcript::number(last as u64, &add.run_id, &add.at, add.messages);
             let seqs: Vec<i64> = entries.iter().map(|e| e.seq as i64).collect();
             let messages: Vec<String> = entries.iter().map(|e| e.message.to_string()).collect();

@@ -1,0 +1,227 @@
+//! The file store's list of threads: a summary per thread in memory, kept by every save (owner,
+//! activity, active run, pending interrupts) and every transcript append (title, creation), and
+//! persisted as the first line of the thread's transcript file (`{"thread": {…}}`), so a
+//! restarted gateway lists again every thread that ever ended a run. It reads those first lines
+//! once, at the first list; a thread saved since the start is in memory already. Memory: one
+//! summary per thread (a few hundred bytes).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::listing::{self, ListPage, ListQuery, ThreadSummary};
+use super::{file_stem, ThreadDoc};
+
+/// The longest first line read (a summary is far below it).
+const MAX_HEADER_BYTES: u64 = 16 * 1024;
+
+/// The first line of a transcript file.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct Header {
+    pub thread: ThreadSummary,
+}
+
+#[derive(Default)]
+pub(super) struct Index {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    threads: HashMap<String, ThreadSummary>,
+    scanned: bool,
+}
+
+impl Index {
+    fn with<R>(&self, f: impl FnOnce(&mut Inner) -> R) -> R {
+        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A save of `doc` at `now`.
+    pub fn saved(&self, doc: &ThreadDoc, now: &str) {
+        self.with(|i| {
+            let s = i
+                .threads
+                .entry(doc.thread_id.clone())
+                .or_insert_with(|| fresh(&doc.thread_id, now));
+            s.owner = doc.owner_or_user().map(str::to_owned);
+            s.last_activity_at = now.to_owned();
+            s.active_run = doc.active_run.as_ref().map(|a| a.run_id.clone());
+            s.pending = doc.execution.pending.len();
+        })
+    }
+
+    /// A run's messages appended at `now`; the summary to write in the transcript's first line.
+    pub fn appended(&self, thread_id: &str, title: Option<String>, now: &str) -> ThreadSummary {
+        self.with(|i| {
+            let s = i
+                .threads
+                .entry(thread_id.to_owned())
+                .or_insert_with(|| fresh(thread_id, now));
+            if s.title.is_none() {
+                s.title = title;
+            }
+            s.last_activity_at = now.to_owned();
+            s.clone()
+        })
+    }
+
+    /// A page of the list, the transcripts' first lines read first if they were not yet.
+    pub fn list(&self, transcripts: &Path, q: &ListQuery) -> ListPage {
+        if !self.with(|i| i.scanned) {
+            let found = scan(transcripts);
+            self.with(|i| {
+                if !i.scanned {
+                    for h in found {
+                        merge(&mut i.threads, h);
+                    }
+                    i.scanned = true;
+                }
+            });
+        }
+        self.with(|i| listing::select(i.threads.values(), q))
+    }
+}
+
+fn fresh(thread_id: &str, now: &str) -> ThreadSummary {
+    ThreadSummary {
+        thread_id: thread_id.to_owned(),
+        owner: None,
+        title: None,
+        created_at: now.to_owned(),
+        last_activity_at: now.to_owned(),
+        archived: false,
+        active_run: None,
+        pending: 0,
+        order_key: None,
+    }
+}
+
+/// A summary read from disk joins what this process learnt since it started: what it learnt of
+/// the thread's activity stands; creation and title are the file's.
+fn merge(threads: &mut HashMap<String, ThreadSummary>, read: ThreadSummary) {
+    match threads.get_mut(&read.thread_id) {
+        Some(s) => {
+            s.created_at = read.created_at;
+            if s.title.is_none() {
+                s.title = read.title;
+            }
+            s.archived = read.archived;
+            if s.owner.is_none() {
+                s.owner = read.owner;
+            }
+        }
+        None => {
+            // No run of this process holds it: what was active then was lost with its process.
+            let s = ThreadSummary {
+                active_run: None,
+                ..read
+            };
+            threads.insert(s.thread_id.clone(), s);
+        }
+    }
+}
+
+/// The summaries in the transcripts' first lines; a file whose summary names another thread
+/// (copied or renamed by hand) is skipped.
+fn scan(dir: &Path) -> Vec<ThreadSummary> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".jsonl") else {
+            continue;
+        };
+        match first_line(&e.path()) {
+            Some(h) if file_stem(&h.thread.thread_id).as_deref() == Some(stem) => {
+                out.push(h.thread)
+            }
+            Some(_) => tracing::warn!(file = %name, "a transcript names another thread"),
+            None => {}
+        }
+    }
+    out
+}
+
+/// The header of a transcript file, when its first line is one.
+pub(super) fn first_line(path: &Path) -> Option<Header> {
+    let file = super::fs::open_private(path).ok()?;
+    let mut line = Vec::new();
+    BufReader::new(file.take(MAX_HEADER_BYTES))
+        .read_until(b'\n', &mut line)
+        .ok()?;
+    serde_json::from_slice(&line).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(user: Option<&str>) -> ListQuery {
+        ListQuery {
+            user: user.map(str::to_owned),
+            archived: false,
+            after: None,
+            limit: 10,
+        }
+    }
+
+    #[test]
+    fn saves_and_appends_keep_the_summary_and_the_disk_fills_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let idx = Index::default();
+        let exec = super::super::Execution::new("e1", "inv-1");
+        let mut doc = ThreadDoc::new("t1", "ctx", "/w", None, exec);
+        doc.owner = Some("alice".into());
+        idx.saved(&doc, "2026-01-01T00:00:02.000Z");
+        let s = idx.appended("t1", Some("Hello".into()), "2026-01-01T00:00:03.000Z");
+        assert_eq!(s.owner.as_deref(), Some("alice"));
+        assert_eq!(s.created_at, "2026-01-01T00:00:02.000Z");
+        // A later title does not replace the first.
+        let s = idx.appended("t1", Some("Later".into()), "2026-01-01T00:00:04.000Z");
+        assert_eq!(s.title.as_deref(), Some("Hello"));
+        // What a previous process wrote: an older thread of alice's, one of bob's, a file that
+        // names another thread.
+        let header = |id: &str, owner: &str, at: &str| {
+            let mut s = fresh(id, at);
+            s.owner = Some(owner.into());
+            s.active_run = Some("lost".into());
+            format!(
+                "{}\n",
+                serde_json::to_string(&Header { thread: s }).unwrap()
+            )
+        };
+        std::fs::write(
+            dir.path().join("t0.jsonl"),
+            header("t0", "alice", "2025-12-31T00:00:00.000Z"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("tb.jsonl"),
+            header("tb", "bob", "2026-01-02T00:00:00.000Z"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("tx.jsonl"),
+            header("other", "alice", "2026-01-02T00:00:00.000Z"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("t1.jsonl"),
+            header("t1", "alice", "2025-06-01T00:00:00.000Z"),
+        )
+        .unwrap();
+        let p = idx.list(dir.path(), &q(Some("alice")));
+        let ids: Vec<&str> = p.threads.iter().map(|t| t.thread_id.as_str()).collect();
+        assert_eq!(ids, ["t1", "t0"]);
+        // Created as the file says; active as this process saw it; nothing lost is active.
+        assert_eq!(p.threads[0].created_at, "2025-06-01T00:00:00.000Z");
+        assert_eq!(p.threads[1].active_run, None);
+        assert_eq!(idx.list(dir.path(), &q(None)).threads.len(), 3);
+    }
+}

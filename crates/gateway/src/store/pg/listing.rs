@@ -1,0 +1,72 @@
+//! The PostgreSQL store's list of threads: the thread rows themselves (every row with a
+//! document; its `owner_user`, `active_run`, `pending` and `updated_at`, the time of its last
+//! save or admission), with the title, creation time and archived flag of migration 4. Ordered
+//! by `updated_at` then thread id (bytewise), on an index per user; a page continues after the
+//! exact microsecond of its last row.
+
+use super::{bounded, unavailable, PgStore};
+use crate::store::listing::{self, ListPage, ListQuery, ThreadSummary};
+use crate::store::StoreError;
+
+const COLUMNS: &str = "thread_id, owner_user, title,
+    to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),
+    to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+    archived, active_run, pending";
+
+/// `$1` archived, `$2`/`$3` the cursor (or nulls), `$4` the limit, `$5` the user.
+fn statement(by_user: bool) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM agui_threads
+        WHERE doc IS NOT NULL AND archived = $1 {user}
+          AND ($2::text IS NULL OR (updated_at, thread_id COLLATE \"C\") < ($2::timestamptz, $3))
+        ORDER BY updated_at DESC, thread_id COLLATE \"C\" DESC LIMIT $4",
+        user = if by_user { "AND owner_user = $5" } else { "" }
+    )
+}
+
+/// The title of a thread, set by the first run whose messages have one.
+pub(super) const TITLE: &str =
+    "UPDATE agui_threads SET title = $2 WHERE thread_id = $1 AND title IS NULL";
+
+impl PgStore {
+    pub(super) async fn list_threads_now(&self, q: ListQuery) -> Result<ListPage, StoreError> {
+        bounded("list", async move {
+            let c = self.client().await?;
+            let (at, id) = match &q.after {
+                Some(c) => (Some(c.at.as_str()), Some(c.thread_id.as_str())),
+                None => (None, None),
+            };
+            let limit = q.limit as i64 + 1;
+            let rows = match &q.user {
+                Some(u) => {
+                    let st = statement(true);
+                    c.query(&st, &[&q.archived, &at, &id, &limit, u]).await
+                }
+                None => {
+                    let st = statement(false);
+                    c.query(&st, &[&q.archived, &at, &id, &limit]).await
+                }
+            }
+            .map_err(unavailable)?;
+            let mut threads: Vec<ThreadSummary> = rows
+                .iter()
+                .map(|r| ThreadSummary {
+                    thread_id: r.get(0),
+                    owner: r.get(1),
+                    title: r.get(2),
+                    created_at: r.get(3),
+                    last_activity_at: r.get(4),
+                    order_key: Some(r.get(5)),
+                    archived: r.get(6),
+                    active_run: r.get(7),
+                    pending: r.get::<_, i32>(8).max(0) as usize,
+                })
+                .collect();
+            let more = threads.len() > q.limit;
+            threads.truncate(q.limit);
+            Ok(listing::ListPage { threads, more })
+        })
+        .await
+    }
+}
