@@ -19,7 +19,7 @@ use axum::response::Response;
 /// The request headers a page may send on the POST routes (`Accept-Language` selects the language
 /// of error messages; `Last-Event-ID` is what `EventSource` sends when it reconnects).
 const ALLOW_HEADERS: &str = "Authorization, Content-Type, Accept, Accept-Language, Last-Event-ID";
-const ALLOW_METHODS: &str = "GET, POST";
+const ALLOW_METHODS: &str = "GET, POST, PATCH, DELETE";
 /// How long a browser may reuse a preflight answer.
 const MAX_AGE: &str = "600";
 
@@ -227,7 +227,10 @@ mod tests {
             g(header::ACCESS_CONTROL_ALLOW_ORIGIN),
             "http://page.test:3000"
         );
-        assert_eq!(g(header::ACCESS_CONTROL_ALLOW_METHODS), "GET, POST");
+        assert_eq!(
+            g(header::ACCESS_CONTROL_ALLOW_METHODS),
+            "GET, POST, PATCH, DELETE"
+        );
         let allowed = g(header::ACCESS_CONTROL_ALLOW_HEADERS).to_ascii_lowercase();
         for name in ["authorization", "content-type", "accept"] {
             assert!(allowed.split(", ").any(|a| a == name), "{allowed}");

@@ -64,6 +64,7 @@ pub enum Code {
     BodyTimeout,
     UserMismatch,
     ThreadIdTaken,
+    ThreadExecutionOpen,
 }
 
 impl Code {
@@ -82,6 +83,7 @@ impl Code {
             Code::DuplicateRunId => ("DUPLICATE_RUN_ID", StatusCode::CONFLICT),
             Code::RunIdConflict => ("RUN_ID_CONFLICT", StatusCode::CONFLICT),
             Code::ThreadBusy => ("THREAD_BUSY", StatusCode::CONFLICT),
+            Code::ThreadExecutionOpen => ("THREAD_EXECUTION_OPEN", StatusCode::CONFLICT),
             Code::ThreadBindingConflict => ("THREAD_BINDING_CONFLICT", StatusCode::CONFLICT),
             Code::ResumeRequired => ("RESUME_REQUIRED", StatusCode::CONFLICT),
             Code::ExecutionLost => ("EXECUTION_LOST", StatusCode::CONFLICT),
@@ -216,6 +218,11 @@ pub mod msg {
         UNSUPPORTED_MEDIA_TYPE = "Content-Type must be application/json.";
         RUN_TOO_LARGE = "The AG-UI request body is too large.";
         CANCEL_TOO_LARGE = "The cancel request body is too large.";
+        PATCH_TOO_LARGE = "The thread change is too large.";
+        STATE_REQUEST_TOO_LARGE = "The agent state request is too large.";
+        STATE_REQUEST_INVALID_JSON = "The agent state request is not valid JSON.";
+        STATE_REQUEST_FIELDS = "The agent state request must be a JSON object with a threadId string.";
+        PATCH_INVALID_JSON = "The thread change is not valid JSON.";
         BODY_TIMEOUT = "The request body did not arrive in time.";
         HOST_NOT_ALLOWED = "The request's Host is not one this gateway serves (see --allowed-host).";
         RUN_INVALID_JSON = "The request body is not valid JSON.";
@@ -280,6 +287,8 @@ pub mod msg {
         RUN_EVENTS_GONE = "The run's events are no longer available.";
         BAD_LAST_EVENT_ID = "Last-Event-ID must be the id of an event of this run.";
         BAD_LIST_PAGE = "The page is invalid: limit must be a number from 1 to 100, cursor one this gateway returned, and archived true or false.";
+        EXECUTION_OPEN = "The thread's execution is still open (it waits for interrupt responses, or a restart interrupted its run): cancel it before deleting the thread.";
+        BAD_PATCH = "The change is invalid: send a title (1 to 120 characters, no control characters) or archived (true or false), and nothing else.";
         BAD_PAGE = "The page is invalid: before must be a message number (at least 1) and limit a number from 1 to 200.";
         TASK_CHANGED = "The A2A task identity changed unexpectedly.";
         CONTEXT_CHANGED = "The A2A context identity changed unexpectedly.";
@@ -341,7 +350,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 34);
+        assert_eq!(names.len(), 35);
         assert_eq!(Code::from_wire("thread_busy"), None);
         assert_eq!(Code::from_wire(""), None);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);

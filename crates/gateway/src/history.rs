@@ -11,7 +11,7 @@
 
 use serde_json::{json, Value};
 
-use crate::auth::access::MESSAGES_ROUTE;
+use crate::auth::access::{AGENTS_STATE_ROUTE, MESSAGES_ROUTE};
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::run::Runtime;
@@ -110,23 +110,61 @@ pub async fn list(rt: &Runtime, q: ListQuery) -> Result<Value, ApiError> {
     let threads: Vec<Value> = page
         .threads
         .iter()
-        .map(|t| {
-            json!({
-                "threadId": t.thread_id,
-                "title": t.title,
-                "createdAt": t.created_at,
-                "lastActivityAt": t.last_activity_at,
-                "archived": t.archived,
-                "activeRun": t.active_run.as_ref().map(|r| json!({"runId": r})),
-                "pendingInterrupts": t.pending,
-            })
-        })
+        .map(crate::thread_edit::summary_json)
         .collect();
     let mut answer = json!({ "threads": threads });
     if let Some(last) = page.threads.last().filter(|_| page.more) {
         answer["nextCursor"] = json!(last.position().encode());
     }
     Ok(answer)
+}
+
+/// The most messages `POST /agents/state` answers with (the newest; older ones are read with
+/// `GET /threads/{threadId}/messages`).
+pub const STATE_MESSAGES: usize = 1000;
+
+/// `POST /agents/state` (the convention of ADK's adapter) after the checks of the route: the
+/// thread's newest messages, as AG-UI messages. A thread that does not exist, or is another
+/// user's, is `threadExists: false` with nothing in it. The gateway keeps no agent state of its
+/// own (a run's `state` is not used), so `state` is `{}`.
+pub async fn agents_state(
+    rt: &Runtime,
+    caller: &Caller,
+    thread_id: &str,
+) -> Result<Value, ApiError> {
+    let absent = json!({"threadId": thread_id, "threadExists": false, "state": {}, "messages": []});
+    if crate::run::hold::check_thread_id(thread_id).is_err() {
+        return Ok(absent);
+    }
+    match read_theirs(rt, AGENTS_STATE_ROUTE, caller, thread_id, |_, _| ()).await {
+        Ok(()) => {}
+        Err(e) if e.code == Code::ThreadNotFound => return Ok(absent),
+        Err(e) => return Err(e),
+    }
+    let mut messages = Vec::new();
+    let mut before = None;
+    // Pages of the largest size, newest first, until the bound.
+    while messages.len() < STATE_MESSAGES {
+        let want = (STATE_MESSAGES - messages.len()).min(MAX_PAGE);
+        let page = rt
+            .threads()
+            .store()
+            .read_transcript(thread_id, before, want)
+            .await
+            .map_err(|e| {
+                tracing::warn!(thread_id, error = %e, "reading the transcript failed");
+                ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
+            })?;
+        before = page.entries.first().map(|e| e.seq);
+        let more = page.more;
+        let mut older: Vec<Value> = page.entries.into_iter().map(|e| e.message).collect();
+        older.append(&mut messages);
+        messages = older;
+        if !more {
+            break;
+        }
+    }
+    Ok(json!({"threadId": thread_id, "threadExists": true, "state": {}, "messages": messages}))
 }
 
 /// `GET /threads/{threadId}/messages` after the checks of the route (method, token, thread id).

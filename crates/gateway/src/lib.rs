@@ -29,6 +29,7 @@ pub mod server;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
+pub mod thread_edit;
 pub mod threads_api;
 pub mod tls;
 pub mod transcript;

@@ -18,6 +18,9 @@ pub const CANCEL_ROUTE: &str = "POST /extensions/iac-code/v1/executions/{executi
 pub const THREAD_ROUTE: &str = "GET /threads/{threadId}";
 pub const EVENTS_ROUTE: &str = "GET /threads/{threadId}/runs/{runId}/events";
 pub const LIST_ROUTE: &str = "GET /threads";
+pub const AGENTS_STATE_ROUTE: &str = "POST /agents/state";
+pub const PATCH_ROUTE: &str = "PATCH /threads/{threadId}";
+pub const DELETE_ROUTE: &str = "DELETE /threads/{threadId}";
 pub const MESSAGES_ROUTE: &str = "GET /threads/{threadId}/messages";
 
 /// The user a run acts for, which the kernel receives as `userId`: `iacCode.userId` when the

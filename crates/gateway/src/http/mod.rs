@@ -67,6 +67,7 @@ pub fn router(state: AppState) -> Router {
             any(cancel_route::cancel_route),
         )
         .route("/threads", any(threads::list_route))
+        .route("/agents/state", any(threads::agents_state_route))
         .route("/threads/{thread_id}", any(threads::thread_route))
         .route("/cluster/v1/hello", any(cluster_hello))
         .route("/capabilities", any(threads::capabilities_route))
@@ -153,6 +154,21 @@ async fn get_checks(
     }
     if method != Method::GET {
         return Err(method_not_allowed("GET"));
+    }
+    bodiless_checks(rt, method, path, headers, route).await
+}
+
+/// The checks of a route without a body, whatever its method: preflight, authentication.
+#[allow(clippy::result_large_err)]
+async fn bodiless_checks(
+    rt: &Runtime,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    route: &'static str,
+) -> Result<(Lang, Caller), Response> {
+    if let Some(r) = rt.cfg().cors_origins.preflight(method, headers) {
+        return Err(r);
     }
     let hl = header_lang(rt, headers);
     let (caller, _) = authenticate(rt, method, path, headers, route, hl).await?;
@@ -276,6 +292,9 @@ fn parse_json(bytes: &[u8]) -> Option<Value> {
 struct BodyRules {
     /// The route, as the audit names it.
     route: &'static str,
+    /// Its method, and the methods its path allows (for a 405).
+    method: Method,
+    allow: &'static str,
     limit: usize,
     too_large: &'static str,
     invalid_json: &'static str,
@@ -284,14 +303,41 @@ struct BodyRules {
 
 const RUN_RULES: BodyRules = BodyRules {
     route: RUN_ROUTE,
+    method: Method::POST,
+    allow: "POST",
     limit: RUN_BODY_LIMIT,
     too_large: msg::RUN_TOO_LARGE,
     invalid_json: msg::RUN_INVALID_JSON,
     not_object: msg::RUN_NOT_OBJECT,
 };
 
+const PATCH_RULES: BodyRules = BodyRules {
+    route: crate::auth::access::PATCH_ROUTE,
+    method: Method::PATCH,
+    allow: THREAD_METHODS,
+    limit: crate::thread_edit::PATCH_BODY_LIMIT,
+    too_large: msg::PATCH_TOO_LARGE,
+    invalid_json: msg::PATCH_INVALID_JSON,
+    not_object: msg::BAD_PATCH,
+};
+
+/// The methods of `/threads/{threadId}`.
+const THREAD_METHODS: &str = "GET, PATCH, DELETE";
+
+const AGENTS_STATE_RULES: BodyRules = BodyRules {
+    route: crate::auth::access::AGENTS_STATE_ROUTE,
+    method: Method::POST,
+    allow: "POST",
+    limit: crate::thread_edit::PATCH_BODY_LIMIT,
+    too_large: msg::STATE_REQUEST_TOO_LARGE,
+    invalid_json: msg::STATE_REQUEST_INVALID_JSON,
+    not_object: msg::STATE_REQUEST_FIELDS,
+};
+
 const CANCEL_RULES: BodyRules = BodyRules {
     route: CANCEL_ROUTE,
+    method: Method::POST,
+    allow: "POST",
     limit: CANCEL_BODY_LIMIT,
     too_large: msg::CANCEL_TOO_LARGE,
     invalid_json: msg::CANCEL_INVALID_JSON,
@@ -315,8 +361,8 @@ async fn json_object(
     req: Request,
     rules: &BodyRules,
 ) -> Result<JsonRequest, Response> {
-    if req.method() != Method::POST {
-        return Err(method_not_allowed("POST"));
+    if *req.method() != rules.method {
+        return Err(method_not_allowed(rules.allow));
     }
     let hl = header_lang(rt, req.headers());
     let err = |code: Code, m: &'static str| Err(ApiError::new(code, m).into_response_in(hl));

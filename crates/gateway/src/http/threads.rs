@@ -47,11 +47,116 @@ pub(super) async fn events_route(
     }
 }
 
+/// `/threads/{threadId}`: GET reads it, PATCH changes it, DELETE deletes it.
 pub(super) async fn thread_route(
     State(s): State<AppState>,
     Path(thread_id): Path<String>,
     req: Request,
 ) -> Response {
+    if let Some(r) = preflight(&s.rt, &req) {
+        return r;
+    }
+    match *req.method() {
+        Method::GET => thread_get(s, thread_id, req).await,
+        Method::PATCH => thread_patch(s, thread_id, req).await,
+        Method::DELETE => thread_delete(s, thread_id, req).await,
+        _ => method_not_allowed(THREAD_METHODS),
+    }
+}
+
+async fn thread_patch(s: AppState, thread_id: String, req: Request) -> Response {
+    let (trace, path) = (req.headers().clone(), path_of(&req));
+    let JsonRequest {
+        hl,
+        caller,
+        raw,
+        obj,
+    } = match json_object(&s.rt, req, &PATCH_RULES).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
+        return e.into_response_in(hl);
+    }
+    let patch = match crate::thread_edit::parse_patch(&obj) {
+        Ok(p) => p,
+        Err(e) => return e.into_response_in(hl),
+    };
+    // The holder changes it: its summary is what the file store lists.
+    let out = Outgoing {
+        method: Method::PATCH,
+        path: &path,
+        headers: &trace,
+        body: raw,
+        caller: &caller,
+    };
+    let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
+    let route = crate::auth::access::PATCH_ROUTE;
+    if let Some(r) = held_elsewhere(&s.rt, &thread_id, out, route, missing, hl).await {
+        return r;
+    }
+    match crate::thread_edit::patch(&s.rt, &caller, &thread_id, patch).await {
+        Ok(v) => json_ok(&v),
+        Err(e) => e.into_response_in(hl),
+    }
+}
+
+async fn thread_delete(s: AppState, thread_id: String, req: Request) -> Response {
+    let route = crate::auth::access::DELETE_ROUTE;
+    let path = path_of(&req);
+    let (hl, caller) = match bodiless_checks(&s.rt, req.method(), &path, req.headers(), route).await
+    {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
+        return e.into_response_in(hl);
+    }
+    // The holder deletes it, so that nothing of it stays in its memory.
+    let out = Outgoing {
+        method: Method::DELETE,
+        path: &path,
+        headers: req.headers(),
+        body: Bytes::new(),
+        caller: &caller,
+    };
+    let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
+    if let Some(r) = held_elsewhere(&s.rt, &thread_id, out, route, missing, hl).await {
+        return r;
+    }
+    match crate::thread_edit::delete(&s.rt, &caller, &thread_id).await {
+        Ok(v) => json_ok(&v),
+        Err(e) => e.into_response_in(hl),
+    }
+}
+
+/// `POST /agents/state` (`{"threadId"}`; ADK's `appName`, `userId`, `name` and `properties`
+/// are accepted and not used: the caller is who authenticated).
+pub(super) async fn agents_state_route(State(s): State<AppState>, req: Request) -> Response {
+    if let Some(r) = preflight(&s.rt, &req) {
+        return r;
+    }
+    let JsonRequest {
+        hl, caller, obj, ..
+    } = match json_object(&s.rt, req, &AGENTS_STATE_RULES).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let Some(thread_id) = obj
+        .get("threadId")
+        .and_then(|v| v.as_str())
+        .filter(|t| !t.is_empty())
+    else {
+        return ApiError::new(Code::InvalidInput, msg::STATE_REQUEST_FIELDS).into_response_in(hl);
+    };
+    // The transcript is in the shared store: any instance answers, none forwards.
+    match crate::history::agents_state(&s.rt, &caller, thread_id).await {
+        Ok(v) => json_ok(&v),
+        Err(e) => e.into_response_in(hl),
+    }
+}
+
+async fn thread_get(s: AppState, thread_id: String, req: Request) -> Response {
     let (hl, caller) = match get_checks(
         &s.rt,
         req.method(),

@@ -236,6 +236,53 @@ impl FileStore {
         out
     }
 
+    /// [`ThreadStore::update_thread`] (blocking): a thread listed nowhere yet (it has not been
+    /// saved or ended a run since this version runs) gets its summary from its document first.
+    fn update_blocking(
+        &self,
+        thread_id: &str,
+        patch: &super::listing::ThreadPatch,
+    ) -> Result<Option<super::listing::ThreadSummary>, StoreError> {
+        let transcripts = super::transcript_file::dir(&self.root);
+        if !self.index.knows(&transcripts, thread_id) {
+            let Some(doc) = self.load_blocking(thread_id)? else {
+                return Ok(None);
+            };
+            self.index.saved(&doc, &crate::clock::rfc3339_ms(now_ms()));
+        }
+        let Some(summary) = self.index.patched(thread_id, patch) else {
+            return Ok(None);
+        };
+        super::transcript_file::write_header(
+            &self.root,
+            &self.transcript_locks,
+            &self.dir_sync,
+            thread_id,
+            &summary,
+        )?;
+        Ok(Some(summary))
+    }
+
+    /// [`ThreadStore::delete_thread`] (blocking). The journal is written out first, so that no
+    /// record of the thread is left to bring it back at the next start.
+    fn delete_blocking(&self, thread_id: &str) -> Result<bool, StoreError> {
+        self.flush_blocking()?;
+        let Some(path) = self.path_of(thread_id) else {
+            return Ok(false);
+        };
+        let existed = match std::fs::remove_file(&path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(e.into()),
+        };
+        if existed {
+            fs::sync_dir(&self.threads_dir())?;
+        }
+        super::transcript_file::remove(&self.root, &self.transcript_locks, thread_id)?;
+        self.index.removed(thread_id);
+        Ok(existed)
+    }
+
     /// Makes every completed save durable in its thread file (blocking).
     pub fn flush_blocking(&self) -> Result<(), StoreError> {
         if let Some(j) = &self.journal {
@@ -294,6 +341,26 @@ impl ThreadStore for FileStore {
             })
             .await
             .map_err(blocking_failed)?
+        })
+    }
+    fn update_thread(
+        &self,
+        thread_id: &str,
+        patch: super::listing::ThreadPatch,
+    ) -> BoxFuture<'static, Result<Option<super::listing::ThreadSummary>, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || store.update_blocking(&id, &patch))
+                .await
+                .map_err(blocking_failed)?
+        })
+    }
+    fn delete_thread(&self, thread_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || store.delete_blocking(&id))
+                .await
+                .map_err(blocking_failed)?
         })
     }
     fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::listing::{self, ListPage, ListQuery, ThreadSummary};
+use super::listing::{self, ListPage, ListQuery, ThreadPatch, ThreadSummary};
 use super::{file_stem, ThreadDoc};
 
 /// The longest first line read (a summary is far below it).
@@ -69,8 +69,32 @@ impl Index {
         })
     }
 
+    /// Whether the thread has a summary here (the disk read first, if it was not yet).
+    pub fn knows(&self, transcripts: &Path, thread_id: &str) -> bool {
+        self.scan_once(transcripts);
+        self.with(|i| i.threads.contains_key(thread_id))
+    }
+
+    /// A patch applied; the summary after.
+    pub fn patched(&self, thread_id: &str, patch: &ThreadPatch) -> Option<ThreadSummary> {
+        self.with(|i| {
+            let s = i.threads.get_mut(thread_id)?;
+            patch.apply(s);
+            Some(s.clone())
+        })
+    }
+
+    pub fn removed(&self, thread_id: &str) {
+        self.with(|i| i.threads.remove(thread_id));
+    }
+
     /// A page of the list, the transcripts' first lines read first if they were not yet.
     pub fn list(&self, transcripts: &Path, q: &ListQuery) -> ListPage {
+        self.scan_once(transcripts);
+        self.with(|i| listing::select(i.threads.values(), q))
+    }
+
+    fn scan_once(&self, transcripts: &Path) {
         if !self.with(|i| i.scanned) {
             let found = scan(transcripts);
             self.with(|i| {
@@ -82,7 +106,6 @@ impl Index {
                 }
             });
         }
-        self.with(|i| listing::select(i.threads.values(), q))
     }
 }
 

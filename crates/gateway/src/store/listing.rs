@@ -59,6 +59,24 @@ impl ThreadSummary {
     }
 }
 
+/// What `PATCH /threads/{id}` changes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ThreadPatch {
+    pub title: Option<String>,
+    pub archived: Option<bool>,
+}
+
+impl ThreadPatch {
+    pub fn apply(&self, s: &mut ThreadSummary) {
+        if let Some(t) = &self.title {
+            s.title = Some(t.clone());
+        }
+        if let Some(a) = self.archived {
+            s.archived = a;
+        }
+    }
+}
+
 /// A position in the list: a page continues strictly after it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cursor {

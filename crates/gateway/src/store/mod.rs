@@ -215,6 +215,21 @@ pub trait ThreadStore: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<listing::ListPage, StoreError>> {
         Box::pin(std::future::ready(Ok(listing::ListPage::default())))
     }
+    /// Changes a thread's title or archived flag; its summary after, or `None` when the store
+    /// has no such thread.
+    fn update_thread(
+        &self,
+        _thread_id: &str,
+        _patch: listing::ThreadPatch,
+    ) -> BoxFuture<'static, Result<Option<listing::ThreadSummary>, StoreError>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+    /// Deletes a thread: its document, transcript and summary, durably. The caller holds the
+    /// thread's lock and has checked that no run and no kernel task is open on it; a shared
+    /// store deletes only a row with none either. Whether there was one to delete.
+    fn delete_thread(&self, _thread_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        Box::pin(std::future::ready(Ok(false)))
+    }
     /// A clean stop: a shared store gives this instance's threads up at once (another instance
     /// takes them over without waiting for the lease to run out); nothing is written after it.
     fn release(&self) -> BoxFuture<'static, ()> {

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use super::file_index::{Header, Index};
 use super::fs::{self, DirSync, Loaded};
-use super::listing;
+use super::listing::{self, ThreadSummary};
 use super::{file_stem, StoreError, TranscriptAppend};
 use crate::transcript::{self, Entry, Page};
 
@@ -105,15 +105,56 @@ pub(super) fn append(
     entries.extend(transcript::number(last, &add.run_id, &add.at, add.messages));
     let keep = entries.len().saturating_sub(add.limit);
     let summary = index.appended(thread_id, title, &add.at);
-    let mut bytes = serde_json::to_vec(&Header { thread: summary })
-        .map_err(|e| StoreError::Invalid(e.to_string()))?;
-    bytes.push(b'\n');
-    for e in &entries[keep..] {
-        serde_json::to_writer(&mut bytes, e).map_err(|e| StoreError::Invalid(e.to_string()))?;
-        bytes.push(b'\n');
-    }
+    let bytes = encode(&summary, &entries[keep..])?;
     fs::replace(&dir(root), &name, &bytes, Some(dir_sync))?;
     Ok(())
+}
+
+/// Writes the thread's summary as its transcript's first line (the entries as they are; a
+/// transcript made when there is none).
+pub(super) fn write_header(
+    root: &Path,
+    locks: &Locks,
+    dir_sync: &DirSync,
+    thread_id: &str,
+    summary: &ThreadSummary,
+) -> Result<(), StoreError> {
+    let name = name(thread_id)?;
+    let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
+    let entries = read_all(root, thread_id)?;
+    fs::replace(
+        &dir(root),
+        &name,
+        &encode(summary, &entries)?,
+        Some(dir_sync),
+    )?;
+    Ok(())
+}
+
+/// Removes the thread's transcript, durably.
+pub(super) fn remove(root: &Path, locks: &Locks, thread_id: &str) -> Result<(), StoreError> {
+    let name = name(thread_id)?;
+    let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
+    match std::fs::remove_file(dir(root).join(&name)) {
+        Ok(()) => fs::sync_dir(&dir(root))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+fn encode(summary: &ThreadSummary, entries: &[Entry]) -> Result<Vec<u8>, StoreError> {
+    let bad = |e: serde_json::Error| StoreError::Invalid(e.to_string());
+    let mut bytes = serde_json::to_vec(&Header {
+        thread: summary.clone(),
+    })
+    .map_err(bad)?;
+    bytes.push(b'\n');
+    for e in entries {
+        serde_json::to_writer(&mut bytes, e).map_err(bad)?;
+        bytes.push(b'\n');
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -186,4 +186,38 @@ async fn a_users_thread_is_theirs_on_every_instance() {
     assert_valid_run(&r, "t1", "r2");
     assert_eq!(ka.calls("SendStreamingMessage").len(), sends + 1);
     assert!(kb.calls("SendStreamingMessage").is_empty());
+    // Renamed and then deleted by Alice at B (the holder, A, does both): gone for every
+    // instance, row and transcript.
+    let client = reqwest::Client::new();
+    let r = client
+        .patch(format!("{}threads/t1", b.url()))
+        .header("authorization", &alice)
+        .header("content-type", "application/json")
+        .body(r#"{"title":"Renamed"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (_, list) = get_as(&format!("{}threads", a.url()), &al).await;
+    assert_eq!(list["threads"][0]["title"], "Renamed");
+    let del = |h: &str| {
+        client
+            .delete(format!("{}threads/t1", b.url()))
+            .header("authorization", h.to_owned())
+            .send()
+    };
+    assert_eq!(del(&bob).await.unwrap().status(), 404);
+    assert_eq!(del(&alice).await.unwrap().status(), 200);
+    for inst in [&a, &b] {
+        let (status, _) = get_as(&format!("{}threads/t1", inst.url()), &al).await;
+        assert_eq!(status, 404);
+        let (_, list) = get_as(&format!("{}threads", inst.url()), &al).await;
+        assert_eq!(list["threads"], json!([]));
+    }
+    let left = pg.psql(
+        "identity",
+        "SELECT (SELECT count(*) FROM agui_threads WHERE thread_id = 't1')
+              + (SELECT count(*) FROM agui_transcript WHERE thread_id = 't1')",
+    );
+    assert_eq!(left.trim(), "0");
 }

@@ -447,3 +447,318 @@ async fn each_user_lists_their_own_threads_newest_first() {
     };
     assert_eq!(without_activity(&again), without_activity(&all));
 }
+
+async fn send(
+    method: reqwest::Method,
+    url: &str,
+    who: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut rb = reqwest::Client::new().request(method, url);
+    for (k, v) in who {
+        rb = rb.header(*k, *v);
+    }
+    if let Some(b) = body {
+        rb = rb
+            .header("content-type", "application/json")
+            .body(b.to_string());
+    }
+    let r = rb.send().await.unwrap();
+    let status = r.status().as_u16();
+    let bytes = r.bytes().await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// PATCH changes a thread's title and archived flag (kept across a restart); DELETE removes
+/// its document, transcript and summary for good (a restart brings nothing back, the id starts
+/// afresh), and is refused while a run holds the thread or its kernel task is open. A stranger
+/// can do neither, and learns nothing.
+#[tokio::test]
+async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
+    use reqwest::Method;
+    let k = FakeKernel::start().await;
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    let start = |dir: Option<std::path::PathBuf>| {
+        let mut b = Builder::new()
+            .a2a(&k.url(), None)
+            .jwks(&jwks, Duration::from_secs(300));
+        if let Some(d) = dir {
+            b = b.dir(d);
+        }
+        b.start()
+    };
+    let s = start(None).await;
+    let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
+    let a = [("authorization", alice.as_str())];
+    let b = [("authorization", bob.as_str())];
+    script_done(&k, "t-e1", "task-1", "ok");
+    let r = post(
+        &s.url,
+        &body("t-e1", "r1", "First thread", &s.ws("t-e1"), json!({})),
+        &a,
+    )
+    .await;
+    assert_valid_run(&r, "t-e1", "r1");
+    script_tool_then_interrupt(&k, "t-e2");
+    let r = post(
+        &s.url,
+        &body("t-e2", "r2", "Second thread", &s.ws("t-e2"), json!({})),
+        &a,
+    )
+    .await;
+    assert_eq!(r.last()["outcome"]["type"], "interrupt");
+    let url = |t: &str| format!("{}threads/{t}", s.url);
+
+    // A stranger: exactly a missing thread, by both methods; nothing changes.
+    for (m, body) in [
+        (Method::PATCH, Some(json!({"title": "mine"}))),
+        (Method::DELETE, None),
+    ] {
+        let theirs = send(m.clone(), &url("t-e1"), &b, body.clone()).await;
+        let ghost = send(m.clone(), &url("ghost"), &b, body).await;
+        assert_eq!(theirs, ghost, "{m}");
+        assert_eq!(theirs.0, 404);
+        assert_eq!(theirs.1["error"]["code"], "THREAD_NOT_FOUND");
+    }
+    // Renamed and archived.
+    let (status, t) = send(
+        Method::PATCH,
+        &url("t-e1"),
+        &a,
+        Some(json!({"title": " Renamed "})),
+    )
+    .await;
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(
+        (&t["threadId"], &t["title"], &t["archived"]),
+        (&json!("t-e1"), &json!("Renamed"), &json!(false))
+    );
+    let (status, t) = send(
+        Method::PATCH,
+        &url("t-e2"),
+        &a,
+        Some(json!({"archived": true})),
+    )
+    .await;
+    assert_eq!(
+        (status, &t["archived"], &t["title"]),
+        (200, &json!(true), &json!("Second thread"))
+    );
+    let (listed, _) = walk(&s, &a, 10).await;
+    assert_eq!(ids(&listed), ["t-e1"]);
+    assert_eq!(listed[0]["title"], "Renamed");
+    let (_, archived) = get_as(&format!("{}threads?archived=true", s.url), &a).await;
+    assert_eq!(ids(archived["threads"].as_array().unwrap()), ["t-e2"]);
+    for bad in [
+        json!({}),
+        json!({"title": ""}),
+        json!({"archived": 1}),
+        json!({"title": "x", "owner": "bob"}),
+        json!([1]),
+    ] {
+        let (status, e) = send(Method::PATCH, &url("t-e1"), &a, Some(bad.clone())).await;
+        assert_eq!(
+            (status, e["error"]["code"].as_str()),
+            (400, Some("INVALID_INPUT")),
+            "{bad}"
+        );
+    }
+    let r = reqwest::Client::new()
+        .put(url("t-e1"))
+        .header("authorization", &alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert_eq!(r.headers()["allow"], "GET, PATCH, DELETE");
+
+    // Deleting: refused while the kernel task waits for answers, and while a run holds it.
+    let (status, e) = send(Method::DELETE, &url("t-e2"), &a, None).await;
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (409, Some("THREAD_EXECUTION_OPEN")),
+        "{e}"
+    );
+    let c = ctx("t-e1");
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::task(
+                "task-9",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "sess-1"}),
+            )),
+            Item::Sleep(Duration::from_millis(1500)),
+            Item::Result(items::status(
+                "task-9",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+    let running = {
+        let (u, b, h) = (
+            s.url.clone(),
+            body("t-e1", "r9", "more", &s.ws("t-e1"), json!({})),
+            alice.clone(),
+        );
+        tokio::spawn(async move { post(&u, &b, &[("authorization", h.as_str())]).await })
+    };
+    k.wait_calls("SendStreamingMessage", 3, Duration::from_secs(5))
+        .await;
+    let (status, e) = send(Method::DELETE, &url("t-e1"), &a, None).await;
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (409, Some("THREAD_BUSY")),
+        "{e}"
+    );
+    let r = running.await.unwrap();
+    assert_eq!(r.last()["type"], "RUN_FINISHED", "{}", r.raw);
+
+    // Deleted: gone by every route, from disk, and after a restart.
+    let (status, d) = send(Method::DELETE, &url("t-e1"), &a, None).await;
+    assert_eq!(
+        (status, &d),
+        (200, &json!({"threadId": "t-e1", "deleted": true}))
+    );
+    for path in ["", "/messages"] {
+        let (status, e) = get_as(&format!("{}{path}", url("t-e1")), &a).await;
+        assert_eq!(
+            (status, e["error"]["code"].as_str()),
+            (404, Some("THREAD_NOT_FOUND")),
+            "{path}"
+        );
+    }
+    let (status, _) = send(Method::DELETE, &url("t-e1"), &a, None).await;
+    assert_eq!(status, 404);
+    assert!(!s.thread_file("t-e1").exists());
+    let dir = s.stop().await;
+    assert!(!dir.join("state/transcripts/t-e1.jsonl").exists());
+    let s = start(Some(dir)).await;
+    let url = |t: &str| format!("{}threads/{t}", s.url);
+    let (status, _) = get_as(&url("t-e1"), &a).await;
+    assert_eq!(status, 404);
+    let (_, archived) = get_as(&format!("{}threads?archived=true", s.url), &a).await;
+    assert_eq!(ids(archived["threads"].as_array().unwrap()), ["t-e2"]);
+    assert_eq!(archived["threads"][0]["archived"], true);
+    // The id starts afresh, for anyone.
+    script_done(&k, "t-e1", "task-10", "new");
+    let r = post(
+        &s.url,
+        &body("t-e1", "r1", "Anew", &s.ws("t-e1"), json!({})),
+        &b,
+    )
+    .await;
+    assert_valid_run(&r, "t-e1", "r1");
+    let (_, p) = get_as(&format!("{}/messages", url("t-e1")), &b).await;
+    assert_eq!(seqs(&p), [1, 2]);
+    let (_, listed) = get_as(&format!("{}threads", s.url), &b).await;
+    assert_eq!(listed["threads"][0]["title"], "Anew");
+}
+
+/// `POST /agents/state` (ADK's convention): the thread's messages as AG-UI messages, oldest
+/// first, across more than one page of the store; a missing thread and another user's are the
+/// same `threadExists: false`; the body is checked.
+#[tokio::test]
+async fn agents_state_answers_in_adks_shape() {
+    let k = FakeKernel::start().await;
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .jwks(&jwks, Duration::from_secs(300))
+        .start()
+        .await;
+    let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
+    let a = [("authorization", alice.as_str())];
+    // 101 runs: 202 messages, more than one page (200) of the store.
+    for i in 0..101 {
+        script_done(&k, "t-s", &format!("task-{i}"), &format!("answer {i}"));
+        let r = post(
+            &s.url,
+            &body(
+                "t-s",
+                &format!("r{i}"),
+                &format!("q{i}"),
+                &s.ws("t-s"),
+                json!({}),
+            ),
+            &a,
+        )
+        .await;
+        assert_valid_run(&r, "t-s", &format!("r{i}"));
+    }
+    let state = |who: &'static str, thread: &str| {
+        let h = if who == "alice" {
+            alice.clone()
+        } else {
+            bob.clone()
+        };
+        let b = json!({"threadId": thread, "appName": "ignored", "userId": "alice"});
+        let url = format!("{}agents/state", s.url);
+        async move {
+            send(
+                reqwest::Method::POST,
+                &url,
+                &[("authorization", h.as_str())],
+                Some(b),
+            )
+            .await
+        }
+    };
+    let (status, v) = state("alice", "t-s").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (&v["threadId"], &v["threadExists"], &v["state"]),
+        (&json!("t-s"), &json!(true), &json!({}))
+    );
+    let m = v["messages"].as_array().unwrap();
+    assert_eq!(m.len(), 202);
+    assert_eq!(
+        (&m[0]["content"], &m[201]["content"]),
+        (&json!("q0"), &json!("answer 100"))
+    );
+    assert!(
+        m.windows(2).all(|w| w[0]["role"] != w[1]["role"]),
+        "in order, question then answer"
+    );
+    // Bob (naming alice in the body changes nothing) and a missing thread: the same answer.
+    let theirs = state("bob", "t-s").await;
+    let missing = state("bob", "nope").await;
+    assert_eq!(theirs.0, 200);
+    assert_eq!(
+        theirs.1,
+        json!({"threadId": "t-s", "threadExists": false, "state": {}, "messages": []})
+    );
+    assert_eq!(missing.1["threadExists"], false);
+    let url = format!("{}agents/state", s.url);
+    for bad in [
+        json!({}),
+        json!({"threadId": 7}),
+        json!({"threadId": ""}),
+        json!([]),
+    ] {
+        let (status, e) = send(reqwest::Method::POST, &url, &a, Some(bad.clone())).await;
+        assert_eq!(
+            (status, e["error"]["code"].as_str()),
+            (400, Some("INVALID_INPUT")),
+            "{bad}"
+        );
+    }
+    let (status, _) = send(
+        reqwest::Method::POST,
+        &url,
+        &[],
+        Some(json!({"threadId": "t-s"})),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let (status, _) = get_as(&url, &a).await;
+    assert_eq!(status, 405);
+}

@@ -265,7 +265,10 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
         let h = cors_headers(&r);
         let get = |k: &str| h.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("access-control-allow-origin"), Some(PAGE));
-        assert_eq!(get("access-control-allow-methods"), Some("GET, POST"));
+        assert_eq!(
+            get("access-control-allow-methods"),
+            Some("GET, POST, PATCH, DELETE")
+        );
         let allowed = get("access-control-allow-headers")
             .unwrap()
             .to_ascii_lowercase();

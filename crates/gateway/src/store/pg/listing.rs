@@ -5,7 +5,7 @@
 //! exact microsecond of its last row.
 
 use super::{bounded, unavailable, PgStore};
-use crate::store::listing::{self, ListPage, ListQuery, ThreadSummary};
+use crate::store::listing::{self, ListPage, ListQuery, ThreadPatch, ThreadSummary};
 use crate::store::StoreError;
 
 const COLUMNS: &str = "thread_id, owner_user, title,
@@ -25,11 +25,76 @@ fn statement(by_user: bool) -> String {
     )
 }
 
+/// A patch: `$2` the title or null (kept), `$3` archived or null (kept).
+fn update() -> String {
+    format!(
+        "UPDATE agui_threads SET title = COALESCE($2, title), archived = COALESCE($3, archived)
+        WHERE thread_id = $1 AND doc IS NOT NULL RETURNING {COLUMNS}"
+    )
+}
+
+/// A deletion: only of a row no run and no kernel task holds open.
+const DELETE_ROW: &str = "DELETE FROM agui_threads
+    WHERE thread_id = $1 AND active_run IS NULL AND pending = 0";
+const DELETE_TRANSCRIPT: &str = "DELETE FROM agui_transcript WHERE thread_id = $1";
+
 /// The title of a thread, set by the first run whose messages have one.
 pub(super) const TITLE: &str =
     "UPDATE agui_threads SET title = $2 WHERE thread_id = $1 AND title IS NULL";
 
+fn summary(r: &tokio_postgres::Row) -> ThreadSummary {
+    ThreadSummary {
+        thread_id: r.get(0),
+        owner: r.get(1),
+        title: r.get(2),
+        created_at: r.get(3),
+        last_activity_at: r.get(4),
+        order_key: Some(r.get(5)),
+        archived: r.get(6),
+        active_run: r.get(7),
+        pending: r.get::<_, i32>(8).max(0) as usize,
+    }
+}
+
 impl PgStore {
+    pub(super) async fn update_thread_now(
+        &self,
+        thread_id: String,
+        patch: ThreadPatch,
+    ) -> Result<Option<ThreadSummary>, StoreError> {
+        bounded("update", async move {
+            let c = self.client().await?;
+            let row = c
+                .query_opt(&update(), &[&thread_id, &patch.title, &patch.archived])
+                .await
+                .map_err(unavailable)?;
+            Ok(row.as_ref().map(summary))
+        })
+        .await
+    }
+
+    /// The row and its transcript in one transaction; this instance forgets the thread's epoch.
+    pub(super) async fn delete_thread_now(&self, thread_id: String) -> Result<bool, StoreError> {
+        let deleted = bounded("delete", async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(unavailable)?;
+            let n = tx
+                .execute(DELETE_ROW, &[&thread_id])
+                .await
+                .map_err(unavailable)?;
+            if n > 0 {
+                tx.execute(DELETE_TRANSCRIPT, &[&thread_id])
+                    .await
+                    .map_err(unavailable)?;
+            }
+            tx.commit().await.map_err(unavailable)?;
+            Ok(n > 0)
+        })
+        .await?;
+        self.epochs().remove(&thread_id);
+        Ok(deleted)
+    }
+
     pub(super) async fn list_threads_now(&self, q: ListQuery) -> Result<ListPage, StoreError> {
         bounded("list", async move {
             let c = self.client().await?;
@@ -49,20 +114,7 @@ impl PgStore {
                 }
             }
             .map_err(unavailable)?;
-            let mut threads: Vec<ThreadSummary> = rows
-                .iter()
-                .map(|r| ThreadSummary {
-                    thread_id: r.get(0),
-                    owner: r.get(1),
-                    title: r.get(2),
-                    created_at: r.get(3),
-                    last_activity_at: r.get(4),
-                    order_key: Some(r.get(5)),
-                    archived: r.get(6),
-                    active_run: r.get(7),
-                    pending: r.get::<_, i32>(8).max(0) as usize,
-                })
-                .collect();
+            let mut threads: Vec<ThreadSummary> = rows.iter().map(summary).collect();
             let more = threads.len() > q.limit;
             threads.truncate(q.limit);
             Ok(listing::ListPage { threads, more })

@@ -479,6 +479,20 @@ impl ThreadStore for PgStore {
         Box::pin(async move { store.list_threads_now(q).await })
     }
 
+    fn update_thread(
+        &self,
+        thread_id: &str,
+        patch: crate::store::listing::ThreadPatch,
+    ) -> BoxFuture<'static, Result<Option<crate::store::listing::ThreadSummary>, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move { store.update_thread_now(id, patch).await })
+    }
+
+    fn delete_thread(&self, thread_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move { store.delete_thread_now(id).await })
+    }
+
     fn claim(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(bounded("claim", async move { store.do_claim(id).await }))
