@@ -17,7 +17,11 @@
 //      {"message": "run a tool", "expect": "interrupt"},
 //      {"resume": "allow_once" | "deny" | "cancelled" | {payload object}, "expect": "success"},
 //      {"message": "slow", "cancel": true, "expect": "error", "code": "CANCELLED"},
-//      {"message": "slow", "cancel": true, "expect": "cancelled"}]}
+//      {"message": "slow", "cancel": true, "expect": "cancelled"},
+//      {"connect": true, "expect": "success" | "interrupt"}]}
+// A connect step is a reloaded page: a new agent reads GET /threads/{id}/connect through the
+// client's own pipeline (verifier, MESSAGES_SNAPSHOT applied) and must end with the messages and
+// pending interrupts the live agent has.
 // Prints a JSON report on stdout; exit status 0 only when every check passed.
 
 import { randomUUID } from "node:crypto";
@@ -106,9 +110,65 @@ async function cancelWhenStreaming(events, done) {
   return null;
 }
 
+/// A reloaded page: a new agent of the same client reads the thread's connect stream.
+class Connecting extends HttpAgent {
+  requestInit() {
+    return {
+      method: "GET",
+      headers: { ...this.headers, Accept: "text/event-stream" },
+      signal: this.abortController?.signal,
+    };
+  }
+}
+
+function same(where, what, a, b) {
+  const sa = JSON.stringify(a);
+  const sb = JSON.stringify(b);
+  if (sa !== sb) problems.push(`${where}: ${what} differ: live ${sa} vs connected ${sb}`);
+}
+
+async function connectStep(step) {
+  const where = `step ${step.index} (connect)`;
+  const q = plan.client === "1" ? "?protocolVersion=1.0" : "";
+  const url = new URL(`threads/${encodeURIComponent(plan.threadId)}/connect${q}`, plan.url).toString();
+  const fresh = new Connecting({ url, threadId: plan.threadId, headers: plan.headers ?? {} });
+  const events = [];
+  try {
+    await fresh.runAgent({ runId: randomUUID() }, { onEvent: ({ event }) => { events.push(event); } });
+  } catch (e) {
+    problems.push(`${where}: runAgent rejected: ${e?.name}: ${e?.message}`);
+  }
+  const types = events.map((e) => e.type);
+  if (types[0] !== "RUN_STARTED" || types[1] !== "MESSAGES_SNAPSHOT") problems.push(`${where}: starts ${types.slice(0, 2)}`);
+  const declared = events[0]?.protocolVersion;
+  if (declared !== (plan.client === "1" ? "1.0" : undefined)) problems.push(`${where}: RUN_STARTED declares ${declared}`);
+  const last = events[events.length - 1];
+  const outcome = last?.type === "RUN_FINISHED" ? last.outcome?.type ?? "success" : last?.type;
+  if (outcome !== step.expect) problems.push(`${where}: expected ${step.expect}, got ${outcome}`);
+  // What the live agent folded from its runs, the connected one has from the snapshot.
+  const view = (ms) => ({
+    users: ms.filter((m) => m.role === "user").map((m) => [m.id, m.content]),
+    texts: ms.filter((m) => m.role === "assistant" && m.content).map((m) => [m.id, m.content]),
+    calls: ms.flatMap((m) => (m.toolCalls ?? []).map((c) => [c.id, c.function.name, c.function.arguments])),
+    results: ms.filter((m) => m.role === "tool").map((m) => [m.toolCallId, m.content]),
+  });
+  const live = view(agent.messages);
+  const connected = view(fresh.messages);
+  for (const k of Object.keys(live)) same(where, k, live[k], connected[k]);
+  if (live.users.length === 0) problems.push(`${where}: the live agent has no messages to compare`);
+  const ids = (a) => (a.pendingInterrupts ?? []).map((i) => i.id).sort();
+  if (plan.client === "1") same(where, "pending interrupts", ids(agent), ids(fresh));
+  if (step.expect === "interrupt" && (last?.outcome?.interrupts ?? []).length === 0) problems.push(`${where}: no interrupts`);
+  report.steps.push({ expect: step.expect, outcome, types, error: null });
+}
+
 let index = 0;
 for (const step of plan.steps) {
   step.index = index++;
+  if (step.connect) {
+    await connectStep(step);
+    continue;
+  }
   const runId = randomUUID();
   const events = [];
   const params = { runId, forwardedProps: plan.forwardedProps ?? {} };

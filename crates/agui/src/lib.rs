@@ -95,7 +95,7 @@ pub enum Outcome {
 }
 
 /// Every event type this crate builds, in [`Event::type_index`] order.
-pub const EVENT_TYPES: [&str; 19] = [
+pub const EVENT_TYPES: [&str; 20] = [
     "RUN_STARTED",
     "RUN_FINISHED",
     "RUN_ERROR",
@@ -115,6 +115,7 @@ pub const EVENT_TYPES: [&str; 19] = [
     "REASONING_END",
     "ACTIVITY_SNAPSHOT",
     "CUSTOM",
+    "MESSAGES_SNAPSHOT",
 ];
 
 /// [`Event::type_index`] of `TEXT_MESSAGE_CONTENT` (the text fast path has no event to ask).
@@ -203,6 +204,10 @@ pub enum Event {
         name: String,
         value: Value,
     },
+    /// A thread's messages, whole (AG-UI messages, as a client keeps them).
+    MessagesSnapshot {
+        messages: Vec<Value>,
+    },
 }
 
 impl Event {
@@ -228,6 +233,7 @@ impl Event {
             Event::ReasoningEnd { .. } => "REASONING_END",
             Event::ActivitySnapshot { .. } => "ACTIVITY_SNAPSHOT",
             Event::Custom { .. } => "CUSTOM",
+            Event::MessagesSnapshot { .. } => "MESSAGES_SNAPSHOT",
         }
     }
 
@@ -253,6 +259,7 @@ impl Event {
             Event::ReasoningEnd { .. } => 16,
             Event::ActivitySnapshot { .. } => 17,
             Event::Custom { .. } => 18,
+            Event::MessagesSnapshot { .. } => 19,
         }
     }
 
@@ -410,6 +417,7 @@ impl Event {
                 w.str("name", name);
                 w.ser("value", value);
             }
+            Event::MessagesSnapshot { messages } => w.ser("messages", messages),
         }
         w.finish();
     }
@@ -763,6 +771,7 @@ mod tests {
                 name: s(),
                 value: Value::Null,
             },
+            Event::MessagesSnapshot { messages: vec![] },
         ];
         assert_eq!(events.len(), EVENT_TYPES.len());
         for (i, e) in events.iter().enumerate() {

@@ -289,6 +289,8 @@ pub mod msg {
         BAD_LIST_PAGE = "The page is invalid: limit must be a number from 1 to 100, cursor one this gateway returned, and archived true or false.";
         EXECUTION_OPEN = "The thread's execution is still open (it waits for interrupt responses, or a restart interrupted its run): cancel it before deleting the thread.";
         BAD_PATCH = "The change is invalid: send a title (1 to 120 characters, no control characters) or archived (true or false), and nothing else.";
+        BAD_CONNECT = "The connect request is invalid: follow must be true or false, and each parameter given once.";
+        BAD_CONNECT_EVENT_ID = "Last-Event-ID must be an id this stream sent (<runId>:<n>).";
         BAD_PAGE = "The page is invalid: before must be a message number (at least 1) and limit a number from 1 to 200.";
         TASK_CHANGED = "The A2A task identity changed unexpectedly.";
         CONTEXT_CHANGED = "The A2A context identity changed unexpectedly.";

@@ -141,6 +141,12 @@ pub async fn agents_state(
         Err(e) if e.code == Code::ThreadNotFound => return Ok(absent),
         Err(e) => return Err(e),
     }
+    let messages = newest_messages(rt, thread_id).await?;
+    Ok(json!({"threadId": thread_id, "threadExists": true, "state": {}, "messages": messages}))
+}
+
+/// The thread's newest [`STATE_MESSAGES`] messages, oldest first (read a page at a time).
+pub async fn newest_messages(rt: &Runtime, thread_id: &str) -> Result<Vec<Value>, ApiError> {
     let mut messages = Vec::new();
     let mut before = None;
     // Pages of the largest size, newest first, until the bound.
@@ -164,7 +170,7 @@ pub async fn agents_state(
             break;
         }
     }
-    Ok(json!({"threadId": thread_id, "threadExists": true, "state": {}, "messages": messages}))
+    Ok(messages)
 }
 
 /// `GET /threads/{threadId}/messages` after the checks of the route (method, token, thread id).

@@ -10,6 +10,7 @@ pub mod canonical;
 pub mod capabilities;
 pub mod clock;
 pub mod config;
+pub mod connect;
 pub mod cors;
 pub mod error;
 pub mod forward;

@@ -86,7 +86,7 @@ pub fn plan(events: &RunEvents, after: u64) -> Plan {
     }
 }
 
-fn sse(rx: mpsc::Receiver<Bytes>, heartbeat: std::time::Duration) -> Response {
+pub(crate) fn sse(rx: mpsc::Receiver<Bytes>, heartbeat: std::time::Duration) -> Response {
     let body = axum::body::Body::from_stream(sink::body_stream(rx, heartbeat));
     Response::builder()
         .status(StatusCode::OK)

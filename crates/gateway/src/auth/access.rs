@@ -18,6 +18,7 @@ pub const CANCEL_ROUTE: &str = "POST /extensions/iac-code/v1/executions/{executi
 pub const THREAD_ROUTE: &str = "GET /threads/{threadId}";
 pub const EVENTS_ROUTE: &str = "GET /threads/{threadId}/runs/{runId}/events";
 pub const LIST_ROUTE: &str = "GET /threads";
+pub const CONNECT_ROUTE: &str = "GET /threads/{threadId}/connect";
 pub const AGENTS_STATE_ROUTE: &str = "POST /agents/state";
 pub const PATCH_ROUTE: &str = "PATCH /threads/{threadId}";
 pub const DELETE_ROUTE: &str = "DELETE /threads/{threadId}";

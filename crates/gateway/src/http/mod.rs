@@ -75,6 +75,7 @@ pub fn router(state: AppState) -> Router {
             "/threads/{thread_id}/messages",
             any(threads::messages_route),
         )
+        .route("/threads/{thread_id}/connect", any(threads::connect_route))
         .route(
             "/threads/{thread_id}/runs/{run_id}/events",
             any(threads::events_route),

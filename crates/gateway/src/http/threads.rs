@@ -191,6 +191,44 @@ async fn thread_get(s: AppState, thread_id: String, req: Request) -> Response {
     }
 }
 
+pub(super) async fn connect_route(
+    State(s): State<AppState>,
+    Path(thread_id): Path<String>,
+    req: Request,
+) -> Response {
+    let route = crate::auth::access::CONNECT_ROUTE;
+    let (hl, caller) =
+        match get_checks(&s.rt, req.method(), &path_of(&req), req.headers(), route).await {
+            Ok(x) => x,
+            Err(r) => return r,
+        };
+    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
+        return e.into_response_in(hl);
+    }
+    let q = match crate::connect::connect_query(req.headers(), req.uri().query()) {
+        Ok(q) => q,
+        Err(e) => return e.into_response_in(hl),
+    };
+    // A running run's events are in its holder's memory: ask the holder.
+    if let Some(r) = get_held_elsewhere(
+        &s.rt,
+        &thread_id,
+        req.headers(),
+        path_of(&req),
+        &caller,
+        route,
+        hl,
+    )
+    .await
+    {
+        return r;
+    }
+    match crate::connect::connect(&s.rt, &caller, &thread_id, q, s.heartbeat).await {
+        Ok(r) => r,
+        Err(e) => e.into_response_in(hl),
+    }
+}
+
 pub(super) async fn list_route(State(s): State<AppState>, req: Request) -> Response {
     let route = crate::auth::access::LIST_ROUTE;
     let (hl, caller) =

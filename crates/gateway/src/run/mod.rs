@@ -67,11 +67,22 @@ pub struct Runtime {
     forward_tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
 }
 
-/// `(threadId, runId)` → the run's replay buffer.
-#[derive(Default)]
-pub struct Replays(
-    std::sync::Mutex<std::collections::HashMap<(String, String), Arc<replay::RunEvents>>>,
-);
+/// `(threadId, runId)` → the run's replay buffer; and the news of each buffered run's start, for
+/// the streams that follow a thread (`connect`).
+pub struct Replays {
+    map: std::sync::Mutex<std::collections::HashMap<(String, String), Arc<replay::RunEvents>>>,
+    started: tokio::sync::broadcast::Sender<(String, String)>,
+}
+
+impl Default for Replays {
+    fn default() -> Replays {
+        Replays {
+            map: Default::default(),
+            // A follower that falls this far behind looks the thread's runs up again.
+            started: tokio::sync::broadcast::channel(1024).0,
+        }
+    }
+}
 
 impl Replays {
     fn map(
@@ -80,7 +91,21 @@ impl Replays {
         '_,
         std::collections::HashMap<(String, String), Arc<replay::RunEvents>>,
     > {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `(threadId, runId)` of each buffered run from now on, as it starts.
+    pub fn starts(&self) -> tokio::sync::broadcast::Receiver<(String, String)> {
+        self.started.subscribe()
+    }
+
+    /// The buffered runs of a thread, by run id.
+    pub fn of_thread(&self, thread_id: &str) -> Vec<(String, Arc<replay::RunEvents>)> {
+        self.map()
+            .iter()
+            .filter(|((t, _), _)| t == thread_id)
+            .map(|((_, r), e)| (r.clone(), e.clone()))
+            .collect()
     }
 
     pub fn get(&self, thread_id: &str, run_id: &str) -> Option<Arc<replay::RunEvents>> {
@@ -92,6 +117,8 @@ impl Replays {
     fn insert(&self, thread_id: &str, run_id: &str, events: Arc<replay::RunEvents>) {
         self.map()
             .insert((thread_id.to_owned(), run_id.to_owned()), events);
+        // Nobody following is no error.
+        let _ = self.started.send((thread_id.to_owned(), run_id.to_owned()));
     }
 
     /// Removes the buffer if it is still `events` (a later run may not reuse the id, but be safe).

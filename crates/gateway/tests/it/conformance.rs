@@ -106,7 +106,8 @@ async fn official_clients_consume_real_kernel_streams() {
                 {"message": "Hello. scenario:text", "expect": "success"},
                 {"message": "Think. scenario:think", "expect": "success"},
                 {"message": "List. scenario:bashro", "expect": "success"},
-                {"message": "Fail. scenario:error", "expect": "error", "code": "A2A_EXECUTION_FAILED"}]),
+                {"message": "Fail. scenario:error", "expect": "error", "code": "A2A_EXECUTION_FAILED"},
+                {"connect": true, "expect": "success"}]),
             ),
             plan(
                 client,
@@ -115,6 +116,7 @@ async fn official_clients_consume_real_kernel_streams() {
                 &cwd(&t("allow")),
                 json!([
                 {"message": "Run. scenario:bash", "expect": "interrupt"},
+                {"connect": true, "expect": "interrupt"},
                 {"resume": "allow_once", "expect": "success"},
                 {"message": "Two. scenario:bash2", "expect": "interrupt"},
                 {"resume": "allow_once", "expect": "interrupt"},
@@ -307,5 +309,73 @@ async fn runner_fails_on_a_broken_stream() {
         assert!(!ok, "client {client} accepted a broken stream: {report:#}");
         let problems = report["problems"].to_string();
         assert!(problems.contains("terminal"), "{problems}");
+    }
+}
+
+/// The runner's connect step fails when the connected agent's messages are not the live one's.
+#[tokio::test]
+async fn runner_fails_on_a_snapshot_that_differs() {
+    let user_id = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let seen = user_id.clone();
+    let sse = |events: Vec<Value>| {
+        let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let app = axum::Router::new()
+        .route(
+            "/",
+            axum_post(move |body: axum::body::Bytes| {
+                let seen = seen.clone();
+                async move {
+                    let v: Value = serde_json::from_slice(&body).unwrap();
+                    let (t, r) = (v["threadId"].clone(), v["runId"].clone());
+                    *seen.lock().unwrap() = v["messages"][0]["id"].as_str().unwrap().to_owned();
+                    sse(vec![
+                        json!({"type":"RUN_STARTED","timestamp":1,"threadId":t,"runId":r}),
+                        json!({"type":"TEXT_MESSAGE_START","timestamp":2,"messageId":"m1","role":"assistant"}),
+                        json!({"type":"TEXT_MESSAGE_CONTENT","timestamp":3,"messageId":"m1","delta":"live"}),
+                        json!({"type":"TEXT_MESSAGE_END","timestamp":4,"messageId":"m1"}),
+                        json!({"type":"RUN_FINISHED","timestamp":5,"threadId":t,"runId":r}),
+                    ])
+                }
+            }),
+        )
+        .route(
+            "/threads/t/connect",
+            axum::routing::get(move || {
+                let id = user_id.lock().unwrap().clone();
+                async move {
+                    sse(vec![
+                        json!({"type":"RUN_STARTED","timestamp":1,"threadId":"t","runId":"c"}),
+                        json!({"type":"MESSAGES_SNAPSHOT","timestamp":2,"messages":[
+                            {"id": id, "role": "user", "content": "x"},
+                            {"id": "m1", "role": "assistant", "content": "other"}]}),
+                        json!({"type":"RUN_FINISHED","timestamp":3,"threadId":"t","runId":"c"}),
+                    ])
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    // The 0.0.x clients only: the 1.0 client requires a declared protocol version of this server.
+    for client in ["0059", "0058"] {
+        let (ok, report) = runner(plan(
+            client,
+            &url,
+            "t",
+            "/tmp",
+            json!([{"message": "x", "expect": "success"}, {"connect": true, "expect": "success"}]),
+        ))
+        .await;
+        assert!(
+            !ok,
+            "client {client} accepted a differing snapshot: {report:#}"
+        );
+        let problems = report["problems"].to_string();
+        assert!(problems.contains("texts differ"), "{problems}");
     }
 }

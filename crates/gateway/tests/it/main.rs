@@ -8,6 +8,7 @@ mod cluster_identity;
 mod cluster_real;
 mod cluster_trust;
 mod conformance;
+mod connect;
 mod crash;
 mod docs;
 mod edge;

@@ -1,0 +1,251 @@
+//! `GET /threads/{id}/connect` (fake kernel): a reloaded page gets the thread (a run of its own:
+//! `RUN_STARTED · MESSAGES_SNAPSHOT · RUN_FINISHED`, with the pending interrupts), then the
+//! running run from its start, then, following, later runs; a reconnect continues after its
+//! `Last-Event-ID`. Scoped like every thread route.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::sse::{assert_valid_run, parse, post};
+
+use crate::support::{body, ctx, get_as, Builder, TestServer};
+
+fn perm(thread: &str) -> Value {
+    json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),
+        "inputId":"perm-1","toolUseId":"tu1","toolName":"bash","prompt":"Run bash?","required":true,
+        "options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}]})
+}
+
+/// A turn that says `text` after `pause` and ends (or stops at a permission).
+fn script(k: &FakeKernel, thread: &str, task: &str, text: &str, pause: Duration, interrupt: bool) {
+    let c = ctx(thread);
+    let end = if interrupt {
+        items::status(
+            task,
+            &c,
+            "TASK_STATE_INPUT_REQUIRED",
+            json!({"input": perm(thread)}),
+        )
+    } else {
+        items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))
+    };
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            Item::Result(items::task(
+                task,
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "s"}),
+            )),
+            Item::Result(items::text(task, &c, text, &format!("m-{task}"), json!({}))),
+            Item::Sleep(pause),
+            Item::Result(end),
+        ]),
+    );
+}
+
+/// The whole stream of a connect that ends: its status, events and ids.
+async fn connect(
+    s: &TestServer,
+    thread: &str,
+    query: &str,
+    last: Option<&str>,
+) -> (u16, Vec<Value>, Vec<Option<String>>) {
+    let mut rb = reqwest::Client::new().get(format!("{}threads/{thread}/connect{query}", s.url));
+    if let Some(l) = last {
+        rb = rb.header("last-event-id", l);
+    }
+    let r = rb.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    if status != 200 {
+        return (
+            status,
+            vec![serde_json::from_str(&text).unwrap_or(Value::Null)],
+            vec![],
+        );
+    }
+    let ids = text
+        .split("\n\n")
+        .filter(|b| b.lines().any(|l| l.starts_with("data:")))
+        .map(|b| {
+            b.lines()
+                .find_map(|l| l.strip_prefix("id: "))
+                .map(str::to_owned)
+        })
+        .collect();
+    (status, parse(&text).0, ids)
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn a_reloaded_page_gets_the_thread_then_its_running_and_later_runs() {
+    let k = FakeKernel::start().await;
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .detach_grace(Duration::from_secs(30))
+        .start()
+        .await;
+    let ws = s.ws("t1");
+    // An ended turn that stopped at a permission: the snapshot and the interrupt.
+    script(&k, "t1", "task-1", "Checking.", Duration::ZERO, true);
+    let r = post(
+        &s.url,
+        &body("t1", "r1", "Create a VPC", &ws, json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.last()["outcome"]["type"], "interrupt");
+    let (status, ev, ids) = connect(&s, "t1", "", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        types(&ev),
+        ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    );
+    assert!(ev[0]["runId"].as_str().unwrap().starts_with("connect-"));
+    assert_eq!(ev[0]["threadId"], "t1");
+    assert!(
+        ev[0].get("protocolVersion").is_none(),
+        "the protocol before 1.0"
+    );
+    assert_eq!(ev[2]["runId"], ev[0]["runId"]);
+    let messages = ev[1]["messages"].as_array().unwrap();
+    assert_eq!(
+        messages[0],
+        json!({"id": "msg-r1", "role": "user", "content": "Create a VPC"})
+    );
+    assert_eq!(messages[1]["content"], "Checking.");
+    assert_eq!(ev[2]["outcome"]["type"], "interrupt");
+    assert_eq!(ev[2]["outcome"]["interrupts"][0]["id"], "perm-1");
+    assert_eq!(ids, [None, None, None]);
+    let (_, ev, _) = connect(&s, "t1", "?protocolVersion=1.0", None).await;
+    assert_eq!(ev[0]["protocolVersion"], "1.0");
+
+    // A running turn (t2): the snapshot, then the run from its start, ids `<run>:<n>`.
+    script(
+        &k,
+        "t2",
+        "task-2",
+        "Working.",
+        Duration::from_millis(800),
+        false,
+    );
+    script(
+        &k,
+        "t2",
+        "task-3",
+        "Again.",
+        Duration::from_millis(300),
+        false,
+    );
+    let (url, b) = (
+        s.url.clone(),
+        body("t2", "r2", "go", &s.ws("t2"), json!({})),
+    );
+    let running = tokio::spawn(async move { post(&url, &b, &[]).await });
+    k.wait_calls("SendStreamingMessage", 2, Duration::from_secs(5))
+        .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let follower = {
+        let url = format!("{}threads/t2/connect?follow=true", s.url);
+        tokio::spawn(async move {
+            let r = reqwest::Client::new().get(url).send().await.unwrap();
+            let mut body = r.bytes_stream();
+            let mut text = String::new();
+            // Until the second run's end.
+            while text.matches("RUN_FINISHED").count() < 3 {
+                let chunk = tokio::time::timeout(Duration::from_secs(10), body.next())
+                    .await
+                    .expect("the stream goes on")
+                    .expect("more")
+                    .unwrap();
+                text.push_str(std::str::from_utf8(&chunk).unwrap());
+            }
+            text
+        })
+    };
+    let (status, ev, ids) = connect(&s, "t2", "", None).await;
+    assert_eq!(status, 200);
+    let first = running.await.unwrap();
+    assert_valid_run(&first, "t2", "r2");
+    let t = types(&ev);
+    assert_eq!(
+        &t[..3],
+        ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    );
+    assert_eq!(ev[1]["messages"], json!([]), "nothing ended yet");
+    assert_eq!(ev[2]["outcome"]["type"], "success");
+    // The run itself, whole, exactly as its own client got it (ids relabelled).
+    assert_eq!(ev[3..].len(), first.events.len());
+    for (a, b) in ev[3..].iter().zip(&first.events) {
+        assert_eq!(a, b);
+    }
+    let want: Vec<Option<String>> = (1..=first.events.len())
+        .map(|n| Some(format!("r2:{n}")))
+        .collect();
+    assert_eq!(&ids[3..], &want[..]);
+
+    // A reconnect after `r2:2` while r2 is buffered: the rest of r2, no snapshot.
+    let (_, ev, ids) = connect(&s, "t2", "", Some("r2:2")).await;
+    assert_eq!(ev.len(), first.events.len() - 2);
+    assert_eq!(ids[0].as_deref(), Some("r2:3"));
+    assert_eq!(ev.last().unwrap()["type"], "RUN_FINISHED");
+
+    // The follower sees the next run as it starts.
+    let r = post(
+        &s.url,
+        &body("t2", "r3", "more", &s.ws("t2"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "t2", "r3");
+    let text = follower.await.unwrap();
+    let (ev, _) = parse(&text);
+    let starts: Vec<&str> = ev
+        .iter()
+        .filter(|e| e["type"] == "RUN_STARTED")
+        .map(|e| e["runId"].as_str().unwrap())
+        .collect();
+    assert_eq!(&starts[1..], ["r2", "r3"]);
+    assert!(text.contains("id: r3:1\n"));
+}
+
+#[tokio::test]
+async fn connect_refuses_strangers_and_bad_requests() {
+    let k = FakeKernel::start().await;
+    let s = Builder::new().a2a(&k.url(), None).auth("tok").start().await;
+    let tok = [("authorization", "Bearer tok")];
+    let (status, e) = get_as(&format!("{}threads/none/connect", s.url), &tok).await;
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (404, Some("THREAD_NOT_FOUND"))
+    );
+    let (status, _) = get_as(&format!("{}threads/none/connect", s.url), &[]).await;
+    assert_eq!(status, 401);
+    for q in [
+        "?follow=1",
+        "?protocolVersion=9",
+        "?follow=true&follow=false",
+    ] {
+        let (status, e) = get_as(&format!("{}threads/none/connect{q}", s.url), &tok).await;
+        assert_eq!(
+            (status, e["error"]["code"].as_str()),
+            (400, Some("INVALID_INPUT")),
+            "{q}"
+        );
+    }
+    let r = reqwest::Client::new()
+        .get(format!("{}threads/none/connect", s.url))
+        .header("authorization", "Bearer tok")
+        .header("last-event-id", "7")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}
