@@ -14,6 +14,10 @@ export IAC_CODE_AGUI_KERNEL_BIN
 echo "== conformance clients (@ag-ui/client 1.0.0, 0.0.59 and 0.0.58; puppeteer-core, esbuild)"
 npm ci --prefix conformance --no-audit --no-fund --loglevel=error \
   --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
+echo "== the JavaScript client (clients/js: its own tests with @ag-ui/client 1.0.0 and 0.0.59, and its types)"
+npm ci --prefix clients/js --no-audit --no-fund --loglevel=error \
+  --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
+npm test --prefix clients/js
 echo "== chromium, prometheus and postgresql (the real-browser, operability and several-instances"
 echo "   tiers; Debian's packages: puppeteer-core downloads no browser; prometheus brings promtool)"
 missing=()

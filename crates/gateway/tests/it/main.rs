@@ -21,6 +21,7 @@ mod http_surface;
 mod identity;
 mod identity_real;
 mod ids;
+mod js_client;
 mod limits;
 mod load;
 mod process;

@@ -1,0 +1,8 @@
+export {
+  IacCodeAgent,
+  makeIacCodeAgent,
+  sseEvents,
+  type IacCodeAgentConfig,
+  type IacCodeCapabilities,
+  type IacCodeProps,
+} from "./agent.js";

@@ -1,0 +1,64 @@
+//! The repository's JavaScript client (`clients/js`, `IacCodeAgent`) with `@ag-ui/client` 1.0.0
+//! and 0.0.59 against the gateway and the real kernel: `forwardedProps.iacCode` from its options
+//! and frontend tools kept in the browser, a stream cut mid-run re-attached with `Last-Event-ID`
+//! (the text whole), a permission interrupt, a reloaded page that connects and has the thread and
+//! its pending interrupt, answers it, and reads the capabilities.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use testkit::real_kernel::KernelEnv;
+
+use crate::support::{managed, Builder};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../clients/js")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_js_client_runs_reattaches_and_connects_against_the_real_kernel() {
+    assert!(
+        dir().join("node_modules/agui-client-0059").is_dir(),
+        "the JavaScript client's packages are not installed: run `npm ci --prefix clients/js` (scripts/test.sh does)"
+    );
+    let env = KernelEnv::new().await;
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(managed(&env).await)
+        .detach_grace(Duration::from_secs(30))
+        .auth("tok")
+        .start()
+        .await;
+    for client in ["1", "0059"] {
+        let thread = format!("js-{client}");
+        let cwd = env.ws().join(&thread).display().to_string();
+        let out = tokio::time::timeout(
+            Duration::from_secs(240),
+            tokio::process::Command::new("node")
+                .arg(dir().join("e2e/run.mjs"))
+                .current_dir(dir())
+                .env("CLIENT", client)
+                .env("GATEWAY_URL", &s.url)
+                .env("THREAD", &thread)
+                .env("CWD", &cwd)
+                .env("AUTH", "Bearer tok")
+                .output(),
+        )
+        .await
+        .expect("the client finished")
+        .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "client {client}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The cut was re-attached through the events route, and the thread was connected.
+        assert!(stdout.contains("\"cut and re-attached\""), "{stdout}");
+        assert!(stdout.contains("\"connect\""), "{stdout}");
+    }
+}
