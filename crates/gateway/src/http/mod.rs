@@ -13,9 +13,11 @@
 
 mod cancel_route;
 mod relay;
+mod rules;
 mod threads;
 
 use relay::{cluster_hello, get_held_elsewhere, held_elsewhere, to_holder, Outgoing};
+use rules::{BodyRules, AGENTS_STATE_RULES, CANCEL_RULES, PATCH_RULES, RUN_RULES, THREAD_METHODS};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -288,62 +290,6 @@ fn parse_json(bytes: &[u8]) -> Option<Value> {
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
     serde_json::from_slice(bytes).ok()
 }
-
-/// The messages of one POST route's body checks.
-struct BodyRules {
-    /// The route, as the audit names it.
-    route: &'static str,
-    /// Its method, and the methods its path allows (for a 405).
-    method: Method,
-    allow: &'static str,
-    limit: usize,
-    too_large: &'static str,
-    invalid_json: &'static str,
-    not_object: &'static str,
-}
-
-const RUN_RULES: BodyRules = BodyRules {
-    route: RUN_ROUTE,
-    method: Method::POST,
-    allow: "POST",
-    limit: RUN_BODY_LIMIT,
-    too_large: msg::RUN_TOO_LARGE,
-    invalid_json: msg::RUN_INVALID_JSON,
-    not_object: msg::RUN_NOT_OBJECT,
-};
-
-const PATCH_RULES: BodyRules = BodyRules {
-    route: crate::auth::access::PATCH_ROUTE,
-    method: Method::PATCH,
-    allow: THREAD_METHODS,
-    limit: crate::thread_edit::PATCH_BODY_LIMIT,
-    too_large: msg::PATCH_TOO_LARGE,
-    invalid_json: msg::PATCH_INVALID_JSON,
-    not_object: msg::BAD_PATCH,
-};
-
-/// The methods of `/threads/{threadId}`.
-const THREAD_METHODS: &str = "GET, PATCH, DELETE";
-
-const AGENTS_STATE_RULES: BodyRules = BodyRules {
-    route: crate::auth::access::AGENTS_STATE_ROUTE,
-    method: Method::POST,
-    allow: "POST",
-    limit: crate::thread_edit::PATCH_BODY_LIMIT,
-    too_large: msg::STATE_REQUEST_TOO_LARGE,
-    invalid_json: msg::STATE_REQUEST_INVALID_JSON,
-    not_object: msg::STATE_REQUEST_FIELDS,
-};
-
-const CANCEL_RULES: BodyRules = BodyRules {
-    route: CANCEL_ROUTE,
-    method: Method::POST,
-    allow: "POST",
-    limit: CANCEL_BODY_LIMIT,
-    too_large: msg::CANCEL_TOO_LARGE,
-    invalid_json: msg::CANCEL_INVALID_JSON,
-    not_object: msg::CANCEL_NOT_OBJECT,
-};
 
 /// A POST route's checked request: the header language, the caller, the raw body and the
 /// object.

@@ -10,21 +10,17 @@ pub(super) async fn events_route(
     Path((thread_id, run_id)): Path<(String, String)>,
     req: Request,
 ) -> Response {
-    let (hl, caller) = match get_checks(
-        &s.rt,
-        req.method(),
-        &path_of(&req),
-        req.headers(),
+    let (hl, caller) = match thread_checks(
+        &s,
+        (req.method(), &path_of(&req), req.headers()),
         EVENTS_ROUTE,
+        &thread_id,
     )
     .await
     {
         Ok(x) => x,
         Err(r) => return r,
     };
-    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
-        return e.into_response_in(hl);
-    }
     let Ok(after) = threads_api::resume_point(req.headers(), req.uri().query()) else {
         return ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl);
     };
@@ -157,21 +153,17 @@ pub(super) async fn agents_state_route(State(s): State<AppState>, req: Request) 
 }
 
 async fn thread_get(s: AppState, thread_id: String, req: Request) -> Response {
-    let (hl, caller) = match get_checks(
-        &s.rt,
-        req.method(),
-        &path_of(&req),
-        req.headers(),
+    let (hl, caller) = match thread_checks(
+        &s,
+        (req.method(), &path_of(&req), req.headers()),
         THREAD_ROUTE,
+        &thread_id,
     )
     .await
     {
         Ok(x) => x,
         Err(r) => return r,
     };
-    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
-        return e.into_response_in(hl);
-    }
     if let Some(r) = get_held_elsewhere(
         &s.rt,
         &thread_id,
@@ -197,14 +189,17 @@ pub(super) async fn connect_route(
     req: Request,
 ) -> Response {
     let route = crate::auth::access::CONNECT_ROUTE;
-    let (hl, caller) =
-        match get_checks(&s.rt, req.method(), &path_of(&req), req.headers(), route).await {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
-    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
-        return e.into_response_in(hl);
-    }
+    let (hl, caller) = match thread_checks(
+        &s,
+        (req.method(), &path_of(&req), req.headers()),
+        route,
+        &thread_id,
+    )
+    .await
+    {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let q = match crate::connect::connect_query(req.headers(), req.uri().query()) {
         Ok(q) => q,
         Err(e) => return e.into_response_in(hl),
@@ -252,14 +247,17 @@ pub(super) async fn messages_route(
     req: Request,
 ) -> Response {
     let route = crate::auth::access::MESSAGES_ROUTE;
-    let (hl, caller) =
-        match get_checks(&s.rt, req.method(), &path_of(&req), req.headers(), route).await {
-            Ok(x) => x,
-            Err(r) => return r,
-        };
-    if let Err(e) = crate::run::hold::check_thread_id(&thread_id) {
-        return e.into_response_in(hl);
-    }
+    let (hl, caller) = match thread_checks(
+        &s,
+        (req.method(), &path_of(&req), req.headers()),
+        route,
+        &thread_id,
+    )
+    .await
+    {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     let q = match crate::history::page_query(req.uri().query()) {
         Ok(q) => q,
         Err(e) => return e.into_response_in(hl),
@@ -269,6 +267,20 @@ pub(super) async fn messages_route(
         Ok(v) => json_ok(&v),
         Err(e) => e.into_response_in(hl),
     }
+}
+
+/// The checks of a GET route of one thread: preflight, method and token, then the bound of the
+/// thread id (one beyond it is a thread that cannot exist).
+#[allow(clippy::result_large_err)]
+async fn thread_checks(
+    s: &AppState,
+    (method, path, headers): (&Method, &str, &HeaderMap),
+    route: &'static str,
+    thread_id: &str,
+) -> Result<(Lang, Caller), Response> {
+    let (hl, caller) = get_checks(&s.rt, method, path, headers, route).await?;
+    crate::run::hold::check_thread_id(thread_id).map_err(|e| e.into_response_in(hl))?;
+    Ok((hl, caller))
 }
 
 fn json_ok(v: &serde_json::Value) -> Response {

@@ -10,13 +10,7 @@ use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::sse::{assert_valid_run, parse, post};
 
-use crate::support::{body, ctx, get_as, Builder, TestServer};
-
-fn perm(thread: &str) -> Value {
-    json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),
-        "inputId":"perm-1","toolUseId":"tu1","toolName":"bash","prompt":"Run bash?","required":true,
-        "options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}]})
-}
+use crate::support::{body, ctx, get_as, permission, Builder, TestServer};
 
 /// A turn that says `text` after `pause` and ends (or stops at a permission).
 fn script(k: &FakeKernel, thread: &str, task: &str, text: &str, pause: Duration, interrupt: bool) {
@@ -26,7 +20,7 @@ fn script(k: &FakeKernel, thread: &str, task: &str, text: &str, pause: Duration,
             task,
             &c,
             "TASK_STATE_INPUT_REQUIRED",
-            json!({"input": perm(thread)}),
+            json!({"input": permission(thread)}),
         )
     } else {
         items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))

@@ -9,13 +9,9 @@ use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::sse::{assert_valid_run, post};
 
-use crate::support::{bearer_for, body, ctx, get_as, jwks_file, resume_body, Builder, TestServer};
-
-fn perm(thread: &str) -> Value {
-    json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),
-        "inputId":"perm-1","toolUseId":"tu1","toolName":"bash","prompt":"Run bash?","required":true,
-        "options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}]})
-}
+use crate::support::{
+    bearer_for, body, ctx, get_as, jwks_file, permission, resume_body, Builder, TestServer,
+};
 
 /// A turn that says something, calls a tool, gets its result and stops at a permission.
 fn script_tool_then_interrupt(k: &FakeKernel, thread: &str) {
@@ -48,7 +44,7 @@ fn script_tool_then_interrupt(k: &FakeKernel, thread: &str) {
                 "task-1",
                 &c,
                 "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm(thread)}),
+                json!({"input": permission(thread)}),
             )),
         ]),
     );
@@ -82,7 +78,7 @@ fn script_resume(k: &FakeKernel, thread: &str) {
                 "task-1",
                 &c,
                 "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm(thread)}),
+                json!({"input": permission(thread)}),
             ),
         ),
     );
@@ -104,6 +100,28 @@ fn script_resume(k: &FakeKernel, thread: &str) {
             )),
         ]),
     );
+}
+
+/// A key set of the test's own (its directory, and the file that holds it).
+fn key_set() -> (tempfile::TempDir, std::path::PathBuf) {
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    (keys, jwks)
+}
+
+/// A gateway that takes the JWTs of `jwks`, on a state directory of its own or `dir`.
+async fn jwt_gateway(
+    k: &FakeKernel,
+    jwks: &std::path::Path,
+    dir: Option<std::path::PathBuf>,
+) -> TestServer {
+    let mut b = Builder::new()
+        .a2a(&k.url(), None)
+        .jwks(jwks, Duration::from_secs(300));
+    if let Some(d) = dir {
+        b = b.dir(d);
+    }
+    b.start().await
 }
 
 async fn page(s: &TestServer, thread: &str, query: &str) -> (u16, Value) {
@@ -347,13 +365,8 @@ fn ids(threads: &[Value]) -> Vec<&str> {
 #[tokio::test]
 async fn each_user_lists_their_own_threads_newest_first() {
     let k = FakeKernel::start().await;
-    let keys = tempfile::tempdir().unwrap();
-    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .jwks(&jwks, Duration::from_secs(300))
-        .start()
-        .await;
+    let (_keys, jwks) = key_set();
+    let s = jwt_gateway(&k, &jwks, None).await;
     let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
     let a = [("authorization", alice.as_str())];
     let b = [("authorization", bob.as_str())];
@@ -428,12 +441,7 @@ async fn each_user_lists_their_own_threads_newest_first() {
     assert_eq!(status, 401);
     // A restarted gateway lists the same threads, from what it wrote.
     let dir = s.stop().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .jwks(&jwks, Duration::from_secs(300))
-        .dir(dir)
-        .start()
-        .await;
+    let s = jwt_gateway(&k, &jwks, Some(dir)).await;
     // (Activity as of each run's end: its last save may have come a moment later.)
     let (again, _) = walk(&s, &a, 10).await;
     let without_activity = |ts: &[Value]| -> Vec<Value> {
@@ -480,18 +488,8 @@ async fn send(
 async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
     use reqwest::Method;
     let k = FakeKernel::start().await;
-    let keys = tempfile::tempdir().unwrap();
-    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let start = |dir: Option<std::path::PathBuf>| {
-        let mut b = Builder::new()
-            .a2a(&k.url(), None)
-            .jwks(&jwks, Duration::from_secs(300));
-        if let Some(d) = dir {
-            b = b.dir(d);
-        }
-        b.start()
-    };
-    let s = start(None).await;
+    let (_keys, jwks) = key_set();
+    let s = jwt_gateway(&k, &jwks, None).await;
     let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
     let a = [("authorization", alice.as_str())];
     let b = [("authorization", bob.as_str())];
@@ -640,7 +638,7 @@ async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
     assert!(!s.thread_file("t-e1").exists());
     let dir = s.stop().await;
     assert!(!dir.join("state/transcripts/t-e1.jsonl").exists());
-    let s = start(Some(dir)).await;
+    let s = jwt_gateway(&k, &jwks, Some(dir)).await;
     let url = |t: &str| format!("{}threads/{t}", s.url);
     let (status, _) = get_as(&url("t-e1"), &a).await;
     assert_eq!(status, 404);
@@ -668,13 +666,8 @@ async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
 #[tokio::test]
 async fn agents_state_answers_in_adks_shape() {
     let k = FakeKernel::start().await;
-    let keys = tempfile::tempdir().unwrap();
-    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .jwks(&jwks, Duration::from_secs(300))
-        .start()
-        .await;
+    let (_keys, jwks) = key_set();
+    let s = jwt_gateway(&k, &jwks, None).await;
     let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
     let a = [("authorization", alice.as_str())];
     // 101 runs: 202 messages, more than one page (200) of the store.

@@ -9,14 +9,8 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
-    bearer_for, body, ctx, get_as, jwks_file, metric, resume_body, Builder, TestServer,
+    bearer_for, body, ctx, get_as, jwks_file, metric, permission, resume_body, Builder, TestServer,
 };
-
-fn perm(thread: &str) -> Value {
-    json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),
-        "inputId":"perm-1","toolUseId":"tu1","toolName":"bash","prompt":"Run bash?","required":true,
-        "options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}]})
-}
 
 /// The next turn stops at a permission interrupt.
 fn script_interrupt(k: &FakeKernel, thread: &str) {
@@ -34,7 +28,7 @@ fn script_interrupt(k: &FakeKernel, thread: &str) {
                 "task-1",
                 &c,
                 "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm(thread)}),
+                json!({"input": permission(thread)}),
             )),
         ]),
     );

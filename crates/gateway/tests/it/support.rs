@@ -403,6 +403,13 @@ pub fn resume_body(thread: &str, run: &str, cwd: &str, ros: &str, entries: Value
            "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": ros, "cwd": cwd}}, "resume": entries})
 }
 
+/// The kernel's permission input `perm-1` (task `task-1`, tool `bash`) on `thread`.
+pub fn permission(thread: &str) -> Value {
+    json!({"schemaVersion":1.0,"kind":"permission","requestTaskId":"task-1","contextId":ctx(thread),
+        "inputId":"perm-1","toolUseId":"tu1","toolName":"bash","prompt":"Run bash?","required":true,
+        "options":[{"id":"allow_once","label":"Allow once"},{"id":"deny","label":"Deny"}]})
+}
+
 /// `agui-` + sha256(thread)[..40]
 pub fn ctx(thread: &str) -> String {
     iac_code_agui::run::context_id(thread)
