@@ -6,3 +6,4 @@ export {
   type IacCodeCapabilities,
   type IacCodeProps,
 } from "./agent.js";
+export { IacCodeAgentRunner, type IacCodeAgentRunnerOptions } from "./runner.js";

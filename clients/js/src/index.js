@@ -3,4 +3,5 @@ import * as agui from "@ag-ui/client";
 import { makeIacCodeAgent } from "./agent.js";
 
 export { makeIacCodeAgent, sseEvents } from "./agent.js";
+export { IacCodeAgentRunner } from "./runner.js";
 export const IacCodeAgent = makeIacCodeAgent(agui);

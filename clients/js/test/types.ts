@@ -1,5 +1,10 @@
 // Type-checked (tsc --noEmit) by the tests: the shipped types describe what the package does.
-import { IacCodeAgent, makeIacCodeAgent, type IacCodeCapabilities } from "../src/index.js";
+import {
+  IacCodeAgent,
+  IacCodeAgentRunner,
+  makeIacCodeAgent,
+  type IacCodeCapabilities,
+} from "../src/index.js";
 import * as agui from "@ag-ui/client";
 
 const agent = new IacCodeAgent({
@@ -14,6 +19,9 @@ const caps: Promise<IacCodeCapabilities> = agent.getCapabilities();
 const route: string = agent.route("threads");
 const Made: typeof IacCodeAgent = makeIacCodeAgent(agui);
 const base: agui.HttpAgent = new Made({ url: "http://127.0.0.1:8000/" });
+const runner = new IacCodeAgentRunner({ url: "http://127.0.0.1:8000/", protocolVersion: "1.0" });
+const running: Promise<boolean> = runner.isRunning({ threadId: "t1" });
+void running;
 void caps;
 void route;
 void base;
