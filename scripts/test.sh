@@ -18,6 +18,9 @@ echo "== the JavaScript client (clients/js: its own tests with @ag-ui/client 1.0
 npm ci --prefix clients/js --no-audit --no-fund --loglevel=error \
   --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
 npm test --prefix clients/js
+echo "== CopilotKit's runtime 1.75.0 (the client's end-to-end test with it; telemetry off in the test)"
+npm ci --prefix clients/js/e2e/copilotkit --no-audit --no-fund --loglevel=error \
+  --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
 echo "== chromium, prometheus and postgresql (the real-browser, operability and several-instances"
 echo "   tiers; Debian's packages: puppeteer-core downloads no browser; prometheus brings promtool)"
 missing=()

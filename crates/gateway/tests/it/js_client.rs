@@ -61,4 +61,34 @@ async fn the_js_client_runs_reattaches_and_connects_against_the_real_kernel() {
         assert!(stdout.contains("\"cut and re-attached\""), "{stdout}");
         assert!(stdout.contains("\"connect\""), "{stdout}");
     }
+
+    // CopilotKit's runtime in process, with the client's agent and runner: a run, an interrupt
+    // and its resume, a stop, and a new runtime instance that gets the thread from the gateway.
+    let ck = dir().join("e2e/copilotkit");
+    assert!(
+        ck.join("node_modules/@copilotkit/runtime").is_dir(),
+        "CopilotKit's runtime is not installed: run `npm ci --prefix clients/js/e2e/copilotkit` (scripts/test.sh does)"
+    );
+    let cwd = env.ws().join("ck").display().to_string();
+    let out = tokio::time::timeout(
+        Duration::from_secs(240),
+        tokio::process::Command::new("node")
+            .arg(ck.join("run.mjs"))
+            .current_dir(&ck)
+            .env("GATEWAY_URL", &s.url)
+            .env("THREAD", "ck")
+            .env("CWD", &cwd)
+            .env("AUTH", "Bearer tok")
+            .output(),
+    )
+    .await
+    .expect("the runtime finished")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "copilotkit: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("\"connect after restart\""), "{stdout}");
 }
