@@ -250,6 +250,8 @@ async fn sigkill_at_random_moments_loses_nothing_and_runs_no_tool_twice() {
     let mut kernel_dropped = 0;
     let mut kernel_took = 0;
     let mut must_be_once: Vec<usize> = vec![];
+    // Runs whose client saw their end: their messages are in the transcript, whatever came after.
+    let mut ended: Vec<(String, String)> = vec![];
 
     for i in 0..iterations {
         let thread = format!("c{}", i % 3);
@@ -322,6 +324,11 @@ async fn sigkill_at_random_moments_loses_nothing_and_runs_no_tool_twice() {
             kills += 1;
         }
         let (first, ids, second) = sequence.await.unwrap();
+        for (run, seen) in [("a", Some(&first)), ("b", second.as_ref())] {
+            if seen.is_some_and(|s| s.terminal().is_some()) {
+                ended.push((thread.clone(), format!("run{i}{run}")));
+            }
+        }
         eprintln!(
             "iteration {i}: mode {mode}, killed {killed} after {:?} ({seen_writes} writes); first {:?}, second {:?}",
             started.elapsed(),
@@ -458,6 +465,34 @@ async fn sigkill_at_random_moments_loses_nothing_and_runs_no_tool_twice() {
             must_be_once.push(i);
         }
     }
+    // Every run whose end a client saw kept its messages through the SIGKILLs (the transcript is
+    // written before the terminal event is sent).
+    for t in ["c0", "c1", "c2"] {
+        let (status, page) =
+            crate::support::get_as(&format!("{}threads/{t}/messages?limit=200", gw.url()), &[])
+                .await;
+        if status == 404 {
+            continue;
+        }
+        assert_eq!(status, 200, "{page}");
+        assert!(
+            page.get("nextBefore").is_none(),
+            "one page holds the thread"
+        );
+        let runs: std::collections::BTreeSet<&str> = page["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["runId"].as_str().unwrap())
+            .collect();
+        for (_, run) in ended.iter().filter(|(th, _)| th == t) {
+            assert!(
+                runs.contains(run.as_str()),
+                "{t}: {run} ended, but its messages are gone: {runs:?}"
+            );
+        }
+    }
+    assert!(!ended.is_empty());
     // No tool ran twice; every acknowledged answer ran its tool exactly once.
     tokio::time::sleep(Duration::from_millis(500)).await;
     for i in 0..iterations {
