@@ -33,7 +33,16 @@ pub(crate) struct Gateway {
     pub(crate) url: String,
     pub(crate) ready: Duration,
     pub(crate) ws: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl Gateway {
+    /// Stops the gateway (SIGKILL) and keeps its state directory for the next start.
+    pub(crate) fn into_dir(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.dir.take().expect("the state directory")
+    }
 }
 
 impl Drop for Gateway {
@@ -44,7 +53,20 @@ impl Drop for Gateway {
 }
 
 pub(crate) async fn start(target: &Target, kernel: &SyntheticKernel) -> Result<Gateway> {
-    let dir = tempfile::tempdir()?;
+    start_with(target, kernel, &[], None).await
+}
+
+/// Starts the gateway with `env` added, in `dir` (a fresh directory when `None`).
+pub(crate) async fn start_with(
+    target: &Target,
+    kernel: &SyntheticKernel,
+    env: &[(&str, &str)],
+    dir: Option<tempfile::TempDir>,
+) -> Result<Gateway> {
+    let dir = match dir {
+        Some(d) => d,
+        None => tempfile::tempdir()?,
+    };
     let ws = dir.path().canonicalize()?.join("ws");
     std::fs::create_dir_all(&ws)?;
     let port = free_port();
@@ -80,6 +102,7 @@ pub(crate) async fn start(target: &Target, kernel: &SyntheticKernel) -> Result<G
         .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
         .env("HOME", dir.path())
         .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -104,6 +127,6 @@ pub(crate) async fn start(target: &Target, kernel: &SyntheticKernel) -> Result<G
         url,
         ready: began.elapsed(),
         ws,
-        _dir: dir,
+        dir: Some(dir),
     })
 }

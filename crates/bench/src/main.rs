@@ -5,6 +5,7 @@
 //!   cargo run --release -p agui-bench -- [--smoke] [--python] [--gateway PATH]
 //!                                         [--lat-streams N] [--parked N] [--throughput N]
 //!   cargo run --release -p agui-bench -- --compare "ARGS" [--compare-gateway PATH] [--rounds N]
+//!                                         [--turn-threads N] [--turns N] [--turn-concurrency N]
 //!
 //! `--compare` measures only throughput, fan-in and CPU per event, of the gateway as it is and of
 //! the variant (the same binary with ARGS added, or `--compare-gateway`), side by side.
@@ -13,6 +14,11 @@
 //!
 //! `--postgres` runs the whole measurement with the file store and with the PostgreSQL store (a
 //! private cluster, `synchronous_commit` on, a fresh database each round), alternating.
+//!
+//!   cargo run --release -p agui-bench -- --threads [--smoke] [--rounds N] [--thread-count N]
+//!
+//! `--threads` measures the thread routes (connect to a long thread, list a user's threads among
+//! many, the rate of whole turns) with the file store and with PostgreSQL, alternating.
 //!
 //! The latency test also runs once straight from the synthetic kernel to the client (no gateway):
 //! that floor is what the generator, the client and the loopback cost on this machine, and the
@@ -34,6 +40,7 @@ use testkit::{free_port, raise_fd_limit};
 mod compare;
 mod gateway;
 mod latency;
+mod threads;
 
 use gateway::{cpu_ms, rss_kib, start, Gateway};
 use latency::{direct_latency, latency_stream, percentiles, read_events};
@@ -47,6 +54,11 @@ struct Sizes {
     lat_streams: usize,
     lat_rate: u64,
     lat_secs: u64,
+    /// Whole short turns of `--compare`: threads, and turns a thread (one after another).
+    turn_threads: usize,
+    turns: usize,
+    /// Threads whose turns run at once.
+    turn_concurrency: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -57,6 +69,9 @@ const FULL: Sizes = Sizes {
     lat_streams: 100,
     lat_rate: 1_000,
     lat_secs: 3,
+    turn_threads: 400,
+    turns: 5,
+    turn_concurrency: 32,
 };
 
 const SMOKE: Sizes = Sizes {
@@ -67,6 +82,9 @@ const SMOKE: Sizes = Sizes {
     lat_streams: 5,
     lat_rate: 200,
     lat_secs: 1,
+    turn_threads: 20,
+    turns: 2,
+    turn_concurrency: 8,
 };
 
 #[derive(Debug, Default, Clone)]
@@ -198,16 +216,39 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
 
     // Parked streams: all admitted, RSS growth, admission rate.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let p = park(&c, &g, z.parked).await?;
+    rep.parked_admitted = p.admitted;
+    rep.parked_rss_kib_per_stream = p.rss_kib_per_stream;
+    rep.admission_rps = p.rps;
+    rep.admission_cpu_us = p.cpu_us;
+    (rep.admit_p50_us, rep.admit_p99_us) = (p.p50_us, p.p99_us);
+    Ok(rep)
+}
+
+/// What admitting parked streams measured.
+struct Parked {
+    admitted: usize,
+    rss_kib_per_stream: f64,
+    rps: f64,
+    /// Gateway CPU per admission (µs).
+    cpu_us: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// Admits `n` streams that stay open (256 at a time), then lets them go.
+async fn park(c: &reqwest::Client, g: &Arc<Gateway>, n: usize) -> Result<Parked> {
+    let pid = g.child.id();
     let before = rss_kib(pid);
     let cpu_before = cpu_ms(pid);
     let t = Instant::now();
     let sem = Arc::new(tokio::sync::Semaphore::new(256));
     let admitted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let failed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let admit_us = Arc::new(std::sync::Mutex::new(Vec::with_capacity(z.parked)));
+    let admit_us = Arc::new(std::sync::Mutex::new(Vec::with_capacity(n)));
     let (hold_tx, hold_rx) = tokio::sync::watch::channel(false);
     let mut tasks = vec![];
-    for i in 0..z.parked {
+    for i in 0..n {
         let (c, g, sem, mut hold) = (c.clone(), g.clone(), sem.clone(), hold_rx.clone());
         let (admitted, failed, admit_us) = (admitted.clone(), failed.clone(), admit_us.clone());
         tasks.push(tokio::spawn(async move {
@@ -247,7 +288,7 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     let deadline = Instant::now() + Duration::from_secs(600);
     while admitted.load(std::sync::atomic::Ordering::SeqCst)
         + failed.load(std::sync::atomic::Ordering::SeqCst)
-        < z.parked
+        < n
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -260,14 +301,17 @@ async fn measure(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<
     for task in tasks {
         let _ = task.await;
     }
-    rep.parked_admitted = admitted.load(std::sync::atomic::Ordering::SeqCst);
-    rep.parked_rss_kib_per_stream =
-        after.saturating_sub(before) as f64 / rep.parked_admitted.max(1) as f64;
-    rep.admission_rps = rep.parked_admitted as f64 / admit_elapsed.as_secs_f64().max(1e-6);
-    rep.admission_cpu_us = admit_cpu_ms as f64 * 1000.0 / rep.parked_admitted.max(1) as f64;
+    let admitted = admitted.load(std::sync::atomic::Ordering::SeqCst);
     let samples = std::mem::take(&mut *admit_us.lock().expect("samples"));
-    (rep.admit_p50_us, rep.admit_p99_us) = percentiles(samples);
-    Ok(rep)
+    let (p50_us, p99_us) = percentiles(samples);
+    Ok(Parked {
+        admitted,
+        rss_kib_per_stream: after.saturating_sub(before) as f64 / admitted.max(1) as f64,
+        rps: admitted as f64 / admit_elapsed.as_secs_f64().max(1e-6),
+        cpu_us: admit_cpu_ms as f64 * 1000.0 / admitted.max(1) as f64,
+        p50_us,
+        p99_us,
+    })
 }
 
 fn print(name: &str, r: &Report, z: Sizes) {
@@ -356,6 +400,15 @@ async fn main() -> Result<()> {
     if let Some(n) = flag("--throughput") {
         z.throughput = n;
     }
+    if let Some(n) = flag("--turn-threads") {
+        z.turn_threads = n as usize;
+    }
+    if let Some(n) = flag("--turns") {
+        z.turns = n as usize;
+    }
+    if let Some(n) = flag("--turn-concurrency") {
+        z.turn_concurrency = n as usize;
+    }
     let kernel = SyntheticKernel::start().await;
     let text = |name: &str| {
         args.iter()
@@ -363,6 +416,18 @@ async fn main() -> Result<()> {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    if args.iter().any(|a| a == "--threads") {
+        let mut sizes = if smoke {
+            threads::THREADS_SMOKE
+        } else {
+            threads::THREADS_FULL
+        };
+        if let Some(n) = flag("--thread-count") {
+            sizes = sizes.with_threads(n as usize);
+        }
+        let rounds = flag("--rounds").unwrap_or(1) as usize;
+        return threads::threads(&gateway, &kernel, sizes, rounds).await;
+    }
     if args.iter().any(|a| a == "--postgres") {
         let pg = testkit::postgres::Cluster::start();
         let rounds = flag("--rounds").unwrap_or(1) as usize;

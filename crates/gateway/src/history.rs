@@ -145,32 +145,20 @@ pub async fn agents_state(
     Ok(json!({"threadId": thread_id, "threadExists": true, "state": {}, "messages": messages}))
 }
 
-/// The thread's newest [`STATE_MESSAGES`] messages, oldest first (read a page at a time).
+/// The thread's newest [`STATE_MESSAGES`] messages, oldest first.
 pub async fn newest_messages(rt: &Runtime, thread_id: &str) -> Result<Vec<Value>, ApiError> {
-    let mut messages = Vec::new();
-    let mut before = None;
-    // Pages of the largest size, newest first, until the bound.
-    while messages.len() < STATE_MESSAGES {
-        let want = (STATE_MESSAGES - messages.len()).min(MAX_PAGE);
-        let page = rt
-            .threads()
-            .store()
-            .read_transcript(thread_id, before, want)
-            .await
-            .map_err(|e| {
-                tracing::warn!(thread_id, error = %e, "reading the transcript failed");
-                ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
-            })?;
-        before = page.entries.first().map(|e| e.seq);
-        let more = page.more;
-        let mut older: Vec<Value> = page.entries.into_iter().map(|e| e.message).collect();
-        older.append(&mut messages);
-        messages = older;
-        if !more {
-            break;
-        }
-    }
-    Ok(messages)
+    // One read of the bound (not pages of the route's size: the file store reads the whole
+    // transcript for each).
+    let page = rt
+        .threads()
+        .store()
+        .read_transcript(thread_id, None, STATE_MESSAGES)
+        .await
+        .map_err(|e| {
+            tracing::warn!(thread_id, error = %e, "reading the transcript failed");
+            ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
+        })?;
+    Ok(page.entries.into_iter().map(|e| e.message).collect())
 }
 
 /// `GET /threads/{threadId}/messages` after the checks of the route (method, token, thread id).

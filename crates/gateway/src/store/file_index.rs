@@ -1,38 +1,33 @@
 //! The file store's list of threads: a summary per thread in memory, kept by every save (owner,
 //! activity, active run, pending interrupts) and every transcript append (title, creation), and
-//! persisted as the first line of the thread's transcript file (`{"thread": {…}}`), so a
-//! restarted gateway lists again every thread that ever ended a run. It reads those first lines
-//! once, at the first list; a thread saved since the start is in memory already. Memory: one
-//! summary per thread (a few hundred bytes).
+//! persisted as the last summary line of the thread's transcript file (`{"thread": {…}}`), so a
+//! restarted gateway lists again every thread that ever ended a run. It reads those summaries
+//! once, in the background from the start (a list that comes first waits for it); a thread saved
+//! since the start is in memory already. Memory: one summary per thread and its place in two
+//! ordered sets (a few hundred bytes), so a page of one user's threads walks that user's set,
+//! not every thread.
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
+use std::collections::HashSet;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
-use serde::{Deserialize, Serialize};
-
-use super::listing::{self, ListPage, ListQuery, ThreadPatch, ThreadSummary};
+use super::list_order::Ordered;
+use super::listing::{ListPage, ListQuery, ThreadPatch, ThreadSummary};
+use super::transcript_file::last_summary;
 use super::{file_stem, ThreadDoc};
-
-/// The longest first line read (a summary is far below it).
-const MAX_HEADER_BYTES: u64 = 16 * 1024;
-
-/// The first line of a transcript file.
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct Header {
-    pub thread: ThreadSummary,
-}
 
 #[derive(Default)]
 pub(super) struct Index {
     inner: Mutex<Inner>,
+    scan: OnceLock<()>,
 }
 
 #[derive(Default)]
 struct Inner {
-    threads: HashMap<String, ThreadSummary>,
+    threads: Ordered,
     scanned: bool,
+    /// Threads deleted while the disk was being read: what the read found of them is stale.
+    gone: HashSet<String>,
 }
 
 impl Index {
@@ -43,69 +38,76 @@ impl Index {
     /// A save of `doc` at `now`.
     pub fn saved(&self, doc: &ThreadDoc, now: &str) {
         self.with(|i| {
-            let s = i
-                .threads
-                .entry(doc.thread_id.clone())
-                .or_insert_with(|| fresh(&doc.thread_id, now));
-            s.owner = doc.owner_or_user().map(str::to_owned);
-            s.last_activity_at = now.to_owned();
-            s.active_run = doc.active_run.as_ref().map(|a| a.run_id.clone());
-            s.pending = doc.execution.pending.len();
+            let id = &doc.thread_id;
+            i.threads.upsert(
+                id,
+                || fresh(id, now),
+                |s| {
+                    s.owner = doc.owner_or_user().map(str::to_owned);
+                    s.last_activity_at = now.to_owned();
+                    s.active_run = doc.active_run.as_ref().map(|a| a.run_id.clone());
+                    s.pending = doc.execution.pending.len();
+                },
+            );
         })
     }
 
-    /// A run's messages appended at `now`; the summary to write in the transcript's first line.
+    /// A run's messages appended at `now`; the summary to write in the transcript.
     pub fn appended(&self, thread_id: &str, title: Option<String>, now: &str) -> ThreadSummary {
         self.with(|i| {
-            let s = i
-                .threads
-                .entry(thread_id.to_owned())
-                .or_insert_with(|| fresh(thread_id, now));
-            if s.title.is_none() {
-                s.title = title;
-            }
-            s.last_activity_at = now.to_owned();
-            s.clone()
+            i.threads.upsert(
+                thread_id,
+                || fresh(thread_id, now),
+                |s| {
+                    if s.title.is_none() {
+                        s.title = title;
+                    }
+                    s.last_activity_at = now.to_owned();
+                },
+            )
         })
     }
 
     /// Whether the thread has a summary here (the disk read first, if it was not yet).
     pub fn knows(&self, transcripts: &Path, thread_id: &str) -> bool {
         self.scan_once(transcripts);
-        self.with(|i| i.threads.contains_key(thread_id))
+        self.with(|i| i.threads.contains(thread_id))
     }
 
     /// A patch applied; the summary after.
     pub fn patched(&self, thread_id: &str, patch: &ThreadPatch) -> Option<ThreadSummary> {
-        self.with(|i| {
-            let s = i.threads.get_mut(thread_id)?;
-            patch.apply(s);
-            Some(s.clone())
-        })
+        self.with(|i| i.threads.update(thread_id, |s| patch.apply(s)))
     }
 
     pub fn removed(&self, thread_id: &str) {
-        self.with(|i| i.threads.remove(thread_id));
+        self.with(|i| {
+            i.threads.remove(thread_id);
+            if !i.scanned {
+                i.gone.insert(thread_id.to_owned());
+            }
+        });
     }
 
-    /// A page of the list, the transcripts' first lines read first if they were not yet.
+    /// A page of the list, the transcripts' summaries read first if they were not yet.
     pub fn list(&self, transcripts: &Path, q: &ListQuery) -> ListPage {
         self.scan_once(transcripts);
-        self.with(|i| listing::select(i.threads.values(), q))
+        self.with(|i| i.threads.page(q))
     }
 
-    fn scan_once(&self, transcripts: &Path) {
-        if !self.with(|i| i.scanned) {
+    /// Reads the transcripts' summaries, once: a second caller waits for the first.
+    pub fn scan_once(&self, transcripts: &Path) {
+        self.scan.get_or_init(|| {
             let found = scan(transcripts);
             self.with(|i| {
-                if !i.scanned {
-                    for h in found {
+                for h in found {
+                    if !i.gone.contains(&h.thread_id) {
                         merge(&mut i.threads, h);
                     }
-                    i.scanned = true;
                 }
+                i.scanned = true;
+                i.gone = HashSet::new();
             });
-        }
+        });
     }
 }
 
@@ -125,9 +127,10 @@ fn fresh(thread_id: &str, now: &str) -> ThreadSummary {
 
 /// A summary read from disk joins what this process learnt since it started: what it learnt of
 /// the thread's activity stands; creation and title are the file's.
-fn merge(threads: &mut HashMap<String, ThreadSummary>, read: ThreadSummary) {
-    match threads.get_mut(&read.thread_id) {
-        Some(s) => {
+fn merge(threads: &mut Ordered, read: ThreadSummary) {
+    let id = read.thread_id.clone();
+    if threads.contains(&id) {
+        threads.update(&id, |s| {
             s.created_at = read.created_at;
             if s.title.is_none() {
                 s.title = read.title;
@@ -136,19 +139,18 @@ fn merge(threads: &mut HashMap<String, ThreadSummary>, read: ThreadSummary) {
             if s.owner.is_none() {
                 s.owner = read.owner;
             }
-        }
-        None => {
-            // No run of this process holds it: what was active then was lost with its process.
-            let s = ThreadSummary {
-                active_run: None,
-                ..read
-            };
-            threads.insert(s.thread_id.clone(), s);
-        }
+        });
+    } else {
+        // No run of this process holds it: what was active then was lost with its process.
+        let s = ThreadSummary {
+            active_run: None,
+            ..read
+        };
+        threads.upsert(&id, || s, |_| {});
     }
 }
 
-/// The summaries in the transcripts' first lines; a file whose summary names another thread
+/// The summaries the transcripts end with; a file whose summary names another thread
 /// (copied or renamed by hand) is skipped.
 fn scan(dir: &Path) -> Vec<ThreadSummary> {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -160,7 +162,7 @@ fn scan(dir: &Path) -> Vec<ThreadSummary> {
         let Some(stem) = name.strip_suffix(".jsonl") else {
             continue;
         };
-        match first_line(&e.path()) {
+        match last_summary(&e.path()) {
             Some(h) if file_stem(&h.thread.thread_id).as_deref() == Some(stem) => {
                 out.push(h.thread)
             }
@@ -171,18 +173,9 @@ fn scan(dir: &Path) -> Vec<ThreadSummary> {
     out
 }
 
-/// The header of a transcript file, when its first line is one.
-pub(super) fn first_line(path: &Path) -> Option<Header> {
-    let file = super::fs::open_private(path).ok()?;
-    let mut line = Vec::new();
-    BufReader::new(file.take(MAX_HEADER_BYTES))
-        .read_until(b'\n', &mut line)
-        .ok()?;
-    serde_json::from_slice(&line).ok()
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::transcript_file::Header;
     use super::*;
 
     fn q(user: Option<&str>) -> ListQuery {
@@ -214,10 +207,7 @@ mod tests {
             let mut s = fresh(id, at);
             s.owner = Some(owner.into());
             s.active_run = Some("lost".into());
-            format!(
-                "{}\n",
-                serde_json::to_string(&Header { thread: s }).unwrap()
-            )
+            format!("{}\n", serde_json::to_string(&Header::of(s)).unwrap())
         };
         std::fs::write(
             dir.path().join("t0.jsonl"),
@@ -246,5 +236,20 @@ mod tests {
         assert_eq!(p.threads[0].created_at, "2025-06-01T00:00:00.000Z");
         assert_eq!(p.threads[1].active_run, None);
         assert_eq!(idx.list(dir.path(), &q(None)).threads.len(), 3);
+    }
+
+    #[test]
+    fn a_thread_deleted_before_the_disk_is_read_stays_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = fresh("t1", "2026-01-01T00:00:00.000Z");
+        s.owner = Some("alice".into());
+        let line = serde_json::to_string(&Header::of(s)).unwrap();
+        std::fs::write(dir.path().join("t1.jsonl"), format!("{line}\n")).unwrap();
+        // Deleted while the read had not finished (its file was found before it went).
+        let idx = Index::default();
+        idx.removed("t1");
+        idx.scan_once(dir.path());
+        assert!(!idx.knows(dir.path(), "t1"));
+        idx.with(|i| assert!(i.scanned && i.gone.is_empty()));
     }
 }

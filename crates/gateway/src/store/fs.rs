@@ -3,6 +3,7 @@
 //!
 //! Nothing here knows about threads or the journal; both build on it.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -53,30 +54,31 @@ fn syncfs(f: &File) -> std::io::Result<()> {
 /// cheaper.
 const FSYNC_EACH_MAX: usize = 64;
 
-/// Makes the given files of `dir` (and the directory) durable.
-pub(super) fn make_durable<'a>(
-    dir: &Path,
-    files: impl ExactSizeIterator<Item = &'a PathBuf>,
-) -> std::io::Result<()> {
-    if files.len() == 0 {
-        return Ok(());
-    }
-    if files.len() > FSYNC_EACH_MAX {
-        return syncfs(&File::open(dir)?);
-    }
-    for f in files {
-        match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(f)
-        {
-            Ok(h) => h.sync_all()?,
-            // Replaced since: the newer file is made durable by whoever wrote it.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+/// Makes the given files of each directory (and the directories) durable: one by one, or, when
+/// there are more than [`FSYNC_EACH_MAX`] in all, by one `syncfs` of each directory's file
+/// system (the second of the same file system finds nothing left to write).
+pub(super) fn make_durable(groups: &[(&Path, &HashSet<PathBuf>)]) -> std::io::Result<()> {
+    let total: usize = groups.iter().map(|(_, files)| files.len()).sum();
+    for (dir, files) in groups.iter().filter(|(_, files)| !files.is_empty()) {
+        if total > FSYNC_EACH_MAX {
+            syncfs(&File::open(dir)?)?;
+            continue;
         }
+        for f in files.iter() {
+            match OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(f)
+            {
+                Ok(h) => h.sync_all()?,
+                // Replaced since: the newer file is made durable by whoever wrote it.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        sync_dir(dir)?;
     }
-    sync_dir(dir)
+    Ok(())
 }
 
 /// A directory sync.

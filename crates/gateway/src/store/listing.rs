@@ -119,7 +119,9 @@ pub struct ListPage {
     pub more: bool,
 }
 
-/// The page `q` asks for out of every summary a store holds in memory.
+/// The page `q` asks for out of every summary, by a scan: the definition that the file store's
+/// ordered sets ([`super::list_order`]) are tested against.
+#[cfg(test)]
 pub fn select<'a>(all: impl Iterator<Item = &'a ThreadSummary>, q: &ListQuery) -> ListPage {
     let key = |s: &ThreadSummary| (s.position().at, s.thread_id.clone());
     let mut hits: Vec<&ThreadSummary> = all

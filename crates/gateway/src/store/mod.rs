@@ -18,6 +18,7 @@ mod file;
 mod file_index;
 mod fs;
 mod journal;
+mod list_order;
 pub mod listing;
 mod metered;
 mod pg;

@@ -1,18 +1,37 @@
-//! The file store's transcripts: `<state-dir>/transcripts/<stem>.jsonl`, the thread's summary
-//! for the list on the first line (`{"thread": {…}}`, `file_index`), then one entry a line
-//! (`{"seq","runId","at","message"}`), next to the thread files the reference adapter shares
-//! (it never looks in this directory).
+//! The file store's transcripts: `<state-dir>/transcripts/<stem>.jsonl`, next to the thread
+//! files the reference adapter shares (it never looks in this directory). Each is a log of two
+//! kinds of line: entries (`{"seq","runId","at","message"}`) and the thread's summary for the
+//! list (`{"thread": {…}, "last", "from", "lines"}`, read by `file_index`), which ends every
+//! write and says what is committed: the newest `seq` (`last`; an entry above it is of a write
+//! that did not finish), the oldest kept (`from`; the limit's cut) and the file's line count.
 //!
-//! An append reads the file, adds the run's entries, drops the oldest beyond the limit and
-//! replaces the file atomically and durably (a temporary file, fsynced, renamed; the directory
-//! fsynced): a crash leaves the old transcript or the new one, never a torn line. Appends to one
-//! thread are serialised (a guidance run may end while its thread's turn ends).
+//! A run's end appends its entries and a summary line in one write: no new inode, no rename (a
+//! file created and renamed at every run cost more than the rest of the run: ext4 scans past its
+//! recently deleted inodes). The write is made durable by the store's journal (its copy rides the
+//! journal's group commit, and the journal's checkpoint syncs the file), or, without one, by a
+//! sync of the file's data (and of the directory, for the write that made the file). Once the file holds half as many lines again as it keeps (64 more for a short
+//! thread), it is compacted: replaced atomically and durably (a temporary file, fsynced,
+//! renamed; the directory fsynced) by its kept entries and its summary. A file whose last line
+//! is not a summary (a torn write, or one written by a version that wrote the summary first) is
+//! compacted at its next write. Appends to one thread are serialised (a guidance run may end
+//! while its thread's turn ends); a reader needs no lock, since it takes what the last whole
+//! summary line commits.
 
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::file_index::{Header, Index};
+use serde::{Deserialize, Serialize};
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use super::file_index::Index;
 use super::fs::{self, DirSync, Loaded};
+use super::journal::Journal;
 use super::listing::{self, ThreadSummary};
 use super::{file_stem, StoreError, TranscriptAppend};
 use crate::transcript::{self, Entry, Page};
@@ -20,6 +39,42 @@ use crate::transcript::{self, Entry, Page};
 /// The largest transcript file read (the limit and the bound on each message keep a thread's far
 /// below it).
 const MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// The end of a file read to find its last summary line (a summary is far below it).
+const TAIL_BYTES: u64 = 16 * 1024;
+
+/// A summary line: the thread for the list, and what of the file is committed (absent in the
+/// files of the version that wrote the summary as the first line only).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Header {
+    pub thread: ThreadSummary,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    last: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    from: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lines: Option<u64>,
+}
+
+impl Header {
+    #[cfg(test)]
+    pub(super) fn of(thread: ThreadSummary) -> Header {
+        Header {
+            thread,
+            last: None,
+            from: None,
+            lines: None,
+        }
+    }
+}
+
+/// What a file's last summary line commits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Committed {
+    last: u64,
+    from: u64,
+    lines: u64,
+}
 
 /// Serialises appends per thread (striped: a fixed number of locks, whatever the threads).
 pub(super) struct Locks([Mutex<()>; 64]);
@@ -49,28 +104,53 @@ fn name(thread_id: &str) -> Result<String, StoreError> {
         .ok_or_else(|| StoreError::Invalid("empty thread id".into()))
 }
 
-/// The thread's entries, oldest first (none when it has no transcript).
-pub(super) fn read_all(root: &Path, thread_id: &str) -> Result<Vec<Entry>, StoreError> {
-    let path = dir(root).join(name(thread_id)?);
-    let bytes = match fs::read_private(&path, MAX_FILE_BYTES)? {
-        Loaded::Missing => return Ok(Vec::new()),
-        Loaded::Refused(why) => return Err(StoreError::Invalid(format!("transcript: {why}"))),
-        Loaded::Bytes(b) => b,
-    };
+fn is_summary(line: &[u8]) -> bool {
+    line.starts_with(br#"{"thread":"#)
+}
+
+/// A file's committed entries, oldest first, and its last summary line.
+fn parse(thread_id: &str, bytes: &[u8]) -> (Vec<Entry>, Option<Header>) {
     let mut entries = Vec::new();
-    for (n, line) in bytes.split(|b| *b == b'\n').enumerate() {
-        if line.is_empty() || (n == 0 && line.starts_with(br#"{"thread":"#)) {
-            continue;
-        }
-        match serde_json::from_slice::<Entry>(line) {
-            Ok(e) => entries.push(e),
-            // Written whole by a rename, so this is a file someone edited: the rest is kept.
-            Err(e) => {
-                tracing::warn!(thread_id, error = %e, "skipped an unreadable transcript line")
-            }
+    let mut header: Option<Header> = None;
+    // A last line without its newline is of a write that did not finish.
+    let whole = match bytes.iter().rposition(|b| *b == b'\n') {
+        Some(end) => &bytes[..end],
+        None => &[][..],
+    };
+    for line in whole.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let read = if is_summary(line) {
+            serde_json::from_slice::<Header>(line).map(|h| header = Some(h))
+        } else {
+            serde_json::from_slice::<Entry>(line).map(|e| entries.push(e))
+        };
+        if let Err(e) = read {
+            tracing::warn!(thread_id, error = %e, "skipped an unreadable transcript line");
         }
     }
-    Ok(entries)
+    if let Some(Header {
+        last: Some(last),
+        from,
+        ..
+    }) = &header
+    {
+        let from = from.unwrap_or(1);
+        entries.retain(|e| e.seq >= from && e.seq <= *last);
+    }
+    (entries, header)
+}
+
+fn read_file(root: &Path, thread_id: &str) -> Result<(Vec<Entry>, Option<Header>), StoreError> {
+    let path = dir(root).join(name(thread_id)?);
+    match fs::read_private(&path, MAX_FILE_BYTES)? {
+        Loaded::Missing => Ok((Vec::new(), None)),
+        Loaded::Refused(why) => Err(StoreError::Invalid(format!("transcript: {why}"))),
+        Loaded::Bytes(b) => Ok(parse(thread_id, &b)),
+    }
+}
+
+/// The thread's entries, oldest first (none when it has no transcript).
+pub(super) fn read_all(root: &Path, thread_id: &str) -> Result<Vec<Entry>, StoreError> {
+    Ok(read_file(root, thread_id)?.0)
 }
 
 pub(super) fn read_page(
@@ -86,32 +166,266 @@ pub(super) fn read_page(
     ))
 }
 
-pub(super) fn append(
-    root: &Path,
-    locks: &Locks,
-    dir_sync: &DirSync,
-    index: &Index,
-    thread_id: &str,
-    add: TranscriptAppend,
-) -> Result<(), StoreError> {
-    if add.messages.is_empty() {
-        return Ok(());
+/// The last line of `file` (of `size` bytes), when it is whole and within the tail read.
+fn last_line(file: &File, size: u64) -> Option<Vec<u8>> {
+    let n = size.min(TAIL_BYTES);
+    let mut buf = vec![0; n as usize];
+    file.read_exact_at(&mut buf, size - n).ok()?;
+    if buf.pop() != Some(b'\n') {
+        return None;
     }
-    let name = name(thread_id)?;
-    let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
-    let mut entries = read_all(root, thread_id)?;
-    let last = entries.last().map_or(0, |e| e.seq);
-    let title = listing::title_of(&add.messages);
-    entries.extend(transcript::number(last, &add.run_id, &add.at, add.messages));
-    let keep = entries.len().saturating_sub(add.limit);
-    let summary = index.appended(thread_id, title, &add.at);
-    let bytes = encode(&summary, &entries[keep..])?;
-    fs::replace(&dir(root), &name, &bytes, Some(dir_sync))?;
+    match buf.iter().rposition(|b| *b == b'\n') {
+        Some(nl) => Some(buf.split_off(nl + 1)),
+        None if n == size => Some(buf),
+        None => None,
+    }
+}
+
+/// The summary a transcript file ends with: its last summary line (the list's, at a restart).
+pub(super) fn last_summary(path: &Path) -> Option<Header> {
+    let file = fs::open_private(path).ok()?;
+    let size = file.metadata().ok()?.len();
+    if let Some(line) = last_line(&file, size).filter(|l| is_summary(l)) {
+        if let Ok(h) = serde_json::from_slice(&line) {
+            return Some(h);
+        }
+    }
+    // A torn end, or a file of the version that wrote its summary first: the whole file.
+    match fs::read_private(path, MAX_FILE_BYTES).ok()? {
+        Loaded::Bytes(b) => parse("", &b).1,
+        _ => None,
+    }
+}
+
+/// What the file's last line commits, when it is a summary line of this format.
+fn committed(file: &File, size: u64) -> Option<Committed> {
+    let line = last_line(file, size).filter(|l| is_summary(l))?;
+    let h: Header = serde_json::from_slice(&line).ok()?;
+    Some(Committed {
+        last: h.last?,
+        from: h.from?,
+        lines: h.lines?,
+    })
+}
+
+/// A thread's transcript, open for appending (and reading its tail); its size.
+fn open_log(path: &Path) -> Result<(File, u64), StoreError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => StoreError::Invalid("transcript: a symlink".into()),
+            _ => e.into(),
+        })?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(StoreError::Invalid("transcript: not a regular file".into()));
+    }
+    if meta.permissions().mode() & 0o777 != 0o600 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok((file, meta.len()))
+}
+
+/// Lines a file keeping `kept` entries may hold before it is compacted.
+fn cap(kept: u64) -> u64 {
+    kept + kept / 2 + 64
+}
+
+fn line_of<T: Serialize>(out: &mut Vec<u8>, v: &T) -> Result<(), StoreError> {
+    serde_json::to_writer(&mut *out, v).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    out.push(b'\n');
     Ok(())
 }
 
-/// Writes the thread's summary as its transcript's first line (the entries as they are; a
-/// transcript made when there is none).
+fn summary_line(out: &mut Vec<u8>, thread: ThreadSummary, c: Committed) -> Result<(), StoreError> {
+    line_of(
+        out,
+        &Header {
+            thread,
+            last: Some(c.last),
+            from: Some(c.from),
+            lines: Some(c.lines),
+        },
+    )
+}
+
+/// Where a write is made durable: by the journal's group commit, or here.
+#[derive(Clone, Copy)]
+pub(super) struct Durable<'a> {
+    pub dir_sync: &'a DirSync,
+    pub journal: Option<&'a Arc<Journal>>,
+}
+
+/// A write done: durable already, or once the journal says so (`true`; on `false`, the journal
+/// failed: [`sync`] the file).
+pub(super) type Written = Option<oneshot::Receiver<bool>>;
+
+/// One write of a thread's transcript, under its lock: `make` gets the newest committed `seq`
+/// and gives the entries to add after it and the summary to end with; with a `limit`, the
+/// oldest beyond it go.
+fn write(
+    root: &Path,
+    locks: &Locks,
+    durable: Durable<'_>,
+    thread_id: &str,
+    limit: Option<usize>,
+    make: impl FnOnce(u64) -> (Vec<Entry>, ThreadSummary),
+) -> Result<Written, StoreError> {
+    let dir_sync = durable.dir_sync;
+    let name = name(thread_id)?;
+    let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
+    let dir = dir(root);
+    fs::ensure_dir(&dir)?;
+    let path = dir.join(&name);
+    let (mut file, size) = open_log(&path)?;
+    let start = match size {
+        0 => Some(Committed {
+            last: 0,
+            from: 1,
+            lines: 0,
+        }),
+        _ => committed(&file, size),
+    };
+    if let Some(c) = start {
+        let (entries, summary) = make(c.last);
+        let last = entries.last().map_or(c.last, |e| e.seq);
+        let from = match limit {
+            Some(l) => c.from.max((last + 1).saturating_sub(l as u64)),
+            None => c.from,
+        };
+        let lines = c.lines + entries.len() as u64 + 1;
+        let kept = (last + 1).saturating_sub(from);
+        if lines <= cap(kept) {
+            let mut bytes = Vec::new();
+            for e in &entries {
+                line_of(&mut bytes, e)?;
+            }
+            summary_line(&mut bytes, summary, Committed { last, from, lines })?;
+            file.write_all(&bytes)?;
+            // Queued while the thread's lock is held, so its records are in the order of its lines.
+            if let Some(rx) = durable
+                .journal
+                .and_then(|j| j.submit_transcript(thread_id, path, &bytes))
+            {
+                return Ok(Some(rx));
+            }
+            file.sync_data()?;
+            if size == 0 {
+                dir_sync.sync(&dir)?;
+            }
+            return Ok(None);
+        }
+        // Compacted with what was committed and what this write adds.
+        drop(file);
+        let (mut all, _) = read_file(root, thread_id)?;
+        all.extend(entries);
+        compact(&dir, &name, dir_sync, all, c.last.max(last), limit, summary)?;
+        return Ok(None);
+    }
+    drop(file);
+    let (mut all, header) = read_file(root, thread_id)?;
+    let committed_last = header.as_ref().and_then(|h| h.last).unwrap_or(0);
+    let last = all.last().map_or(0, |e| e.seq).max(committed_last);
+    let (entries, summary) = make(last);
+    let last = entries.last().map_or(last, |e| e.seq);
+    all.extend(entries);
+    compact(&dir, &name, dir_sync, all, last, limit, summary)?;
+    Ok(None)
+}
+
+/// Makes a thread's transcript durable (after the journal failed to).
+pub(super) fn sync(root: &Path, thread_id: &str) -> Result<(), StoreError> {
+    let dir = dir(root);
+    match fs::open_private(&dir.join(name(thread_id)?)) {
+        Ok(f) => f.sync_data()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    }
+    fs::sync_dir(&dir)?;
+    Ok(())
+}
+
+/// Appends again, durably, what a transcript lacks of a journal record's lines (start-up, after a
+/// crash): the entries above the file's newest, and the record's summary.
+pub(super) fn replay(
+    root: &Path,
+    locks: &Locks,
+    dir_sync: &DirSync,
+    thread_id: &str,
+    lines: &[u8],
+) -> Result<(), StoreError> {
+    let (entries, header) = parse(thread_id, lines);
+    let Some(h) = header else {
+        return Err(StoreError::Invalid(
+            "a journal record of a transcript without its summary".into(),
+        ));
+    };
+    let keep = match (h.last, h.from) {
+        (Some(last), Some(from)) => Some((last + 1).saturating_sub(from).max(1) as usize),
+        _ => None,
+    };
+    let durable = Durable {
+        dir_sync,
+        journal: None,
+    };
+    write(root, locks, durable, thread_id, keep, |last| {
+        let missing = entries.into_iter().filter(|e| e.seq > last).collect();
+        (missing, h.thread)
+    })?;
+    Ok(())
+}
+
+/// Replaces the file by `all` (the newest `limit` of them) and the summary, atomically and
+/// durably.
+fn compact(
+    dir: &Path,
+    name: &str,
+    dir_sync: &DirSync,
+    mut all: Vec<Entry>,
+    last: u64,
+    limit: Option<usize>,
+    summary: ThreadSummary,
+) -> Result<(), StoreError> {
+    if let Some(l) = limit {
+        all.drain(..all.len().saturating_sub(l));
+    }
+    let from = all.first().map_or(last + 1, |e| e.seq);
+    let mut bytes = Vec::new();
+    for e in &all {
+        line_of(&mut bytes, e)?;
+    }
+    let lines = all.len() as u64 + 1;
+    summary_line(&mut bytes, summary, Committed { last, from, lines })?;
+    fs::replace(dir, name, &bytes, Some(dir_sync))?;
+    Ok(())
+}
+
+pub(super) fn append(
+    root: &Path,
+    locks: &Locks,
+    durable: Durable<'_>,
+    index: &Index,
+    thread_id: &str,
+    add: TranscriptAppend,
+) -> Result<Written, StoreError> {
+    if add.messages.is_empty() {
+        return Ok(None);
+    }
+    let title = listing::title_of(&add.messages);
+    let limit = add.limit;
+    write(root, locks, durable, thread_id, Some(limit), |last| {
+        let entries = transcript::number(last, &add.run_id, &add.at, add.messages);
+        (entries, index.appended(thread_id, title, &add.at))
+    })
+}
+
+/// Writes the thread's summary at the end of its transcript (a transcript made when there is
+/// none).
 pub(super) fn write_header(
     root: &Path,
     locks: &Locks,
@@ -119,15 +433,13 @@ pub(super) fn write_header(
     thread_id: &str,
     summary: &ThreadSummary,
 ) -> Result<(), StoreError> {
-    let name = name(thread_id)?;
-    let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
-    let entries = read_all(root, thread_id)?;
-    fs::replace(
-        &dir(root),
-        &name,
-        &encode(summary, &entries)?,
-        Some(dir_sync),
-    )?;
+    let durable = Durable {
+        dir_sync,
+        journal: None,
+    };
+    write(root, locks, durable, thread_id, None, |_| {
+        (Vec::new(), summary.clone())
+    })?;
     Ok(())
 }
 
@@ -143,24 +455,17 @@ pub(super) fn remove(root: &Path, locks: &Locks, thread_id: &str) -> Result<(), 
     Ok(())
 }
 
-fn encode(summary: &ThreadSummary, entries: &[Entry]) -> Result<Vec<u8>, StoreError> {
-    let bad = |e: serde_json::Error| StoreError::Invalid(e.to_string());
-    let mut bytes = serde_json::to_vec(&Header {
-        thread: summary.clone(),
-    })
-    .map_err(bad)?;
-    bytes.push(b'\n');
-    for e in entries {
-        serde_json::to_writer(&mut bytes, e).map_err(bad)?;
-        bytes.push(b'\n');
-    }
-    Ok(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn direct(dir_sync: &DirSync) -> Durable<'_> {
+        Durable {
+            dir_sync,
+            journal: None,
+        }
+    }
 
     fn add(run: &str, n: usize, limit: usize) -> TranscriptAppend {
         TranscriptAppend {
@@ -180,7 +485,7 @@ mod tests {
         append(
             dir.path(),
             &locks,
-            &sync,
+            direct(&sync),
             &Index::default(),
             "t-1",
             add("r1", 3, 4),
@@ -189,7 +494,7 @@ mod tests {
         append(
             dir.path(),
             &locks,
-            &sync,
+            direct(&sync),
             &Index::default(),
             "t-1",
             add("r2", 2, 4),
@@ -227,7 +532,7 @@ mod tests {
                     append(
                         &root,
                         &locks,
-                        &sync,
+                        direct(&sync),
                         &Index::default(),
                         "t",
                         add(&format!("r{i}"), 5, 1000),
@@ -247,6 +552,208 @@ mod tests {
         );
     }
 
+    fn summary(id: &str) -> ThreadSummary {
+        ThreadSummary {
+            thread_id: id.into(),
+            owner: Some("alice".into()),
+            title: None,
+            created_at: "2026-12-02T00:00:00.000Z".into(),
+            last_activity_at: "2026-12-02T00:00:00.000Z".into(),
+            archived: false,
+            active_run: None,
+            pending: 0,
+            order_key: None,
+        }
+    }
+
+    fn file(root: &Path, id: &str) -> PathBuf {
+        super::dir(root).join(format!("{id}.jsonl"))
+    }
+
+    fn seqs(root: &Path, id: &str) -> Vec<u64> {
+        read_all(root, id).unwrap().iter().map(|e| e.seq).collect()
+    }
+
+    fn lines_in(path: &Path) -> usize {
+        std::fs::read(path)
+            .unwrap()
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count()
+    }
+
+    fn committed_in(path: &Path) -> Option<Committed> {
+        let f = File::open(path).unwrap();
+        let size = f.metadata().unwrap().len();
+        committed(&f, size)
+    }
+
+    /// Appends add lines to the file (no file is made again) until it holds half as many lines
+    /// again as it keeps; it is compacted then, and its size stays bounded however many runs.
+    #[test]
+    fn appends_grow_the_file_until_it_is_compacted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
+        let put = |run: usize| {
+            append(
+                dir.path(),
+                &locks,
+                direct(&sync),
+                &idx,
+                "t",
+                add(&format!("r{run}"), 2, 100),
+            )
+            .unwrap()
+        };
+        let path = file(dir.path(), "t");
+        put(0);
+        let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+        let first = inode();
+        assert_eq!(lines_in(&path), 3);
+        for run in 1..50 {
+            put(run);
+        }
+        // 100 entries and 50 summary lines: within the bound (100 + 50 + 64), still appended.
+        assert_eq!(inode(), first);
+        assert_eq!(lines_in(&path), 150);
+        assert_eq!(seqs(dir.path(), "t"), (1..=100).collect::<Vec<_>>());
+        let mut most = 0;
+        for run in 50..500 {
+            put(run);
+            most = most.max(lines_in(&path));
+            assert!(lines_in(&path) <= 100 + 50 + 64, "after run {run}");
+        }
+        assert!(most > 150);
+        // The newest 100 are what a reader gets, however many lines are left behind them.
+        assert_eq!(seqs(dir.path(), "t"), (901..=1000).collect::<Vec<_>>());
+        let page = read_page(dir.path(), "t", None, 10).unwrap();
+        assert_eq!(page.entries.first().unwrap().seq, 991);
+        assert!(page.more);
+    }
+
+    /// A write that stopped midway (its entries without the summary line that commits them, or
+    /// a line cut short) is not read, and the next write goes on from what was committed.
+    #[test]
+    fn a_torn_write_is_not_read_and_the_next_write_mends_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
+        append(
+            dir.path(),
+            &locks,
+            direct(&sync),
+            &idx,
+            "t",
+            add("r1", 2, 10),
+        )
+        .unwrap();
+        let path = file(dir.path(), "t");
+        let committed = std::fs::read(&path).unwrap();
+        for torn in [
+            "{\"seq\":3,\"runId\":\"r2\",\"at\":\"x\",\"message\":{}}\n",
+            "{\"seq\":3,\"runId\":\"r2\",\"at\":\"x\",\"message\":{}}\n{\"thread\":{\"threadI",
+            "{\"seq\":3,\"runId\":\"r2\",\"at\":\"x\",\"mess",
+        ] {
+            let mut bytes = committed.clone();
+            bytes.extend_from_slice(torn.as_bytes());
+            std::fs::write(&path, &bytes).unwrap();
+            assert_eq!(seqs(dir.path(), "t"), [1, 2], "{torn}");
+            assert_eq!(last_summary(&path).unwrap().thread.thread_id, "t");
+            assert_eq!(committed_in(&path), None);
+        }
+        append(
+            dir.path(),
+            &locks,
+            direct(&sync),
+            &idx,
+            "t",
+            add("r3", 1, 10),
+        )
+        .unwrap();
+        let all = read_all(dir.path(), "t").unwrap();
+        assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(all[2].run_id, "r3");
+        // Mended: the file ends with a summary line again, and appends go on.
+        assert_eq!(committed_in(&path).map(|c| c.last), Some(3));
+    }
+
+    /// A transcript of the version that wrote the summary as its first line is read as it is,
+    /// listed, and rewritten in this format at its next write.
+    #[test]
+    fn a_transcript_with_its_summary_first_is_read_and_carried_on() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(super::dir(dir.path())).unwrap();
+        let path = file(dir.path(), "old");
+        let mut s = summary("old");
+        s.title = Some("Old title".into());
+        let entry = |seq: u64| {
+            format!("{{\"seq\":{seq},\"runId\":\"r\",\"at\":\"x\",\"message\":{{\"id\":\"m{seq}\"}}}}\n")
+        };
+        let text = format!(
+            "{}\n{}{}",
+            serde_json::to_string(&Header::of(s)).unwrap(),
+            entry(7),
+            entry(8)
+        );
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(seqs(dir.path(), "old"), [7, 8]);
+        assert_eq!(
+            last_summary(&path).unwrap().thread.title.as_deref(),
+            Some("Old title")
+        );
+        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
+        append(
+            dir.path(),
+            &locks,
+            direct(&sync),
+            &idx,
+            "old",
+            add("r9", 1, 10),
+        )
+        .unwrap();
+        assert_eq!(seqs(dir.path(), "old"), [7, 8, 9]);
+        assert_eq!(
+            committed_in(&path),
+            Some(Committed {
+                last: 9,
+                from: 7,
+                lines: 4
+            })
+        );
+    }
+
+    /// A patch's summary ends the file and is what a restart lists; a patch of a thread with no
+    /// transcript makes one; many patches compact the file too.
+    #[test]
+    fn a_summary_written_alone_ends_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
+        let mut s = summary("t");
+        s.archived = true;
+        write_header(dir.path(), &locks, &sync, "t", &s).unwrap();
+        let path = file(dir.path(), "t");
+        assert!(last_summary(&path).unwrap().thread.archived);
+        assert!(read_all(dir.path(), "t").unwrap().is_empty());
+        append(
+            dir.path(),
+            &locks,
+            direct(&sync),
+            &idx,
+            "t",
+            add("r1", 2, 10),
+        )
+        .unwrap();
+        for i in 0..200 {
+            s.title = Some(format!("title {i}"));
+            write_header(dir.path(), &locks, &sync, "t", &s).unwrap();
+        }
+        assert_eq!(
+            last_summary(&path).unwrap().thread.title.as_deref(),
+            Some("title 199")
+        );
+        assert_eq!(seqs(dir.path(), "t"), [1, 2]);
+        assert!(lines_in(&path) <= 2 + 1 + 64, "{} lines", lines_in(&path));
+    }
+
     #[test]
     fn a_symlinked_transcript_is_refused_not_followed() {
         let dir = tempfile::tempdir().unwrap();
@@ -261,5 +768,18 @@ mod tests {
             read_all(dir.path(), "t"),
             Err(StoreError::Invalid(_))
         ));
+        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
+        assert!(matches!(
+            append(
+                dir.path(),
+                &locks,
+                direct(&sync),
+                &idx,
+                "t",
+                add("r", 1, 10)
+            ),
+            Err(StoreError::Invalid(_))
+        ));
+        assert_eq!(std::fs::read(dir.path().join("secret")).unwrap(), b"{}\n");
     }
 }

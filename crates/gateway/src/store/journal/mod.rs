@@ -17,6 +17,11 @@
 //! deletes the journal; a clean stop checkpoints everything. So after a stop or a restart the state
 //! directory holds only thread files in the reference layout.
 //!
+//! A transcript append rides the same group commit: its lines are written to the transcript file
+//! (not synced) and their copy queued here; the append is durable once the batch is. The
+//! checkpoint makes the transcript files written since the last one durable before it deletes a
+//! generation, and start-up appends again what a transcript lacks of its records.
+//!
 //! The file format (records, generations) is in `record`.
 //!
 //! If the journal itself fails (write or sync error), it is retired: the documents held in memory
@@ -39,7 +44,7 @@ mod record;
 use super::fs::{ensure_dir, make_durable, sync_dir};
 use super::{StoreError, ThreadDoc};
 pub(super) use record::encode;
-use record::{decode, generations};
+use record::{decode, encode_kind, generations, Kind};
 
 /// A generation is checkpointed once it holds this much…
 const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
@@ -68,11 +73,18 @@ struct Held {
     doc: Arc<Vec<u8>>,
 }
 
+/// What a queued record is of.
+enum Payload {
+    Doc(Arc<Vec<u8>>),
+    /// Lines appended to this transcript file.
+    Transcript(PathBuf),
+}
+
 /// A save waiting for the next group commit.
 struct Queued {
     seq: u64,
     thread_id: String,
-    doc: Arc<Vec<u8>>,
+    payload: Payload,
     /// Told `true` once the record is durable, `false` when the journal failed.
     done: oneshot::Sender<bool>,
 }
@@ -140,6 +152,8 @@ struct State {
     queue: Queue,
     /// The newest held document of each thread.
     held: HashMap<String, Held>,
+    /// Transcript files appended to since the last checkpoint (durable in the journal only).
+    dirty: HashSet<PathBuf>,
     workers: Workers,
     /// Batches written so far.
     batches: u64,
@@ -148,17 +162,20 @@ struct State {
 pub(super) struct Journal {
     dir: PathBuf,
     threads: PathBuf,
+    transcripts: PathBuf,
     write_file: WriteFile,
     st: Mutex<State>,
     cv: Condvar,
 }
 
 impl Journal {
-    /// Replays what a previous process left (newest record per thread, written with `durable`),
-    /// deletes the journal files and returns the journal and the number of threads replayed.
+    /// Replays what a previous process left (newest record per thread, written with `durable`;
+    /// each transcript record, in order, with `transcript`), deletes the journal files and
+    /// returns the journal and the number of threads replayed.
     pub(super) fn open(
         root: &Path,
         durable: impl Fn(&str, &[u8]) -> Result<(), StoreError>,
+        transcript: impl Fn(&str, &[u8]) -> Result<(), StoreError>,
         write_file: WriteFile,
         background: bool,
     ) -> Result<(Arc<Journal>, usize), StoreError> {
@@ -167,8 +184,13 @@ impl Journal {
         let mut newest: BTreeMap<String, Vec<u8>> = BTreeMap::new();
         for (_, path) in &gens {
             let bytes = fs::read(path)?;
-            for (id, doc) in decode(&bytes) {
-                newest.insert(id, doc);
+            for r in decode(&bytes) {
+                match r.kind {
+                    Kind::Doc => {
+                        newest.insert(r.thread_id, r.bytes);
+                    }
+                    Kind::Transcript => transcript(&r.thread_id, &r.bytes)?,
+                }
             }
         }
         for (id, doc) in &newest {
@@ -186,6 +208,7 @@ impl Journal {
         let j = Arc::new(Journal {
             dir,
             threads: root.join("threads"),
+            transcripts: root.join("transcripts"),
             write_file,
             st: Mutex::new(State {
                 mode: Mode::Journal,
@@ -196,6 +219,7 @@ impl Journal {
                 },
                 queue: Queue::default(),
                 held: HashMap::new(),
+                dirty: HashSet::new(),
                 workers: Workers {
                     writer: false,
                     // Without the background thread, only `checkpoint` calls write files (tests).
@@ -235,6 +259,27 @@ impl Journal {
         doc: Arc<Vec<u8>>,
     ) -> Option<oneshot::Receiver<bool>> {
         let record = encode(thread_id, &doc);
+        self.queue(thread_id, record, Payload::Doc(doc))
+    }
+
+    /// Queues lines appended to a thread's transcript file (`path`) for the next group commit; as
+    /// [`Journal::submit`] (on `false` or `None`, sync the file directly).
+    pub(super) fn submit_transcript(
+        self: &Arc<Self>,
+        thread_id: &str,
+        path: PathBuf,
+        lines: &[u8],
+    ) -> Option<oneshot::Receiver<bool>> {
+        let record = encode_kind(Kind::Transcript, thread_id, lines);
+        self.queue(thread_id, record, Payload::Transcript(path))
+    }
+
+    fn queue(
+        self: &Arc<Self>,
+        thread_id: &str,
+        record: Vec<u8>,
+        payload: Payload,
+    ) -> Option<oneshot::Receiver<bool>> {
         let mut st = self.lock();
         if st.mode != Mode::Journal {
             return None;
@@ -252,7 +297,7 @@ impl Journal {
         q.saves.push(Queued {
             seq,
             thread_id: thread_id.to_owned(),
-            doc,
+            payload,
             done,
         });
         st.generation.since.get_or_insert_with(Instant::now);
@@ -341,13 +386,14 @@ impl Journal {
         let mut told = Vec::with_capacity(saves.len());
         for q in saves {
             if ok {
-                st.held.insert(
-                    q.thread_id,
-                    Held {
-                        seq: q.seq,
-                        doc: q.doc,
-                    },
-                );
+                match q.payload {
+                    Payload::Doc(doc) => {
+                        st.held.insert(q.thread_id, Held { seq: q.seq, doc });
+                    }
+                    Payload::Transcript(path) => {
+                        st.dirty.insert(path);
+                    }
+                }
             }
             told.push(q.done);
         }
@@ -393,18 +439,19 @@ impl Journal {
             .collect()
     }
 
-    /// Writes `snapshot` to the thread files, makes them durable, then deletes the journal
-    /// generations older than `below` (all of them with `u64::MAX`).
+    /// Writes `snapshot` to the thread files, makes them and the transcript files `dirty` durable,
+    /// then deletes the journal generations older than `below` (all of them with `u64::MAX`).
     fn write_out_and_drop_generations(
         &self,
         snapshot: &[(String, Held)],
+        dirty: &HashSet<PathBuf>,
         below: u64,
     ) -> std::io::Result<()> {
         let mut files = HashSet::new();
         for (id, held) in snapshot {
             files.insert((self.write_file)(id, &held.doc)?);
         }
-        make_durable(&self.threads, files.iter())?;
+        make_durable(&[(&self.threads, &files), (&self.transcripts, dirty)])?;
         let mut removed = false;
         for (g, path) in generations(&self.dir)? {
             if g < below {
@@ -443,8 +490,9 @@ impl Journal {
         };
         st.busy.retiring = true;
         let snapshot = Self::snapshot(&st);
+        let dirty = st.dirty.clone();
         drop(st);
-        let result = self.write_out_and_drop_generations(&snapshot, u64::MAX);
+        let result = self.write_out_and_drop_generations(&snapshot, &dirty, u64::MAX);
         let mut st = self.lock();
         st.busy.retiring = false;
         self.cv.notify_all();
@@ -453,6 +501,7 @@ impl Journal {
                 tracing::warn!("state journal retired; saves are now direct durable writes");
                 st.mode = Mode::Direct;
                 st.held.clear();
+                st.dirty.clear();
                 Ok(st)
             }
             Err(e) => Err(StoreError::Io(std::io::Error::other(format!(
@@ -489,13 +538,15 @@ impl Journal {
         // (the writer records them before it lets go).
         let current = st.generation.number;
         let snapshot = Self::snapshot(&st);
+        let dirty = std::mem::take(&mut st.dirty);
         drop(st);
-        let result = self.write_out_and_drop_generations(&snapshot, current);
+        let result = self.write_out_and_drop_generations(&snapshot, &dirty, current);
         let mut st = self.lock();
         st.busy.checkpointing = false;
         if result.is_ok() {
             Self::forget(&mut st, snapshot);
         } else {
+            st.dirty.extend(dirty);
             // What is still held is due again after `ROTATE_AGE`, saves or not.
             st.generation.since.get_or_insert_with(Instant::now);
         }
@@ -552,6 +603,7 @@ mod tests {
             let (fail, threads) = (fail.clone(), threads.clone());
             Journal::open(
                 dir.path(),
+                |_, _| Ok(()),
                 |_, _| Ok(()),
                 Box::new(move |id: &str, doc: &[u8]| {
                     if fail.load(std::sync::atomic::Ordering::SeqCst) {

@@ -1,38 +1,66 @@
 //! The journal's file format: records, and the generations on disk.
 //!
-//! Record: `AGJ1` · payload length (u32 LE) · CRC-32 of the payload (u32 LE) · payload, where the
-//! payload is thread-id length (u32 LE) · thread id · document bytes. Reading stops at the first
-//! short or damaged record: a later record can only have been acknowledged after every earlier
-//! one was synced, so nothing acknowledged lies behind a torn tail.
+//! Record: magic · payload length (u32 LE) · CRC-32 of the payload (u32 LE) · payload, where the
+//! payload is thread-id length (u32 LE) · thread id · bytes. The magic says what the bytes are:
+//! `AGJ1` a thread's whole document, `AGT1` the lines appended to its transcript. Reading stops at
+//! the first short or damaged record: a later record can only have been acknowledged after every
+//! earlier one was synced, so nothing acknowledged lies behind a torn tail.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 const MAGIC: &[u8; 4] = b"AGJ1";
+const TRANSCRIPT_MAGIC: &[u8; 4] = b"AGT1";
 const HEADER: usize = 12;
+
+/// What a record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::store) enum Kind {
+    /// A thread's whole document.
+    Doc,
+    /// Lines appended to a thread's transcript.
+    Transcript,
+}
+
+/// One record read back.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Record {
+    pub kind: Kind,
+    pub thread_id: String,
+    pub bytes: Vec<u8>,
+}
 
 /// Encodes one record.
 pub(in crate::store) fn encode(thread_id: &str, doc: &[u8]) -> Vec<u8> {
+    encode_kind(Kind::Doc, thread_id, doc)
+}
+
+pub(in crate::store) fn encode_kind(kind: Kind, thread_id: &str, doc: &[u8]) -> Vec<u8> {
     let mut payload = Vec::with_capacity(4 + thread_id.len() + doc.len());
     payload.extend_from_slice(&(thread_id.len() as u32).to_le_bytes());
     payload.extend_from_slice(thread_id.as_bytes());
     payload.extend_from_slice(doc);
     let mut rec = Vec::with_capacity(HEADER + payload.len());
-    rec.extend_from_slice(MAGIC);
+    rec.extend_from_slice(match kind {
+        Kind::Doc => MAGIC,
+        Kind::Transcript => TRANSCRIPT_MAGIC,
+    });
     rec.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     rec.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
     rec.extend_from_slice(&payload);
     rec
 }
 
-/// Decodes the records of one journal file, stopping at the first short or damaged one.
-/// Returns (thread id, document bytes) pairs in order.
-pub(super) fn decode(mut bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+/// Decodes the records of one journal file, in order, stopping at the first short or damaged
+/// one.
+pub(super) fn decode(mut bytes: &[u8]) -> Vec<Record> {
     let mut out = Vec::new();
     while bytes.len() >= HEADER {
-        if &bytes[..4] != MAGIC {
-            break;
-        }
+        let kind = match &bytes[..4] {
+            m if m == MAGIC => Kind::Doc,
+            m if m == TRANSCRIPT_MAGIC => Kind::Transcript,
+            _ => break,
+        };
         let len = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes")) as usize;
         let crc = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
         let Some(payload) = bytes.get(HEADER..HEADER + len) else {
@@ -48,7 +76,11 @@ pub(super) fn decode(mut bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
         let Ok(id) = std::str::from_utf8(id) else {
             break;
         };
-        out.push((id.to_owned(), payload[4 + id_len..].to_vec()));
+        out.push(Record {
+            kind,
+            thread_id: id.to_owned(),
+            bytes: payload[4 + id_len..].to_vec(),
+        });
         bytes = &bytes[HEADER + len..];
     }
     out
@@ -91,12 +123,17 @@ mod tests {
     #[test]
     fn records_round_trip_and_reading_stops_at_damage() {
         let mut bytes = encode("t1", b"{\"a\":1}\n");
-        bytes.extend(encode("中文", b"{}"));
+        bytes.extend(encode_kind(Kind::Transcript, "中文", b"{}"));
+        let rec = |kind, id: &str, b: &[u8]| Record {
+            kind,
+            thread_id: id.to_owned(),
+            bytes: b.to_vec(),
+        };
         assert_eq!(
             decode(&bytes),
             vec![
-                ("t1".to_owned(), b"{\"a\":1}\n".to_vec()),
-                ("中文".to_owned(), b"{}".to_vec())
+                rec(Kind::Doc, "t1", b"{\"a\":1}\n"),
+                rec(Kind::Transcript, "中文", b"{}")
             ]
         );
         // Every truncation keeps exactly the whole records before the cut.
