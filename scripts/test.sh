@@ -46,3 +46,5 @@ cargo nextest run --workspace --locked --profile "$profile"
 echo "== benchmark smoke (small sizes; no timing assertion)"
 cargo build --locked -p agui-bench -p iac-code-agui
 ./target/debug/agui-bench --smoke --gateway ./target/debug/iac-code-agui
+./target/debug/agui-bench --smoke --gateway ./target/debug/iac-code-agui --compare "" --rounds 1
+./target/debug/agui-bench --smoke --gateway ./target/debug/iac-code-agui --threads

@@ -27,7 +27,6 @@ struct Round {
 /// Streams admitted (and kept open) in a round's admission measurement.
 const ADMISSIONS: usize = 2_000;
 
-
 async fn round(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<Round> {
     let g = Arc::new(start(target, kernel).await?);
     let c = client();
@@ -44,11 +43,9 @@ async fn round(target: &Target, kernel: &SyntheticKernel, z: Sizes) -> Result<Ro
     let (threads, turns) = (z.turn_threads, z.turns);
     let cpu_before = cpu_ms(pid);
     let first_turns_per_s = threads::turn_rate(&c, &g, threads, 0..1, z.turn_concurrency).await?;
-    let first_turn_cpu_us =
-        cpu_ms(pid).saturating_sub(cpu_before) as f64 * 1000.0 / threads as f64;
+    let first_turn_cpu_us = cpu_ms(pid).saturating_sub(cpu_before) as f64 * 1000.0 / threads as f64;
     let cpu_before = cpu_ms(pid);
-    let turns_per_s =
-        threads::turn_rate(&c, &g, threads, 1..1 + turns, z.turn_concurrency).await?;
+    let turns_per_s = threads::turn_rate(&c, &g, threads, 1..1 + turns, z.turn_concurrency).await?;
     let turn_cpu_us =
         cpu_ms(pid).saturating_sub(cpu_before) as f64 * 1000.0 / (threads * turns) as f64;
     let parked = park(&c, &g, ADMISSIONS.min(z.parked)).await?;

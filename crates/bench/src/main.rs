@@ -16,6 +16,7 @@
 //! private cluster, `synchronous_commit` on, a fresh database each round), alternating.
 //!
 //!   cargo run --release -p agui-bench -- --threads [--smoke] [--rounds N] [--thread-count N]
+//!                                         [--store file|postgres|both]
 //!
 //! `--threads` measures the thread routes (connect to a long thread, list a user's threads among
 //! many, the rate of whole turns) with the file store and with PostgreSQL, alternating.
@@ -426,7 +427,8 @@ async fn main() -> Result<()> {
             sizes = sizes.with_threads(n as usize);
         }
         let rounds = flag("--rounds").unwrap_or(1) as usize;
-        return threads::threads(&gateway, &kernel, sizes, rounds).await;
+        let stores = threads::Stores::parse(text("--store").as_deref())?;
+        return threads::threads(&gateway, &kernel, sizes, rounds, stores).await;
     }
     if args.iter().any(|a| a == "--postgres") {
         let pg = testkit::postgres::Cluster::start();

@@ -328,22 +328,42 @@ fn listing_page(z: ThreadSizes) -> usize {
     (z.threads / z.users).min(20)
 }
 
+/// The stores measured: the file store, PostgreSQL, or both (alternating).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stores {
+    File,
+    Postgres,
+    Both,
+}
+
+impl Stores {
+    pub(crate) fn parse(s: Option<&str>) -> Result<Stores> {
+        match s {
+            None | Some("both") => Ok(Stores::Both),
+            Some("file") => Ok(Stores::File),
+            Some("postgres") => Ok(Stores::Postgres),
+            Some(other) => bail!("--store is file, postgres or both, not {other}"),
+        }
+    }
+}
+
 pub(crate) async fn threads(
     gateway: &std::path::Path,
     kernel: &SyntheticKernel,
     z: ThreadSizes,
     rounds: usize,
+    stores: Stores,
 ) -> Result<()> {
-    let pg = testkit::postgres::Cluster::start();
+    let pg = (stores != Stores::File).then(testkit::postgres::Cluster::start);
     for round in 0..rounds {
-        let file = Target::Rust(gateway.to_owned(), vec![]);
-        measure_store(
-            &format!("round {}: file store", round + 1),
-            &file,
-            kernel,
-            z,
-        )
-        .await?;
+        if stores != Stores::Postgres {
+            let file = Target::Rust(gateway.to_owned(), vec![]);
+            let name = format!("round {}: file store", round + 1);
+            measure_store(&name, &file, kernel, z).await?;
+        }
+        let Some(pg) = &pg else {
+            continue;
+        };
         let url = pg.create_db(&format!("threads{round}"));
         let on_pg = Target::Rust(gateway.to_owned(), vec!["--state-url".to_owned(), url]);
         let name = format!(

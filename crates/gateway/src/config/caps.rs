@@ -64,7 +64,7 @@ const RUNS: Opt<Integer> = Opt::new("max_runs", MAX_RUNS);
 const DETACHED: Opt<Integer> = Opt::new("max_detached_runs", MAX_DETACHED_RUNS);
 const READERS: Opt<Integer> = Opt::new("max_readers_per_run", MAX_READERS_PER_RUN);
 pub(super) const TRANSCRIPT_LIMIT: &str =
-    "--transcript-limit must be a whole number from 1 to 1000000.";
+    "--transcript-limit must be a whole number from 0 to 1000000.";
 
 const TRANSCRIPT: Opt<Integer> = Opt::new("transcript_limit", TRANSCRIPT_LIMIT);
 const GUIDANCE: Opt<Integer> = Opt::new("max_guidance_per_thread", MAX_GUIDANCE_PER_THREAD);
@@ -95,7 +95,12 @@ pub(super) fn load(l: &Layers<'_>, flags: Flags) -> Result<Caps, String> {
         max_detached_runs: one(&DETACHED, detached, d.max_detached_runs)?,
         max_readers_per_run: one(&READERS, readers, d.max_readers_per_run)?,
         max_guidance_per_thread: one(&GUIDANCE, guidance, d.max_guidance_per_thread)?,
-        transcript_limit: one(&TRANSCRIPT, transcript, d.transcript_limit)?,
+        // 0 keeps no transcript.
+        transcript_limit: match l.get(&TRANSCRIPT, transcript)? {
+            Some(0) => 0,
+            Some(v) => bound(v, TRANSCRIPT.err())?,
+            None => d.transcript_limit,
+        },
     })
 }
 
@@ -217,11 +222,18 @@ mod layer_tests {
                 load(&["--max-connections", bad], &[], None),
                 Err(MAX_CONNECTIONS.into())
             );
-            assert_eq!(
-                load(&["--transcript-limit", bad], &[], None),
-                Err(TRANSCRIPT_LIMIT.into())
-            );
+            if bad != "0" {
+                assert_eq!(
+                    load(&["--transcript-limit", bad], &[], None),
+                    Err(TRANSCRIPT_LIMIT.into())
+                );
+            }
         }
+        // 0 keeps no transcript.
+        assert_eq!(
+            load(&["--transcript-limit", "0"], &[], None).map(|c| c.transcript_limit),
+            Ok(0)
+        );
         assert_eq!(
             load(&[], &[], Some("max_detached_runs: \"3\"\n")),
             Err(MAX_DETACHED_RUNS.into())

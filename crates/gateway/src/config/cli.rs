@@ -196,7 +196,7 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub max_guidance_per_thread: Option<String>,
-    /// Messages one thread's transcript keeps; the oldest go first [default: 1000].
+    /// Messages one thread's transcript keeps; the oldest go first; 0 keeps none [default: 1000].
     #[arg(
         long,
         value_name = "N",

@@ -76,12 +76,19 @@ struct Committed {
     lines: u64,
 }
 
-/// Serialises appends per thread (striped: a fixed number of locks, whatever the threads).
-pub(super) struct Locks([Mutex<()>; 64]);
+/// Serialises appends per thread (striped: a fixed number of locks, whatever the threads), and
+/// the making of files.
+pub(super) struct Locks {
+    threads: [Mutex<()>; 64],
+    create: Mutex<()>,
+}
 
 impl Default for Locks {
     fn default() -> Locks {
-        Locks(std::array::from_fn(|_| Mutex::new(())))
+        Locks {
+            threads: std::array::from_fn(|_| Mutex::new(())),
+            create: Mutex::new(()),
+        }
     }
 }
 
@@ -90,7 +97,7 @@ impl Locks {
         let h = stem
             .bytes()
             .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64));
-        &self.0[(h % self.0.len() as u64) as usize]
+        &self.threads[(h % self.threads.len() as u64) as usize]
     }
 }
 
@@ -208,19 +215,30 @@ fn committed(file: &File, size: u64) -> Option<Committed> {
     })
 }
 
-/// A thread's transcript, open for appending (and reading its tail); its size.
-fn open_log(path: &Path) -> Result<(File, u64), StoreError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => StoreError::Invalid("transcript: a symlink".into()),
-            _ => e.into(),
-        })?;
+/// A thread's transcript, open for appending (and reading its tail); its size. An existing file
+/// is opened without `O_CREAT`: an open that may create takes the directory's lock exclusively
+/// (concurrent appends to different threads spun on it); files are created one at a time.
+fn open_log(path: &Path, create: &Mutex<()>) -> Result<(File, u64), StoreError> {
+    let open = |create: bool| {
+        OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(create)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+    };
+    let file = match open(false) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let _one = create.lock().unwrap_or_else(|p| p.into_inner());
+            open(true)
+        }
+        other => other,
+    }
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ELOOP) => StoreError::Invalid("transcript: a symlink".into()),
+        _ => StoreError::from(e),
+    })?;
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(StoreError::Invalid("transcript: not a regular file".into()));
@@ -282,7 +300,7 @@ fn write(
     let dir = dir(root);
     fs::ensure_dir(&dir)?;
     let path = dir.join(&name);
-    let (mut file, size) = open_log(&path)?;
+    let (mut file, size) = open_log(&path, &locks.create)?;
     let start = match size {
         0 => Some(Committed {
             last: 0,

@@ -310,6 +310,30 @@ async fn the_transcript_keeps_the_newest_messages_and_pages_are_checked() {
     assert_eq!(r.status(), 405);
 }
 
+/// `--transcript-limit 0` keeps no history: a run leaves no transcript file and the thread's
+/// pages are empty; the thread itself is listed and runs as before.
+#[tokio::test]
+async fn a_limit_of_zero_keeps_no_transcript() {
+    let k = FakeKernel::start().await;
+    let caps = Caps {
+        transcript_limit: 0,
+        ..Caps::default()
+    };
+    let s = Builder::new().a2a(&k.url(), None).caps(caps).start().await;
+    script_done(&k, "t0", "task-1", "an answer");
+    let r = post(
+        &s.url,
+        &body("t0", "r1", "a question", &s.ws("t0"), json!({})),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "t0", "r1");
+    let (status, p) = page(&s, "t0", "").await;
+    assert_eq!(status, 200);
+    assert!(messages(&p).is_empty(), "{p}");
+    assert!(!s.state_dir().join("transcripts").exists());
+}
+
 /// A transcript that cannot be written fails nothing of the run: it ends as it would, the
 /// failure is counted, and reading the transcript is a clear 503.
 #[tokio::test]

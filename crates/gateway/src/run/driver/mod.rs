@@ -176,12 +176,14 @@ impl Driver {
     fn new(rt: Arc<Runtime>, adm: Admitted, sink: Sink, lapse: Option<Arc<Lapse>>) -> Driver {
         let envelope = &adm.req.envelope;
         let mapper = Mapper::new(&envelope.run_id, Default::default(), &envelope.thread_id);
-        let keep = output::Keep {
+        // `--transcript-limit 0`: no transcript.
+        let limit = rt.cfg().caps.transcript_limit;
+        let keep = (limit > 0).then(|| output::Keep {
             store: rt.threads().store().clone(),
-            limit: rt.cfg().caps.transcript_limit,
+            limit,
             clock: rt.clock().clone(),
             metrics: rt.metrics().clone(),
-        };
+        });
         let mut out = Output::new(
             sink,
             mapper,
@@ -189,7 +191,7 @@ impl Driver {
             adm.req.lang,
             &envelope.thread_id,
             &envelope.run_id,
-            Some(keep),
+            keep,
         );
         match (&adm.mode, &adm.req.user_message) {
             (Mode::Resume(entries), _) => out.recorder().answers(entries),
