@@ -903,6 +903,22 @@ mod journal_tests {
         assert!((1..256).contains(&syncs), "{syncs} syncs for 256 appends");
         s.append_transcript("t0", turn("r2", 1)).await.unwrap();
         assert_eq!(seqs_of(&root, "t0"), [1, 2, 3]);
+        // A process killed now (the files whole, the journal not checkpointed): the replay of
+        // each record changes nothing, and cuts none of the older entries.
+        let whole = dir.path().join("whole");
+        copy_state(&root, &whole);
+        fs::create_dir(whole.join("transcripts")).unwrap();
+        for t in ["t0", "t7"] {
+            let name = format!("transcripts/{t}.jsonl");
+            fs::copy(root.join(&name), whole.join(&name)).unwrap();
+        }
+        let before = fs::read(whole.join("transcripts/t0.jsonl")).unwrap();
+        FileStore::open_with(&whole, false).unwrap();
+        assert_eq!(seqs_of(&whole, "t0"), [1, 2, 3]);
+        assert_eq!(
+            fs::read(whole.join("transcripts/t0.jsonl")).unwrap(),
+            before
+        );
         // A crash now, which lost the file's newest lines (and another thread's whole file).
         let copy = dir.path().join("copy");
         copy_state(&root, &copy);

@@ -283,15 +283,25 @@ pub(super) struct Durable<'a> {
 /// failed: [`sync`] the file).
 pub(super) type Written = Option<oneshot::Receiver<bool>>;
 
+/// Which entries a write keeps.
+#[derive(Clone, Copy, Debug)]
+enum Keep {
+    /// The newest this many (the limit).
+    Newest(usize),
+    /// Those from this `seq` on (what an earlier write kept, replayed).
+    From(u64),
+    All,
+}
+
 /// One write of a thread's transcript, under its lock: `make` gets the newest committed `seq`
-/// and gives the entries to add after it and the summary to end with; with a `limit`, the
-/// oldest beyond it go.
+/// and gives the entries to add after it and the summary to end with; `keep` says which of the
+/// oldest go.
 fn write(
     root: &Path,
     locks: &Locks,
     durable: Durable<'_>,
     thread_id: &str,
-    limit: Option<usize>,
+    keep: Keep,
     make: impl FnOnce(u64) -> (Vec<Entry>, ThreadSummary),
 ) -> Result<Written, StoreError> {
     let dir_sync = durable.dir_sync;
@@ -312,9 +322,10 @@ fn write(
     if let Some(c) = start {
         let (entries, summary) = make(c.last);
         let last = entries.last().map_or(c.last, |e| e.seq);
-        let from = match limit {
-            Some(l) => c.from.max((last + 1).saturating_sub(l as u64)),
-            None => c.from,
+        let from = match keep {
+            Keep::Newest(l) => c.from.max((last + 1).saturating_sub(l as u64)),
+            Keep::From(f) => c.from.max(f),
+            Keep::All => c.from,
         };
         let lines = c.lines + entries.len() as u64 + 1;
         let kept = (last + 1).saturating_sub(from);
@@ -342,7 +353,7 @@ fn write(
         drop(file);
         let (mut all, _) = read_file(root, thread_id)?;
         all.extend(entries);
-        compact(&dir, &name, dir_sync, all, c.last.max(last), limit, summary)?;
+        compact(&dir, &name, dir_sync, all, c.last.max(last), keep, summary)?;
         return Ok(None);
     }
     drop(file);
@@ -352,7 +363,7 @@ fn write(
     let (entries, summary) = make(last);
     let last = entries.last().map_or(last, |e| e.seq);
     all.extend(entries);
-    compact(&dir, &name, dir_sync, all, last, limit, summary)?;
+    compact(&dir, &name, dir_sync, all, last, keep, summary)?;
     Ok(None)
 }
 
@@ -369,7 +380,9 @@ pub(super) fn sync(root: &Path, thread_id: &str) -> Result<(), StoreError> {
 }
 
 /// Appends again, durably, what a transcript lacks of a journal record's lines (start-up, after a
-/// crash): the entries above the file's newest, and the record's summary.
+/// crash, one record at a time in the journal's order): the entries above the file's newest, with
+/// what that write kept (`from`). A record whose entries the file has changes nothing (the file's
+/// summary may be newer: a rename written since).
 pub(super) fn replay(
     root: &Path,
     locks: &Locks,
@@ -378,39 +391,61 @@ pub(super) fn replay(
     lines: &[u8],
 ) -> Result<(), StoreError> {
     let (entries, header) = parse(thread_id, lines);
-    let Some(h) = header else {
+    let Some(Header {
+        thread: summary,
+        last: Some(last),
+        from: Some(from),
+        ..
+    }) = header
+    else {
         return Err(StoreError::Invalid(
             "a journal record of a transcript without its summary".into(),
         ));
     };
-    let keep = match (h.last, h.from) {
-        (Some(last), Some(from)) => Some((last + 1).saturating_sub(from).max(1) as usize),
-        _ => None,
-    };
+    let (have, current) = read_file(root, thread_id)?;
+    let newest = have
+        .last()
+        .map_or(0, |e| e.seq)
+        .max(current.as_ref().and_then(|h| h.last).unwrap_or(0));
+    if newest >= last {
+        return Ok(());
+    }
+    // The file's own summary when it has one (it is what the list showed last).
+    let summary = current.map_or(summary, |h| h.thread);
     let durable = Durable {
         dir_sync,
         journal: None,
     };
-    write(root, locks, durable, thread_id, keep, |last| {
-        let missing = entries.into_iter().filter(|e| e.seq > last).collect();
-        (missing, h.thread)
-    })?;
+    write(
+        root,
+        locks,
+        durable,
+        thread_id,
+        Keep::From(from),
+        |newest| {
+            let missing = entries.into_iter().filter(|e| e.seq > newest).collect();
+            (missing, summary)
+        },
+    )?;
     Ok(())
 }
 
-/// Replaces the file by `all` (the newest `limit` of them) and the summary, atomically and
-/// durably.
+/// Replaces the file by `all` (those `keep` keeps) and the summary, atomically and durably.
 fn compact(
     dir: &Path,
     name: &str,
     dir_sync: &DirSync,
     mut all: Vec<Entry>,
     last: u64,
-    limit: Option<usize>,
+    keep: Keep,
     summary: ThreadSummary,
 ) -> Result<(), StoreError> {
-    if let Some(l) = limit {
-        all.drain(..all.len().saturating_sub(l));
+    match keep {
+        Keep::Newest(l) => {
+            all.drain(..all.len().saturating_sub(l));
+        }
+        Keep::From(f) => all.retain(|e| e.seq >= f),
+        Keep::All => {}
     }
     let from = all.first().map_or(last + 1, |e| e.seq);
     let mut bytes = Vec::new();
@@ -436,10 +471,17 @@ pub(super) fn append(
     }
     let title = listing::title_of(&add.messages);
     let limit = add.limit;
-    write(root, locks, durable, thread_id, Some(limit), |last| {
-        let entries = transcript::number(last, &add.run_id, &add.at, add.messages);
-        (entries, index.appended(thread_id, title, &add.at))
-    })
+    write(
+        root,
+        locks,
+        durable,
+        thread_id,
+        Keep::Newest(limit),
+        |last| {
+            let entries = transcript::number(last, &add.run_id, &add.at, add.messages);
+            (entries, index.appended(thread_id, title, &add.at))
+        },
+    )
 }
 
 /// Writes the thread's summary at the end of its transcript (a transcript made when there is
@@ -455,7 +497,7 @@ pub(super) fn write_header(
         dir_sync,
         journal: None,
     };
-    write(root, locks, durable, thread_id, None, |_| {
+    write(root, locks, durable, thread_id, Keep::All, |_| {
         (Vec::new(), summary.clone())
     })?;
     Ok(())
