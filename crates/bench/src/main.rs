@@ -7,8 +7,9 @@
 //!   cargo run --release -p agui-bench -- --compare "ARGS" [--compare-gateway PATH] [--rounds N]
 //!                                         [--turn-threads N] [--turns N] [--turn-concurrency N]
 //!
-//! `--compare` measures only throughput, fan-in and CPU per event, of the gateway as it is and of
-//! the variant (the same binary with ARGS added, or `--compare-gateway`), side by side.
+//! `--compare` measures throughput, fan-in, CPU per event, whole short turns and admissions, of
+//! the gateway as it is and of the variant (the same binary with ARGS added, or
+//! `--compare-gateway`), side by side.
 //!
 //!   cargo run --release -p agui-bench -- --postgres [--rounds N] [--parked N] …
 //!

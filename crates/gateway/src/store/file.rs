@@ -819,6 +819,12 @@ mod journal_tests {
         for d in [doc("a", Some("1")), doc("b", None), doc("a", Some("2"))] {
             log.extend(crate::store::journal::encode(&d.thread_id, &d.to_json()));
         }
+        // A transcript record that cannot be applied (no summary): logged, the start goes on.
+        log.extend(crate::store::journal::encode_kind(
+            crate::store::journal::Kind::Transcript,
+            "a",
+            b"{\"seq\":1}\n",
+        ));
         let torn = crate::store::journal::encode("a", &doc("a", Some("3")).to_json());
         log.extend(&torn[..torn.len() / 2]);
         fs::write(root.join("journal/00000000000000000007.log"), &log).unwrap();
@@ -929,7 +935,8 @@ mod journal_tests {
                 .iter()
                 .enumerate()
                 .filter(|(_, b)| **b == b'\n')
-                .nth(2)
+                // The file's first summary, the first run's two entries and their summary.
+                .nth(3)
                 .unwrap()
                 .0;
             bytes[..=cut].to_vec()

@@ -40,6 +40,10 @@ use crate::transcript::{self, Entry, Page};
 /// below it).
 const MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
 
+/// A file is compacted before it grows past this, and a compaction keeps no more than this of
+/// the newest entries (far more than the limit's messages take at their usual size).
+const BUDGET_BYTES: u64 = MAX_FILE_BYTES / 2;
+
 /// The end of a file read to find its last summary line (a summary is far below it).
 const TAIL_BYTES: u64 = 16 * 1024;
 
@@ -327,14 +331,25 @@ fn write(
             Keep::From(f) => c.from.max(f),
             Keep::All => c.from,
         };
-        let lines = c.lines + entries.len() as u64 + 1;
+        let mut bytes = Vec::new();
+        let mut lines = c.lines + entries.len() as u64 + 1;
+        if size == 0 {
+            // A new file starts with a summary, so that a first write cut short is not read as
+            // a file of the layout without one.
+            lines += 1;
+            let start = Committed {
+                last: c.last,
+                from: c.from,
+                lines: 1,
+            };
+            summary_line(&mut bytes, summary.clone(), start)?;
+        }
+        for e in &entries {
+            line_of(&mut bytes, e)?;
+        }
+        summary_line(&mut bytes, summary.clone(), Committed { last, from, lines })?;
         let kept = (last + 1).saturating_sub(from);
-        if lines <= cap(kept) {
-            let mut bytes = Vec::new();
-            for e in &entries {
-                line_of(&mut bytes, e)?;
-            }
-            summary_line(&mut bytes, summary, Committed { last, from, lines })?;
+        if lines <= cap(kept) && size + bytes.len() as u64 <= BUDGET_BYTES {
             file.write_all(&bytes)?;
             // Queued while the thread's lock is held, so its records are in the order of its lines.
             if let Some(rx) = durable
@@ -447,10 +462,24 @@ fn compact(
         Keep::From(f) => all.retain(|e| e.seq >= f),
         Keep::All => {}
     }
-    let from = all.first().map_or(last + 1, |e| e.seq);
-    let mut bytes = Vec::new();
+    let mut encoded = Vec::with_capacity(all.len());
     for e in &all {
-        line_of(&mut bytes, e)?;
+        let mut line = Vec::new();
+        line_of(&mut line, e)?;
+        encoded.push(line);
+    }
+    // Within the budget: the oldest go first.
+    let mut total: u64 = encoded.iter().map(|l| l.len() as u64).sum();
+    let mut first = 0;
+    while total > BUDGET_BYTES && first < encoded.len() {
+        total -= encoded[first].len() as u64;
+        first += 1;
+    }
+    all.drain(..first);
+    let from = all.first().map_or(last + 1, |e| e.seq);
+    let mut bytes = Vec::with_capacity(total as usize + 1024);
+    for line in &encoded[first..] {
+        bytes.extend_from_slice(line);
     }
     let lines = all.len() as u64 + 1;
     summary_line(&mut bytes, summary, Committed { last, from, lines })?;
@@ -669,13 +698,14 @@ mod tests {
         put(0);
         let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
         let first = inode();
-        assert_eq!(lines_in(&path), 3);
+        // The summary a new file starts with, two entries, their summary.
+        assert_eq!(lines_in(&path), 4);
         for run in 1..50 {
             put(run);
         }
-        // 100 entries and 50 summary lines: within the bound (100 + 50 + 64), still appended.
+        // 100 entries and 51 summary lines: within the bound (100 + 50 + 64), still appended.
         assert_eq!(inode(), first);
-        assert_eq!(lines_in(&path), 150);
+        assert_eq!(lines_in(&path), 151);
         assert_eq!(seqs(dir.path(), "t"), (1..=100).collect::<Vec<_>>());
         let mut most = 0;
         for run in 50..500 {
@@ -683,7 +713,7 @@ mod tests {
             most = most.max(lines_in(&path));
             assert!(lines_in(&path) <= 100 + 50 + 64, "after run {run}");
         }
-        assert!(most > 150);
+        assert!(most > 151);
         // The newest 100 are what a reader gets, however many lines are left behind them.
         assert_eq!(seqs(dir.path(), "t"), (901..=1000).collect::<Vec<_>>());
         let page = read_page(dir.path(), "t", None, 10).unwrap();

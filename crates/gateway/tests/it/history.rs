@@ -311,7 +311,7 @@ async fn the_transcript_keeps_the_newest_messages_and_pages_are_checked() {
 }
 
 /// `--transcript-limit 0` keeps no history: a run leaves no transcript file and the thread's
-/// pages are empty; the thread itself is listed and runs as before.
+/// pages are empty; the thread itself is listed (without a title) and runs as before.
 #[tokio::test]
 async fn a_limit_of_zero_keeps_no_transcript() {
     let k = FakeKernel::start().await;
@@ -332,6 +332,14 @@ async fn a_limit_of_zero_keeps_no_transcript() {
     assert_eq!(status, 200);
     assert!(messages(&p).is_empty(), "{p}");
     assert!(!s.state_dir().join("transcripts").exists());
+    let r = reqwest::Client::new()
+        .get(format!("{}threads", s.url))
+        .send()
+        .await
+        .unwrap();
+    let list: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert_eq!(list["threads"][0]["threadId"], "t0", "{list}");
+    assert!(list["threads"][0]["title"].is_null(), "{list}");
 }
 
 /// A transcript that cannot be written fails nothing of the run: it ends as it would, the

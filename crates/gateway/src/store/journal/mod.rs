@@ -43,8 +43,8 @@ mod record;
 
 use super::fs::{ensure_dir, make_durable, sync_dir};
 use super::{StoreError, ThreadDoc};
-pub(super) use record::encode;
-use record::{decode, encode_kind, generations, Kind};
+use record::{decode, generations};
+pub(super) use record::{encode, encode_kind, Kind};
 
 /// A generation is checkpointed once it holds this much…
 const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
@@ -189,7 +189,14 @@ impl Journal {
                     Kind::Doc => {
                         newest.insert(r.thread_id, r.bytes);
                     }
-                    Kind::Transcript => transcript(&r.thread_id, &r.bytes)?,
+                    // History, not state: a transcript that cannot be mended does not stop
+                    // the start.
+                    Kind::Transcript => {
+                        if let Err(e) = transcript(&r.thread_id, &r.bytes) {
+                            tracing::warn!(thread_id = %r.thread_id, error = %e,
+                                "a transcript could not be completed from the journal");
+                        }
+                    }
                 }
             }
         }
