@@ -123,6 +123,10 @@ impl FileStore {
             &store.root,
             move |id, bytes| replayer.replace_durably(id, bytes),
             move |id, lines| {
+                // A record of a run that ended as its thread was deleted brings nothing back.
+                if !transcripts.has_doc(id) {
+                    return Ok(());
+                }
                 super::transcript_file::replay(
                     &transcripts.root,
                     &transcripts.transcript_locks,
@@ -166,6 +170,14 @@ impl FileStore {
     /// The path of a thread's file.
     pub fn path_of(&self, thread_id: &str) -> Option<PathBuf> {
         file_stem(thread_id).map(|s| self.threads_dir().join(format!("{s}.json")))
+    }
+
+    /// Whether the thread exists: a document in the journal or in its file.
+    fn has_doc(&self, thread_id: &str) -> bool {
+        self.journal
+            .as_ref()
+            .is_some_and(|j| j.newest(thread_id).is_some())
+            || self.path_of(thread_id).is_some_and(|p| p.exists())
     }
 
     /// Writes a thread's file durably (temporary file, fsync, rename, directory fsync).
@@ -282,27 +294,34 @@ impl FileStore {
             &self.dir_sync,
             thread_id,
             &summary,
+            &|| self.has_doc(thread_id),
         )?;
         Ok(Some(summary))
     }
 
-    /// [`ThreadStore::delete_thread`] (blocking). The journal is written out first, so that no
-    /// record of the thread is left to bring it back at the next start.
+    /// [`ThreadStore::delete_thread`] (blocking). The journal is written out before, so that no
+    /// record of the thread's document is left to bring it back at the next start, and after, so
+    /// that neither is the record of a run that ended meanwhile (a guidance run, which does not
+    /// hold the thread); a run that ends later finds the thread gone and keeps no transcript.
     fn delete_blocking(&self, thread_id: &str) -> Result<bool, StoreError> {
         self.flush_blocking()?;
         let Some(path) = self.path_of(thread_id) else {
             return Ok(false);
         };
-        let existed = match std::fs::remove_file(&path) {
-            Ok(()) => true,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-            Err(e) => return Err(e.into()),
-        };
-        if existed {
-            fs::sync_dir(&self.threads_dir())?;
-        }
-        super::transcript_file::remove(&self.root, &self.transcript_locks, thread_id)?;
+        let existed =
+            super::transcript_file::remove(&self.root, &self.transcript_locks, thread_id, || {
+                let existed = match std::fs::remove_file(&path) {
+                    Ok(()) => true,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                    Err(e) => return Err(e.into()),
+                };
+                if existed {
+                    fs::sync_dir(&self.threads_dir())?;
+                }
+                Ok(existed)
+            })?;
         self.index.removed(thread_id);
+        self.flush_blocking()?;
         Ok(existed)
     }
 
@@ -336,6 +355,7 @@ impl ThreadStore for FileStore {
                     &s.index,
                     &id,
                     add,
+                    &|| s.has_doc(&id),
                 )
                 .map(|w| (w, id))
             })
@@ -899,13 +919,21 @@ mod journal_tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("state");
         let s = FileStore::open_with(&root, false).unwrap();
+        // Transcripts are kept for threads that exist.
+        let saves: Vec<_> = (0..256)
+            .map(|i| s.save(&doc(&format!("t{i}"), None)))
+            .collect();
+        for r in futures_util::future::join_all(saves).await {
+            r.unwrap();
+        }
+        let before = s.journal_syncs();
         let appends: Vec<_> = (0..256)
             .map(|i| s.append_transcript(&format!("t{i}"), turn("r1", 2)))
             .collect();
         for r in futures_util::future::join_all(appends).await {
             r.unwrap();
         }
-        let syncs = s.journal_syncs();
+        let syncs = s.journal_syncs() - before;
         assert!((1..256).contains(&syncs), "{syncs} syncs for 256 appends");
         s.append_transcript("t0", turn("r2", 1)).await.unwrap();
         assert_eq!(seqs_of(&root, "t0"), [1, 2, 3]);
@@ -954,5 +982,52 @@ mod journal_tests {
         s.flush_blocking().unwrap();
         assert!(journal_logs(&root).is_empty());
         assert_eq!(seqs_of(&root, "t255"), [1, 2]);
+    }
+
+    /// A run that ends after its thread's `DELETE` (guidance does not hold the thread) keeps no
+    /// transcript and does not list the thread again; a crash after a delete removed the thread
+    /// but before its journal was written out does not bring the transcript back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deleted_thread_stays_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let s = FileStore::open_with(&root, false).unwrap();
+        s.save(&doc("t", None)).await.unwrap();
+        s.append_transcript("t", turn("r1", 2)).await.unwrap();
+        assert!(s.delete_thread("t").await.unwrap());
+        assert!(
+            journal_logs(&root).is_empty(),
+            "written out after the delete"
+        );
+        s.append_transcript("t", turn("late", 1)).await.unwrap();
+        assert!(!root.join("transcripts/t.jsonl").exists());
+        let q = crate::store::listing::ListQuery {
+            user: None,
+            archived: false,
+            after: None,
+            limit: 10,
+        };
+        assert!(s.list_threads(q).await.unwrap().threads.is_empty());
+        // A run's record journaled, then a crash between the removal of the thread's files and
+        // the delete's last checkpoint: the replay skips the record of a thread that is gone…
+        s.save(&doc("u", None)).await.unwrap();
+        s.flush_blocking().unwrap();
+        s.append_transcript("u", turn("r1", 2)).await.unwrap();
+        let copy = |name: &str, keep_thread: bool| {
+            let c = dir.path().join(name);
+            copy_state(&root, &c);
+            if !keep_thread {
+                fs::remove_file(c.join("threads/u.json")).unwrap();
+            }
+            let c_store = FileStore::open_with(&c, false).unwrap();
+            (c.join("transcripts/u.jsonl").exists(), c_store)
+        };
+        let (brought_back, gone) = copy("gone", false);
+        assert!(!brought_back);
+        assert!(gone.load_blocking("u").unwrap().is_none());
+        // …and replays it for a thread that is there.
+        let (replayed, kept) = copy("kept", true);
+        assert!(replayed);
+        assert_eq!(seqs_of(kept.root.as_path(), "u"), [1, 2]);
     }
 }

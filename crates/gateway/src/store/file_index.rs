@@ -52,9 +52,22 @@ impl Index {
         })
     }
 
-    /// A run's messages appended at `now`; the summary to write in the transcript.
-    pub fn appended(&self, thread_id: &str, title: Option<String>, now: &str) -> ThreadSummary {
+    /// A run's messages appended at `now` to a transcript that ends with `on_disk`; the summary
+    /// to write in the transcript. Before the disk is read (just after a restart), what the file
+    /// says (creation, title, archived) is taken first, so that this write does not lose it.
+    pub fn appended(
+        &self,
+        thread_id: &str,
+        title: Option<String>,
+        now: &str,
+        on_disk: Option<&ThreadSummary>,
+    ) -> ThreadSummary {
         self.with(|i| {
+            if let Some(read) = on_disk.filter(|_| !i.scanned) {
+                if !i.gone.contains(thread_id) {
+                    merge(&mut i.threads, read.clone());
+                }
+            }
             i.threads.upsert(
                 thread_id,
                 || fresh(thread_id, now),
@@ -195,11 +208,11 @@ mod tests {
         let mut doc = ThreadDoc::new("t1", "ctx", "/w", None, exec);
         doc.owner = Some("alice".into());
         idx.saved(&doc, "2026-01-01T00:00:02.000Z");
-        let s = idx.appended("t1", Some("Hello".into()), "2026-01-01T00:00:03.000Z");
+        let s = idx.appended("t1", Some("Hello".into()), "2026-01-01T00:00:03.000Z", None);
         assert_eq!(s.owner.as_deref(), Some("alice"));
         assert_eq!(s.created_at, "2026-01-01T00:00:02.000Z");
         // A later title does not replace the first.
-        let s = idx.appended("t1", Some("Later".into()), "2026-01-01T00:00:04.000Z");
+        let s = idx.appended("t1", Some("Later".into()), "2026-01-01T00:00:04.000Z", None);
         assert_eq!(s.title.as_deref(), Some("Hello"));
         // What a previous process wrote: an older thread of alice's, one of bob's, a file that
         // names another thread.

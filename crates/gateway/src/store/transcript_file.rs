@@ -41,8 +41,13 @@ use crate::transcript::{self, Entry, Page};
 const MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
 
 /// A file is compacted before it grows past this, and a compaction keeps no more than this of
-/// the newest entries (far more than the limit's messages take at their usual size).
-const BUDGET_BYTES: u64 = MAX_FILE_BYTES / 2;
+/// the newest entries (far more than the limit's messages take at their usual size; small in
+/// unit tests, which fill it).
+const BUDGET_BYTES: u64 = if cfg!(test) {
+    64 * 1024
+} else {
+    MAX_FILE_BYTES / 2
+};
 
 /// The end of a file read to find its last summary line (a summary is far below it).
 const TAIL_BYTES: u64 = 16 * 1024;
@@ -208,21 +213,23 @@ pub(super) fn last_summary(path: &Path) -> Option<Header> {
     }
 }
 
-/// What the file's last line commits, when it is a summary line of this format.
-fn committed(file: &File, size: u64) -> Option<Committed> {
+/// What the file's last line commits, when it is a summary line of this format, and that summary.
+fn committed(file: &File, size: u64) -> Option<(Committed, ThreadSummary)> {
     let line = last_line(file, size).filter(|l| is_summary(l))?;
     let h: Header = serde_json::from_slice(&line).ok()?;
-    Some(Committed {
+    let c = Committed {
         last: h.last?,
         from: h.from?,
         lines: h.lines?,
-    })
+    };
+    Some((c, h.thread))
 }
 
-/// A thread's transcript, open for appending (and reading its tail); its size. An existing file
-/// is opened without `O_CREAT`: an open that may create takes the directory's lock exclusively
-/// (concurrent appends to different threads spun on it); files are created one at a time.
-fn open_log(path: &Path, create: &Mutex<()>) -> Result<(File, u64), StoreError> {
+/// A thread's transcript, open for appending (and reading its tail), and its size; `None` when
+/// there is none and `create` is `None`. An existing file is opened without `O_CREAT`: an open
+/// that may create takes the directory's lock exclusively (concurrent appends to different
+/// threads spun on it); files are created one at a time, under `create`.
+fn open_log(path: &Path, create: Option<&Mutex<()>>) -> Result<Option<(File, u64)>, StoreError> {
     let open = |create: bool| {
         OpenOptions::new()
             .read(true)
@@ -232,12 +239,13 @@ fn open_log(path: &Path, create: &Mutex<()>) -> Result<(File, u64), StoreError> 
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)
     };
-    let file = match open(false) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    let file = match (open(false), create) {
+        (Err(e), None) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        (Err(e), Some(create)) if e.kind() == std::io::ErrorKind::NotFound => {
             let _one = create.lock().unwrap_or_else(|p| p.into_inner());
             open(true)
         }
-        other => other,
+        (other, _) => other,
     }
     .map_err(|e| match e.raw_os_error() {
         Some(libc::ELOOP) => StoreError::Invalid("transcript: a symlink".into()),
@@ -250,7 +258,7 @@ fn open_log(path: &Path, create: &Mutex<()>) -> Result<(File, u64), StoreError> 
     if meta.permissions().mode() & 0o777 != 0o600 {
         file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     }
-    Ok((file, meta.len()))
+    Ok(Some((file, meta.len())))
 }
 
 /// Lines a file keeping `kept` entries may hold before it is compacted.
@@ -297,16 +305,20 @@ enum Keep {
     All,
 }
 
-/// One write of a thread's transcript, under its lock: `make` gets the newest committed `seq`
-/// and gives the entries to add after it and the summary to end with; `keep` says which of the
-/// oldest go.
+/// What a write adds, given the newest committed `seq` and the summary the file ends with: the
+/// entries after that `seq` and the summary to end with, or nothing (the thread is gone).
+type Make<'a> =
+    Box<dyn FnOnce(u64, Option<&ThreadSummary>) -> Option<(Vec<Entry>, ThreadSummary)> + 'a>;
+
+/// One write of a thread's transcript, under its lock (`make` is called under it); `keep` says
+/// which of the oldest go.
 fn write(
     root: &Path,
     locks: &Locks,
     durable: Durable<'_>,
     thread_id: &str,
     keep: Keep,
-    make: impl FnOnce(u64) -> (Vec<Entry>, ThreadSummary),
+    make: Make<'_>,
 ) -> Result<Written, StoreError> {
     let dir_sync = durable.dir_sync;
     let name = name(thread_id)?;
@@ -314,17 +326,26 @@ fn write(
     let dir = dir(root);
     fs::ensure_dir(&dir)?;
     let path = dir.join(&name);
-    let (mut file, size) = open_log(&path, &locks.create)?;
-    let start = match size {
-        0 => Some(Committed {
-            last: 0,
-            from: 1,
-            lines: 0,
-        }),
-        _ => committed(&file, size),
+    // No file is made before `make` says what to write: a thread gone meanwhile leaves none.
+    let existing = open_log(&path, None)?;
+    let empty = Committed {
+        last: 0,
+        from: 1,
+        lines: 0,
     };
-    if let Some(c) = start {
-        let (entries, summary) = make(c.last);
+    let start = match &existing {
+        None | Some((_, 0)) => Some((empty, None)),
+        Some((file, size)) => committed(file, *size).map(|(c, s)| (c, Some(s))),
+    };
+    if let Some((c, on_disk)) = start {
+        let Some((entries, summary)) = make(c.last, on_disk.as_ref()) else {
+            return Ok(None);
+        };
+        let (mut file, size) = match existing {
+            Some(opened) => opened,
+            None => open_log(&path, Some(&locks.create))?
+                .ok_or_else(|| StoreError::Invalid("transcript: not created".into()))?,
+        };
         let last = entries.last().map_or(c.last, |e| e.seq);
         let from = match keep {
             Keep::Newest(l) => c.from.max((last + 1).saturating_sub(l as u64)),
@@ -371,11 +392,13 @@ fn write(
         compact(&dir, &name, dir_sync, all, c.last.max(last), keep, summary)?;
         return Ok(None);
     }
-    drop(file);
+    drop(existing);
     let (mut all, header) = read_file(root, thread_id)?;
     let committed_last = header.as_ref().and_then(|h| h.last).unwrap_or(0);
     let last = all.last().map_or(0, |e| e.seq).max(committed_last);
-    let (entries, summary) = make(last);
+    let Some((entries, summary)) = make(last, header.as_ref().map(|h| &h.thread)) else {
+        return Ok(None);
+    };
     let last = entries.last().map_or(last, |e| e.seq);
     all.extend(entries);
     compact(&dir, &name, dir_sync, all, last, keep, summary)?;
@@ -437,10 +460,10 @@ pub(super) fn replay(
         durable,
         thread_id,
         Keep::From(from),
-        |newest| {
+        Box::new(|newest, _| {
             let missing = entries.into_iter().filter(|e| e.seq > newest).collect();
-            (missing, summary)
-        },
+            Some((missing, summary))
+        }),
     )?;
     Ok(())
 }
@@ -468,10 +491,19 @@ fn compact(
         line_of(&mut line, e)?;
         encoded.push(line);
     }
-    // Within the budget: the oldest go first.
+    // Within the budget with the summary: the oldest go first. The summary is measured with its
+    // largest numbers (every entry gone, every entry kept), so the one written is no longer.
+    let mut widest = Vec::new();
+    let most = Committed {
+        last,
+        from: last + 1,
+        lines: all.len() as u64 + 1,
+    };
+    summary_line(&mut widest, summary.clone(), most)?;
+    let room = BUDGET_BYTES.saturating_sub(widest.len() as u64);
     let mut total: u64 = encoded.iter().map(|l| l.len() as u64).sum();
     let mut first = 0;
-    while total > BUDGET_BYTES && first < encoded.len() {
+    while total > room && first < encoded.len() {
         total -= encoded[first].len() as u64;
         first += 1;
     }
@@ -487,6 +519,9 @@ fn compact(
     Ok(())
 }
 
+/// Appends a run's messages, when `live` says (under the thread's lock) that the thread still
+/// exists: a run that outlives its thread's deletion (guidance does not hold the thread) writes
+/// nothing.
 pub(super) fn append(
     root: &Path,
     locks: &Locks,
@@ -494,54 +529,62 @@ pub(super) fn append(
     index: &Index,
     thread_id: &str,
     add: TranscriptAppend,
+    live: &dyn Fn() -> bool,
 ) -> Result<Written, StoreError> {
     if add.messages.is_empty() {
         return Ok(None);
     }
     let title = listing::title_of(&add.messages);
     let limit = add.limit;
-    write(
-        root,
-        locks,
-        durable,
-        thread_id,
-        Keep::Newest(limit),
-        |last| {
-            let entries = transcript::number(last, &add.run_id, &add.at, add.messages);
-            (entries, index.appended(thread_id, title, &add.at))
-        },
-    )
+    let make: Make<'_> = Box::new(|last, on_disk| {
+        if !live() {
+            tracing::info!(thread_id, "a transcript not kept: its thread was deleted");
+            return None;
+        }
+        let entries = transcript::number(last, &add.run_id, &add.at, add.messages);
+        let summary = index.appended(thread_id, title, &add.at, on_disk);
+        Some((entries, summary))
+    });
+    write(root, locks, durable, thread_id, Keep::Newest(limit), make)
 }
 
 /// Writes the thread's summary at the end of its transcript (a transcript made when there is
-/// none).
+/// none), when `live` says the thread still exists.
 pub(super) fn write_header(
     root: &Path,
     locks: &Locks,
     dir_sync: &DirSync,
     thread_id: &str,
     summary: &ThreadSummary,
+    live: &dyn Fn() -> bool,
 ) -> Result<(), StoreError> {
     let durable = Durable {
         dir_sync,
         journal: None,
     };
-    write(root, locks, durable, thread_id, Keep::All, |_| {
-        (Vec::new(), summary.clone())
-    })?;
+    let make: Make<'_> = Box::new(|_, _| live().then(|| (Vec::new(), summary.clone())));
+    write(root, locks, durable, thread_id, Keep::All, make)?;
     Ok(())
 }
 
-/// Removes the thread's transcript, durably.
-pub(super) fn remove(root: &Path, locks: &Locks, thread_id: &str) -> Result<(), StoreError> {
+/// Removes the thread (`first`, which says whether it existed) and its transcript, durably,
+/// under the thread's lock: an append or a summary write either comes before (and is removed)
+/// or finds the thread gone.
+pub(super) fn remove(
+    root: &Path,
+    locks: &Locks,
+    thread_id: &str,
+    first: impl FnOnce() -> Result<bool, StoreError>,
+) -> Result<bool, StoreError> {
     let name = name(thread_id)?;
     let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
+    let existed = first()?;
     match std::fs::remove_file(dir(root).join(&name)) {
         Ok(()) => fs::sync_dir(&dir(root))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e.into()),
     }
-    Ok(())
+    Ok(existed)
 }
 
 #[cfg(test)]
@@ -549,10 +592,49 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn direct(dir_sync: &DirSync) -> Durable<'_> {
-        Durable {
-            dir_sync,
-            journal: None,
+    /// A transcripts directory and what its writes share; writes are synced directly.
+    #[derive(Default)]
+    struct Files {
+        dir: Option<tempfile::TempDir>,
+        locks: Locks,
+        sync: DirSync,
+        index: Index,
+    }
+
+    impl Files {
+        fn new() -> Files {
+            Files {
+                dir: Some(tempfile::tempdir().unwrap()),
+                ..Files::default()
+            }
+        }
+
+        fn root(&self) -> &Path {
+            self.dir.as_ref().unwrap().path()
+        }
+
+        fn try_append(&self, id: &str, a: TranscriptAppend) -> Result<Written, StoreError> {
+            let durable = Durable {
+                dir_sync: &self.sync,
+                journal: None,
+            };
+            append(
+                self.root(),
+                &self.locks,
+                durable,
+                &self.index,
+                id,
+                a,
+                &|| true,
+            )
+        }
+
+        fn append(&self, id: &str, a: TranscriptAppend) {
+            assert!(self.try_append(id, a).unwrap().is_none(), "synced directly");
+        }
+
+        fn write_header(&self, id: &str, s: &ThreadSummary) {
+            write_header(self.root(), &self.locks, &self.sync, id, s, &|| true).unwrap();
         }
     }
 
@@ -569,38 +651,21 @@ mod tests {
 
     #[test]
     fn appends_number_on_and_the_oldest_go_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let (locks, sync) = (Locks::default(), DirSync::default());
-        append(
-            dir.path(),
-            &locks,
-            direct(&sync),
-            &Index::default(),
-            "t-1",
-            add("r1", 3, 4),
-        )
-        .unwrap();
-        append(
-            dir.path(),
-            &locks,
-            direct(&sync),
-            &Index::default(),
-            "t-1",
-            add("r2", 2, 4),
-        )
-        .unwrap();
-        let all = read_all(dir.path(), "t-1").unwrap();
+        let f = Files::new();
+        f.append("t-1", add("r1", 3, 4));
+        f.append("t-1", add("r2", 2, 4));
+        let all = read_all(f.root(), "t-1").unwrap();
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3, 4, 5]);
         assert_eq!(all[0].message["id"], "r1-1");
         assert_eq!(all[3].run_id, "r2");
-        let page = read_page(dir.path(), "t-1", Some(4), 10).unwrap();
+        let page = read_page(f.root(), "t-1", Some(4), 10).unwrap();
         assert_eq!(
             page.entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
             [2, 3]
         );
-        assert!(read_all(dir.path(), "other").unwrap().is_empty());
+        assert!(read_all(f.root(), "other").unwrap().is_empty());
         let mode = std::os::unix::fs::PermissionsExt::mode(
-            &std::fs::metadata(super::dir(dir.path()).join("t-1.jsonl"))
+            &std::fs::metadata(super::dir(f.root()).join("t-1.jsonl"))
                 .unwrap()
                 .permissions(),
         );
@@ -609,31 +674,14 @@ mod tests {
 
     #[test]
     fn concurrent_appends_to_one_thread_lose_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let (locks, sync) = (
-            std::sync::Arc::new(Locks::default()),
-            std::sync::Arc::new(DirSync::default()),
-        );
-        let handles: Vec<_> = (0..8)
-            .map(|i| {
-                let (root, locks, sync) = (dir.path().to_owned(), locks.clone(), sync.clone());
-                std::thread::spawn(move || {
-                    append(
-                        &root,
-                        &locks,
-                        direct(&sync),
-                        &Index::default(),
-                        "t",
-                        add(&format!("r{i}"), 5, 1000),
-                    )
-                    .unwrap()
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
-        let all = read_all(dir.path(), "t").unwrap();
+        let f = Files::new();
+        std::thread::scope(|scope| {
+            for i in 0..8 {
+                let f = &f;
+                scope.spawn(move || f.append("t", add(&format!("r{i}"), 5, 1000)));
+            }
+        });
+        let all = read_all(f.root(), "t").unwrap();
         assert_eq!(all.len(), 40);
         assert_eq!(
             all.iter().map(|e| e.seq).collect::<Vec<_>>(),
@@ -652,6 +700,15 @@ mod tests {
             active_run: None,
             pending: 0,
             order_key: None,
+        }
+    }
+
+    fn list_query() -> super::super::listing::ListQuery {
+        super::super::listing::ListQuery {
+            user: None,
+            archived: false,
+            after: None,
+            limit: 10,
         }
     }
 
@@ -674,27 +731,16 @@ mod tests {
     fn committed_in(path: &Path) -> Option<Committed> {
         let f = File::open(path).unwrap();
         let size = f.metadata().unwrap().len();
-        committed(&f, size)
+        committed(&f, size).map(|(c, _)| c)
     }
 
     /// Appends add lines to the file (no file is made again) until it holds half as many lines
     /// again as it keeps; it is compacted then, and its size stays bounded however many runs.
     #[test]
     fn appends_grow_the_file_until_it_is_compacted() {
-        let dir = tempfile::tempdir().unwrap();
-        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
-        let put = |run: usize| {
-            append(
-                dir.path(),
-                &locks,
-                direct(&sync),
-                &idx,
-                "t",
-                add(&format!("r{run}"), 2, 100),
-            )
-            .unwrap()
-        };
-        let path = file(dir.path(), "t");
+        let f = Files::new();
+        let put = |run: usize| f.append("t", add(&format!("r{run}"), 2, 100));
+        let path = file(f.root(), "t");
         put(0);
         let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
         let first = inode();
@@ -706,7 +752,7 @@ mod tests {
         // 100 entries and 51 summary lines: within the bound (100 + 50 + 64), still appended.
         assert_eq!(inode(), first);
         assert_eq!(lines_in(&path), 151);
-        assert_eq!(seqs(dir.path(), "t"), (1..=100).collect::<Vec<_>>());
+        assert_eq!(seqs(f.root(), "t"), (1..=100).collect::<Vec<_>>());
         let mut most = 0;
         for run in 50..500 {
             put(run);
@@ -715,8 +761,8 @@ mod tests {
         }
         assert!(most > 151);
         // The newest 100 are what a reader gets, however many lines are left behind them.
-        assert_eq!(seqs(dir.path(), "t"), (901..=1000).collect::<Vec<_>>());
-        let page = read_page(dir.path(), "t", None, 10).unwrap();
+        assert_eq!(seqs(f.root(), "t"), (901..=1000).collect::<Vec<_>>());
+        let page = read_page(f.root(), "t", None, 10).unwrap();
         assert_eq!(page.entries.first().unwrap().seq, 991);
         assert!(page.more);
     }
@@ -725,18 +771,9 @@ mod tests {
     /// a line cut short) is not read, and the next write goes on from what was committed.
     #[test]
     fn a_torn_write_is_not_read_and_the_next_write_mends_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
-        append(
-            dir.path(),
-            &locks,
-            direct(&sync),
-            &idx,
-            "t",
-            add("r1", 2, 10),
-        )
-        .unwrap();
-        let path = file(dir.path(), "t");
+        let f = Files::new();
+        f.append("t", add("r1", 2, 10));
+        let path = file(f.root(), "t");
         let committed = std::fs::read(&path).unwrap();
         for torn in [
             "{\"seq\":3,\"runId\":\"r2\",\"at\":\"x\",\"message\":{}}\n",
@@ -746,20 +783,12 @@ mod tests {
             let mut bytes = committed.clone();
             bytes.extend_from_slice(torn.as_bytes());
             std::fs::write(&path, &bytes).unwrap();
-            assert_eq!(seqs(dir.path(), "t"), [1, 2], "{torn}");
+            assert_eq!(seqs(f.root(), "t"), [1, 2], "{torn}");
             assert_eq!(last_summary(&path).unwrap().thread.thread_id, "t");
             assert_eq!(committed_in(&path), None);
         }
-        append(
-            dir.path(),
-            &locks,
-            direct(&sync),
-            &idx,
-            "t",
-            add("r3", 1, 10),
-        )
-        .unwrap();
-        let all = read_all(dir.path(), "t").unwrap();
+        f.append("t", add("r3", 1, 10));
+        let all = read_all(f.root(), "t").unwrap();
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(all[2].run_id, "r3");
         // Mended: the file ends with a summary line again, and appends go on.
@@ -770,9 +799,9 @@ mod tests {
     /// listed, and rewritten in this format at its next write.
     #[test]
     fn a_transcript_with_its_summary_first_is_read_and_carried_on() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(super::dir(dir.path())).unwrap();
-        let path = file(dir.path(), "old");
+        let f = Files::new();
+        std::fs::create_dir_all(super::dir(f.root())).unwrap();
+        let path = file(f.root(), "old");
         let mut s = summary("old");
         s.title = Some("Old title".into());
         let entry = |seq: u64| {
@@ -785,22 +814,13 @@ mod tests {
             entry(8)
         );
         std::fs::write(&path, text).unwrap();
-        assert_eq!(seqs(dir.path(), "old"), [7, 8]);
+        assert_eq!(seqs(f.root(), "old"), [7, 8]);
         assert_eq!(
             last_summary(&path).unwrap().thread.title.as_deref(),
             Some("Old title")
         );
-        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
-        append(
-            dir.path(),
-            &locks,
-            direct(&sync),
-            &idx,
-            "old",
-            add("r9", 1, 10),
-        )
-        .unwrap();
-        assert_eq!(seqs(dir.path(), "old"), [7, 8, 9]);
+        f.append("old", add("r9", 1, 10));
+        assert_eq!(seqs(f.root(), "old"), [7, 8, 9]);
         assert_eq!(
             committed_in(&path),
             Some(Committed {
@@ -815,61 +835,113 @@ mod tests {
     /// transcript makes one; many patches compact the file too.
     #[test]
     fn a_summary_written_alone_ends_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
+        let f = Files::new();
         let mut s = summary("t");
         s.archived = true;
-        write_header(dir.path(), &locks, &sync, "t", &s).unwrap();
-        let path = file(dir.path(), "t");
+        f.write_header("t", &s);
+        let path = file(f.root(), "t");
         assert!(last_summary(&path).unwrap().thread.archived);
-        assert!(read_all(dir.path(), "t").unwrap().is_empty());
-        append(
-            dir.path(),
-            &locks,
-            direct(&sync),
-            &idx,
-            "t",
-            add("r1", 2, 10),
-        )
-        .unwrap();
+        assert!(read_all(f.root(), "t").unwrap().is_empty());
+        f.append("t", add("r1", 2, 10));
         for i in 0..200 {
             s.title = Some(format!("title {i}"));
-            write_header(dir.path(), &locks, &sync, "t", &s).unwrap();
+            f.write_header("t", &s);
         }
         assert_eq!(
             last_summary(&path).unwrap().thread.title.as_deref(),
             Some("title 199")
         );
-        assert_eq!(seqs(dir.path(), "t"), [1, 2]);
+        assert_eq!(seqs(f.root(), "t"), [1, 2]);
         assert!(lines_in(&path) <= 2 + 1 + 64, "{} lines", lines_in(&path));
     }
 
     #[test]
     fn a_symlinked_transcript_is_refused_not_followed() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(super::dir(dir.path())).unwrap();
-        std::fs::write(dir.path().join("secret"), b"{}\n").unwrap();
+        let f = Files::new();
+        std::fs::create_dir_all(super::dir(f.root())).unwrap();
+        std::fs::write(f.root().join("secret"), b"{}\n").unwrap();
         std::os::unix::fs::symlink(
-            dir.path().join("secret"),
-            super::dir(dir.path()).join("t.jsonl"),
+            f.root().join("secret"),
+            super::dir(f.root()).join("t.jsonl"),
         )
         .unwrap();
         assert!(matches!(
-            read_all(dir.path(), "t"),
+            read_all(f.root(), "t"),
             Err(StoreError::Invalid(_))
         ));
-        let (locks, sync, idx) = (Locks::default(), DirSync::default(), Index::default());
         assert!(matches!(
-            append(
-                dir.path(),
-                &locks,
-                direct(&sync),
-                &idx,
-                "t",
-                add("r", 1, 10)
-            ),
+            f.try_append("t", add("r", 1, 10)),
             Err(StoreError::Invalid(_))
         ));
-        assert_eq!(std::fs::read(dir.path().join("secret")).unwrap(), b"{}\n");
+        assert_eq!(std::fs::read(f.root().join("secret")).unwrap(), b"{}\n");
+    }
+
+    /// Long messages under a limit that keeps them all: the file stays within its byte budget,
+    /// the oldest going first, and what is read is the newest run of entries without a gap.
+    #[test]
+    fn a_transcript_stays_within_its_byte_budget() {
+        let f = Files::new();
+        let path = file(f.root(), "t");
+        let long = "x".repeat(2000);
+        for run in 0..100 {
+            let mut a = add(&format!("r{run}"), 1, 1000);
+            a.messages[0]["content"] = json!(long);
+            f.append("t", a);
+            let size = std::fs::metadata(&path).unwrap().len();
+            assert!(size <= BUDGET_BYTES, "{size} bytes after run {run}");
+        }
+        let seqs = seqs(f.root(), "t");
+        let kept = seqs.len() as u64;
+        assert!((20..=32).contains(&kept), "{kept} entries kept");
+        assert_eq!(seqs, (101 - kept..=100).collect::<Vec<_>>());
+        assert_eq!(
+            committed_in(&path).map(|c| (c.last, c.from)),
+            Some((100, 101 - kept))
+        );
+    }
+
+    /// A thread deleted meanwhile (`live` false under the thread's lock) gets no transcript and no
+    /// summary written: nothing that would list it again.
+    #[test]
+    fn a_deleted_thread_gets_nothing_written() {
+        let f = Files::new();
+        let durable = Durable {
+            dir_sync: &f.sync,
+            journal: None,
+        };
+        let gone = || false;
+        let a = add("late", 2, 10);
+        let w = append(f.root(), &f.locks, durable, &f.index, "t", a, &gone).unwrap();
+        assert!(w.is_none());
+        write_header(f.root(), &f.locks, &f.sync, "t", &summary("t"), &gone).unwrap();
+        assert!(!file(f.root(), "t").exists());
+        assert!(f.index.list(f.root(), &list_query()).threads.is_empty());
+        // Removed with its thread: what `first` says is what `remove` answers.
+        f.append("u", add("r1", 1, 10));
+        assert!(remove(f.root(), &f.locks, "u", || Ok(true)).unwrap());
+        assert!(!file(f.root(), "u").exists());
+        assert!(!remove(f.root(), &f.locks, "u", || Ok(false)).unwrap());
+    }
+
+    /// Just after a restart, before the summaries are read: a run's end keeps what the file's
+    /// summary says of the thread (creation, title, archived), not a fresh summary.
+    #[test]
+    fn an_append_before_the_list_is_read_keeps_the_files_summary() {
+        let f = Files::new();
+        let mut s = summary("t");
+        s.title = Some("First question".into());
+        s.archived = true;
+        s.created_at = "2025-01-01T00:00:00.000Z".into();
+        f.write_header("t", &s);
+        let restarted = Files {
+            dir: f.dir,
+            ..Files::default()
+        };
+        restarted.append("t", add("r1", 1, 10));
+        let written = last_summary(&file(restarted.root(), "t")).unwrap().thread;
+        assert_eq!(written.created_at, "2025-01-01T00:00:00.000Z");
+        assert_eq!(written.title.as_deref(), Some("First question"));
+        assert!(written.archived);
+        assert_eq!(written.last_activity_at, "2026-12-02T00:00:00.000Z");
     }
 }

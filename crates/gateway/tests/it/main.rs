@@ -29,6 +29,7 @@ mod protocol;
 mod real_kernel;
 mod reattach;
 mod stall;
+mod store_pg;
 mod store_tls;
 mod support;
 mod telemetry;

@@ -29,7 +29,7 @@
 //! save — the failed batch's included — is a direct durable write (fsync of file and directory).
 //! Until the retirement succeeds, saves fail (fail closed).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -43,8 +43,8 @@ mod record;
 
 use super::fs::{ensure_dir, make_durable, sync_dir};
 use super::{StoreError, ThreadDoc};
-use record::{decode, generations};
 pub(super) use record::{encode, encode_kind, Kind};
+use record::{generations, read_left};
 
 /// A generation is checkpointed once it holds this much…
 const ROTATE_BYTES: u64 = 8 * 1024 * 1024;
@@ -170,7 +170,7 @@ pub(super) struct Journal {
 
 impl Journal {
     /// Replays what a previous process left (newest record per thread, written with `durable`;
-    /// each transcript record, in order, with `transcript`), deletes the journal files and
+    /// then each transcript record, in order, with `transcript`), deletes the journal files and
     /// returns the journal and the number of threads replayed.
     pub(super) fn open(
         root: &Path,
@@ -181,30 +181,20 @@ impl Journal {
     ) -> Result<(Arc<Journal>, usize), StoreError> {
         let dir = root.join("journal");
         let gens = generations(&dir)?;
-        let mut newest: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-        for (_, path) in &gens {
-            let bytes = fs::read(path)?;
-            for r in decode(&bytes) {
-                match r.kind {
-                    Kind::Doc => {
-                        newest.insert(r.thread_id, r.bytes);
-                    }
-                    // History, not state: a transcript that cannot be mended does not stop
-                    // the start.
-                    Kind::Transcript => {
-                        if let Err(e) = transcript(&r.thread_id, &r.bytes) {
-                            tracing::warn!(thread_id = %r.thread_id, error = %e,
-                                "a transcript could not be completed from the journal");
-                        }
-                    }
-                }
-            }
-        }
+        let (newest, appends) = read_left(&gens)?;
         for (id, doc) in &newest {
             ThreadDoc::from_json(doc, id).map_err(|e| {
                 StoreError::Invalid(format!("journal record of thread {id:?}: {e}"))
             })?;
             durable(id, doc)?;
+        }
+        // After the documents, so that `transcript` sees which threads exist; in order.
+        for r in appends {
+            // History, not state: a transcript that cannot be mended does not stop the start.
+            if let Err(e) = transcript(&r.thread_id, &r.bytes) {
+                tracing::warn!(thread_id = %r.thread_id, error = %e,
+                    "a transcript could not be completed from the journal");
+            }
         }
         for (_, path) in &gens {
             fs::remove_file(path)?;

@@ -6,6 +6,7 @@
 //! the first short or damaged record: a later record can only have been acknowledged after every
 //! earlier one was synced, so nothing acknowledged lies behind a torn tail.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -84,6 +85,27 @@ pub(super) fn decode(mut bytes: &[u8]) -> Vec<Record> {
         bytes = &bytes[HEADER + len..];
     }
     out
+}
+
+/// The newest document of each thread.
+pub(super) type Newest = BTreeMap<String, Vec<u8>>;
+
+/// What the generations `gens` hold: the newest document of each thread, and every transcript
+/// record in the order written.
+pub(super) fn read_left(gens: &[(u64, PathBuf)]) -> std::io::Result<(Newest, Vec<Record>)> {
+    let mut newest = BTreeMap::new();
+    let mut appends = Vec::new();
+    for (_, path) in gens {
+        for r in decode(&fs::read(path)?) {
+            match r.kind {
+                Kind::Doc => {
+                    newest.insert(r.thread_id, r.bytes);
+                }
+                Kind::Transcript => appends.push(r),
+            }
+        }
+    }
+    Ok((newest, appends))
 }
 
 /// Journal generations present in `dir`, oldest first.

@@ -1,13 +1,18 @@
 //! The PostgreSQL store's transcripts: `agui_transcript`, one row an entry, keyed by thread and
 //! `seq` (migration 3). An append is one transaction, serialised per thread by an advisory lock:
 //! the newest `seq` read, the run's entries inserted after it, the oldest beyond the limit
-//! deleted.
+//! deleted. A thread deleted meanwhile gets none: a run that outlives its thread's `DELETE` (a
+//! guidance run does not hold the thread) must not leave rows that a new thread of the same id
+//! would show.
 
 use super::{bounded, unavailable, PgStore};
 use crate::store::{StoreError, TranscriptAppend};
 use crate::transcript::{self, Entry, Page};
 
 const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('agui_transcript:' || $1))";
+/// The thread's row, kept from a concurrent `DELETE` until the append commits (the delete then
+/// removes what it appended).
+const EXISTS: &str = "SELECT 1 FROM agui_threads WHERE thread_id = $1 FOR KEY SHARE";
 const LAST: &str = "SELECT COALESCE(max(seq), 0) FROM agui_transcript WHERE thread_id = $1";
 const INSERT: &str = "INSERT INTO agui_transcript (thread_id, seq, run_id, at, message)
     SELECT $1, s, $2, $3, m FROM unnest($4::bigint[], $5::text[]) AS x(s, m)";
@@ -28,6 +33,11 @@ impl PgStore {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(unavailable)?;
             tx.execute(LOCK, &[&thread_id]).await.map_err(unavailable)?;
+            let exists = tx.query_opt(EXISTS, &[&thread_id]).await;
+            if exists.map_err(unavailable)?.is_none() {
+                tracing::info!(thread_id, "a transcript not kept: its thread was deleted");
+                return tx.commit().await.map_err(unavailable);
+            }
             let last: i64 = tx
                 .query_one(LAST, &[&thread_id])
                 .await
