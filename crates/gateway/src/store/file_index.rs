@@ -41,7 +41,7 @@ impl Index {
             let id = &doc.thread_id;
             i.threads.upsert(
                 id,
-                || fresh(id, now),
+                || ThreadSummary::new(id, now),
                 |s| {
                     s.owner = doc.owner_or_user().map(str::to_owned);
                     s.last_activity_at = now.to_owned();
@@ -70,7 +70,7 @@ impl Index {
             }
             i.threads.upsert(
                 thread_id,
-                || fresh(thread_id, now),
+                || ThreadSummary::new(thread_id, now),
                 |s| {
                     if s.title.is_none() {
                         s.title = title;
@@ -121,20 +121,6 @@ impl Index {
                 i.gone = HashSet::new();
             });
         });
-    }
-}
-
-fn fresh(thread_id: &str, now: &str) -> ThreadSummary {
-    ThreadSummary {
-        thread_id: thread_id.to_owned(),
-        owner: None,
-        title: None,
-        created_at: now.to_owned(),
-        last_activity_at: now.to_owned(),
-        archived: false,
-        active_run: None,
-        pending: 0,
-        order_key: None,
     }
 }
 
@@ -217,7 +203,7 @@ mod tests {
         // What a previous process wrote: an older thread of alice's, one of bob's, a file that
         // names another thread.
         let header = |id: &str, owner: &str, at: &str| {
-            let mut s = fresh(id, at);
+            let mut s = ThreadSummary::new(id, at);
             s.owner = Some(owner.into());
             s.active_run = Some("lost".into());
             format!("{}\n", serde_json::to_string(&Header::of(s)).unwrap())
@@ -254,7 +240,7 @@ mod tests {
     #[test]
     fn a_thread_deleted_before_the_disk_is_read_stays_deleted() {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = fresh("t1", "2026-01-01T00:00:00.000Z");
+        let mut s = ThreadSummary::new("t1", "2026-01-01T00:00:00.000Z");
         s.owner = Some("alice".into());
         let line = serde_json::to_string(&Header::of(s)).unwrap();
         std::fs::write(dir.path().join("t1.jsonl"), format!("{line}\n")).unwrap();

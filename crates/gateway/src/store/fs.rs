@@ -54,13 +54,18 @@ fn syncfs(f: &File) -> std::io::Result<()> {
 /// cheaper.
 const FSYNC_EACH_MAX: usize = 64;
 
+/// Whether `total` files are made durable by `syncfs` rather than one `fsync` each.
+fn by_syncfs(total: usize) -> bool {
+    total > FSYNC_EACH_MAX
+}
+
 /// Makes the given files of each directory (and the directories) durable: one by one, or, when
 /// there are more than [`FSYNC_EACH_MAX`] in all, by one `syncfs` of each directory's file
 /// system (the second of the same file system finds nothing left to write).
 pub(super) fn make_durable(groups: &[(&Path, &HashSet<PathBuf>)]) -> std::io::Result<()> {
-    let total: usize = groups.iter().map(|(_, files)| files.len()).sum();
+    let many = by_syncfs(groups.iter().map(|(_, files)| files.len()).sum());
     for (dir, files) in groups.iter().filter(|(_, files)| !files.is_empty()) {
-        if total > FSYNC_EACH_MAX {
+        if many {
             syncfs(&File::open(dir)?)?;
             continue;
         }
@@ -292,6 +297,37 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
+
+    /// Both ways: up to 64 files one `fsync` each (a file replaced since is skipped), more by
+    /// one `syncfs` a directory; either way a directory that is gone is an error, not a silent
+    /// success.
+    #[test]
+    fn files_are_made_durable_one_by_one_or_by_syncfs() {
+        assert!(!by_syncfs(FSYNC_EACH_MAX));
+        assert!(by_syncfs(FSYNC_EACH_MAX + 1));
+        let root = tempfile::tempdir().unwrap();
+        let (a, b) = (root.path().join("a"), root.path().join("b"));
+        for n in [FSYNC_EACH_MAX, FSYNC_EACH_MAX + 1] {
+            let mut groups = Vec::new();
+            for d in [&a, &b] {
+                std::fs::create_dir_all(d).unwrap();
+                let files: HashSet<PathBuf> = (0..n / 2 + n % 2)
+                    .map(|i| d.join(format!("{n}-{i}")))
+                    .collect();
+                for f in &files {
+                    std::fs::write(f, b"x").unwrap();
+                }
+                groups.push((d.as_path(), files));
+            }
+            let refs: Vec<_> = groups.iter().map(|(d, f)| (*d, f)).collect();
+            // One file replaced (gone) since it was written.
+            std::fs::remove_file(refs[0].1.iter().next().unwrap()).unwrap();
+            make_durable(&refs).unwrap();
+            std::fs::remove_dir_all(&b).unwrap();
+            let e = make_durable(&refs).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{n} files");
+        }
+    }
 
     /// Writers that ask while a sync runs all wait for the next one: however many they are, they
     /// share it.

@@ -125,15 +125,8 @@ mod tests {
 
     fn s(id: &str, owner: Option<&str>, at: &str) -> ThreadSummary {
         ThreadSummary {
-            thread_id: id.into(),
             owner: owner.map(str::to_owned),
-            title: None,
-            created_at: at.into(),
-            last_activity_at: at.into(),
-            archived: false,
-            active_run: None,
-            pending: 0,
-            order_key: None,
+            ..ThreadSummary::new(id, at)
         }
     }
 

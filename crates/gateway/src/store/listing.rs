@@ -47,6 +47,21 @@ pub struct ThreadSummary {
 }
 
 impl ThreadSummary {
+    /// A thread first seen `at`: no owner, title or run yet.
+    pub fn new(thread_id: &str, at: &str) -> ThreadSummary {
+        ThreadSummary {
+            thread_id: thread_id.to_owned(),
+            owner: None,
+            title: None,
+            created_at: at.to_owned(),
+            last_activity_at: at.to_owned(),
+            archived: false,
+            active_run: None,
+            pending: 0,
+            order_key: None,
+        }
+    }
+
     /// Where this summary stands in the order.
     pub fn position(&self) -> Cursor {
         Cursor {
@@ -170,15 +185,8 @@ mod tests {
 
     fn s(id: &str, owner: &str, at: &str) -> ThreadSummary {
         ThreadSummary {
-            thread_id: id.into(),
             owner: Some(owner.into()),
-            title: None,
-            created_at: at.into(),
-            last_activity_at: at.into(),
-            archived: false,
-            active_run: None,
-            pending: 0,
-            order_key: None,
+            ..ThreadSummary::new(id, at)
         }
     }
 

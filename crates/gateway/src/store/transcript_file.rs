@@ -419,8 +419,9 @@ pub(super) fn sync(root: &Path, thread_id: &str) -> Result<(), StoreError> {
 
 /// Appends again, durably, what a transcript lacks of a journal record's lines (start-up, after a
 /// crash, one record at a time in the journal's order): the entries above the file's newest, with
-/// what that write kept (`from`). A record whose entries the file has changes nothing (the file's
-/// summary may be newer: a rename written since).
+/// what that write kept (`from`) and the file's own summary when it has one (it is what the list
+/// showed last: a rename may have been written since). A record whose entries the file has
+/// changes nothing.
 pub(super) fn replay(
     root: &Path,
     locks: &Locks,
@@ -440,31 +441,17 @@ pub(super) fn replay(
             "a journal record of a transcript without its summary".into(),
         ));
     };
-    let (have, current) = read_file(root, thread_id)?;
-    let newest = have
-        .last()
-        .map_or(0, |e| e.seq)
-        .max(current.as_ref().and_then(|h| h.last).unwrap_or(0));
-    if newest >= last {
-        return Ok(());
-    }
-    // The file's own summary when it has one (it is what the list showed last).
-    let summary = current.map_or(summary, |h| h.thread);
     let durable = Durable {
         dir_sync,
         journal: None,
     };
-    write(
-        root,
-        locks,
-        durable,
-        thread_id,
-        Keep::From(from),
-        Box::new(|newest, _| {
+    let make: Make<'_> = Box::new(|newest, on_disk| {
+        (newest < last).then(|| {
             let missing = entries.into_iter().filter(|e| e.seq > newest).collect();
-            Some((missing, summary))
-        }),
-    )?;
+            (missing, on_disk.cloned().unwrap_or(summary))
+        })
+    });
+    write(root, locks, durable, thread_id, Keep::From(from), make)?;
     Ok(())
 }
 
@@ -691,15 +678,8 @@ mod tests {
 
     fn summary(id: &str) -> ThreadSummary {
         ThreadSummary {
-            thread_id: id.into(),
             owner: Some("alice".into()),
-            title: None,
-            created_at: "2026-12-02T00:00:00.000Z".into(),
-            last_activity_at: "2026-12-02T00:00:00.000Z".into(),
-            archived: false,
-            active_run: None,
-            pending: 0,
-            order_key: None,
+            ..ThreadSummary::new(id, "2026-12-02T00:00:00.000Z")
         }
     }
 
