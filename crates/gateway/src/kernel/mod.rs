@@ -1,6 +1,7 @@
 //! The execution kernel: an external loopback URL, or a managed `iac-code a2a` child that the
 //! gateway starts (`launch`, with the `environment` it may have), watches, restarts and stops
-//! (`supervisor`), its output in the gateway's log (`output`).
+//! (`supervisor`), its output in the gateway's log (`output`). Where a thread's run goes among
+//! several kernels is decided in `place` (pure; the pool of kernels that applies it is to come).
 //!
 //! Runs ask for a [`a2a::Client`] here; there is none while a managed kernel starts or restarts,
 //! and a run waits (bounded) for it to be ready.
@@ -9,6 +10,7 @@ pub mod environment;
 pub mod launch;
 mod output;
 mod owner;
+pub mod place;
 mod supervisor;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -168,6 +168,10 @@ pub struct ThreadDoc {
     /// run, or of the first one after owners were recorded (`auth::access`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// `kernel` (written only with several kernels): the key of the kernel the thread's session
+    /// and task live on (`kernel::place`); a thread without one is on the first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
 }
 
 /// The document as written: its version and the thread.
@@ -250,6 +254,7 @@ impl ThreadDoc {
             active_run: None,
             last_run: None,
             owner: None,
+            kernel: None,
         }
     }
 
@@ -480,6 +485,7 @@ mod tests {
             ),
             (vec!["lastRun"], json!("success"), "lastRun"),
             (vec!["owner"], json!(["alice"]), "owner"),
+            (vec!["kernel"], json!(0), "kernel"),
         ] {
             let mut v = good.clone();
             let (last, init) = path.split_last().unwrap();
@@ -506,6 +512,21 @@ mod tests {
             .unwrap()
             .replacen('{', r#"{"cwd": 1, "#, 1);
         assert!(ThreadDoc::from_json(text.as_bytes(), "thread-s3").is_ok());
+    }
+
+    /// The kernel a thread is on is written only when recorded (one kernel records none, so a
+    /// reference file stays as it is) and read back.
+    #[test]
+    fn the_kernel_round_trips_and_is_written_only_when_recorded() {
+        let bytes = reference("S03_after_interrupt.thread-s3.json");
+        let mut doc = ThreadDoc::from_json(&bytes, "thread-s3").unwrap();
+        assert_eq!(doc.kernel, None);
+        assert_eq!(doc.to_stored().unwrap(), bytes);
+        doc.kernel = Some("managed:1".into());
+        let stored = doc.to_stored().unwrap();
+        assert!(String::from_utf8_lossy(&stored).contains(r#""kernel": "managed:1""#));
+        let back = ThreadDoc::from_json(&stored, "thread-s3").unwrap();
+        assert_eq!(back, doc);
     }
 
     /// A thread's owner is written only when known (a reference file stays as it is) and read

@@ -163,6 +163,7 @@ struct DocShape {
     active_run: Found<Option<Obj<RunMarkShape>>>,
     last_run: Found<Option<Obj<LastRunShape>>>,
     owner: Found<Option<String>>,
+    kernel: Found<Option<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -333,6 +334,7 @@ impl DocShape {
             }),
         };
         let owner = self.owner.optional("owner")?;
+        let kernel = self.kernel.optional("kernel")?;
         Ok(ThreadDoc {
             thread_id: thread_id.to_owned(),
             context_id,
@@ -349,6 +351,7 @@ impl DocShape {
             active_run,
             last_run,
             owner,
+            kernel,
         })
     }
 }
