@@ -3,6 +3,10 @@
 # tier (the pinned iac-code kernel is installed into a cached venv by scripts/kernel-venv.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# Build outputs live in the cache outside the checkout, so a fresh clone reuses the compiled
+# dependencies of the last run (an explicit CARGO_TARGET_DIR wins).
+cache="${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$cache/target}"
 
 echo "== fmt"
 cargo fmt --all -- --check
@@ -13,14 +17,14 @@ IAC_CODE_AGUI_KERNEL_BIN=$(bash scripts/kernel-venv.sh)
 export IAC_CODE_AGUI_KERNEL_BIN
 echo "== conformance clients (@ag-ui/client 1.0.0, 0.0.59 and 0.0.58; puppeteer-core, esbuild)"
 npm ci --prefix conformance --no-audit --no-fund --loglevel=error \
-  --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
+  --cache "$cache/npm"
 echo "== the JavaScript client (clients/js: its own tests with @ag-ui/client 1.0.0 and 0.0.59, and its types)"
 npm ci --prefix clients/js --no-audit --no-fund --loglevel=error \
-  --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
+  --cache "$cache/npm"
 npm test --prefix clients/js
 echo "== CopilotKit's runtime 1.75.0 (the client's end-to-end test with it; telemetry off in the test)"
 npm ci --prefix clients/js/e2e/copilotkit --no-audit --no-fund --loglevel=error \
-  --cache "${IAC_CODE_AGUI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/iac-code-agui}/npm"
+  --cache "$cache/npm"
 echo "== chromium, prometheus and postgresql (the real-browser, operability and several-instances"
 echo "   tiers; Debian's packages: puppeteer-core downloads no browser; prometheus brings promtool)"
 missing=()
@@ -44,7 +48,10 @@ profile=default
 [ "${CI:-}" = "true" ] && profile=ci
 cargo nextest run --workspace --locked --profile "$profile"
 echo "== benchmark smoke (small sizes; no timing assertion)"
-cargo build --locked -p agui-bench -p iac-code-agui
-./target/debug/agui-bench --smoke --gateway ./target/debug/iac-code-agui
-./target/debug/agui-bench --smoke --gateway ./target/debug/iac-code-agui --compare "" --rounds 1
-./target/debug/agui-bench --smoke --gateway ./target/debug/iac-code-agui --threads
+# The features the tests were built with: only the benchmark's binary is linked anew.
+cargo build --locked --workspace --all-targets
+bench="$CARGO_TARGET_DIR/debug/agui-bench"
+gateway="$CARGO_TARGET_DIR/debug/iac-code-agui"
+"$bench" --smoke --gateway "$gateway"
+"$bench" --smoke --gateway "$gateway" --compare "" --rounds 1
+"$bench" --smoke --gateway "$gateway" --threads
