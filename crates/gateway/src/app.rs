@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{urls, Config, Env};
 use crate::http::{self, AppState};
-use crate::kernel::{ChildSpec, Kernel, Launch};
+use crate::kernel::{ChildSpec, Kernel, Launch, Pool};
 use crate::run::Runtime;
 use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
@@ -168,16 +168,17 @@ pub fn build(opts: Options) -> AppState {
         }),
     };
     let metrics = opts.metrics.unwrap_or_default();
-    let kernel = opts
-        .kernel
-        .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env, &metrics));
-    metrics.watch_kernel(kernel.clone());
+    let kernels = Pool::one(
+        opts.kernel
+            .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env, &metrics)),
+    );
+    metrics.watch_kernel(kernels.clone());
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
     let refresh = opts.cfg.jwt.jwks_refresh;
     let mut rt = Runtime::new(
         opts.cfg,
         store,
-        kernel,
+        kernels,
         clock,
         opts.env,
         opts.channel_capacity,
@@ -238,7 +239,7 @@ pub async fn serve_with_admin(
     let (admin_stop, admin_done) = tokio::sync::oneshot::channel::<()>();
     let admin_task = admin.map(|l| {
         // An external kernel is probed for `agui_kernel_up`; a managed one is watched anyway.
-        rt.kernel().probe_external(Duration::from_secs(5));
+        rt.kernels().probe_external(Duration::from_secs(5));
         let router = admin::router(rt.metrics().clone(), Some(rt.clone()));
         let stall = rt.cfg().client_stall_timeout;
         // Not capped: an operator's probe and scrape still answer when the public listener is
@@ -325,7 +326,7 @@ pub async fn serve_with_admin(
     while rt.activity().open_streams() > 0 && tokio::time::Instant::now() < runs_deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    rt.kernel().stop().await;
+    rt.kernels().stop().await;
     if let Err(e) = rt.threads().store().flush().await {
         tracing::warn!(error = %e, "state journal checkpoint at shutdown failed");
     }

@@ -26,7 +26,7 @@ impl CardCache {
                 return card.clone();
             }
         }
-        let Some(client) = rt.kernel().client() else {
+        let Some(client) = rt.kernels().any_client() else {
             return Value::Null;
         };
         match client.agent_card(CARD_TIMEOUT).await {

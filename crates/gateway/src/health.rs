@@ -10,13 +10,7 @@ use crate::run::Runtime;
 
 /// The answer, for a caller who is `authorized` (or not).
 pub fn answer(rt: &Runtime, authorized: bool) -> Response {
-    let mut kernel = rt.kernel().health();
-    if !authorized {
-        if let Some(k) = kernel.as_object_mut() {
-            k.remove("pid");
-            k.remove("error");
-        }
-    }
+    let kernel = rt.kernels().health(!authorized);
     let body = json!({
         "status": "ok",
         "protocol": "ag-ui",

@@ -11,6 +11,7 @@ pub mod launch;
 mod output;
 mod owner;
 pub mod place;
+mod pool;
 mod supervisor;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -20,6 +21,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 pub use launch::Launch;
+pub use pool::Pool;
 pub use supervisor::ChildSpec;
 
 /// Kernel state as reported by `/health`.

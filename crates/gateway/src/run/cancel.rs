@@ -140,7 +140,8 @@ pub async fn cancel(
     let mut outcome = CancelOutcome::Cancelled;
     if let Some(task) = &task_id {
         let client = rt
-            .kernel()
+            .kernels()
+            .first()
             .client()
             .ok_or_else(|| ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE))?;
         match client.cancel_task(task).await {

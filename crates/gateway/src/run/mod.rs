@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use crate::clock::Clock;
 use crate::config::{Config, Env};
-use crate::kernel::Kernel;
+use crate::kernel::Pool;
 use crate::limits::Limits;
 use crate::shutdown::{Activity, Shutdown};
 use crate::store::ThreadStore;
@@ -40,7 +40,7 @@ pub use threads::{ActiveRun, Holder, Locked, RunControl, Slot, ThreadState, Thre
 pub struct Runtime {
     cfg: Arc<Config>,
     threads: Arc<Threads>,
-    kernel: Arc<Kernel>,
+    kernels: Arc<Pool>,
     clock: Arc<dyn Clock>,
     env: Env,
     activity: Activity,
@@ -135,7 +135,7 @@ impl Runtime {
     pub fn new(
         cfg: Config,
         store: Arc<dyn ThreadStore>,
-        kernel: Arc<Kernel>,
+        kernels: Arc<Pool>,
         clock: Arc<dyn Clock>,
         env: Env,
         channel_capacity: usize,
@@ -150,7 +150,7 @@ impl Runtime {
                 crate::store::Metered::new(store, metrics.clone()),
                 metrics.clone(),
             )),
-            kernel,
+            kernels,
             clock,
             env,
             activity: Activity::default(),
@@ -237,8 +237,9 @@ impl Runtime {
         &self.threads
     }
 
-    pub fn kernel(&self) -> &Arc<Kernel> {
-        &self.kernel
+    /// The gateway's kernels.
+    pub fn kernels(&self) -> &Arc<Pool> {
+        &self.kernels
     }
 
     pub fn now_ms(&self) -> i64 {
@@ -293,7 +294,7 @@ impl Runtime {
 
     /// Cancels a kernel task in the background, bounded; nobody waits for the answer.
     pub fn cancel_task_later(&self, task: String) {
-        if let Some(client) = self.kernel.client() {
+        if let Some(client) = self.kernels.first().client() {
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(driver::CANCEL_WAIT, client.cancel_task(&task)).await;
             });

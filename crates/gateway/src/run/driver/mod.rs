@@ -205,7 +205,7 @@ impl Driver {
             adm.execution_id.clone(),
         );
         Driver {
-            task: KernelTask::new(rt.kernel().clone()),
+            task: KernelTask::new(rt.kernels().first().clone()),
             rt,
             cwd: adm.req.cwd.to_string_lossy().into_owned(),
             adm,

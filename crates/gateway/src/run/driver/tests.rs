@@ -12,7 +12,7 @@ use super::*;
 use crate::clock::SystemClock;
 use crate::config::{Config, Env};
 use crate::i18n::Lang;
-use crate::kernel::Kernel;
+use crate::kernel::{Kernel, Pool};
 use crate::run::admit::{admit, RunRequest};
 use crate::store::FileStore;
 use crate::telemetry::{Metrics, RunOutcome};
@@ -34,7 +34,7 @@ async fn harness() -> Harness {
     let rt = Arc::new(Runtime::new(
         cfg,
         store,
-        k,
+        Pool::one(k),
         Arc::new(SystemClock),
         env,
         64,
