@@ -47,6 +47,15 @@ impl Options {
     }
 }
 
+/// The kernels of a configuration: `--kernels` managed children (sharing their task and session
+/// store, as the kernel keeps them under its configuration directory), or one external URL.
+pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
+    let slots = (0..cfg.kernels.max(1))
+        .map(|_| kernel_for(cfg, env, metrics))
+        .collect();
+    Pool::new(slots).expect("at least one kernel")
+}
+
 /// The kernel of a configuration: external URL, or a managed child; its calls are timed in
 /// `metrics` and carry the trace context.
 pub fn kernel_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Kernel> {
@@ -168,10 +177,10 @@ pub fn build(opts: Options) -> AppState {
         }),
     };
     let metrics = opts.metrics.unwrap_or_default();
-    let kernels = Pool::one(
-        opts.kernel
-            .unwrap_or_else(|| kernel_for(&opts.cfg, &opts.env, &metrics)),
-    );
+    let kernels = match opts.kernel {
+        Some(k) => Pool::one(k),
+        None => pool_for(&opts.cfg, &opts.env, &metrics),
+    };
     metrics.watch_kernel(kernels.clone());
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
     let refresh = opts.cfg.jwt.jwks_refresh;

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::layers::Counted;
 use super::urls;
 use super::LogFormat;
 use crate::kernel::environment;
@@ -23,6 +24,12 @@ const ADVERTISE_NEEDED: &str =
     "--advertise-url is needed with --state-url when --host is a wildcard address.";
 pub(super) const MAX_IMAGE_DECODES: &str =
     "--max-image-decodes must be an integer between 1 and 1024.";
+pub(super) const KERNELS: &str = "--kernels must be an integer between 1 and 64, or auto.";
+const KERNELS_EXTERNAL: &str =
+    "--kernels above 1 needs managed kernels: it cannot be used with --a2a-url.";
+/// What `--kernels auto` counts a kernel to need: an idle kernel holds about 140 MiB, and its
+/// sessions grow it.
+pub(super) const KERNEL_MEMORY: u64 = 512 * 1024 * 1024;
 pub(super) const KERNEL_ENV: &str = "--kernel-env must be a list of variable names.";
 pub(super) const LOOPBACK: &str =
     "The AG-UI adapter may connect only to a loopback A2A HTTP(S) URL.";
@@ -92,6 +99,31 @@ pub(super) fn max_image_decodes(v: i64) -> Result<usize, String> {
         .contains(&v)
         .then_some(v as usize)
         .ok_or_else(|| MAX_IMAGE_DECODES.to_owned())
+}
+
+/// How many managed kernels: 1 unless asked; `auto` one a core, as many as `memory` bytes hold
+/// at [`KERNEL_MEMORY`] each (unknown memory bounds nothing), from 1 to 64. An external kernel
+/// is one.
+pub(super) fn kernels(
+    v: Option<Counted>,
+    external: bool,
+    cores: i64,
+    memory: Option<u64>,
+) -> Result<usize, String> {
+    let n = match v {
+        None => 1,
+        Some(Counted::N(n)) if (1..=64).contains(&n) => n as usize,
+        Some(Counted::N(_)) => return Err(KERNELS.to_owned()),
+        Some(Counted::Auto) if external => 1,
+        Some(Counted::Auto) => {
+            let fit = memory.map_or(u64::MAX, |m| m / KERNEL_MEMORY);
+            (cores.max(1) as u64).min(fit).clamp(1, 64) as usize
+        }
+    };
+    if n > 1 && external {
+        return Err(KERNELS_EXTERNAL.to_owned());
+    }
+    Ok(n)
 }
 
 /// How long a request body may take: a bound, never zero (a body could otherwise take for ever).

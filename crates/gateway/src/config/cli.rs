@@ -11,7 +11,7 @@ pub struct Cli {
     /// kernel_idle_timeout, client_stall_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
     /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,
-    /// max_readers_per_run, max_guidance_per_thread, transcript_limit, max_image_decodes, body_timeout,
+    /// max_readers_per_run, max_guidance_per_thread, transcript_limit, max_image_decodes, kernels, body_timeout,
     /// linger_timeout, allowed_hosts, allow_unauthenticated, auth_jwks, auth_issuer,
     /// auth_audience, auth_user_claim, auth_jwks_refresh, state_ca_file, tls_cert, tls_key,
     /// metrics_tls_cert, metrics_tls_key, cluster_ca; dashes or underscores).
@@ -213,6 +213,16 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub max_image_decodes: Option<String>,
+    /// Managed kernels, each its own `iac-code a2a` process sharing one task and session store
+    /// (a kernel turn uses about one core): a number, or auto (one a core, as many as the
+    /// memory holds at 512 MiB each; at most 64) [default: 1].
+    #[arg(
+        long,
+        value_name = "N|auto",
+        env = "IAC_CODE_AGUI_KERNELS",
+        allow_hyphen_values = true
+    )]
+    pub kernels: Option<String>,
     /// Seconds a request body may take to arrive whole after its head; past them the request is
     /// answered 408 BODY_TIMEOUT and the connection closed [default: 60].
     #[arg(

@@ -81,6 +81,17 @@ pub(super) struct Number;
 /// A whole number: the flag's text as one, a YAML integer.
 pub(super) struct Integer;
 
+/// A count or `auto`: the flag's text as a whole number or `auto`, a YAML integer or the string
+/// `auto`.
+pub(super) struct Count;
+
+/// A [`Count`]'s value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Counted {
+    Auto,
+    N(i64),
+}
+
 /// On or off: a switch flag (given as on or off), a YAML boolean.
 pub(super) struct Switch;
 
@@ -119,6 +130,26 @@ impl Kind for Number {
     fn from_yaml(value: &Yaml) -> Result<Option<f64>, Wrong> {
         match value {
             Yaml::Number(n) => n.as_f64().map(Some).ok_or(Wrong),
+            _ => Err(Wrong),
+        }
+    }
+}
+
+impl Kind for Count {
+    type Flag = String;
+    type Value = Counted;
+    fn from_flag(flag: String) -> Result<Option<Counted>, Wrong> {
+        match flag.trim() {
+            "" => Ok(None),
+            "auto" => Ok(Some(Counted::Auto)),
+            n => n.parse().map(|n| Some(Counted::N(n))).map_err(|_| Wrong),
+        }
+    }
+    fn from_yaml(value: &Yaml) -> Result<Option<Counted>, Wrong> {
+        match value {
+            Yaml::Number(n) => n.as_i64().map(|n| Some(Counted::N(n))).ok_or(Wrong),
+            Yaml::String(s) if s.trim() == "auto" => Ok(Some(Counted::Auto)),
+            Yaml::String(s) if blank(s) => Ok(None),
             _ => Err(Wrong),
         }
     }

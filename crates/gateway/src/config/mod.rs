@@ -16,12 +16,13 @@ mod caps;
 mod check;
 mod cli;
 mod layers;
+mod machine;
 pub mod urls;
 
 pub use caps::Caps;
 pub use check::a2a_url as validate_a2a_url;
 pub use cli::Cli;
-use layers::{Integer, Layers, List, Number, Opt, Switch, Text, YamlFile};
+use layers::{Count, Integer, Layers, List, Number, Opt, Switch, Text, YamlFile};
 
 use crate::cors::Origins;
 use crate::hosts::AllowedHosts;
@@ -84,6 +85,8 @@ pub struct Config {
     pub caps: Caps,
     /// Images decoded at once across requests (the others wait their turn).
     pub max_image_decodes: usize,
+    /// Managed kernels (`--kernels`; 1 with an external one).
+    pub kernels: usize,
     /// How long a request body may take to arrive whole after its head.
     pub body_timeout: Duration,
     /// How long a request body an early answer left unread is read on and discarded; zero ⇒
@@ -186,6 +189,7 @@ const KERNEL_PERSISTENCE_DIR: Opt<Text> = Opt::new(
 );
 const KERNEL_ENV: Opt<List> = Opt::new("kernel_env", check::KERNEL_ENV);
 const MAX_IMAGE_DECODES: Opt<Integer> = Opt::new("max_image_decodes", check::MAX_IMAGE_DECODES);
+const KERNELS: Opt<Count> = Opt::new("kernels", check::KERNELS);
 const BODY_TIMEOUT: Opt<Number> = Opt::new("body_timeout", check::BODY_TIMEOUT);
 const LINGER_TIMEOUT: Opt<Number> = Opt::new(
     "linger_timeout",
@@ -309,6 +313,8 @@ impl Config {
         let max_image_decodes = l.get(&MAX_IMAGE_DECODES, cli.max_image_decodes)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as i64);
         let max_image_decodes = check::max_image_decodes(max_image_decodes.unwrap_or(cores))?;
+        let kernels = l.get(&KERNELS, cli.kernels)?;
+        let kernels = check::kernels(kernels, a2a_url.is_some(), cores, machine::memory_bytes())?;
         let body_timeout = l.get(&BODY_TIMEOUT, cli.body_timeout)?.unwrap_or(60.0);
         let body_timeout = check::body_timeout(body_timeout)?;
         let linger_timeout = seconds(&LINGER_TIMEOUT, cli.linger_timeout, 10.0)?;
@@ -356,6 +362,7 @@ impl Config {
             kernel_env,
             caps,
             max_image_decodes,
+            kernels,
             body_timeout,
             linger_timeout,
             allowed_hosts,
@@ -473,6 +480,7 @@ impl fmt::Debug for Config {
             kernel_env,
             caps,
             max_image_decodes,
+            kernels,
             body_timeout,
             linger_timeout,
             allowed_hosts,
@@ -516,6 +524,7 @@ impl fmt::Debug for Config {
             .field("kernel_env", kernel_env)
             .field("caps", caps)
             .field("max_image_decodes", max_image_decodes)
+            .field("kernels", kernels)
             .field("body_timeout", body_timeout)
             .field("linger_timeout", linger_timeout)
             .field("allowed_hosts", allowed_hosts)
@@ -596,6 +605,7 @@ mod tests {
             ),
             ("transcript_limit", "IAC_CODE_AGUI_TRANSCRIPT_LIMIT"),
             ("max_image_decodes", "IAC_CODE_AGUI_MAX_IMAGE_DECODES"),
+            ("kernels", "IAC_CODE_AGUI_KERNELS"),
             ("body_timeout", "IAC_CODE_AGUI_BODY_TIMEOUT"),
             ("linger_timeout", "IAC_CODE_AGUI_LINGER_TIMEOUT"),
             ("allowed_host", "IAC_CODE_AGUI_ALLOWED_HOSTS"),
@@ -740,6 +750,62 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn kernels_from_each_layer_auto_and_bounded() {
+        assert_eq!(load(&[], &[]).unwrap().kernels, 1);
+        assert_eq!(load(&["--kernels", "3"], &[]).unwrap().kernels, 3);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        for (yaml, n) in [("kernels: 4\n", Some(4)), ("kernels: auto\n", None)] {
+            std::fs::write(&p, yaml).unwrap();
+            let c = load(&["--config", p.to_str().unwrap()], &[]).unwrap();
+            let auto = load(&["--kernels", "auto"], &[]).unwrap().kernels;
+            assert_eq!(c.kernels, n.unwrap_or(auto), "{yaml}");
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let auto = load(&["--kernels", "auto"], &[]).unwrap().kernels;
+        assert!((1..=cores.min(64)).contains(&auto), "{auto}");
+        for bad in ["0", "-1", "1.5", "x", "65", "Auto"] {
+            assert_eq!(
+                load(&["--kernels", bad], &[]).unwrap_err(),
+                "--kernels must be an integer between 1 and 64, or auto.",
+                "{bad}"
+            );
+        }
+        std::fs::write(&p, "kernels: [2]\n").unwrap();
+        assert!(load(&["--config", p.to_str().unwrap()], &[]).is_err());
+        let external = ["--a2a-url", "http://127.0.0.1:9/", "--kernels"];
+        let e = load(&[&external[..], &["2"]].concat(), &[]).unwrap_err();
+        assert_eq!(
+            e,
+            "--kernels above 1 needs managed kernels: it cannot be used with --a2a-url."
+        );
+        assert_eq!(
+            load(&[&external[..], &["auto"]].concat(), &[])
+                .unwrap()
+                .kernels,
+            1
+        );
+        assert_eq!(
+            load(&[&external[..], &["1"]].concat(), &[])
+                .unwrap()
+                .kernels,
+            1
+        );
+    }
+
+    /// `auto`: a kernel a core, as many as the memory holds.
+    #[test]
+    fn auto_kernels_are_bounded_by_cores_and_memory() {
+        let gib = 1u64 << 30;
+        let auto = Some(layers::Counted::Auto);
+        assert_eq!(check::kernels(auto, false, 8, Some(64 * gib)), Ok(8));
+        assert_eq!(check::kernels(auto, false, 8, Some(gib + 1)), Ok(2));
+        assert_eq!(check::kernels(auto, false, 8, Some(gib / 4)), Ok(1));
+        assert_eq!(check::kernels(auto, false, 256, None), Ok(64));
+        assert_eq!(check::kernels(auto, false, 0, None), Ok(1));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 pub use launch::Launch;
-pub use pool::Pool;
+pub use pool::{Bound, Pool, Unplaced};
 pub use supervisor::ChildSpec;
 
 /// Kernel state as reported by `/health`.
@@ -62,6 +62,8 @@ struct Inner {
 pub struct Kernel {
     inner: Mutex<Inner>,
     managed: bool,
+    /// An external kernel's URL (a pool keys its threads by a digest of it).
+    url: Option<String>,
     stop: AtomicBool,
     /// Notified on state changes (readiness waiters).
     changed: tokio::sync::Notify,
@@ -89,7 +91,8 @@ impl Kernel {
         timeouts: a2a::Timeouts,
         observer: Option<Arc<dyn a2a::Observer>>,
     ) -> Arc<Kernel> {
-        let k = Kernel::new(false, KernelState::External, observer);
+        let mut k = Kernel::new(false, KernelState::External, observer);
+        k.url = Some(url.to_owned());
         let client = k.client_for(url, token, timeouts);
         k.inner.lock().expect("kernel lock").client = Some(client);
         Arc::new(k)
@@ -104,6 +107,7 @@ impl Kernel {
                 restarts: 0,
             }),
             managed,
+            url: None,
             stop: AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
             observer,

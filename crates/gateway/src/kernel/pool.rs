@@ -1,41 +1,166 @@
 //! The kernels of a gateway, each a slot with its own supervisor (or an external URL). One is
 //! the default and behaves exactly as a gateway with a single kernel: the same `/health`, the same
-//! metrics. Runs are bound to the first slot until placement (`place`) is wired to several.
+//! metrics, nothing recorded with a thread. With several, a run is bound to the slot `place`
+//! decides (counted while it runs, so that a burst of new threads spreads), and every call about
+//! its task goes there.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
+use super::place::{self, Ask, Placement, SlotView};
 use super::{Kernel, KernelState};
 use crate::telemetry::KernelGauges;
+
+/// A slot's counters.
+#[derive(Debug, Default)]
+struct Load {
+    /// Runs bound to it now.
+    active: AtomicUsize,
+    /// Threads placed on it so far.
+    placed: AtomicU64,
+}
 
 /// The gateway's kernels (never none).
 #[derive(Debug)]
 pub struct Pool {
     slots: Vec<Arc<Kernel>>,
+    /// What a thread records of its slot: `managed:<n>`, or `url:` and a digest of the URL (a
+    /// URL may carry credentials; it is never written).
+    keys: Vec<String>,
+    load: Arc<Vec<Load>>,
+    /// Held while a placement reads and counts, so that concurrent placements see each other.
+    placing: Mutex<()>,
+}
+
+/// A run's place on a slot: its kernel, and its count in the slot's load until dropped.
+#[derive(Debug)]
+pub struct Bound {
+    pub kernel: Arc<Kernel>,
+    /// The slot's key, when the thread must record it before the kernel is asked anything.
+    pub record: Option<String>,
+    /// The thread comes from another kernel: its session is restored first.
+    pub moved: bool,
+    lease: Option<(Arc<Vec<Load>>, usize)>,
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some((load, slot)) = self.lease.take() {
+            load[slot].active.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Where a run cannot go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unplaced {
+    /// No kernel became ready in time.
+    NoneReady,
+    /// The thread's kernel is dead and this run may not move it.
+    Gone,
 }
 
 impl Pool {
     /// A pool of `slots`, in the order of their keys; `None` when there is none.
     pub fn new(slots: Vec<Arc<Kernel>>) -> Option<Arc<Pool>> {
-        (!slots.is_empty()).then(|| Arc::new(Pool { slots }))
+        if slots.is_empty() {
+            return None;
+        }
+        let keys = slots
+            .iter()
+            .enumerate()
+            .map(|(i, k)| key_of(i, k))
+            .collect();
+        let load = Arc::new(slots.iter().map(|_| Load::default()).collect());
+        Some(Arc::new(Pool {
+            slots,
+            keys,
+            load,
+            placing: Mutex::new(()),
+        }))
     }
 
     /// A pool of one kernel.
     pub fn one(kernel: Arc<Kernel>) -> Arc<Pool> {
-        Arc::new(Pool {
-            slots: vec![kernel],
-        })
+        Pool::new(vec![kernel]).expect("one kernel")
     }
 
     pub fn slots(&self) -> &[Arc<Kernel>] {
         &self.slots
     }
 
-    /// The first kernel: the one every run goes to until runs are placed.
+    /// The first kernel (the only one of a pool of one).
     pub fn first(&self) -> &Arc<Kernel> {
         &self.slots[0]
+    }
+
+    /// The kernel a thread that recorded `key` is on: the first for a thread that recorded
+    /// none (or one of a kernel no longer configured: its task is nowhere else to ask).
+    pub fn of_thread(&self, key: Option<&str>) -> &Arc<Kernel> {
+        key.and_then(|k| self.keys.iter().position(|x| x == k))
+            .map_or(&self.slots[0], |i| &self.slots[i])
+    }
+
+    /// Binds a run to the kernel `ask` goes to, waiting up to `wait` for one to be ready when
+    /// none is.
+    pub async fn bind(&self, ask: &Ask<'_>, wait: Duration) -> Result<Bound, Unplaced> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            match self.place_now(ask) {
+                Ok(Some(bound)) => return Ok(bound),
+                Err(u) => return Err(u),
+                Ok(None) => {}
+            }
+            // Some slot's state changes (ready, failed), or the time is up.
+            let changes = self.slots.iter().map(|k| Box::pin(k.changed.notified()));
+            let any = futures_util::future::select_all(changes);
+            if tokio::time::timeout_at(deadline, any).await.is_err() {
+                return match self.place_now(ask) {
+                    Ok(Some(bound)) => Ok(bound),
+                    Ok(None) => Err(Unplaced::NoneReady),
+                    Err(u) => Err(u),
+                };
+            }
+        }
+    }
+
+    /// The placement as the slots are now: `Ok(None)` to wait.
+    fn place_now(&self, ask: &Ask<'_>) -> Result<Option<Bound>, Unplaced> {
+        let _one = self.placing.lock().unwrap_or_else(|p| p.into_inner());
+        let views: Vec<SlotView> = (self.slots.iter().zip(self.load.iter()))
+            .map(|(k, l)| SlotView {
+                ready: k.client().is_some(),
+                dead: matches!(k.state(), KernelState::Restarting | KernelState::Failed(_)),
+                active: l.active.load(Ordering::Relaxed),
+                placed: l.placed.load(Ordering::Relaxed),
+            })
+            .collect();
+        let keys: Vec<&str> = self.keys.iter().map(String::as_str).collect();
+        match place::place(ask, &keys, &views) {
+            Placement::Here {
+                slot,
+                moved,
+                record,
+            } => {
+                let load = &self.load[slot];
+                load.active.fetch_add(1, Ordering::Relaxed);
+                if record {
+                    load.placed.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Some(Bound {
+                    kernel: self.slots[slot].clone(),
+                    record: record.then(|| self.keys[slot].clone()),
+                    moved,
+                    lease: Some((self.load.clone(), slot)),
+                }))
+            }
+            Placement::Wait => Ok(None),
+            Placement::Gone => Err(Unplaced::Gone),
+        }
     }
 
     /// A client of a kernel that can be reached now, the first such (what does not concern a
@@ -94,6 +219,17 @@ impl Pool {
     /// Stops every kernel, all at once (one after another would add their stops up).
     pub async fn stop(&self) {
         futures_util::future::join_all(self.slots.iter().map(|k| k.stop())).await;
+    }
+}
+
+/// A slot's key: its place among managed kernels, or a digest of its URL.
+fn key_of(slot: usize, k: &Kernel) -> String {
+    match &k.url {
+        Some(url) if !k.managed => {
+            let digest = Sha256::digest(url.as_bytes());
+            format!("url:{}", hex::encode(&digest[..8]))
+        }
+        _ => format!("managed:{slot}"),
     }
 }
 

@@ -240,8 +240,8 @@ async fn admit_now(
         strangers_refused(rt, &req);
     }
     // The task of interrupts that expired waits for answers nobody may give any more.
-    if let Some(task) = expired.and_then(|e| e.task) {
-        rt.cancel_task_later(task);
+    if let Some(e) = expired {
+        rt.cancel_task_later(e.kernel.as_deref(), e.task);
     }
     let admission = verdict?;
     let control = Arc::new(RunControl::default());

@@ -74,7 +74,7 @@ pub async fn cancel(
         return Err(not_found());
     }
     let slot = threads.slot(thread_id);
-    let (task_id, control, hold) = {
+    let (task_id, control, hold, kernel) = {
         // A shared store hands the thread to this instance first (its holder dead), or says
         // another holds it (the route forwarded there already: it moved just now).
         let (mut st, holder) = threads
@@ -109,9 +109,7 @@ pub async fn cancel(
                     .store_doc(&mut st, next)
                     .await
                     .map_err(|_| state_unavailable())?;
-                if let Some(task) = expired.task {
-                    rt.cancel_task_later(task);
-                }
+                rt.cancel_task_later(expired.kernel.as_deref(), expired.task);
             }
         }
         let doc = st.doc.as_ref().ok_or_else(not_found)?;
@@ -133,15 +131,14 @@ pub async fn cancel(
             st.hold(),
             execution_id.to_owned(),
         );
-        (doc.execution.task_id.clone(), control, hold)
+        let kernel = rt.kernels().of_thread(doc.kernel.as_deref()).clone();
+        (doc.execution.task_id.clone(), control, hold, kernel)
     };
 
     // The kernel call runs without the thread lock (it may take up to 30 s to drain).
     let mut outcome = CancelOutcome::Cancelled;
     if let Some(task) = &task_id {
-        let client = rt
-            .kernels()
-            .first()
+        let client = kernel
             .client()
             .ok_or_else(|| ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE))?;
         match client.cancel_task(task).await {

@@ -292,9 +292,13 @@ impl Runtime {
         self.activity.touch(self.clock.now_ms());
     }
 
-    /// Cancels a kernel task in the background, bounded; nobody waits for the answer.
-    pub fn cancel_task_later(&self, task: String) {
-        if let Some(client) = self.kernels.first().client() {
+    /// Cancels a kernel task in the background, bounded, on the kernel of the thread that
+    /// recorded `kernel`; nobody waits for the answer.
+    pub fn cancel_task_later(&self, kernel: Option<&str>, task: Option<String>) {
+        let Some(task) = task else {
+            return;
+        };
+        if let Some(client) = self.kernels.of_thread(kernel).client() {
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(driver::CANCEL_WAIT, client.cancel_task(&task)).await;
             });

@@ -322,6 +322,8 @@ fn help_documents_every_option() {
         "--kernel-env",
         "IAC_CODE_AGUI_KERNEL_ENV",
         "--max-image-decodes",
+        "--kernels",
+        "IAC_CODE_AGUI_KERNELS",
         "IAC_CODE_AGUI_MAX_IMAGE_DECODES",
         "--body-timeout",
         "IAC_CODE_AGUI_BODY_TIMEOUT",

@@ -947,3 +947,91 @@ async fn detached_runs_reattach_or_expire_through_the_real_kernel() {
     }
     assert!(dropped.elapsed() >= Duration::from_secs(3));
 }
+
+/// Every `.json` thread document under `dir`, as JSON.
+fn thread_docs(dir: &std::path::Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(thread_docs(&p));
+        } else if p.extension().is_some_and(|x| x == "json") {
+            if let Ok(v) = serde_json::from_slice::<Value>(&std::fs::read(&p).unwrap()) {
+                if v.get("threadId").is_some() {
+                    out.push(v);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `--kernels 2`: two kernel processes, both in `/health`; new threads spread over them (each
+/// records its kernel), each thread's later turn stays in its session on its kernel, and a
+/// stop takes both down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_kernels_share_the_threads_and_each_thread_stays_on_its_own() {
+    let env = KernelEnv::new().await;
+    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let start = Instant::now();
+    let health = loop {
+        if let Ok(r) = c
+            .get(format!("http://127.0.0.1:{port}/health"))
+            .send()
+            .await
+        {
+            let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+            let slots = v["kernel"]["slots"].as_array().cloned().unwrap_or_default();
+            if slots.len() == 2 && slots.iter().all(|s| s["state"] == "ready") {
+                break v;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "kernels never ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(health["kernel"]["size"], 2);
+    let pids: Vec<u64> = health["kernel"]["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["pid"].as_u64().unwrap())
+        .collect();
+    assert_ne!(pids[0], pids[1]);
+    let url = format!("http://127.0.0.1:{port}/");
+    let threads = ["k1", "k2", "k3", "k4"];
+    for (i, t) in threads.iter().enumerate() {
+        let mut sessions = Vec::new();
+        for turn in 0..2 {
+            let run = format!("r{i}-{turn}");
+            let b = body(t, &run, "Hi. scenario:text", &ws(&env, t), json!({}));
+            let r = post(&url, &b, &[]).await;
+            assert_valid_run(&r, t, &run);
+            assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+            sessions.push(r.sessions().last().unwrap()["sessionId"].clone());
+        }
+        assert!(sessions[0].is_string(), "{sessions:?}");
+        assert_eq!(sessions[0], sessions[1], "{t} kept its session");
+    }
+    let kids = descendants(gw.id());
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(gw.id() as i32, libc::SIGTERM);
+    }
+    assert_eq!(gw.wait().unwrap().code(), Some(0));
+    for k in &kids {
+        assert!(!alive(*k), "kernel process {k} survived the stop");
+    }
+    let mut keys: Vec<String> = thread_docs(&env.state_dir())
+        .iter()
+        .map(|d| d["kernel"].as_str().expect("a recorded kernel").to_owned())
+        .collect();
+    assert_eq!(keys.len(), threads.len());
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys, ["managed:0", "managed:1"]);
+}

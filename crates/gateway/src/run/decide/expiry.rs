@@ -13,6 +13,8 @@ use crate::store::ThreadDoc;
 pub struct Expired {
     /// The kernel task that waited for the answers (cancel it, best effort).
     pub task: Option<String>,
+    /// The key of the kernel the thread is on (`ThreadDoc::kernel`): where to cancel it.
+    pub kernel: Option<String>,
 }
 
 /// If a pending interrupt of the current execution has expired at `now_ms`: clears the pending
@@ -33,7 +35,10 @@ pub fn expire_if_due(doc: &mut ThreadDoc, now_ms: i64) -> Option<Expired> {
     }
     let task = doc.execution.task_id.clone();
     doc.end_execution();
-    Some(Expired { task })
+    Some(Expired {
+        task,
+        kernel: doc.kernel.clone(),
+    })
 }
 
 #[cfg(test)]

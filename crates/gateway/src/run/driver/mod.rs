@@ -15,6 +15,7 @@
 //! accepted answer) is durable before anything that announces it is sent. A write that fails ends
 //! the run failed closed: its task is cancelled and its execution ended.
 
+mod bind;
 mod deliver;
 mod end;
 mod output;

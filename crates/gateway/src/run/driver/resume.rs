@@ -32,6 +32,7 @@ impl Driver {
         };
         self.out.map(|m, out| m.reopen_steps(out)).await?;
         self.emit_session().await?;
+        self.bind_kernel(Some(&doc), true).await?;
         let task_id =
             plan::precheck(&doc, &self.adm.execution_id, &entries).map_err(End::refused)?;
         let client = self.task.client().await?;
@@ -130,7 +131,8 @@ impl Driver {
                     return Err(End::fail(Code::ExecutionLost, msg::SESSION_GONE))
                 }
                 Ok(a2a::RestoreOutcome::BackupNotReady(_))
-                    if self.adm.took_over && tokio::time::Instant::now() < deadline =>
+                    if (self.adm.took_over || self.task.moved())
+                        && tokio::time::Instant::now() < deadline =>
                 {
                     tracing::info!("the session backup is not ready yet; retrying");
                     tokio::time::sleep(RESTORE_RETRY).await;

@@ -10,19 +10,22 @@ use std::time::Duration;
 use a2a::TaskState;
 
 use crate::error::{msg, Code};
-use crate::kernel::Kernel;
+use crate::kernel::{Bound, Kernel};
 
 use super::end::{End, Flow};
 use super::output::Output;
 
 /// How long a run waits for a starting managed kernel.
-const KERNEL_WAIT: Duration = Duration::from_secs(60);
+pub(super) const KERNEL_WAIT: Duration = Duration::from_secs(60);
 /// Bound on best-effort cancellations.
 pub(in crate::run) const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 /// What the kernel told this run of its task so far.
 pub(super) struct KernelTask {
     kernel: Arc<Kernel>,
+    /// The run's place in a pool of several kernels (counted in its slot's load until the run
+    /// ends); none with one kernel.
+    bound: Option<Bound>,
     id: Option<String>,
     session: Option<String>,
     last_state: Option<TaskState>,
@@ -40,6 +43,7 @@ impl KernelTask {
     pub(super) fn new(kernel: Arc<Kernel>) -> KernelTask {
         KernelTask {
             kernel,
+            bound: None,
             id: None,
             session: None,
             last_state: None,
@@ -47,6 +51,17 @@ impl KernelTask {
             acknowledged_only: false,
             cancel_sent: false,
         }
+    }
+
+    /// Binds the run to the kernel of its place in the pool.
+    pub(super) fn bind(&mut self, bound: Bound) {
+        self.kernel = bound.kernel.clone();
+        self.bound = Some(bound);
+    }
+
+    /// The thread came from another kernel of the pool: its session is restored first.
+    pub(super) fn moved(&self) -> bool {
+        self.bound.as_ref().is_some_and(|b| b.moved)
     }
 
     pub(super) fn id(&self) -> Option<&str> {

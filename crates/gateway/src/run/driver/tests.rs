@@ -21,26 +21,45 @@ use crate::validate::{content, envelope, props};
 struct Harness {
     rt: Arc<Runtime>,
     kernel: FakeKernel,
+    /// The pool's other kernels (none in a pool of one).
+    more: Vec<FakeKernel>,
     dir: tempfile::TempDir,
 }
 
 async fn harness() -> Harness {
+    harness_of(1).await
+}
+
+/// A runtime whose pool has `kernels` fake kernels (`kernel` the first).
+async fn harness_of(kernels: usize) -> Harness {
     let kernel = FakeKernel::start().await;
+    let mut more = Vec::new();
+    for _ in 1..kernels {
+        more.push(FakeKernel::start().await);
+    }
     let dir = tempfile::tempdir().unwrap();
     let cfg = Config::for_state_dir(dir.path().join("state"), &|_| None);
     let store = Arc::new(FileStore::open(dir.path().join("state")).unwrap());
     let env: Env = Arc::new(|_| None);
-    let k = Kernel::external(&kernel.url(), None, Default::default(), None);
+    let slots = std::iter::once(&kernel)
+        .chain(&more)
+        .map(|k| Kernel::external(&k.url(), None, Default::default(), None))
+        .collect();
     let rt = Arc::new(Runtime::new(
         cfg,
         store,
-        Pool::one(k),
+        Pool::new(slots).unwrap(),
         Arc::new(SystemClock),
         env,
         64,
         Arc::new(Metrics::new()),
     ));
-    Harness { rt, kernel, dir }
+    Harness {
+        rt,
+        kernel,
+        more,
+        dir,
+    }
 }
 
 impl Harness {
@@ -353,4 +372,195 @@ async fn a_run_waiting_on_its_client_is_stopped_by_a_cancel_a_lapse_or_the_drain
     assert!(!stopped(&stop).await);
     h.rt.shutdown().begin();
     assert!(stopped(&stop).await, "drained");
+}
+
+/// A turn that the fake kernel `k` ends at once, on task `task` of session `session`.
+fn script_turn(k: &FakeKernel, c: &str, task: &str, session: &str) {
+    k.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                task,
+                c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": session}),
+            )),
+            r(items::status(task, c, "TASK_STATE_COMPLETED", json!({}))),
+        ]),
+    );
+}
+
+/// Runs a new turn on `thread`, which finishes.
+async fn finished(h: &Harness, thread: &str, run: &str) {
+    let ev = events(h.run(h.request(thread, run, None)).await).await;
+    assert_eq!(terminals(&ev), ["RUN_FINISHED"], "{ev:?}");
+}
+
+/// The kernel `thread` recorded.
+async fn key_of(h: &Harness, thread: &str) -> Option<String> {
+    let doc = h.rt.threads().store().load(thread).await.unwrap();
+    doc.unwrap().kernel
+}
+
+fn turns(k: &FakeKernel) -> usize {
+    k.calls("SendStreamingMessage").len()
+}
+
+/// With two kernels: a new thread goes to the less loaded and records it; the thread's later
+/// turns go there whatever the load; a thread served before kernels were recorded is on the
+/// first and gets its key. With one kernel nothing is recorded.
+#[tokio::test]
+async fn threads_are_placed_on_a_kernel_and_stay_there() {
+    let h = harness_of(2).await;
+    let (k0, k1) = (&h.kernel, &h.more[0]);
+    let store = h.rt.threads().store().clone();
+    script_turn(k0, &h.ctx("t1"), "task-1", "s1");
+    finished(&h, "t1", "r1").await;
+    script_turn(k1, &h.ctx("t2"), "task-2", "s2");
+    finished(&h, "t2", "r2").await;
+    assert_eq!((turns(k0), turns(k1)), (1, 1));
+    let (key0, key1) = (
+        key_of(&h, "t1").await.unwrap(),
+        key_of(&h, "t2").await.unwrap(),
+    );
+    assert!(key0.starts_with("url:") && key1.starts_with("url:") && key0 != key1);
+    assert!(
+        !key0.contains("127.0.0.1"),
+        "the URL is not written: {key0}"
+    );
+
+    // t1 again, twice: its kernel each time, though the other has had fewer threads since.
+    script_turn(k0, &h.ctx("t1"), "task-3", "s1");
+    finished(&h, "t1", "r3").await;
+    script_turn(k0, &h.ctx("t1"), "task-4", "s1");
+    finished(&h, "t1", "r4").await;
+    assert_eq!((turns(k0), turns(k1)), (3, 1));
+    assert_eq!(key_of(&h, "t1").await.as_deref(), Some(key0.as_str()));
+
+    // A new thread on a tie goes to the first: it has had more threads since.
+    script_turn(k0, &h.ctx("t5"), "task-7", "s5");
+    finished(&h, "t5", "r7").await;
+    assert_eq!((turns(k0), turns(k1)), (4, 1));
+    // A thread with a session and no key (one kernel served it): on the first, though the
+    // other has had fewer threads.
+    let mut legacy = store.load("t2").await.unwrap().unwrap();
+    legacy.thread_id = "t3".into();
+    legacy.context_id = h.ctx("t3");
+    legacy.kernel = None;
+    legacy.last_run = None;
+    store.save(&legacy).await.unwrap();
+    script_turn(k0, &h.ctx("t3"), "task-5", "s2");
+    script_turn(k1, &h.ctx("t3"), "task-6", "s2");
+    finished(&h, "t3", "r5").await;
+    assert_eq!((turns(k0), turns(k1)), (5, 1));
+    assert_eq!(key_of(&h, "t3").await.as_deref(), Some(key0.as_str()));
+
+    let one = harness().await;
+    script_turn(&one.kernel, &one.ctx("t1"), "task-1", "s1");
+    let ev = events(one.run(one.request("t1", "r1", None)).await).await;
+    assert_eq!(terminals(&ev), ["RUN_FINISHED"]);
+    let doc = one.rt.threads().store().load("t1").await.unwrap().unwrap();
+    assert_eq!(doc.kernel, None);
+}
+
+/// With two kernels: an answer goes to the kernel that holds the task (its lookup, its session
+/// restored there, the answer), though the other has had fewer threads; the other is asked
+/// nothing.
+#[tokio::test]
+async fn an_answer_goes_to_the_kernel_that_holds_the_task() {
+    let h = harness_of(2).await;
+    let (k0, k1) = (&h.kernel, &h.more[0]);
+    let c = h.ctx("t1");
+    interrupt(&h, &c).await;
+    k0.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task("task-1", &c, "TASK_STATE_INPUT_REQUIRED", permission(&c)),
+        ),
+    );
+    k0.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![r(items::status(
+            "task-1",
+            &c,
+            "TASK_STATE_COMPLETED",
+            json!({}),
+        ))]),
+    );
+    let resume = json!([{"interruptId": "p1", "status": "resolved",
+        "payload": {"decision": "allow_once"}}]);
+    let ev = events(h.run(h.request("t1", "r2", Some(resume))).await).await;
+    assert_eq!(terminals(&ev), ["RUN_FINISHED"], "{ev:?}");
+    assert_eq!(ev.last().unwrap()["outcome"]["type"], "success");
+    assert_eq!(turns(k0), 2);
+    assert_eq!(k0.calls("GetTask").len(), 1);
+    for method in [
+        "SendStreamingMessage",
+        "GetTask",
+        "CancelTask",
+        "SendMessage",
+    ] {
+        assert!(k1.calls(method).is_empty(), "{method} on the other kernel");
+    }
+}
+
+/// New threads that start together spread over the kernels: each placement counts the runs
+/// the others bound.
+#[tokio::test]
+async fn new_threads_started_together_spread_over_the_kernels() {
+    let h = harness_of(2).await;
+    let (k0, k1) = (&h.kernel, &h.more[0]);
+    for k in [k0, k1] {
+        // Whichever thread comes: the fake kernel's items name their context, not checked here
+        // beyond the first item.
+        k.on(
+            "SendStreamingMessage",
+            Reply::Sse(vec![Item::Sleep(std::time::Duration::from_millis(300))]),
+        );
+    }
+    let a = h.run(h.request("ta", "ra", None)).await;
+    let b = h.run(h.request("tb", "rb", None)).await;
+    let (_, _) = tokio::join!(events(a), events(b));
+    assert_eq!((turns(k0), turns(k1)), (1, 1));
+    let (ka, kb) = (key_of(&h, "ta").await, key_of(&h, "tb").await);
+    assert!(ka.is_some() && kb.is_some() && ka != kb, "{ka:?} {kb:?}");
+}
+
+/// With two kernels, the cancellation endpoint asks the kernel the thread is on.
+#[tokio::test]
+async fn a_cancellation_goes_to_the_threads_kernel() {
+    let h = harness_of(2).await;
+    let (k0, k1) = (&h.kernel, &h.more[0]);
+    // t0 takes the first kernel, so t1 (the interrupted one) is on the second.
+    script_turn(k0, &h.ctx("t0"), "task-0", "s0");
+    finished(&h, "t0", "r0").await;
+    let c = h.ctx("t1");
+    k1.on(
+        "SendStreamingMessage",
+        Reply::Sse(vec![
+            r(items::task(
+                "task-1",
+                &c,
+                "TASK_STATE_SUBMITTED",
+                json!({"iacCodeSessionId": "s1"}),
+            )),
+            r(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_INPUT_REQUIRED",
+                permission(&c),
+            )),
+        ]),
+    );
+    let ev = events(h.run(h.request("t1", "r1", None)).await).await;
+    assert_eq!(ev.last().unwrap()["outcome"]["type"], "interrupt");
+    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    let exec = doc.execution.execution_id.clone();
+    let caller = crate::auth::Caller::OPEN;
+    crate::run::cancel::cancel(&h.rt, &caller, &exec, "t1", "inv-1")
+        .await
+        .unwrap();
+    assert_eq!(k1.calls("CancelTask").len(), 1);
+    assert!(k0.calls("CancelTask").is_empty());
 }

@@ -13,11 +13,13 @@ impl Driver {
     pub(super) async fn new_turn(&mut self) -> Flow<End> {
         let doc = self.init_from_doc().await;
         self.emit_session().await?;
+        self.bind_kernel(doc.as_ref(), true).await?;
         let client = self.task.client().await?;
-        // Taken over from a dead instance: its kernel had the thread's session; this one
-        // restores it from the shared backup before the turn goes on in it.
+        // Taken over from a dead instance, or moved from a dead kernel of the pool: that kernel
+        // had the thread's session; this one restores it from the shared backup before the
+        // turn goes on in it.
         if let Some((session, cwd)) = doc
-            .filter(|_| self.adm.took_over)
+            .filter(|_| self.adm.took_over || self.task.moved())
             .and_then(|d| d.session_id.clone().map(|s| (s, d.cwd.clone())))
         {
             Box::pin(self.restore_session(&client, &cwd, &session, None)).await?;
@@ -46,6 +48,7 @@ impl Driver {
     /// mapped: the running turn's stream carries the effects), and it never cancels the task.
     pub(super) async fn guidance(&mut self) -> Flow<End> {
         let doc = self.hold.doc().await;
+        self.bind_kernel(doc.as_ref(), false).await?;
         let session = doc.as_ref().and_then(|d| d.session_id.clone());
         let Some(task) = doc.and_then(|d| d.execution.task_id) else {
             return Err(End::fail(Code::ExecutionLost, msg::TASK_TO_RESUME_GONE));

@@ -1,0 +1,42 @@
+//! A run's kernel among several: the one its thread is on, or goes to (`kernel::place`),
+//! recorded with the thread before the kernel is asked anything, so that every later call about
+//! its task (an answer, a lookup, a cancellation) finds it. With one kernel nothing is decided
+//! and nothing is written.
+
+use crate::error::{msg, Code};
+use crate::kernel::place::Ask;
+use crate::store::ThreadDoc;
+
+use super::super::admit::Mode;
+use super::task::KERNEL_WAIT;
+use super::{Driver, End, Flow};
+
+impl Driver {
+    /// Binds the run to its kernel. `may_move`: the run restores the thread's session before it
+    /// asks anything else (a new turn, an answer), so a thread whose kernel died may go to
+    /// another; guidance joins a task that died with its kernel, and may not.
+    pub(super) async fn bind_kernel(&mut self, doc: Option<&ThreadDoc>, may_move: bool) -> Flow {
+        let pool = self.rt.kernels().clone();
+        if pool.slots().len() == 1 {
+            return Ok(());
+        }
+        let ask = Ask {
+            recorded: doc.and_then(|d| d.kernel.as_deref()),
+            legacy: doc.is_some_and(|d| d.session_id.is_some() || d.execution.task_id.is_some()),
+            took_over: self.adm.took_over,
+            may_move,
+        };
+        let bound = pool
+            .bind(&ask, KERNEL_WAIT)
+            .await
+            .map_err(|_| End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE))?;
+        let record = bound.record.clone();
+        self.task.bind(bound);
+        // A guidance run does not hold the thread: it writes nothing (the thread's own runs do).
+        if let Some(key) = record.filter(|_| self.adm.mode != Mode::Guidance) {
+            self.commit(msg::MAPPING_NOT_COMMITTED, |d| d.kernel = Some(key))
+                .await?;
+        }
+        Ok(())
+    }
+}
