@@ -264,7 +264,12 @@ fn permission(c: &str) -> Value {
 
 /// Runs `r1` on `t1` to the permission interrupt `p1`.
 async fn interrupt(h: &Harness, c: &str) {
-    h.kernel.on(
+    interrupt_on(h, &h.kernel, c).await
+}
+
+/// [`interrupt`], the turn answered by the kernel `k`.
+async fn interrupt_on(h: &Harness, k: &FakeKernel, c: &str) {
+    k.on(
         "SendStreamingMessage",
         Reply::Sse(vec![
             r(items::task(
@@ -291,18 +296,23 @@ async fn interrupt(h: &Harness, c: &str) {
     );
 }
 
+/// `k` answers a lookup of `task-1` with the task waiting for the permission.
+fn waiting_task(k: &FakeKernel, c: &str) {
+    k.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task("task-1", c, "TASK_STATE_INPUT_REQUIRED", permission(c)),
+        ),
+    );
+}
+
 #[tokio::test]
 async fn an_answer_is_delivered_once_and_recorded_before_the_run_goes_on() {
     let h = harness().await;
     let c = h.ctx("t1");
     interrupt(&h, &c).await;
-    h.kernel.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_INPUT_REQUIRED", permission(&c)),
-        ),
-    );
+    waiting_task(&h.kernel, &c);
     h.kernel.on(
         "SendStreamingMessage",
         Reply::Sse(vec![
@@ -472,13 +482,7 @@ async fn an_answer_goes_to_the_kernel_that_holds_the_task() {
     let (k0, k1) = (&h.kernel, &h.more[0]);
     let c = h.ctx("t1");
     interrupt(&h, &c).await;
-    k0.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_INPUT_REQUIRED", permission(&c)),
-        ),
-    );
+    waiting_task(k0, &c);
     k0.on(
         "SendStreamingMessage",
         Reply::Sse(vec![r(items::status(
@@ -535,26 +539,7 @@ async fn a_cancellation_goes_to_the_threads_kernel() {
     // t0 takes the first kernel, so t1 (the interrupted one) is on the second.
     script_turn(k0, &h.ctx("t0"), "task-0", "s0");
     finished(&h, "t0", "r0").await;
-    let c = h.ctx("t1");
-    k1.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s1"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                permission(&c),
-            )),
-        ]),
-    );
-    let ev = events(h.run(h.request("t1", "r1", None)).await).await;
-    assert_eq!(ev.last().unwrap()["outcome"]["type"], "interrupt");
+    interrupt_on(&h, k1, &h.ctx("t1")).await;
     let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
     let exec = doc.execution.execution_id.clone();
     let caller = crate::auth::Caller::OPEN;
