@@ -110,20 +110,27 @@ impl Pool {
     pub async fn bind(&self, ask: &Ask<'_>, wait: Duration) -> Result<Bound, Unplaced> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            match self.place_now(ask) {
-                Ok(Some(bound)) => return Ok(bound),
-                Err(u) => return Err(u),
-                Ok(None) => {}
+            // Made before the states are read: a change in between still wakes the wait.
+            let changes: Vec<_> = self
+                .slots
+                .iter()
+                .map(|k| Box::pin(k.changed.notified()))
+                .collect();
+            if let Some(bound) = self.place_now(ask)? {
+                return Ok(bound);
             }
-            // Some slot's state changes (ready, failed), or the time is up.
-            let changes = self.slots.iter().map(|k| Box::pin(k.changed.notified()));
+            // None ready and none on its way (every one failed or stopped): no use waiting, as
+            // with one kernel.
+            let coming = self
+                .slots
+                .iter()
+                .any(|k| matches!(k.state(), KernelState::Starting | KernelState::Restarting));
+            if !coming {
+                return Err(Unplaced::NoneReady);
+            }
             let any = futures_util::future::select_all(changes);
             if tokio::time::timeout_at(deadline, any).await.is_err() {
-                return match self.place_now(ask) {
-                    Ok(Some(bound)) => Ok(bound),
-                    Ok(None) => Err(Unplaced::NoneReady),
-                    Err(u) => Err(u),
-                };
+                return self.place_now(ask)?.ok_or(Unplaced::NoneReady);
             }
         }
     }
@@ -331,5 +338,96 @@ mod tests {
         for k in pool.slots() {
             assert_eq!(k.state(), KernelState::Stopped);
         }
+    }
+
+    fn new_thread() -> Ask<'static> {
+        Ask {
+            recorded: None,
+            legacy: false,
+            took_over: false,
+            may_move: true,
+        }
+    }
+
+    /// A run counts in its kernel's load while it is bound: new threads go to the kernel with
+    /// fewer runs, whatever it was given before.
+    #[tokio::test]
+    async fn a_run_counts_in_its_kernels_load_until_it_ends() {
+        let ext = |port| {
+            Kernel::external(
+                &format!("http://127.0.0.1:{port}/"),
+                None,
+                Default::default(),
+                None,
+            )
+        };
+        let pool = Pool::new(vec![ext(1), ext(2)]).unwrap();
+        let wait = Duration::from_secs(1);
+        let slot = |b: &Bound| pool.slots().iter().position(|k| Arc::ptr_eq(k, &b.kernel));
+        let a = pool.bind(&new_thread(), wait).await.unwrap();
+        let b = pool.bind(&new_thread(), wait).await.unwrap();
+        let c = pool.bind(&new_thread(), wait).await.unwrap();
+        assert_eq!((slot(&a), slot(&b), slot(&c)), (Some(0), Some(1), Some(0)));
+        assert!(a.record.as_deref().is_some_and(|k| k.starts_with("url:")));
+        assert_ne!(a.record, b.record);
+        drop(a);
+        drop(c);
+        // The first has had more threads but now has fewer runs.
+        let d = pool.bind(&new_thread(), wait).await.unwrap();
+        assert_eq!(slot(&d), Some(0));
+        let recorded = b.record.clone().unwrap();
+        let stay = Ask {
+            recorded: Some(&recorded),
+            ..new_thread()
+        };
+        let e = pool.bind(&stay, wait).await.unwrap();
+        assert_eq!((slot(&e), e.record.as_deref()), (Some(1), None));
+        assert!(Arc::ptr_eq(
+            pool.of_thread(Some(&recorded)),
+            &pool.slots()[1]
+        ));
+        assert!(Arc::ptr_eq(
+            pool.of_thread(Some("url:gone")),
+            &pool.slots()[0]
+        ));
+        assert!(Arc::ptr_eq(pool.of_thread(None), &pool.slots()[0]));
+    }
+
+    /// With none ready, a run waits (bounded) for kernels on their way, and not at all when
+    /// every one failed.
+    #[tokio::test]
+    async fn a_run_waits_for_kernels_on_their_way_not_for_failed_ones() {
+        let failed = Pool::new(vec![
+            Kernel::managed(spec("/nonexistent/a"), None),
+            Kernel::managed(spec("/nonexistent/b"), None),
+        ])
+        .unwrap();
+        for k in failed.slots() {
+            k.wait_ready(Duration::from_secs(10)).await;
+        }
+        let started = std::time::Instant::now();
+        let e = failed.bind(&new_thread(), Duration::from_secs(30)).await;
+        assert_eq!(e.err(), Some(Unplaced::NoneReady));
+        assert!(started.elapsed() < Duration::from_secs(2));
+        failed.stop().await;
+
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("quiet");
+        std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let quiet = script.display().to_string();
+        let starting = Pool::new(vec![
+            Kernel::managed(spec(&quiet), None),
+            Kernel::managed(spec(&quiet), None),
+        ])
+        .unwrap();
+        let started = std::time::Instant::now();
+        let e = starting
+            .bind(&new_thread(), Duration::from_millis(400))
+            .await;
+        assert_eq!(e.err(), Some(Unplaced::NoneReady));
+        assert!(started.elapsed() >= Duration::from_millis(400));
+        starting.stop().await;
     }
 }
