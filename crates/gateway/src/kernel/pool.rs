@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::place::{self, Ask, Placement, SlotView};
 use super::{Kernel, KernelState};
-use crate::telemetry::KernelGauges;
+use crate::telemetry::{KernelGauges, SlotGauges};
 
 /// A slot's counters.
 #[derive(Debug, Default)]
@@ -249,6 +249,19 @@ impl crate::telemetry::KernelGauges for Pool {
     fn restarts(&self) -> u64 {
         self.slots.iter().map(|k| k.restarts()).sum()
     }
+
+    fn slots(&self) -> Vec<SlotGauges> {
+        if self.slots.len() == 1 {
+            return Vec::new();
+        }
+        (self.slots.iter().zip(self.load.iter()))
+            .map(|(k, l)| SlotGauges {
+                up: k.up(),
+                restarts: k.restarts(),
+                active: l.active.load(Ordering::Relaxed) as u64,
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -368,11 +381,15 @@ mod tests {
         let b = pool.bind(&new_thread(), wait).await.unwrap();
         let c = pool.bind(&new_thread(), wait).await.unwrap();
         assert_eq!((slot(&a), slot(&b), slot(&c)), (Some(0), Some(1), Some(0)));
+        let active =
+            |p: &Pool| -> Vec<u64> { KernelGauges::slots(p).iter().map(|g| g.active).collect() };
+        assert_eq!(active(&pool), [2, 1]);
         assert!(a.record.as_deref().is_some_and(|k| k.starts_with("url:")));
         assert_ne!(a.record, b.record);
         drop(a);
         drop(c);
         // The first has had more threads but now has fewer runs.
+        assert_eq!(active(&pool), [0, 1]);
         let d = pool.bind(&new_thread(), wait).await.unwrap();
         assert_eq!(slot(&d), Some(0));
         let recorded = b.record.clone().unwrap();

@@ -171,6 +171,38 @@ pub trait KernelGauges: Send + Sync + std::fmt::Debug + 'static {
     fn up(&self) -> bool;
     /// How often the managed kernel was restarted.
     fn restarts(&self) -> u64;
+    /// Each kernel of a pool of several, in slot order; none with one kernel (its figures are
+    /// the two above).
+    fn slots(&self) -> Vec<SlotGauges> {
+        Vec::new()
+    }
+}
+
+/// One kernel of a pool, at a scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotGauges {
+    pub up: bool,
+    pub restarts: u64,
+    /// Runs bound to it.
+    pub active: u64,
+}
+
+/// Encodes one family of the pool's kernels, labelled by slot only.
+fn encode_slots<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    slots: &[SlotGauges],
+    metric: impl Fn(&SlotGauges) -> M,
+) -> Result<(), std::fmt::Error> {
+    let Some(first) = slots.first() else {
+        return Ok(());
+    };
+    let mut family = encoder.encode_descriptor(name, help, None, metric(first).metric_type())?;
+    for (i, s) in slots.iter().enumerate() {
+        let labels = [("slot", i.to_string())];
+        metric(s).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// The kernel's figures, encoded at scrape time (once the kernel is known).
@@ -196,6 +228,34 @@ impl prometheus_client::collector::Collector for KernelCollector {
             None,
             restarts.metric_type(),
         )?)?;
+        let slots = kernel.slots();
+        encode_slots(
+            &mut encoder,
+            (
+                "agui_kernel_slot_up",
+                "Whether each kernel of the pool answers (1) or not (0)",
+            ),
+            &slots,
+            |s| ConstGauge::new(i64::from(s.up)),
+        )?;
+        encode_slots(
+            &mut encoder,
+            (
+                "agui_kernel_slot_restarts",
+                "Restarts of each managed kernel of the pool",
+            ),
+            &slots,
+            |s| ConstCounter::new(s.restarts),
+        )?;
+        encode_slots(
+            &mut encoder,
+            (
+                "agui_kernel_slot_active_runs",
+                "Runs bound to each kernel of the pool",
+            ),
+            &slots,
+            |s| ConstGauge::new(s.active as i64),
+        )?;
         Ok(())
     }
 }
@@ -509,6 +569,56 @@ mod tests {
         fn restarts(&self) -> u64 {
             3
         }
+    }
+
+    /// A pool of two kernels: the totals, and each kernel labelled by its slot.
+    #[derive(Debug)]
+    struct Two;
+    impl KernelGauges for Two {
+        fn up(&self) -> bool {
+            true
+        }
+        fn restarts(&self) -> u64 {
+            5
+        }
+        fn slots(&self) -> Vec<SlotGauges> {
+            vec![
+                SlotGauges {
+                    up: true,
+                    restarts: 1,
+                    active: 3,
+                },
+                SlotGauges {
+                    up: false,
+                    restarts: 4,
+                    active: 0,
+                },
+            ]
+        }
+    }
+
+    #[test]
+    fn a_pools_kernels_are_each_labelled_by_slot_and_one_kernel_adds_none() {
+        let m = Metrics::new();
+        m.watch_kernel(Arc::new(Two));
+        let text = m.encode();
+        for l in [
+            "agui_kernel_up 1",
+            "agui_kernel_restarts_total 5",
+            "# TYPE agui_kernel_slot_up gauge",
+            "agui_kernel_slot_up{slot=\"0\"} 1",
+            "agui_kernel_slot_up{slot=\"1\"} 0",
+            "# TYPE agui_kernel_slot_restarts counter",
+            "agui_kernel_slot_restarts_total{slot=\"0\"} 1",
+            "agui_kernel_slot_restarts_total{slot=\"1\"} 4",
+            "agui_kernel_slot_active_runs{slot=\"0\"} 3",
+            "agui_kernel_slot_active_runs{slot=\"1\"} 0",
+        ] {
+            assert!(text.lines().any(|x| x == l), "{l} missing in\n{text}");
+        }
+        let one = Metrics::new();
+        one.watch_kernel(Arc::new(Down));
+        assert!(!one.encode().contains("agui_kernel_slot"));
     }
 
     fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {

@@ -30,7 +30,9 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
 
-pub use metrics::{DropReason, InterruptEvent, KernelGauges, Limit, Metrics, RunOutcome};
+pub use metrics::{
+    DropReason, InterruptEvent, KernelGauges, Limit, Metrics, RunOutcome, SlotGauges,
+};
 
 use crate::config::Env;
 use crate::config::{Config, LogFormat};
