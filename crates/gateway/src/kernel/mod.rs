@@ -177,6 +177,17 @@ impl Kernel {
         v
     }
 
+    /// The process that served this kernel's threads is gone and no new one is ready: it
+    /// exited (restarting, or starting again after a restart) or failed to start. What it held in
+    /// memory is lost, so its threads may go to another kernel of a pool.
+    pub fn lost(&self) -> bool {
+        match self.state() {
+            KernelState::Restarting | KernelState::Failed(_) => true,
+            KernelState::Starting => self.restarts.load(Ordering::Relaxed) > 0,
+            _ => false,
+        }
+    }
+
     pub fn state(&self) -> KernelState {
         self.inner.lock().expect("kernel lock").state.clone()
     }

@@ -141,7 +141,7 @@ impl Pool {
         let views: Vec<SlotView> = (self.slots.iter().zip(self.load.iter()))
             .map(|(k, l)| SlotView {
                 ready: k.client().is_some(),
-                dead: matches!(k.state(), KernelState::Restarting | KernelState::Failed(_)),
+                dead: k.lost(),
                 active: l.active.load(Ordering::Relaxed),
                 placed: l.placed.load(Ordering::Relaxed),
             })

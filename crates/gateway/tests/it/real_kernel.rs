@@ -966,16 +966,11 @@ fn thread_docs(dir: &std::path::Path) -> Vec<Value> {
     out
 }
 
-/// `--kernels 2`: two kernel processes, both in `/health`; new threads spread over them (each
-/// records its kernel), each thread's later turn stays in its session on its kernel, and a
-/// stop takes both down.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_kernels_share_the_threads_and_each_thread_stays_on_its_own() {
-    let env = KernelEnv::new().await;
-    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
+/// `/health` once all `n` kernels of the gateway on `port` are ready.
+async fn pool_ready(port: u16, n: usize) -> Value {
     let c = reqwest::Client::builder().no_proxy().build().unwrap();
     let start = Instant::now();
-    let health = loop {
+    loop {
         if let Ok(r) = c
             .get(format!("http://127.0.0.1:{port}/health"))
             .send()
@@ -983,8 +978,8 @@ async fn two_kernels_share_the_threads_and_each_thread_stays_on_its_own() {
         {
             let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
             let slots = v["kernel"]["slots"].as_array().cloned().unwrap_or_default();
-            if slots.len() == 2 && slots.iter().all(|s| s["state"] == "ready") {
-                break v;
+            if slots.len() == n && slots.iter().all(|s| s["state"] == "ready") {
+                return v;
             }
         }
         assert!(
@@ -992,7 +987,17 @@ async fn two_kernels_share_the_threads_and_each_thread_stays_on_its_own() {
             "kernels never ready"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    }
+}
+
+/// `--kernels 2`: two kernel processes, both in `/health`; new threads spread over them (each
+/// records its kernel), each thread's later turn stays in its session on its kernel, and a
+/// stop takes both down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_kernels_share_the_threads_and_each_thread_stays_on_its_own() {
+    let env = KernelEnv::new().await;
+    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
+    let health = pool_ready(port, 2).await;
     assert_eq!(health["kernel"]["size"], 2);
     let pids: Vec<u64> = health["kernel"]["slots"]
         .as_array()
@@ -1034,4 +1039,124 @@ async fn two_kernels_share_the_threads_and_each_thread_stays_on_its_own() {
     keys.sort();
     keys.dedup();
     assert_eq!(keys, ["managed:0", "managed:1"]);
+}
+
+/// `--kernels 2`, kill -9 of the kernel holding a thread's pending permission: the answer goes
+/// through the other kernel (the thread moves there, its session restored first) and the tool
+/// runs once; the killed kernel is restarted, the pool is whole again, and the thread's next
+/// turn stays where it moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_kernels_pending_interrupt_is_answered_through_another() {
+    let env = KernelEnv::new().await;
+    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
+    let health = pool_ready(port, 2).await;
+    let url = format!("http://127.0.0.1:{port}/");
+    let w = ws(&env, "d1");
+    let r1 = post(
+        &url,
+        &body("d1", "r1", "Run it. scenario:bash", &w, json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
+    // The first thread of an idle pool is on the first kernel.
+    let pid = health["kernel"]["slots"][0]["pid"].as_u64().unwrap() as i32;
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let start = Instant::now();
+    loop {
+        let r = c.get(format!("{url}health")).send().await.unwrap();
+        let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        if v["kernel"]["slots"][0]["restarts"].as_u64() >= Some(1) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r2 = post(
+        &url,
+        &resume_body("d1", "r2", &w, "inv-1", answer(&r1, "allow_once")),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r2, "d1", "r2");
+    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
+    let out = std::path::Path::new(&w).join("out.txt");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
+    let health = pool_ready(port, 2).await;
+    assert_eq!(health["kernel"]["slots"][0]["restarts"], 1);
+    let r3 = post(
+        &url,
+        &body("d1", "r3", "Hi. scenario:text", &w, json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(r3.last()["outcome"]["type"], "success", "{}", r3.raw);
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(gw.id() as i32, libc::SIGTERM);
+    }
+    assert_eq!(gw.wait().unwrap().code(), Some(0));
+    let docs = thread_docs(&env.state_dir());
+    let d1 = docs.iter().find(|d| d["threadId"] == "d1").unwrap();
+    assert_eq!(d1["kernel"], "managed:1");
+}
+
+/// `--kernels 2`, kill -9 of one kernel under 20 concurrent turns: every stream ends with exactly
+/// one terminal event (those on the killed kernel with an error), every thread takes a new turn
+/// afterwards, and the pool is whole again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_killed_under_load_loses_no_stream_and_no_thread() {
+    let env = KernelEnv::new().await;
+    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
+    let health = pool_ready(port, 2).await;
+    let url = format!("http://127.0.0.1:{port}/");
+    let threads: Vec<String> = (0..20).map(|i| format!("l{i}")).collect();
+    let runs: Vec<_> = threads
+        .iter()
+        .map(|t| {
+            let (url, b) = (
+                url.clone(),
+                body(t, "r1", "Go. scenario:steady", &ws(&env, t), json!({})),
+            );
+            tokio::spawn(async move { post(&url, &b, &[]).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let pid = health["kernel"]["slots"][0]["pid"].as_u64().unwrap() as i32;
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let mut failed = 0;
+    for (t, run) in threads.iter().zip(runs) {
+        let r = run.await.unwrap();
+        assert_valid_run(&r, t, "r1");
+        if r.last()["type"] == "RUN_ERROR" {
+            failed += 1;
+        }
+    }
+    assert!(failed > 0, "the killed kernel's turns end in an error");
+    assert!(failed < threads.len(), "the other kernel's turns finish");
+    for t in &threads {
+        let b = body(t, "r2", "Hi. scenario:text", &ws(&env, t), json!({}));
+        let r = post(&url, &b, &[]).await;
+        assert_valid_run(&r, t, "r2");
+        assert_eq!(r.last()["outcome"]["type"], "success", "{t}: {}", r.raw);
+    }
+    let health = pool_ready(port, 2).await;
+    assert_eq!(health["kernel"]["slots"][0]["restarts"], 1);
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(gw.id() as i32, libc::SIGTERM);
+    }
+    assert_eq!(gw.wait().unwrap().code(), Some(0));
 }
