@@ -55,3 +55,4 @@ gateway="$CARGO_TARGET_DIR/debug/iac-code-agui"
 "$bench" --smoke --gateway "$gateway"
 "$bench" --smoke --gateway "$gateway" --compare "" --rounds 1
 "$bench" --smoke --gateway "$gateway" --threads
+"$bench" --smoke --gateway "$gateway" --kernels

@@ -22,6 +22,13 @@
 //! `--threads` measures the thread routes (connect to a long thread, list a user's threads among
 //! many, the rate of whole turns) with the file store and with PostgreSQL, alternating.
 //!
+//!   cargo run --release -p agui-bench -- --kernels [--smoke] [--rounds N] [--turn-concurrency N]
+//!                                         [--turns N]
+//!
+//! `--kernels` runs whole turns through the real kernel (the pinned venv, the scripted fake LLM)
+//! with `--kernels 1` and `--kernels 2`, alternating: turns a second, latency, CPU a turn of
+//! gateway and kernels, each kernel's RSS after.
+//!
 //! The latency test also runs once straight from the synthetic kernel to the client (no gateway):
 //! that floor is what the generator, the client and the loopback cost on this machine, and the
 //! gateway's own share is the difference. Both ends of the latency test are lean on purpose (one
@@ -41,6 +48,7 @@ use testkit::{free_port, raise_fd_limit};
 
 mod compare;
 mod gateway;
+mod kernels;
 mod latency;
 mod threads;
 
@@ -430,6 +438,21 @@ async fn main() -> Result<()> {
         let rounds = flag("--rounds").unwrap_or(1) as usize;
         let stores = threads::Stores::parse(text("--store").as_deref())?;
         return threads::threads(&gateway, &kernel, sizes, rounds, stores).await;
+    }
+    if args.iter().any(|a| a == "--kernels") {
+        let mut load = if smoke {
+            kernels::LOAD_SMOKE
+        } else {
+            kernels::LOAD_FULL
+        };
+        if let Some(n) = flag("--turn-concurrency") {
+            load.concurrency = n as usize;
+        }
+        if let Some(n) = flag("--turns") {
+            load.turns = n as usize;
+        }
+        let rounds = flag("--rounds").unwrap_or(1) as usize;
+        return kernels::kernels(&gateway, load, rounds).await;
     }
     if args.iter().any(|a| a == "--postgres") {
         let pg = testkit::postgres::Cluster::start();
