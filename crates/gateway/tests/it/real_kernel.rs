@@ -501,25 +501,7 @@ async fn gateway_process(env: &KernelEnv, extra: &[&str]) -> (std::process::Chil
 }
 
 async fn wait_kernel_ready(port: u16) -> Value {
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
-    let start = Instant::now();
-    loop {
-        if let Ok(r) = c
-            .get(format!("http://127.0.0.1:{port}/health"))
-            .send()
-            .await
-        {
-            let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
-            if v["kernel"]["state"] == "ready" {
-                return v;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "kernel never ready"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    pool_ready(port, 1).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -539,11 +521,7 @@ async fn managed_kernel_starts_serves_and_never_leaks() {
     .await;
     assert_valid_run(&r, "m1", "r1");
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
-    #[allow(unsafe_code)]
-    // SAFETY: plain kill syscall.
-    unsafe {
-        libc::kill(gw.id() as i32, libc::SIGTERM);
-    }
+    signal(gw.id() as i32, libc::SIGTERM);
     let status = gw.wait().unwrap();
     assert_eq!(status.code(), Some(0));
     for k in &kids {
@@ -966,7 +944,17 @@ fn thread_docs(dir: &std::path::Path) -> Vec<Value> {
     out
 }
 
-/// `/health` once all `n` kernels of the gateway on `port` are ready.
+/// Sends `sig` to process `pid`.
+fn signal(pid: i32, sig: i32) {
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+/// `/health` once all `n` kernels of the gateway on `port` are ready (90 s for one, 30 s more
+/// a kernel).
 async fn pool_ready(port: u16, n: usize) -> Value {
     let c = reqwest::Client::builder().no_proxy().build().unwrap();
     let start = Instant::now();
@@ -977,13 +965,17 @@ async fn pool_ready(port: u16, n: usize) -> Value {
             .await
         {
             let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
-            let slots = v["kernel"]["slots"].as_array().cloned().unwrap_or_default();
+            // One kernel is `kernel` itself; several are its `slots`.
+            let slots = match v["kernel"]["slots"].as_array() {
+                Some(s) => s.clone(),
+                None => vec![v["kernel"].clone()],
+            };
             if slots.len() == n && slots.iter().all(|s| s["state"] == "ready") {
                 return v;
             }
         }
         assert!(
-            start.elapsed() < Duration::from_secs(120),
+            start.elapsed() < Duration::from_secs(60 + 30 * n as u64),
             "kernels never ready"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1022,11 +1014,7 @@ async fn two_kernels_share_the_threads_and_each_thread_stays_on_its_own() {
         assert_eq!(sessions[0], sessions[1], "{t} kept its session");
     }
     let kids = descendants(gw.id());
-    #[allow(unsafe_code)]
-    // SAFETY: plain kill syscall.
-    unsafe {
-        libc::kill(gw.id() as i32, libc::SIGTERM);
-    }
+    signal(gw.id() as i32, libc::SIGTERM);
     assert_eq!(gw.wait().unwrap().code(), Some(0));
     for k in &kids {
         assert!(!alive(*k), "kernel process {k} survived the stop");
@@ -1061,11 +1049,7 @@ async fn a_dead_kernels_pending_interrupt_is_answered_through_another() {
     assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
     // The first thread of an idle pool is on the first kernel.
     let pid = health["kernel"]["slots"][0]["pid"].as_u64().unwrap() as i32;
-    #[allow(unsafe_code)]
-    // SAFETY: plain kill syscall.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
+    signal(pid, libc::SIGKILL);
     let c = reqwest::Client::builder().no_proxy().build().unwrap();
     let start = Instant::now();
     loop {
@@ -1097,11 +1081,7 @@ async fn a_dead_kernels_pending_interrupt_is_answered_through_another() {
     .await;
     assert_eq!(r3.last()["outcome"]["type"], "success", "{}", r3.raw);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
-    #[allow(unsafe_code)]
-    // SAFETY: plain kill syscall.
-    unsafe {
-        libc::kill(gw.id() as i32, libc::SIGTERM);
-    }
+    signal(gw.id() as i32, libc::SIGTERM);
     assert_eq!(gw.wait().unwrap().code(), Some(0));
     let docs = thread_docs(&env.state_dir());
     let d1 = docs.iter().find(|d| d["threadId"] == "d1").unwrap();
@@ -1130,11 +1110,7 @@ async fn a_kernel_killed_under_load_loses_no_stream_and_no_thread() {
         .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let pid = health["kernel"]["slots"][0]["pid"].as_u64().unwrap() as i32;
-    #[allow(unsafe_code)]
-    // SAFETY: plain kill syscall.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
+    signal(pid, libc::SIGKILL);
     let mut failed = 0;
     for (t, run) in threads.iter().zip(runs) {
         let r = run.await.unwrap();
@@ -1153,10 +1129,6 @@ async fn a_kernel_killed_under_load_loses_no_stream_and_no_thread() {
     }
     let health = pool_ready(port, 2).await;
     assert_eq!(health["kernel"]["slots"][0]["restarts"], 1);
-    #[allow(unsafe_code)]
-    // SAFETY: plain kill syscall.
-    unsafe {
-        libc::kill(gw.id() as i32, libc::SIGTERM);
-    }
+    signal(gw.id() as i32, libc::SIGTERM);
     assert_eq!(gw.wait().unwrap().code(), Some(0));
 }

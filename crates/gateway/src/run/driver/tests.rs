@@ -296,6 +296,15 @@ async fn interrupt_on(h: &Harness, k: &FakeKernel, c: &str) {
     );
 }
 
+/// Answers `p1` of `t1` with `allow_once` in run `r2`, which succeeds.
+async fn allowed(h: &Harness) {
+    let resume = json!([{"interruptId": "p1", "status": "resolved",
+        "payload": {"decision": "allow_once"}}]);
+    let ev = events(h.run(h.request("t1", "r2", Some(resume))).await).await;
+    assert_eq!(terminals(&ev), ["RUN_FINISHED"], "{ev:?}");
+    assert_eq!(ev.last().unwrap()["outcome"]["type"], "success");
+}
+
 /// `k` answers a lookup of `task-1` with the task waiting for the permission.
 fn waiting_task(k: &FakeKernel, c: &str) {
     k.on(
@@ -325,11 +334,7 @@ async fn an_answer_is_delivered_once_and_recorded_before_the_run_goes_on() {
             )),
         ]),
     );
-    let resume = json!([{"interruptId": "p1", "status": "resolved",
-        "payload": {"decision": "allow_once"}}]);
-    let ev = events(h.run(h.request("t1", "r2", Some(resume))).await).await;
-    assert_eq!(terminals(&ev), ["RUN_FINISHED"], "{ev:?}");
-    assert_eq!(ev.last().unwrap()["outcome"]["type"], "success");
+    allowed(&h).await;
     let sent = h.kernel.calls("SendStreamingMessage");
     assert_eq!(sent.len(), 2, "the turn, then the answer once");
     let answer = sent[1].body.to_string();
@@ -492,11 +497,7 @@ async fn an_answer_goes_to_the_kernel_that_holds_the_task() {
             json!({}),
         ))]),
     );
-    let resume = json!([{"interruptId": "p1", "status": "resolved",
-        "payload": {"decision": "allow_once"}}]);
-    let ev = events(h.run(h.request("t1", "r2", Some(resume))).await).await;
-    assert_eq!(terminals(&ev), ["RUN_FINISHED"], "{ev:?}");
-    assert_eq!(ev.last().unwrap()["outcome"]["type"], "success");
+    allowed(&h).await;
     assert_eq!(turns(k0), 2);
     assert_eq!(k0.calls("GetTask").len(), 1);
     for method in [
