@@ -47,68 +47,72 @@ impl Options {
     }
 }
 
-/// The kernels of a configuration: `--kernels` managed children (sharing their task and session
-/// store, as the kernel keeps them under its configuration directory), or one external URL.
+/// The kernels of a configuration: the external ones at `--a2a-url`, or `--kernels` managed
+/// children (sharing their task and session store, as the kernel keeps them under its
+/// configuration directory). Their calls are timed in `metrics` and carry the trace context.
 pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
-    let slots = (0..cfg.kernels.max(1))
-        .map(|_| kernel_for(cfg, env, metrics))
-        .collect();
+    let observer = || -> Arc<dyn a2a::Observer> { KernelObserver::new(metrics.clone()) };
+    let slots = if cfg.a2a_urls.is_empty() {
+        (0..cfg.kernels.max(1))
+            .map(|_| managed_kernel(cfg, env, observer()))
+            .collect()
+    } else {
+        (cfg.a2a_urls.iter())
+            .map(|url| {
+                Kernel::external(
+                    url,
+                    cfg.a2a_token.clone(),
+                    cfg.kernel_timeouts(),
+                    Some(observer()),
+                )
+            })
+            .collect()
+    };
     Pool::new(slots).expect("at least one kernel")
 }
 
-/// The kernel of a configuration: external URL, or a managed child; its calls are timed in
-/// `metrics` and carry the trace context.
-pub fn kernel_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Kernel> {
-    let observer: Arc<dyn a2a::Observer> = KernelObserver::new(metrics.clone());
-    match &cfg.a2a_url {
-        Some(url) => Kernel::external(
-            url,
-            cfg.a2a_token.clone(),
-            cfg.kernel_timeouts(),
-            Some(observer),
-        ),
-        None => {
-            let mut launch = Launch::new(cfg.a2a_command.clone());
-            // Of the gateway's environment, what the kernel may have (names: the process's,
-            // which the gateway never changes; values: the snapshot).
-            let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
-            launch.inherit(names, &**env, &cfg.kernel_env);
-            if let Some(v) = env("IAC_CODE_AGUI_ALLOWED_CWDS").filter(|v| !v.is_empty()) {
-                if env("IACCODE_A2A_ALLOWED_CWDS")
-                    .filter(|v| !v.is_empty())
-                    .is_none()
-                {
-                    launch.env("IACCODE_A2A_ALLOWED_CWDS", v);
-                }
-            } else if cfg.allowed_cwds.is_none() {
-                // The kernel checks workspaces against its own roots, by default its process's
-                // directory and the temporary one: it gets the gateway's default root instead.
-                let root = cfg.default_workspace_root();
-                launch.env(
-                    "IACCODE_A2A_ALLOWED_CWDS",
-                    root.to_string_lossy().into_owned(),
-                );
-            }
-            // Shared by several instances: the kernel backs its sessions up there, and keeps its
-            // tasks there, so that another instance's kernel restores and finds them.
-            if let Some(dir) = &cfg.kernel_backup_dir {
-                launch.backup_dir(dir);
-            }
-            if let Some(dir) = &cfg.kernel_persistence_dir {
-                if let Err(e) = launch.persistence_dir(dir) {
-                    tracing::error!(error = %e, "the kernel configuration cannot be written");
-                }
-            }
-            Kernel::managed(
-                ChildSpec {
-                    launch,
-                    ready_timeout: Duration::from_secs(20),
-                    timeouts: cfg.kernel_timeouts(),
-                },
-                Some(observer),
-            )
+/// A managed kernel of a configuration: an `iac-code a2a` child with what the gateway's
+/// environment may give it.
+fn managed_kernel(cfg: &Config, env: &Env, observer: Arc<dyn a2a::Observer>) -> Arc<Kernel> {
+    let mut launch = Launch::new(cfg.a2a_command.clone());
+    // Of the gateway's environment, what the kernel may have (names: the process's,
+    // which the gateway never changes; values: the snapshot).
+    let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+    launch.inherit(names, &**env, &cfg.kernel_env);
+    if let Some(v) = env("IAC_CODE_AGUI_ALLOWED_CWDS").filter(|v| !v.is_empty()) {
+        if env("IACCODE_A2A_ALLOWED_CWDS")
+            .filter(|v| !v.is_empty())
+            .is_none()
+        {
+            launch.env("IACCODE_A2A_ALLOWED_CWDS", v);
+        }
+    } else if cfg.allowed_cwds.is_none() {
+        // The kernel checks workspaces against its own roots, by default its process's
+        // directory and the temporary one: it gets the gateway's default root instead.
+        let root = cfg.default_workspace_root();
+        launch.env(
+            "IACCODE_A2A_ALLOWED_CWDS",
+            root.to_string_lossy().into_owned(),
+        );
+    }
+    // Shared by several instances: the kernel backs its sessions up there, and keeps its
+    // tasks there, so that another instance's kernel restores and finds them.
+    if let Some(dir) = &cfg.kernel_backup_dir {
+        launch.backup_dir(dir);
+    }
+    if let Some(dir) = &cfg.kernel_persistence_dir {
+        if let Err(e) = launch.persistence_dir(dir) {
+            tracing::error!(error = %e, "the kernel configuration cannot be written");
         }
     }
+    Kernel::managed(
+        ChildSpec {
+            launch,
+            ready_timeout: Duration::from_secs(20),
+            timeouts: cfg.kernel_timeouts(),
+        },
+        Some(observer),
+    )
 }
 
 /// Binds the listening socket with a deep accept queue: a burst of new streams must not overflow
@@ -246,9 +250,10 @@ pub async fn serve_with_admin(
     let tls = listener_tls(rt.cfg().tls.as_ref())?;
     let admin_tls = listener_tls(rt.cfg().metrics_tls.as_ref())?;
     let (admin_stop, admin_done) = tokio::sync::oneshot::channel::<()>();
+    // Several external kernels are probed for placement; one for `agui_kernel_up` when the
+    // metrics are served. A managed one is watched anyway.
+    rt.kernels().probe_external(admin.is_some());
     let admin_task = admin.map(|l| {
-        // An external kernel is probed for `agui_kernel_up`; a managed one is watched anyway.
-        rt.kernels().probe_external(Duration::from_secs(5));
         let router = admin::router(rt.metrics().clone(), Some(rt.clone()));
         let stall = rt.cfg().client_stall_timeout;
         // Not capped: an operator's probe and scrape still answer when the public listener is

@@ -54,6 +54,8 @@ struct Inner {
     requests: Vec<Request>,
     /// SSE result items written to the socket so far (backpressure tests).
     written: Arc<std::sync::atomic::AtomicUsize>,
+    /// `/health` answers 503 (a kernel that stopped answering its probes).
+    down: bool,
 }
 
 /// The running fake kernel.
@@ -95,10 +97,7 @@ impl FakeKernel {
         let addr = listener.local_addr().expect("addr");
         let app = Router::new()
             .route("/", post(rpc))
-            .route(
-                "/health",
-                get(|| async { axum::Json(json!({"status":"healthy"})) }),
-            )
+            .route("/health", get(health))
             .route("/iac-code/session/ensure-restored", post(ext_post))
             .route("/iac-code/pipeline/state", get(ext_get))
             .with_state(inner.clone());
@@ -129,6 +128,11 @@ impl FakeKernel {
     /// message's `contextId`): it is given before any queued with [`FakeKernel::on`].
     pub fn on_context(&self, key: &str, context_id: &str, reply: Reply) {
         self.on(&format!("{key}@{context_id}"), reply);
+    }
+
+    /// Makes `/health` answer 503 (`false`) or 200 again.
+    pub fn set_healthy(&self, healthy: bool) {
+        self.inner.lock().expect("kernel lock").down = !healthy;
     }
 
     /// SSE result items accepted by the socket so far.
@@ -295,6 +299,13 @@ async fn rpc(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap, body: B
     };
     let written = inner.lock().expect("kernel lock").written.clone();
     render(reply, id, written)
+}
+
+async fn health(State(inner): State<Arc<Mutex<Inner>>>) -> Response {
+    match inner.lock().expect("kernel lock").down {
+        true => (StatusCode::SERVICE_UNAVAILABLE, "down").into_response(),
+        false => axum::Json(json!({"status":"healthy"})).into_response(),
+    }
 }
 
 async fn ext_post(

@@ -132,10 +132,19 @@ pub struct KernelProcess {
 impl KernelProcess {
     /// Starts the kernel of `env` and waits (up to 90 s) until it is ready.
     pub async fn start(env: &KernelEnv) -> KernelProcess {
+        KernelProcess::start_with_token(env, &format!("test-{}", uuid::Uuid::new_v4().simple()))
+            .await
+    }
+
+    /// [`KernelProcess::start`] with the bearer token `token` (kernels of one pool share theirs).
+    pub async fn start_with_token(env: &KernelEnv, token: &str) -> KernelProcess {
         let port = crate::free_port();
-        let token = format!("test-{}", uuid::Uuid::new_v4().simple());
-        let child = spawn(env, port, &token);
-        let k = KernelProcess { child, port, token };
+        let child = spawn(env, port, token);
+        let k = KernelProcess {
+            child,
+            port,
+            token: token.to_owned(),
+        };
         k.wait_ready().await;
         k
     }

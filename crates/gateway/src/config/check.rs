@@ -31,6 +31,8 @@ const KERNELS_EXTERNAL: &str =
 /// sessions grow it.
 pub(super) const KERNEL_MEMORY: u64 = 512 * 1024 * 1024;
 pub(super) const KERNEL_ENV: &str = "--kernel-env must be a list of variable names.";
+const A2A_URLS_MANY: &str = "--a2a-url names at most 64 kernels.";
+const A2A_URLS_TWICE: &str = "--a2a-url names one kernel twice.";
 pub(super) const LOOPBACK: &str =
     "The AG-UI adapter may connect only to a loopback A2A HTTP(S) URL.";
 
@@ -133,6 +135,26 @@ pub(super) fn body_timeout(v: f64) -> Result<Duration, String> {
         return Err(BODY_TIMEOUT.into());
     }
     Ok(Duration::from_secs_f64(v.min(LONGEST_SECS)))
+}
+
+/// The external kernels' URLs, each checked by [`a2a_url`]: at most 64 (as managed kernels),
+/// each once (two slots of one kernel would split its threads' placement for nothing).
+pub(super) fn a2a_urls(urls: Vec<String>) -> Result<Vec<String>, String> {
+    if urls.len() > 64 {
+        return Err(A2A_URLS_MANY.to_owned());
+    }
+    let mut out = Vec::with_capacity(urls.len());
+    let mut seen = std::collections::HashSet::new();
+    for url in urls {
+        let url = a2a_url(&url)?;
+        // Compared as parsed (scheme and host in lower case, default port dropped); never
+        // echoed: a URL may carry credentials.
+        if !seen.insert(urls::parse(&url).map(String::from)) {
+            return Err(A2A_URLS_TWICE.to_owned());
+        }
+        out.push(url);
+    }
+    Ok(out)
 }
 
 /// A loopback http(s) URL of a kernel (host `127.0.0.1`, `::1` or `localhost`), normalised to
@@ -281,6 +303,34 @@ mod tests {
             "--kernel-env cannot pass IAC_CODE_AGUI_STATE_URL: the gateway's own IAC_CODE_AGUI_* \
              variables never reach the kernel."
         );
+    }
+
+    #[test]
+    fn kernel_urls_are_each_checked_named_once_and_at_most_64() {
+        let urls = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(a2a_urls(vec![]), Ok(vec![]));
+        assert_eq!(
+            a2a_urls(urls(&["http://127.0.0.1:1", "http://[::1]:2/"])),
+            Ok(urls(&["http://127.0.0.1:1/", "http://[::1]:2/"]))
+        );
+        assert_eq!(
+            a2a_urls(urls(&["http://127.0.0.1:1", "http://10.0.0.1:2/"])),
+            Err(LOOPBACK.to_owned())
+        );
+        for twice in [
+            ["http://127.0.0.1:1", "http://127.0.0.1:1/"],
+            ["http://LOCALHOST:1/", "http://localhost:1"],
+            ["http://127.0.0.1:80/", "http://127.0.0.1/"],
+        ] {
+            assert_eq!(
+                a2a_urls(urls(&twice)),
+                Err(A2A_URLS_TWICE.to_owned()),
+                "{twice:?}"
+            );
+        }
+        let many: Vec<String> = (1..=65).map(|p| format!("http://127.0.0.1:{p}/")).collect();
+        assert_eq!(a2a_urls(many[..64].to_vec()).map(|v| v.len()), Ok(64));
+        assert_eq!(a2a_urls(many), Err(A2A_URLS_MANY.to_owned()));
     }
 
     #[test]

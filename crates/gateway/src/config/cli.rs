@@ -23,10 +23,17 @@ pub struct Cli {
     /// Bind port, 1..65535 [default: 8000].
     #[arg(long, env = "IAC_CODE_AGUI_PORT", allow_hyphen_values = true)]
     pub port: Option<String>,
-    /// URL of an existing loopback A2A kernel; empty starts a managed `iac-code a2a` child. Its
-    /// bearer token: env IAC_CODE_AGUI_A2A_TOKEN or YAML a2a_token.
-    #[arg(long, env = "IAC_CODE_AGUI_A2A_URL")]
-    pub a2a_url: Option<String>,
+    /// URL of an existing loopback A2A kernel; repeatable (the variable takes a comma-separated
+    /// list) for a pool of kernels that share their task and session directories; empty starts
+    /// managed `iac-code a2a` children. Their bearer token: env IAC_CODE_AGUI_A2A_TOKEN or YAML
+    /// a2a_token.
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IAC_CODE_AGUI_A2A_URL",
+        value_delimiter = ','
+    )]
+    pub a2a_url: Vec<String>,
     /// Debug logging (default: info).
     #[arg(short, long)]
     pub debug: bool,

@@ -263,19 +263,24 @@ impl Layers<'_> {
         }
     }
 
-    /// A text option whose empty flag does not hide its variable `var`: the flag unless blank,
-    /// else the variable (read again, as the reference does) unless empty, else the YAML key.
-    pub(super) fn get_or_var(
+    /// A list whose empty flags do not hide its variable `var`, as the reference reads its one
+    /// kernel URL: the
+    /// flags' entries unless none, else the variable's (read again) unless it is empty, else the
+    /// YAML key. A variable with no entry but blanks is kept whole, for its check to refuse.
+    pub(super) fn list_or_var(
         &self,
-        opt: &Opt<Text>,
+        opt: &Opt<List>,
         var: &str,
-        flag: Option<String>,
-    ) -> Result<Option<String>, String> {
-        let given = flag
-            .filter(|f| !blank(f))
-            .or_else(|| (self.env)(var).filter(|v| !v.is_empty()));
-        match given {
-            Some(v) => Ok(Some(v)),
+        flags: Vec<String>,
+    ) -> Result<Option<Vec<String>>, String> {
+        if let Some(list) = List::from_flag(flags).map_err(|Wrong| opt.err.to_owned())? {
+            return Ok(Some(list));
+        }
+        match (self.env)(var).filter(|v| !v.is_empty()) {
+            Some(v) => {
+                let list: Vec<String> = split(&v).collect();
+                Ok(Some(if list.is_empty() { vec![v] } else { list }))
+            }
             None => self.get(opt, None),
         }
     }
@@ -435,24 +440,36 @@ mod tests {
 
     #[test]
     fn an_empty_flag_does_not_hide_the_variable_read_again() {
-        let get = |flag: Option<String>, env: &[(&str, &str)]| {
+        let get = |flags: &[&str], env: &[(&str, &str)]| {
+            let flags = flags.iter().map(|f| f.to_string()).collect();
             with("u: y\n", env, |l| {
-                l.get_or_var(&Opt::new("u", ERR), "V", flag)
+                l.list_or_var(&Opt::new("u", ERR), "V", flags)
             })
         };
-        assert_eq!(get(s("f"), &[("V", "v")]), Ok(s("f")));
-        assert_eq!(get(s(" "), &[("V", "v")]), Ok(s("v")));
-        assert_eq!(get(None, &[("V", "v")]), Ok(s("v")));
-        assert_eq!(get(s(""), &[("V", "")]), Ok(s("y")));
+        let list = |l: &[&str]| Ok(Some(l.iter().map(|e| e.to_string()).collect::<Vec<_>>()));
+        assert_eq!(get(&["f"], &[("V", "v")]), list(&["f"]));
+        assert_eq!(get(&["f", "g,h"], &[("V", "v")]), list(&["f", "g", "h"]));
+        assert_eq!(get(&[" "], &[("V", "v")]), list(&["v"]));
+        assert_eq!(get(&[], &[("V", "v, w")]), list(&["v", "w"]));
+        assert_eq!(get(&[""], &[("V", "")]), list(&["y"]));
         // Only an empty variable is unset here: a blank one is kept, for its check to refuse.
-        assert_eq!(get(None, &[("V", " ")]), Ok(s(" ")));
+        assert_eq!(get(&[], &[("V", " ")]), list(&[" "]));
+        assert_eq!(get(&[], &[("V", " , ")]), list(&[" , "]));
         assert_eq!(
-            with("u: 1\n", &[], |l| l.get_or_var(
+            with("u: 1\n", &[], |l| l.list_or_var(
                 &Opt::new("u", ERR),
                 "V",
-                None
+                Vec::new()
             )),
             Err(ERR.to_owned())
+        );
+        assert_eq!(
+            with("u: [a, b]\n", &[], |l| l.list_or_var(
+                &Opt::new("u", ERR),
+                "V",
+                Vec::new()
+            )),
+            list(&["a", "b"])
         );
     }
 

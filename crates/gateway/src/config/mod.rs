@@ -34,8 +34,9 @@ use crate::paths;
 pub struct Config {
     pub host: String,
     pub port: u16,
-    /// Normalised loopback kernel URL (one trailing `/`); `None` ⇒ managed kernel.
-    pub a2a_url: Option<String>,
+    /// Normalised loopback kernel URLs (one trailing `/` each), several for a pool of external
+    /// kernels; none ⇒ managed kernels.
+    pub a2a_urls: Vec<String>,
     pub a2a_token: Option<String>,
     /// Bearer token of the gateway's own POST routes; `None` ⇒ no authentication.
     pub auth_token: Option<String>,
@@ -139,7 +140,7 @@ pub type EnvFn<'a> = &'a dyn Fn(&str) -> Option<String>;
 // checks in `Config::load`.
 const HOST: Opt<Text> = Opt::new("host", "--host must be a string.");
 const PORT: Opt<Integer> = Opt::new("port", check::PORT);
-const A2A_URL: Opt<Text> = Opt::new("a2a_url", "--a2a-url must be a string.");
+const A2A_URL: Opt<List> = Opt::new("a2a_url", "--a2a-url must be a string.");
 const AUTH_TOKEN: Opt<Text> = Opt::new("auth_token", "auth_token must be a string.");
 const A2A_TOKEN: Opt<Text> = Opt::new("a2a_token", "a2a_token must be a string.");
 const CLUSTER_SECRET: Opt<Text> = Opt::new("cluster_secret", "cluster_secret must be a string.");
@@ -222,8 +223,8 @@ impl Config {
             .get(&HOST, cli.host)?
             .unwrap_or_else(|| "127.0.0.1".into());
         let port = check::port(l.get(&PORT, cli.port)?.unwrap_or(8000))?;
-        let a2a_url = l.get_or_var(&A2A_URL, "IAC_CODE_AGUI_A2A_URL", cli.a2a_url)?;
-        let a2a_url = a2a_url.as_deref().map(check::a2a_url).transpose()?;
+        let a2a_urls = l.list_or_var(&A2A_URL, "IAC_CODE_AGUI_A2A_URL", cli.a2a_url)?;
+        let a2a_urls = check::a2a_urls(a2a_urls.unwrap_or_default())?;
         let auth_token = l.token(&AUTH_TOKEN, "IAC_CODE_AGUI_AUTH_TOKEN")?;
         let a2a_token = l.token(&A2A_TOKEN, "IAC_CODE_AGUI_A2A_TOKEN")?;
         let cluster_secret = l.token(&CLUSTER_SECRET, "IAC_CODE_AGUI_CLUSTER_SECRET")?;
@@ -314,7 +315,12 @@ impl Config {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as i64);
         let max_image_decodes = check::max_image_decodes(max_image_decodes.unwrap_or(cores))?;
         let kernels = l.get(&KERNELS, cli.kernels)?;
-        let kernels = check::kernels(kernels, a2a_url.is_some(), cores, machine::memory_bytes())?;
+        let kernels = check::kernels(
+            kernels,
+            !a2a_urls.is_empty(),
+            cores,
+            machine::memory_bytes(),
+        )?;
         let body_timeout = l.get(&BODY_TIMEOUT, cli.body_timeout)?.unwrap_or(60.0);
         let body_timeout = check::body_timeout(body_timeout)?;
         let linger_timeout = seconds(&LINGER_TIMEOUT, cli.linger_timeout, 10.0)?;
@@ -333,7 +339,7 @@ impl Config {
         Ok(Config {
             host,
             port,
-            a2a_url,
+            a2a_urls,
             a2a_token,
             auth_token,
             debug,
@@ -451,7 +457,7 @@ impl fmt::Debug for Config {
         let Config {
             host,
             port,
-            a2a_url,
+            a2a_urls,
             a2a_token,
             auth_token,
             debug,
@@ -495,7 +501,7 @@ impl fmt::Debug for Config {
         f.debug_struct("Config")
             .field("host", host)
             .field("port", port)
-            .field("a2a_url", a2a_url)
+            .field("a2a_urls", a2a_urls)
             .field("a2a_token", &Hidden(a2a_token.is_some()))
             .field("auth_token", &Hidden(auth_token.is_some()))
             .field("debug", debug)
@@ -793,6 +799,73 @@ mod tests {
                 .unwrap()
                 .kernels,
             1
+        );
+    }
+
+    /// Several external kernels: the flag repeated or given a comma-separated list, the
+    /// variable's list, a YAML list or string; each URL checked, none twice.
+    #[test]
+    fn several_kernel_urls_from_each_layer() {
+        let (a, b) = ("http://127.0.0.1:1/", "http://[::1]:2/");
+        let urls = |args: &[&str], env: &[(&str, &str)]| load(args, env).map(|c| c.a2a_urls);
+        assert_eq!(urls(&[], &[]), Ok(vec![]));
+        assert_eq!(
+            urls(&["--a2a-url", a, "--a2a-url", b], &[]),
+            Ok(vec![a.into(), b.into()])
+        );
+        assert_eq!(
+            urls(&["--a2a-url", "http://127.0.0.1:1, http://[::1]:2"], &[]),
+            Ok(vec![a.into(), b.into()])
+        );
+        let var = "http://127.0.0.1:1,http://[::1]:2/";
+        assert_eq!(
+            urls(&[], &[("IAC_CODE_AGUI_A2A_URL", var)]),
+            Ok(vec![a.into(), b.into()])
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        let path = p.to_str().unwrap();
+        for yaml in [
+            "a2a_url: [\"http://127.0.0.1:1\", \"http://[::1]:2\"]\n",
+            "a2a-url: http://127.0.0.1:1,http://[::1]:2\n",
+        ] {
+            std::fs::write(&p, yaml).unwrap();
+            assert_eq!(
+                urls(&["--config", path], &[]),
+                Ok(vec![a.into(), b.into()]),
+                "{yaml}"
+            );
+        }
+        // The flag wins over the YAML list, whole.
+        assert_eq!(
+            urls(&["--config", path, "--a2a-url", b], &[]),
+            Ok(vec![b.into()])
+        );
+        for bad in ["a2a_url: 5\n", "a2a_url: [\"http://127.0.0.1:1\", 5]\n"] {
+            std::fs::write(&p, bad).unwrap();
+            assert_eq!(
+                urls(&["--config", path], &[]).unwrap_err(),
+                "--a2a-url must be a string.",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            urls(&["--a2a-url", a, "--a2a-url", "http://example.com/"], &[]).unwrap_err(),
+            check::LOOPBACK
+        );
+        assert_eq!(
+            urls(&["--a2a-url", a, "--a2a-url", "http://127.0.0.1:1"], &[]).unwrap_err(),
+            "--a2a-url names one kernel twice."
+        );
+        // A blank variable is refused, as one blank URL is.
+        assert_eq!(
+            urls(&[], &[("IAC_CODE_AGUI_A2A_URL", " , ")]).unwrap_err(),
+            check::LOOPBACK
+        );
+        let e = load(&["--a2a-url", a, "--a2a-url", b, "--kernels", "2"], &[]).unwrap_err();
+        assert_eq!(
+            e,
+            "--kernels above 1 needs managed kernels: it cannot be used with --a2a-url."
         );
     }
 
@@ -1171,7 +1244,7 @@ linger_timeout: 3
         );
         let c = load(&["--config", p], &[]).unwrap();
         assert_eq!(c.port, 9001);
-        assert_eq!(c.a2a_url.as_deref(), Some("http://127.0.0.1:1234/"));
+        assert_eq!(c.a2a_urls, ["http://127.0.0.1:1234/"]);
         assert_eq!(c.auth_token.as_deref(), Some("t"));
         let c = load(&["--config", p], &[("IAC_CODE_AGUI_AUTH_TOKEN", "e")]).unwrap();
         assert_eq!(c.auth_token.as_deref(), Some("e"));
@@ -1184,7 +1257,7 @@ linger_timeout: 3
             &[("IAC_CODE_AGUI_A2A_URL", "http://localhost:7/")],
         )
         .unwrap();
-        assert_eq!(c.a2a_url.as_deref(), Some("http://localhost:7/"));
+        assert_eq!(c.a2a_urls, ["http://localhost:7/"]);
         assert_eq!(load(&[], &[]).unwrap().port, 8000);
         assert_eq!(load(&[], &[]).unwrap().interrupt_ttl_secs, 86400);
     }

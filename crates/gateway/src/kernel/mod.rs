@@ -1,7 +1,7 @@
 //! The execution kernel: an external loopback URL, or a managed `iac-code a2a` child that the
 //! gateway starts (`launch`, with the `environment` it may have), watches, restarts and stops
 //! (`supervisor`), its output in the gateway's log (`output`). Where a thread's run goes among
-//! several kernels is decided in `place` (pure; the pool of kernels that applies it is to come).
+//! several kernels is decided in `place` (pure) and applied by the `pool`.
 //!
 //! Runs ask for a [`a2a::Client`] here; there is none while a managed kernel starts or restarts,
 //! and a run waits (bounded) for it to be ready.
@@ -14,7 +14,7 @@ pub mod place;
 mod pool;
 mod supervisor;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,10 +24,18 @@ pub use launch::Launch;
 pub use pool::{Bound, Pool, Unplaced};
 pub use supervisor::ChildSpec;
 
+/// How long an external kernel's `/health` may take to answer a probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Failed probes in a row after which an external kernel counts as dead: one lost probe is not
+/// a dead kernel, and a live kernel's threads must never move (another kernel would rewrite its
+/// running task as interrupted).
+pub const DEAD_AFTER_PROBES: u32 = 3;
+
 /// Kernel state as reported by `/health`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KernelState {
-    /// External kernel (not probed).
+    /// External kernel: its liveness is its probes' (run in a pool of several, or for the
+    /// metrics).
     External,
     Starting,
     Ready,
@@ -71,6 +79,8 @@ pub struct Kernel {
     observer: Option<Arc<dyn a2a::Observer>>,
     /// An external kernel answered its last liveness probe ([`Kernel::probe_external`]).
     external_up: AtomicBool,
+    /// An external kernel's probes failed this many times in a row.
+    probe_failures: AtomicU32,
     /// Restarts of a managed kernel, readable without the lock (metrics).
     restarts: AtomicU64,
 }
@@ -112,6 +122,7 @@ impl Kernel {
             changed: tokio::sync::Notify::new(),
             observer,
             external_up: AtomicBool::new(false),
+            probe_failures: AtomicU32::new(0),
             restarts: AtomicU64::new(0),
         }
     }
@@ -126,7 +137,8 @@ impl Kernel {
     }
 
     /// Probes an external kernel's `/health` every `every` for as long as the gateway runs, so
-    /// that `agui_kernel_up` tells whether it answers (a managed kernel's supervisor knows).
+    /// that `agui_kernel_up` tells whether it answers and a pool knows when it is dead (a managed
+    /// kernel's supervisor knows both).
     pub fn probe_external(self: &Arc<Self>, every: Duration) {
         if self.managed {
             return;
@@ -136,10 +148,10 @@ impl Kernel {
             while let Some(k) = k.upgrade() {
                 let client = k.inner.lock().expect("kernel lock").client.clone();
                 let up = match client {
-                    Some(c) => c.health(Duration::from_secs(2)).await.is_ok(),
+                    Some(c) => c.health(PROBE_TIMEOUT).await.is_ok(),
                     None => false,
                 };
-                k.external_up.store(up, Ordering::Relaxed);
+                k.probed(up);
                 if k.stop.load(Ordering::SeqCst) {
                     return;
                 }
@@ -147,6 +159,29 @@ impl Kernel {
                 tokio::time::sleep(every).await;
             }
         });
+    }
+
+    /// Counts a probe's answer; placement waiters hear of a kernel found dead or back.
+    fn probed(&self, up: bool) {
+        let was = self.lost();
+        self.external_up.store(up, Ordering::Relaxed);
+        if up {
+            self.probe_failures.store(0, Ordering::Relaxed);
+        } else {
+            let _ = self
+                .probe_failures
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_add(1))
+                });
+        }
+        if self.lost() != was {
+            if up {
+                tracing::info!("an external kernel answers again");
+            } else {
+                tracing::warn!("an external kernel failed {DEAD_AFTER_PROBES} probes in a row");
+            }
+            self.changed.notify_waiters();
+        }
     }
 
     /// A client for the kernel; `None` while no kernel can be reached.
@@ -178,10 +213,14 @@ impl Kernel {
     }
 
     /// The process that served this kernel's threads is gone and no new one is ready: it
-    /// exited (restarting, or starting again after a restart) or failed to start. What it held in
-    /// memory is lost, so its threads may go to another kernel of a pool.
+    /// exited (restarting, or starting again after a restart) or failed to start; an external
+    /// one failed [`DEAD_AFTER_PROBES`] probes in a row. What it held in memory is lost, so its
+    /// threads may go to another kernel of a pool.
     pub fn lost(&self) -> bool {
         match self.state() {
+            KernelState::External => {
+                self.probe_failures.load(Ordering::Relaxed) >= DEAD_AFTER_PROBES
+            }
             KernelState::Restarting | KernelState::Failed(_) => true,
             KernelState::Starting => self.restarts.load(Ordering::Relaxed) > 0,
             _ => false,

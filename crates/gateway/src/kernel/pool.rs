@@ -15,6 +15,10 @@ use super::place::{self, Ask, Placement, SlotView};
 use super::{Kernel, KernelState};
 use crate::telemetry::{KernelGauges, SlotGauges};
 
+/// How often each of several external kernels is probed: one is dead after
+/// [`super::DEAD_AFTER_PROBES`] failures in a row, some 4 to 20 s after it stopped answering.
+pub const PROBE_EVERY: Duration = Duration::from_secs(2);
+
 /// A slot's counters.
 #[derive(Debug, Default)]
 struct Load {
@@ -140,7 +144,7 @@ impl Pool {
         let _one = self.placing.lock().unwrap_or_else(|p| p.into_inner());
         let views: Vec<SlotView> = (self.slots.iter().zip(self.load.iter()))
             .map(|(k, l)| SlotView {
-                ready: k.client().is_some(),
+                ready: k.client().is_some() && !k.lost(),
                 dead: k.lost(),
                 active: l.active.load(Ordering::Relaxed),
                 placed: l.placed.load(Ordering::Relaxed),
@@ -180,8 +184,16 @@ impl Pool {
     /// summary (`state` is the best of theirs, `restarts` their sum, `size`) and each one's in
     /// `slots`. `strip` removes what only an authorised caller sees (pids, start errors).
     pub fn health(&self, strip: bool) -> Value {
+        let several = self.slots.len() > 1;
         let each = |k: &Arc<Kernel>| {
             let mut v = k.health();
+            // Several external kernels are probed: whether each answered its last probe, and
+            // whether it failed so many in a row that its threads move (one kernel is not
+            // probed unless metrics are served, and its `/health` is as before pools).
+            if several && !k.managed {
+                v["up"] = json!(k.up());
+                v["dead"] = json!(k.lost());
+            }
             if strip {
                 if let Some(o) = v.as_object_mut() {
                     o.remove("pid");
@@ -190,7 +202,7 @@ impl Pool {
             }
             v
         };
-        if self.slots.len() == 1 {
+        if !several {
             return each(&self.slots[0]);
         }
         let states: Vec<KernelState> = self.slots.iter().map(|k| k.state()).collect();
@@ -216,8 +228,15 @@ impl Pool {
         v
     }
 
-    /// Probes the external kernels (see [`Kernel::probe_external`]).
-    pub fn probe_external(&self, every: Duration) {
+    /// Probes the external kernels (see [`Kernel::probe_external`]) while the gateway runs:
+    /// several, so that a dead one's threads move (every [`PROBE_EVERY`]), or one for the
+    /// metrics, when asked (every 5 s). Called once.
+    pub fn probe_external(&self, for_metrics: bool) {
+        let every = match self.slots.len() {
+            1 if !for_metrics => return,
+            1 => Duration::from_secs(5),
+            _ => PROBE_EVERY,
+        };
         for k in &self.slots {
             k.probe_external(every);
         }
@@ -408,6 +427,84 @@ mod tests {
             &pool.slots()[0]
         ));
         assert!(Arc::ptr_eq(pool.of_thread(None), &pool.slots()[0]));
+    }
+
+    /// An external kernel is dead after [`DEAD_AFTER_PROBES`] failed probes in a row, not
+    /// before: then its threads move in runs that may move them (the others cannot go on), new
+    /// threads avoid it, `/health` says so; one answer brings it back, and its threads with it.
+    #[tokio::test]
+    async fn an_external_kernel_is_dead_after_probes_fail_in_a_row_and_back_after_one_answer() {
+        use super::super::DEAD_AFTER_PROBES;
+        let ext = |port| {
+            Kernel::external(
+                &format!("http://127.0.0.1:{port}/"),
+                None,
+                Default::default(),
+                None,
+            )
+        };
+        let pool = Pool::new(vec![ext(1), ext(2)]).unwrap();
+        let wait = Duration::from_secs(1);
+        let slot = |b: &Bound| pool.slots().iter().position(|k| Arc::ptr_eq(k, &b.kernel));
+        let first = pool.bind(&new_thread(), wait).await.unwrap();
+        let home = first.record.clone().unwrap();
+        drop(first);
+        let on = |may_move| Ask {
+            recorded: Some(&home),
+            may_move,
+            ..new_thread()
+        };
+        let k = pool.slots()[0].clone();
+        for _ in 1..DEAD_AFTER_PROBES {
+            k.probed(false);
+        }
+        k.probed(true);
+        for _ in 1..DEAD_AFTER_PROBES {
+            k.probed(false);
+        }
+        // Failures not in a row, and fewer than enough in a row: it stays the thread's kernel.
+        let b = pool.bind(&on(true), wait).await.unwrap();
+        assert_eq!((slot(&b), b.moved), (Some(0), false));
+        drop(b);
+        let slots = |p: &Pool| p.health(true)["slots"].clone();
+        assert_eq!(
+            (&slots(&pool)[0]["up"], &slots(&pool)[0]["dead"]),
+            (&json!(false), &json!(false))
+        );
+        k.probed(false);
+        assert!(k.lost());
+        assert_eq!(slots(&pool)[0]["dead"], true);
+        assert_eq!(
+            (
+                slots(&pool)[1]["dead"].clone(),
+                pool.health(true)["state"].clone()
+            ),
+            (json!(false), json!("external"))
+        );
+        let moved = pool.bind(&on(true), wait).await.unwrap();
+        assert_eq!((slot(&moved), moved.moved), (Some(1), true));
+        assert!(moved.record.as_deref().is_some_and(|r| r != home));
+        assert_eq!(
+            pool.bind(&on(false), wait).await.err(),
+            Some(Unplaced::Gone)
+        );
+        // New threads go to the live kernel, though it has more runs.
+        let new = pool.bind(&new_thread(), wait).await.unwrap();
+        assert_eq!(slot(&new), Some(1));
+        k.probed(true);
+        assert!(!k.lost());
+        let back = pool.bind(&on(true), wait).await.unwrap();
+        assert_eq!((slot(&back), back.moved), (Some(0), false));
+        // None answers: a run is refused at once (no external kernel is on its way).
+        for k in pool.slots() {
+            for _ in 0..DEAD_AFTER_PROBES {
+                k.probed(false);
+            }
+        }
+        let started = std::time::Instant::now();
+        let none = pool.bind(&new_thread(), Duration::from_secs(30)).await;
+        assert_eq!(none.err(), Some(Unplaced::NoneReady));
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 
     /// With none ready, a run waits (bounded) for kernels on their way, and not at all when

@@ -24,6 +24,7 @@ mod ids;
 mod js_client;
 mod limits;
 mod load;
+mod pool_real;
 mod process;
 mod protocol;
 mod real_kernel;

@@ -10,9 +10,10 @@ use testkit::fake_llm::Plan;
 use testkit::real_kernel::{KernelEnv, KernelProcess};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
+use crate::pool_real::signal;
 use crate::support::{body, free_port, managed, managed_with, resume_body, server, Builder};
 
-fn ws(env: &KernelEnv, name: &str) -> String {
+pub(crate) fn ws(env: &KernelEnv, name: &str) -> String {
     env.ws().join(name).display().to_string()
 }
 
@@ -27,7 +28,7 @@ fn interrupt_ids(r: &RunResult) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn answer(r: &RunResult, decision: &str) -> Value {
+pub(crate) fn answer(r: &RunResult, decision: &str) -> Value {
     Value::Array(
         interrupt_ids(r)
             .into_iter()
@@ -444,7 +445,7 @@ async fn cancel_endpoint_disconnect_and_heartbeat() {
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
 }
 
-fn descendants(pid: u32) -> Vec<u32> {
+pub(crate) fn descendants(pid: u32) -> Vec<u32> {
     let mut out = vec![];
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -467,7 +468,7 @@ fn descendants(pid: u32) -> Vec<u32> {
     out
 }
 
-fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
             !s.rsplit_once(')')
@@ -479,7 +480,7 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-async fn gateway_process(env: &KernelEnv, extra: &[&str]) -> (std::process::Child, u16) {
+pub(crate) async fn gateway_process(env: &KernelEnv, extra: &[&str]) -> (std::process::Child, u16) {
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_iac-code-agui"))
         .args([
@@ -501,7 +502,7 @@ async fn gateway_process(env: &KernelEnv, extra: &[&str]) -> (std::process::Chil
 }
 
 async fn wait_kernel_ready(port: u16) -> Value {
-    pool_ready(port, 1).await
+    crate::pool_real::pool_ready(port, 1).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -924,211 +925,4 @@ async fn detached_runs_reattach_or_expire_through_the_real_kernel() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(dropped.elapsed() >= Duration::from_secs(3));
-}
-
-/// Every `.json` thread document under `dir`, as JSON.
-fn thread_docs(dir: &std::path::Path) -> Vec<Value> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(thread_docs(&p));
-        } else if p.extension().is_some_and(|x| x == "json") {
-            if let Ok(v) = serde_json::from_slice::<Value>(&std::fs::read(&p).unwrap()) {
-                if v.get("threadId").is_some() {
-                    out.push(v);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Sends `sig` to process `pid`.
-fn signal(pid: i32, sig: i32) {
-    #[allow(unsafe_code)]
-    // SAFETY: plain kill syscall.
-    unsafe {
-        libc::kill(pid, sig);
-    }
-}
-
-/// `/health` once all `n` kernels of the gateway on `port` are ready (90 s for one, 30 s more
-/// a kernel).
-async fn pool_ready(port: u16, n: usize) -> Value {
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
-    let start = Instant::now();
-    loop {
-        if let Ok(r) = c
-            .get(format!("http://127.0.0.1:{port}/health"))
-            .send()
-            .await
-        {
-            let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
-            // One kernel is `kernel` itself; several are its `slots`.
-            let slots = match v["kernel"]["slots"].as_array() {
-                Some(s) => s.clone(),
-                None => vec![v["kernel"].clone()],
-            };
-            if slots.len() == n && slots.iter().all(|s| s["state"] == "ready") {
-                return v;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60 + 30 * n as u64),
-            "kernels never ready"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// `--kernels 2`: two kernel processes, both in `/health`; new threads spread over them (each
-/// records its kernel), each thread's later turn stays in its session on its kernel, and a
-/// stop takes both down.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_kernels_share_the_threads_and_each_thread_stays_on_its_own() {
-    let env = KernelEnv::new().await;
-    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
-    let health = pool_ready(port, 2).await;
-    assert_eq!(health["kernel"]["size"], 2);
-    let pids: Vec<u64> = health["kernel"]["slots"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["pid"].as_u64().unwrap())
-        .collect();
-    assert_ne!(pids[0], pids[1]);
-    let url = format!("http://127.0.0.1:{port}/");
-    let threads = ["k1", "k2", "k3", "k4"];
-    for (i, t) in threads.iter().enumerate() {
-        let mut sessions = Vec::new();
-        for turn in 0..2 {
-            let run = format!("r{i}-{turn}");
-            let b = body(t, &run, "Hi. scenario:text", &ws(&env, t), json!({}));
-            let r = post(&url, &b, &[]).await;
-            assert_valid_run(&r, t, &run);
-            assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
-            sessions.push(r.sessions().last().unwrap()["sessionId"].clone());
-        }
-        assert!(sessions[0].is_string(), "{sessions:?}");
-        assert_eq!(sessions[0], sessions[1], "{t} kept its session");
-    }
-    let kids = descendants(gw.id());
-    signal(gw.id() as i32, libc::SIGTERM);
-    assert_eq!(gw.wait().unwrap().code(), Some(0));
-    for k in &kids {
-        assert!(!alive(*k), "kernel process {k} survived the stop");
-    }
-    let mut keys: Vec<String> = thread_docs(&env.state_dir())
-        .iter()
-        .map(|d| d["kernel"].as_str().expect("a recorded kernel").to_owned())
-        .collect();
-    assert_eq!(keys.len(), threads.len());
-    keys.sort();
-    keys.dedup();
-    assert_eq!(keys, ["managed:0", "managed:1"]);
-}
-
-/// `--kernels 2`, kill -9 of the kernel holding a thread's pending permission: the answer goes
-/// through the other kernel (the thread moves there, its session restored first) and the tool
-/// runs once; the killed kernel is restarted, the pool is whole again, and the thread's next
-/// turn stays where it moved.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_kernels_pending_interrupt_is_answered_through_another() {
-    let env = KernelEnv::new().await;
-    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
-    let health = pool_ready(port, 2).await;
-    let url = format!("http://127.0.0.1:{port}/");
-    let w = ws(&env, "d1");
-    let r1 = post(
-        &url,
-        &body("d1", "r1", "Run it. scenario:bash", &w, json!({})),
-        &[],
-    )
-    .await;
-    assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
-    // The first thread of an idle pool is on the first kernel.
-    let pid = health["kernel"]["slots"][0]["pid"].as_u64().unwrap() as i32;
-    signal(pid, libc::SIGKILL);
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
-    let start = Instant::now();
-    loop {
-        let r = c.get(format!("{url}health")).send().await.unwrap();
-        let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
-        if v["kernel"]["slots"][0]["restarts"].as_u64() >= Some(1) {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(10), "{v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let r2 = post(
-        &url,
-        &resume_body("d1", "r2", &w, "inv-1", answer(&r1, "allow_once")),
-        &[],
-    )
-    .await;
-    assert_valid_run(&r2, "d1", "r2");
-    assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
-    let out = std::path::Path::new(&w).join("out.txt");
-    assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
-    let health = pool_ready(port, 2).await;
-    assert_eq!(health["kernel"]["slots"][0]["restarts"], 1);
-    let r3 = post(
-        &url,
-        &body("d1", "r3", "Hi. scenario:text", &w, json!({})),
-        &[],
-    )
-    .await;
-    assert_eq!(r3.last()["outcome"]["type"], "success", "{}", r3.raw);
-    assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
-    signal(gw.id() as i32, libc::SIGTERM);
-    assert_eq!(gw.wait().unwrap().code(), Some(0));
-    let docs = thread_docs(&env.state_dir());
-    let d1 = docs.iter().find(|d| d["threadId"] == "d1").unwrap();
-    assert_eq!(d1["kernel"], "managed:1");
-}
-
-/// `--kernels 2`, kill -9 of one kernel under 20 concurrent turns: every stream ends with exactly
-/// one terminal event (those on the killed kernel with an error), every thread takes a new turn
-/// afterwards, and the pool is whole again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kernel_killed_under_load_loses_no_stream_and_no_thread() {
-    let env = KernelEnv::new().await;
-    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
-    let health = pool_ready(port, 2).await;
-    let url = format!("http://127.0.0.1:{port}/");
-    let threads: Vec<String> = (0..20).map(|i| format!("l{i}")).collect();
-    let runs: Vec<_> = threads
-        .iter()
-        .map(|t| {
-            let (url, b) = (
-                url.clone(),
-                body(t, "r1", "Go. scenario:steady", &ws(&env, t), json!({})),
-            );
-            tokio::spawn(async move { post(&url, &b, &[]).await })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let pid = health["kernel"]["slots"][0]["pid"].as_u64().unwrap() as i32;
-    signal(pid, libc::SIGKILL);
-    let mut failed = 0;
-    for (t, run) in threads.iter().zip(runs) {
-        let r = run.await.unwrap();
-        assert_valid_run(&r, t, "r1");
-        if r.last()["type"] == "RUN_ERROR" {
-            failed += 1;
-        }
-    }
-    assert!(failed > 0, "the killed kernel's turns end in an error");
-    assert!(failed < threads.len(), "the other kernel's turns finish");
-    for t in &threads {
-        let b = body(t, "r2", "Hi. scenario:text", &ws(&env, t), json!({}));
-        let r = post(&url, &b, &[]).await;
-        assert_valid_run(&r, t, "r2");
-        assert_eq!(r.last()["outcome"]["type"], "success", "{t}: {}", r.raw);
-    }
-    let health = pool_ready(port, 2).await;
-    assert_eq!(health["kernel"]["slots"][0]["restarts"], 1);
-    signal(gw.id() as i32, libc::SIGTERM);
-    assert_eq!(gw.wait().unwrap().code(), Some(0));
 }

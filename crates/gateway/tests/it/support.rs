@@ -242,7 +242,10 @@ impl Builder {
             cfg.jwt.jwks_refresh = *refresh;
         }
         if let Some((url, token)) = &self.a2a {
-            cfg.a2a_url = Some(iac_code_agui::config::validate_a2a_url(url).expect("loopback url"));
+            // Several kernels: their URLs separated by commas.
+            cfg.a2a_urls = (url.split(','))
+                .map(|u| iac_code_agui::config::validate_a2a_url(u).expect("loopback url"))
+                .collect();
             cfg.a2a_token = token.clone();
         }
         if let Some(d) = self.kernel_idle {
