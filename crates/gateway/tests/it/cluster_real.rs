@@ -3,7 +3,7 @@
 //! `--kernel-persistence-dir`): a permission interrupt made at A is resumed at B while A lives
 //! (forwarded to A), and after A is killed with -9 (B takes the thread over and its kernel
 //! restores the session and finds the task). The tool runs exactly once each time, and a replay
-//! of the answer is refused.
+//! of the answer is refused. The same with a pool of two kernels at each instance.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -182,4 +182,161 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
     .await;
     assert_valid_run(&r4, "p2", "r4");
     assert_eq!(r4.last()["outcome"]["type"], "success", "{}", r4.raw);
+}
+
+/// `/health` of `i` once its `n` kernels are all ready.
+async fn pool_ready(i: &Instance, n: usize) {
+    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let start = Instant::now();
+    loop {
+        if let Ok(r) = c.get(format!("{}health", i.url())).send().await {
+            let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap_or_default();
+            let slots = v["kernel"]["slots"].as_array().cloned().unwrap_or_default();
+            if slots.len() == n && slots.iter().all(|s| s["state"] == "ready") {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "kernels never ready: {}",
+            i.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Two instances, each with a pool of two kernels (`--kernels 2`), on one PostgreSQL: threads
+/// made at A spread over A's kernels; an answer asked at B while A lives is carried out by A, on
+/// the thread's kernel there; A killed with -9: B takes each of its other threads over, whichever
+/// of A's kernels it was on, places it on one of its own (recording it) and restores its session
+/// there. Every tool runs once, a replayed answer is refused, and each thread goes on at B on
+/// the kernel it was given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_pools_of_kernels_take_threads_over() {
+    let env = KernelEnv::new().await;
+    let pg = Cluster::start();
+    let db = pg.create_db("realpools");
+    let shared = env.dir.path().join("shared");
+    let (backup, tasks) = (shared.join("backup"), shared.join("tasks"));
+    let start = |me: &str| {
+        let a = [
+            "--a2a-command".to_owned(),
+            env.command(),
+            "--kernels".to_owned(),
+            "2".to_owned(),
+            "--lease-ttl".to_owned(),
+            "3".to_owned(),
+            "--kernel-backup-dir".to_owned(),
+            backup.display().to_string(),
+            "--kernel-persistence-dir".to_owned(),
+            tasks.display().to_string(),
+        ];
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        Instance::start(
+            &db,
+            &a,
+            &instance_env(&env, &env.dir.path().join(format!("home-{me}"))),
+        )
+    };
+    let mut a = start("a");
+    let b = start("b");
+    pool_ready(&a, 2).await;
+    pool_ready(&b, 2).await;
+    let ws = |name: &str| env.ws().join(name).display().to_string();
+    let kernel_of = |t: &str| crate::cluster::row(&pg, &db, t).2["kernel"].clone();
+
+    // Three threads interrupted at A, over both of its kernels.
+    let threads = ["q0", "q1", "q2"];
+    let mut asked = Vec::new();
+    for t in threads {
+        let r = post(
+            &a.url(),
+            &body(t, "r1", "Run it. scenario:bash", &ws(t), json!({})),
+            &[],
+        )
+        .await;
+        assert_valid_run(&r, t, "r1");
+        assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
+        asked.push(r);
+    }
+    let at_a: Vec<Value> = threads.iter().map(|t| kernel_of(t)).collect();
+    assert_eq!(
+        at_a,
+        [json!("managed:0"), json!("managed:1"), json!("managed:0")]
+    );
+
+    // A alive: q1's answer, asked at B, is carried out by A on q1's kernel there.
+    let r = post(
+        &b.url(),
+        &resume_body("q1", "r2", &ws("q1"), "inv-1", answer(&asked[1])),
+        &[],
+    )
+    .await;
+    assert_valid_run(&r, "q1", "r2");
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    assert_eq!(lines(&env.ws().join("q1").join("out.txt")), 1);
+    assert_eq!(kernel_of("q1"), "managed:1");
+
+    // A killed: B takes q0 and q2 over (both on A's first kernel) and spreads them over its own.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    a.kill9();
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let mut at_b = Vec::new();
+    for (i, t) in [(0, "q0"), (2, "q2")] {
+        let r = post(
+            &b.url(),
+            &resume_body(t, "r2", &ws(t), "inv-1", answer(&asked[i])),
+            &[],
+        )
+        .await;
+        assert_valid_run(&r, t, "r2");
+        assert_eq!(
+            r.last()["outcome"]["type"],
+            "success",
+            "{}\nB: {}",
+            r.raw,
+            b.log()
+        );
+        assert_eq!(
+            lines(&env.ws().join(t).join("out.txt")),
+            1,
+            "{t}'s tool ran once"
+        );
+        let replay = post(
+            &b.url(),
+            &resume_body(t, "r3", &ws(t), "inv-1", answer(&asked[i])),
+            &[],
+        )
+        .await;
+        assert_eq!(
+            replay.last()["code"],
+            "RESUME_ALREADY_APPLIED",
+            "{}",
+            replay.raw
+        );
+        at_b.push(kernel_of(t));
+    }
+    at_b.sort_by_key(|k| k.to_string());
+    assert_eq!(
+        at_b,
+        [json!("managed:0"), json!("managed:1")],
+        "spread at B"
+    );
+
+    // Every thread goes on at B, on the kernel it was given there, the tools not run again.
+    for t in threads {
+        let before = kernel_of(t);
+        let r = post(
+            &b.url(),
+            &body(t, "r4", "Hi. scenario:text", &ws(t), json!({})),
+            &[],
+        )
+        .await;
+        assert_valid_run(&r, t, "r4");
+        assert_eq!(r.last()["outcome"]["type"], "success", "{t}: {}", r.raw);
+        assert_eq!(lines(&env.ws().join(t).join("out.txt")), 1);
+        if t != "q1" {
+            assert_eq!(kernel_of(t), before, "{t} stays on its kernel at B");
+        }
+    }
 }
