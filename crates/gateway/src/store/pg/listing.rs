@@ -14,14 +14,23 @@ const COLUMNS: &str = "thread_id, owner_user, title,
     to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
     archived, active_run, pending";
 
-/// `$1` archived, `$2`/`$3` the cursor (or nulls), `$4` the limit, `$5` the user.
-fn statement(by_user: bool) -> String {
+/// `$1` archived, `$2` the limit, `$3` the user (`by_user`), then the cursor's time and thread
+/// id (`after`). A statement per shape rather than one with optional parameters: it is prepared
+/// once, and a generic plan could not make an index condition of a cursor that may be null.
+fn statement(by_user: bool, after: bool) -> String {
+    let (user, cursor) = match (by_user, after) {
+        (true, true) => ("AND owner_user = $3", "$4::text::timestamptz, $5"),
+        (false, true) => ("", "$3::text::timestamptz, $4"),
+        (_, false) => (if by_user { "AND owner_user = $3" } else { "" }, ""),
+    };
+    let cursor = match cursor {
+        "" => String::new(),
+        c => format!("AND (updated_at, thread_id COLLATE \"C\") < ({c})"),
+    };
     format!(
         "SELECT {COLUMNS} FROM agui_threads
-        WHERE doc IS NOT NULL AND archived = $1 {user}
-          AND ($2::text IS NULL OR (updated_at, thread_id COLLATE \"C\") < ($2::timestamptz, $3))
-        ORDER BY updated_at DESC, thread_id COLLATE \"C\" DESC LIMIT $4",
-        user = if by_user { "AND owner_user = $5" } else { "" }
+        WHERE doc IS NOT NULL AND archived = $1 {user} {cursor}
+        ORDER BY updated_at DESC, thread_id COLLATE \"C\" DESC LIMIT $2"
     )
 }
 
@@ -98,22 +107,22 @@ impl PgStore {
     pub(super) async fn list_threads_now(&self, q: ListQuery) -> Result<ListPage, StoreError> {
         bounded("list", async move {
             let c = self.client().await?;
-            let (at, id) = match &q.after {
-                Some(c) => (Some(c.at.as_str()), Some(c.thread_id.as_str())),
-                None => (None, None),
-            };
             let limit = q.limit as i64 + 1;
-            let rows = match &q.user {
-                Some(u) => {
-                    let st = statement(true);
-                    c.query(&st, &[&q.archived, &at, &id, &limit, u]).await
-                }
-                None => {
-                    let st = statement(false);
-                    c.query(&st, &[&q.archived, &at, &id, &limit]).await
-                }
+            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                vec![&q.archived, &limit];
+            if let Some(u) = &q.user {
+                params.push(u);
             }
-            .map_err(unavailable)?;
+            if let Some(c) = &q.after {
+                params.push(&c.at);
+                params.push(&c.thread_id);
+            }
+            // Prepared once a connection: a page is one round trip, its plan made once.
+            let st = c
+                .prepare_cached(&statement(q.user.is_some(), q.after.is_some()))
+                .await
+                .map_err(unavailable)?;
+            let rows = c.query(&st, &params).await.map_err(unavailable)?;
             let mut threads: Vec<ThreadSummary> = rows.iter().map(summary).collect();
             let more = threads.len() > q.limit;
             threads.truncate(q.limit);

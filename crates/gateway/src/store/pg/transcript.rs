@@ -32,27 +32,36 @@ impl PgStore {
         bounded("transcript", async move {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(unavailable)?;
-            tx.execute(LOCK, &[&thread_id]).await.map_err(unavailable)?;
-            let exists = tx.query_opt(EXISTS, &[&thread_id]).await;
+            // Prepared once a connection: each statement is then one round trip, not two.
+            let st = |sql| tx.prepare_cached(sql);
+            let lock = st(LOCK).await.map_err(unavailable)?;
+            tx.execute(&lock, &[&thread_id])
+                .await
+                .map_err(unavailable)?;
+            let exists = st(EXISTS).await.map_err(unavailable)?;
+            let exists = tx.query_opt(&exists, &[&thread_id]).await;
             if exists.map_err(unavailable)?.is_none() {
                 tracing::info!(thread_id, "a transcript not kept: its thread was deleted");
                 return tx.commit().await.map_err(unavailable);
             }
+            let last = st(LAST).await.map_err(unavailable)?;
             let last: i64 = tx
-                .query_one(LAST, &[&thread_id])
+                .query_one(&last, &[&thread_id])
                 .await
                 .map_err(unavailable)?
                 .get(0);
             if let Some(title) = crate::store::listing::title_of(&add.messages) {
-                tx.execute(super::listing::TITLE, &[&thread_id, &title])
+                let set = st(super::listing::TITLE).await.map_err(unavailable)?;
+                tx.execute(&set, &[&thread_id, &title])
                     .await
                     .map_err(unavailable)?;
             }
             let entries = transcript::number(last as u64, &add.run_id, &add.at, add.messages);
             let seqs: Vec<i64> = entries.iter().map(|e| e.seq as i64).collect();
             let messages: Vec<String> = entries.iter().map(|e| e.message.to_string()).collect();
+            let insert = st(INSERT).await.map_err(unavailable)?;
             tx.execute(
-                INSERT,
+                &insert,
                 &[&thread_id, &add.run_id, &add.at, &seqs, &messages],
             )
             .await
@@ -60,7 +69,8 @@ impl PgStore {
             let newest = last + seqs.len() as i64;
             let oldest_kept = newest - add.limit as i64;
             if oldest_kept > 0 {
-                tx.execute(TRIM, &[&thread_id, &oldest_kept])
+                let trim = st(TRIM).await.map_err(unavailable)?;
+                tx.execute(&trim, &[&thread_id, &oldest_kept])
                     .await
                     .map_err(unavailable)?;
             }
@@ -78,8 +88,9 @@ impl PgStore {
         bounded("transcript", async move {
             let c = self.client().await?;
             let before = before.map_or(i64::MAX, |b| b.min(i64::MAX as u64) as i64);
+            let page = c.prepare_cached(PAGE).await.map_err(unavailable)?;
             let rows = c
-                .query(PAGE, &[&thread_id, &before, &(limit as i64 + 1)])
+                .query(&page, &[&thread_id, &before, &(limit as i64 + 1)])
                 .await
                 .map_err(unavailable)?;
             let mut entries = Vec::with_capacity(rows.len());
