@@ -25,6 +25,9 @@ npm test --prefix clients/js
 echo "== CopilotKit's runtime 1.75.0 (the client's end-to-end test with it; telemetry off in the test)"
 npm ci --prefix clients/js/e2e/copilotkit --no-audit --no-fund --loglevel=error \
   --cache "$cache/npm"
+echo "== the console (console/: its bundle checked against its sources; puppeteer-core for its browser test)"
+npm ci --prefix console --no-audit --no-fund --loglevel=error --cache "$cache/npm"
+node console/build.mjs --check
 echo "== chromium, prometheus and postgresql (the real-browser, operability and several-instances"
 echo "   tiers; Debian's packages: puppeteer-core downloads no browser; prometheus brings promtool)"
 missing=()

@@ -11,6 +11,7 @@ pub mod capabilities;
 pub mod clock;
 pub mod config;
 pub mod connect;
+pub mod console;
 pub mod cors;
 pub mod error;
 pub mod forward;

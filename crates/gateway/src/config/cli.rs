@@ -14,7 +14,7 @@ pub struct Cli {
     /// max_readers_per_run, max_guidance_per_thread, transcript_limit, max_image_decodes, kernels, body_timeout,
     /// linger_timeout, allowed_hosts, allow_unauthenticated, auth_jwks, auth_issuer,
     /// auth_audience, auth_user_claim, auth_jwks_refresh, state_ca_file, tls_cert, tls_key,
-    /// metrics_tls_cert, metrics_tls_key, cluster_ca; dashes or underscores).
+    /// metrics_tls_cert, metrics_tls_key, cluster_ca, console; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -268,6 +268,15 @@ pub struct Cli {
         value_parser = clap::builder::FalseyValueParser::new()
     )]
     pub allow_unauthenticated: bool,
+    /// Serve the console, a page to chat, answer interrupts, browse threads and see the raw
+    /// frames, at /console/ (its requests carry the same authentication as any client's). The
+    /// variable takes true/1/yes [default: off].
+    #[arg(
+        long,
+        env = "IAC_CODE_AGUI_CONSOLE",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    pub console: bool,
     /// The listener's TLS certificate chain (PEM); with --tls-key, the gateway serves https
     /// (read again on SIGHUP and when the files change) [default: plain HTTP].
     #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_TLS_CERT")]

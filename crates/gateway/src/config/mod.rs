@@ -97,6 +97,8 @@ pub struct Config {
     pub allowed_hosts: AllowedHosts,
     /// Serving without a token on a non-loopback address was asked for.
     pub allow_unauthenticated: bool,
+    /// The console is served at `/console/`.
+    pub console: bool,
     /// JWTs accepted, and how they are checked.
     pub jwt: auth::JwtConfig,
     /// The secret instances sign forwarded requests with (`forward`): at least 32 bytes.
@@ -201,6 +203,7 @@ const ALLOW_UNAUTHENTICATED: Opt<Switch> = Opt::new(
     "allow_unauthenticated",
     "allow_unauthenticated must be a boolean.",
 );
+const CONSOLE: Opt<Switch> = Opt::new("console", "console must be a boolean.");
 
 impl Config {
     /// Builds the configuration from the parsed command line (flags and their variables) and the
@@ -330,6 +333,9 @@ impl Config {
         let allow_unauthenticated = cli.allow_unauthenticated.then_some(true);
         let allow_unauthenticated = l.get(&ALLOW_UNAUTHENTICATED, allow_unauthenticated)?;
         let allow_unauthenticated = allow_unauthenticated.unwrap_or(false);
+        let console = l
+            .get(&CONSOLE, cli.console.then_some(true))?
+            .unwrap_or(false);
         let jwt = auth::load(&l, jwt_flags)?;
 
         let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
@@ -373,6 +379,7 @@ impl Config {
             linger_timeout,
             allowed_hosts,
             allow_unauthenticated,
+            console,
             jwt,
             cluster_secret,
             state_ca_file,
@@ -491,6 +498,7 @@ impl fmt::Debug for Config {
             linger_timeout,
             allowed_hosts,
             allow_unauthenticated,
+            console,
             jwt,
             cluster_secret,
             state_ca_file,
@@ -535,6 +543,7 @@ impl fmt::Debug for Config {
             .field("linger_timeout", linger_timeout)
             .field("allowed_hosts", allowed_hosts)
             .field("allow_unauthenticated", allow_unauthenticated)
+            .field("console", console)
             .field("jwt", jwt)
             .field("cluster_secret", &Hidden(cluster_secret.is_some()))
             .field("state_ca_file", state_ca_file)
@@ -619,6 +628,7 @@ mod tests {
                 "allow_unauthenticated",
                 "IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED",
             ),
+            ("console", "IAC_CODE_AGUI_CONSOLE"),
             ("auth_jwks", "IAC_CODE_AGUI_AUTH_JWKS"),
             ("auth_issuer", "IAC_CODE_AGUI_AUTH_ISSUER"),
             ("auth_audience", "IAC_CODE_AGUI_AUTH_AUDIENCE"),
@@ -866,6 +876,23 @@ mod tests {
         assert_eq!(
             e,
             "--kernels above 1 needs managed kernels: it cannot be used with --a2a-url."
+        );
+    }
+
+    #[test]
+    fn the_console_is_off_unless_a_layer_asks_for_it() {
+        assert!(!load(&[], &[]).unwrap().console);
+        assert!(load(&["--console"], &[]).unwrap().console);
+        let f = yaml("console: true\n");
+        assert!(
+            load(&["--config", f.path().to_str().unwrap()], &[])
+                .unwrap()
+                .console
+        );
+        let f = yaml("console: \"on\"\n");
+        assert_eq!(
+            load(&["--config", f.path().to_str().unwrap()], &[]).unwrap_err(),
+            "console must be a boolean."
         );
     }
 

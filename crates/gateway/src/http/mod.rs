@@ -82,7 +82,28 @@ pub fn router(state: AppState) -> Router {
             "/threads/{thread_id}/runs/{run_id}/events",
             any(threads::events_route),
         )
-        .fallback(not_found)
+        .fallback(not_found);
+    // The console's routes exist only when it is asked for: otherwise its paths are 404.
+    let router = match state.rt.cfg().console {
+        true => {
+            let console = Arc::new(crate::console::Console::new(state.rt.auth().required()));
+            let page = move |req: Request| {
+                let console = console.clone();
+                async move {
+                    let (method, path) = (req.method(), req.uri().path());
+                    console
+                        .answer(method, path, req.headers())
+                        .unwrap_or_else(|| plain(StatusCode::NOT_FOUND, "Not Found"))
+                }
+            };
+            router
+                .route("/console", any(page.clone()))
+                .route("/console/", any(page.clone()))
+                .route("/console/{file}", any(page))
+        }
+        false => router,
+    };
+    let router = router
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(hosts, host_check))
         .layer(axum::middleware::map_response(no_store_json))

@@ -9,6 +9,7 @@ mod cluster_real;
 mod cluster_trust;
 mod conformance;
 mod connect;
+mod console;
 mod crash;
 mod docs;
 mod edge;

@@ -333,6 +333,8 @@ fn help_documents_every_option() {
         "IAC_CODE_AGUI_ALLOWED_HOSTS",
         "--allow-unauthenticated",
         "IAC_CODE_AGUI_ALLOW_UNAUTHENTICATED",
+        "--console",
+        "IAC_CODE_AGUI_CONSOLE",
         "--auth-jwks",
         "IAC_CODE_AGUI_AUTH_JWKS",
         "--auth-issuer",

@@ -23,6 +23,7 @@ pub struct Builder {
     pub auth: Option<String>,
     pub kernel: Option<Arc<Kernel>>,
     pub a2a: Option<(String, Option<String>)>,
+    pub console: bool,
     pub heartbeat: Duration,
     pub store: Option<Arc<dyn ThreadStore>>,
     pub clock: Option<Arc<dyn Clock>>,
@@ -65,6 +66,7 @@ impl Builder {
             auth: None,
             kernel: None,
             a2a: None,
+            console: false,
             heartbeat: Duration::from_secs(15),
             store: None,
             clock: None,
@@ -144,6 +146,11 @@ impl Builder {
     /// `testkit::jwt::ISSUER` for `testkit::jwt::AUDIENCE`, the set read again every `refresh`.
     pub fn jwks(mut self, jwks: &std::path::Path, refresh: Duration) -> Self {
         self.jwks = Some((jwks.to_owned(), refresh));
+        self
+    }
+    /// `--console`.
+    pub fn console(mut self) -> Self {
+        self.console = true;
         self
     }
     pub fn a2a(mut self, url: &str, token: Option<&str>) -> Self {
@@ -248,6 +255,7 @@ impl Builder {
                 .collect();
             cfg.a2a_token = token.clone();
         }
+        cfg.console = self.console;
         if let Some(d) = self.kernel_idle {
             cfg.kernel_idle_timeout = d;
         }

@@ -1,0 +1,179 @@
+// A person's path through the console, in headless Chromium (Debian's, through puppeteer-core):
+// sign in, set the preset, send a turn, watch it stream, answer its permission interrupt with a
+// click, cancel its execution through the extension, see the raw frames and export them, reload
+// and find the thread with its history, archive it. Any
+// console error, page error, failed request, HTTP error or Content-Security-Policy violation
+// fails the run. Screenshots (the chat with an open interrupt, the raw frames) are written to
+// `artifacts` and checked for being more than one colour.
+//
+// Usage: node e2e/drive.mjs < plan.json
+//   {"url": "http://127.0.0.1:P/console/", "token": "…", "cwd": "/…", "prompt": "…",
+//    "artifacts": "/dir", "timeoutMs": 120000}
+// Prints one JSON report line; exit status 0 only when every check passed.
+
+import { mkdir, mkdtemp, readFile, readdir, rm, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import puppeteer from "puppeteer-core";
+
+const chunks = [];
+for await (const c of process.stdin) chunks.push(c);
+const plan = JSON.parse(Buffer.concat(chunks).toString("utf8"));
+const timeout = plan.timeoutMs ?? 120000;
+const problems = [];
+const report = { steps: [], console: [], csp: [] };
+const step = (s) => report.steps.push(s);
+
+/** How many distinct colours a PNG has (drawn in a blank page of the browser itself). */
+async function colours(browser, png) {
+  const page = await browser.newPage();
+  try {
+    return await page.evaluate(async (b64) => {
+      const img = new Image();
+      img.src = `data:image/png;base64,${b64}`;
+      await img.decode();
+      const c = document.createElement("canvas");
+      c.width = img.width;
+      c.height = img.height;
+      const ctx = c.getContext("2d");
+      ctx.drawImage(img, 0, 0);
+      const d = ctx.getImageData(0, 0, c.width, c.height).data;
+      const seen = new Set();
+      for (let i = 0; i < d.length && seen.size < 64; i += 4 * 97) seen.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
+      return seen.size;
+    }, png.toString("base64"));
+  } finally {
+    await page.close();
+  }
+}
+
+async function shoot(browser, page, name) {
+  const png = Buffer.from(await page.screenshot({ type: "png", fullPage: false }));
+  await writeFile(join(plan.artifacts, name), png);
+  const n = await colours(browser, png);
+  report[name] = { bytes: png.length, colours: n };
+  if (n < 4) problems.push(`${name} looks blank (${n} colours)`);
+}
+
+async function signIn(page) {
+  await page.waitForSelector("#settings:not([hidden])", { timeout });
+  await page.type("#token", plan.token);
+  const cwd = await page.$eval("#cwd", (e) => e.value);
+  if (!cwd) await page.type("#cwd", plan.cwd);
+  await page.click("#settings button[type=submit]");
+  await page.waitForSelector("#settings", { hidden: true, timeout });
+}
+
+const profile = await mkdtemp(join(tmpdir(), "console-chromium-"));
+const downloads = await mkdtemp(join(tmpdir(), "console-downloads-"));
+let browser;
+try {
+  await mkdir(plan.artifacts, { recursive: true });
+  browser = await puppeteer.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    userDataDir: profile,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    defaultViewport: { width: 1400, height: 900 },
+    timeout: 60000,
+  });
+  const page = await browser.newPage();
+  const origin = new URL(plan.url).origin;
+  page.on("console", (m) => report.console.push({ type: m.type(), text: m.text() }));
+  page.on("pageerror", (e) => problems.push(`page error: ${e?.message ?? e}`));
+  page.on("requestfailed", (r) => {
+    // Stop aborts its own stream on purpose; nothing else may fail.
+    problems.push(`request failed: ${r.method()} ${r.url()}: ${r.failure()?.errorText}`);
+  });
+  page.on("request", (r) => {
+    const u = r.url();
+    if (!u.startsWith(origin) && !u.startsWith("data:") && !u.startsWith("blob:")) problems.push(`a request left the origin: ${u}`);
+  });
+  page.on("response", (r) => {
+    if (r.status() >= 400) problems.push(`HTTP ${r.status()} ${r.request().method()} ${r.url()}`);
+  });
+  // Violations of the page's policy, as the page itself sees them (the listener is installed
+  // by the browser, not by a script the policy would judge).
+  await page.evaluateOnNewDocument(() => {
+    window.__csp = [];
+    document.addEventListener("securitypolicyviolation", (e) => window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`));
+  });
+  const cdp = await page.createCDPSession();
+  await cdp.send("Browser.setDownloadBehavior", { behavior: "allow", downloadPath: downloads });
+
+  await page.goto(plan.url, { waitUntil: "load", timeout });
+  await signIn(page);
+  step("signed in");
+  await page.type("#prompt", plan.prompt);
+  await page.click("#send");
+  await page.waitForSelector(".interrupt button.choice", { timeout });
+  step("interrupt shown");
+  await page.waitForFunction(() => document.querySelectorAll("#frame-rows tr").length > 0, { timeout });
+  await shoot(browser, page, "console-interrupt.png");
+  const allow = await page.$$eval(".interrupt button.choice", (bs) => bs.findIndex((b) => b.dataset.payload.includes("allow_once")));
+  if (allow < 0) throw new Error("no Allow button");
+  await (await page.$$(".interrupt button.choice"))[allow].click();
+  await page.waitForFunction(() => (window.__console?.runs ?? []).some((r) => r.how === "run" && r.outcome !== "interrupt"), { timeout });
+  const runs = await page.evaluate(() => window.__console.runs);
+  report.runs = runs;
+  if (JSON.stringify(runs.map((r) => r.outcome)) !== JSON.stringify(["interrupt", "success"])) problems.push(`runs: ${JSON.stringify(runs)}`);
+  step("answered");
+  // The extension's cancellation of the run's execution: over by now, so "already_terminal".
+  await page.click("#cancel-execution");
+  await page.waitForFunction(() => /^execution /.test(document.getElementById("run-status").textContent), { timeout });
+  report.cancelled = await page.$eval("#run-status", (e) => e.textContent);
+  if (!/already_terminal|cancelled/.test(report.cancelled)) problems.push(`cancel execution: ${report.cancelled}`);
+  report.tools = await page.$$eval("#messages .tool", (l) => l.length);
+  if (report.tools < 1) problems.push("no tool call in the chat");
+  report.frames = await page.$$eval("#frame-rows tr", (l) => l.length);
+  const types = await page.$$eval("#frame-rows tr td:nth-child(4)", (l) => l.map((td) => td.textContent));
+  for (const t of ["RUN_STARTED", "TEXT_MESSAGE_CONTENT", "RUN_FINISHED"]) if (!types.includes(t)) problems.push(`no ${t} frame`);
+  await page.click("#frame-rows tr");
+  await page.waitForFunction(() => document.getElementById("frame-detail").textContent.includes("RUN_STARTED"), { timeout });
+  await shoot(browser, page, "console-frames.png");
+  await page.click("#export-frames");
+  for (let i = 0; i < 50 && (await readdir(downloads)).filter((f) => f.endsWith(".ndjson")).length === 0; i++) {
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const file = (await readdir(downloads)).find((f) => f.endsWith(".ndjson"));
+  if (!file) problems.push("no NDJSON export");
+  else {
+    const lines = (await readFile(join(downloads, file), "utf8")).trim().split("\n").map((l) => JSON.parse(l));
+    report.exported = lines.length;
+    if (lines.length !== report.frames || lines[0].type !== "RUN_STARTED") problems.push(`export: ${lines.length} lines, first ${lines[0]?.type}`);
+  }
+  step("frames exported");
+
+  // A reload: the token is gone (memory only), the preset stays; the thread is in the list and
+  // its history comes back from the gateway.
+  await page.reload({ waitUntil: "load", timeout });
+  await signIn(page);
+  await page.waitForSelector("button.thread", { timeout });
+  report.threadsListed = await page.$$eval("button.thread", (l) => l.map((b) => b.textContent));
+  await page.click("button.thread");
+  await page.waitForFunction((text) => [...document.querySelectorAll("#messages .user")].some((li) => li.textContent.includes(text)),
+    { timeout }, plan.prompt);
+  await page.waitForFunction(() => document.querySelectorAll("#messages .tool").length > 0, { timeout });
+  step("history after a reload");
+  await page.click("#archive-thread");
+  await page.waitForFunction(() => document.getElementById("run-status").textContent === "thread archived"
+    && document.querySelectorAll("button.thread").length === 0, { timeout });
+  step("archived");
+  report.csp = await page.evaluate(() => window.__csp);
+  for (const v of report.csp) problems.push(`CSP violation: ${v}`);
+} catch (e) {
+  problems.push(`driver: ${e?.name}: ${e?.message}`);
+} finally {
+  for (const c of report.console) {
+    if (c.type === "error") problems.push(`console error: ${c.text}`);
+    else if (c.text.startsWith("[ag-ui]")) problems.push(`client warning: ${c.text}`);
+  }
+  await browser?.close().catch(() => {});
+  await rm(profile, { recursive: true, force: true });
+  await rm(downloads, { recursive: true, force: true });
+}
+report.ok = problems.length === 0;
+report.problems = problems;
+process.stdout.write(JSON.stringify(report) + "\n");
+process.exit(report.ok ? 0 : 1);

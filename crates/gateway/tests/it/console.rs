@@ -1,0 +1,151 @@
+//! The console (`--console`): off unless asked; its page served with its policy while every
+//! request it makes needs the token; and a person's path through it in headless Chromium
+//! (`console/e2e/drive.mjs`, Debian's Chromium through puppeteer-core) against the real kernel:
+//! sign in, send a turn, answer its permission interrupt with a click, the raw frames and their
+//! export, a reload that finds the thread and its history. Screenshots go to
+//! `<target>/tmp/console-artifacts/` (CI keeps them; never the repository).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use testkit::real_kernel::KernelEnv;
+use tokio::io::AsyncWriteExt;
+
+use crate::support::{get_as, managed, Builder};
+
+fn console_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../console")
+}
+
+async fn get(url: &str) -> reqwest::Response {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_console_is_off_unless_asked() {
+    let s = Builder::new().start().await;
+    for path in ["console", "console/", "console/app.js"] {
+        let r = get(&format!("{}{path}", s.url)).await;
+        assert_eq!(r.status(), 404, "{path}");
+    }
+}
+
+/// On the main listener with a token: the page (code, no data) loads; what it asks for is 401
+/// without the token, as for any client.
+#[tokio::test]
+async fn the_page_loads_and_everything_it_asks_needs_the_token() {
+    let s = Builder::new().auth("tok").console().start().await;
+    let r = get(&format!("{}console/", s.url)).await;
+    assert_eq!(r.status(), 200);
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("connect-src 'self'"),
+        "{csp}"
+    );
+    assert!(!csp.contains("unsafe"), "{csp}");
+    let html = r.text().await.unwrap();
+    assert!(html.contains("&quot;bearer&quot;"), "{html}");
+    let r = get(&format!("{}console", s.url)).await;
+    assert_eq!(r.status(), 200, "the redirect to /console/ is followed");
+    for path in [
+        "threads",
+        "threads/t1/messages",
+        "threads/t1/connect",
+        "capabilities",
+    ] {
+        let (status, body) = get_as(&format!("{}{path}", s.url), &[]).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "UNAUTHORIZED");
+    }
+    let (status, _) = get_as(
+        &format!("{}threads", s.url),
+        &[("authorization", "Bearer tok")],
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+async fn drive(plan: Value) -> (bool, Value) {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        std::path::Path::new(&chromium).is_file(),
+        "chromium is not installed: scripts/test.sh installs it"
+    );
+    let mut child = tokio::process::Command::new("node")
+        .arg(console_dir().join("e2e/drive.mjs"))
+        .current_dir(console_dir())
+        .env("CHROMIUM", chromium)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+        .await
+        .expect("driver finished")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
+        .unwrap_or_else(|_| {
+            panic!(
+                "driver output: {stdout}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (out.status.success(), report)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_chats_answers_an_interrupt_and_comes_back_in_the_console() {
+    let env = KernelEnv::new().await;
+    let kernel = managed(&env).await;
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel)
+        .auth("console-token")
+        .console()
+        .start()
+        .await;
+    let cwd = env.ws().join("c1");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let artifacts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-artifacts");
+    let (ok, report) = drive(json!({
+        "url": format!("{}console/", s.url),
+        "token": "console-token",
+        "cwd": cwd.display().to_string(),
+        "prompt": "Run it. scenario:bash",
+        "artifacts": artifacts.display().to_string(),
+        "timeoutMs": 120000,
+    }))
+    .await;
+    assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
+    // The tool ran once, and the screenshots are there.
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("out.txt")).unwrap(),
+        "agui-test\n"
+    );
+    for png in ["console-interrupt.png", "console-frames.png"] {
+        let len = std::fs::metadata(artifacts.join(png)).map(|m| m.len()).ok();
+        assert!(len.is_some_and(|n| n > 10_000), "{png}: {len:?}");
+    }
+    assert!(report["frames"].as_u64() > Some(5), "{report}");
+}
