@@ -1,7 +1,8 @@
 // A person's path through the console, in headless Chromium (Debian's, through puppeteer-core):
 // sign in, set the preset, send a turn, watch it stream, answer its permission interrupt with a
 // click, cancel its execution through the extension, see the raw frames and export them, reload
-// and find the thread with its history, archive it. Any
+// and find the thread with its history, archive it; sending and answering by keyboard, and
+// axe-core's check of the page (no serious or critical finding) twice on the way. Any
 // console error, page error, failed request, HTTP error or Content-Security-Policy violation
 // fails the run. Screenshots (the chat with an open interrupt, the raw frames) are written to
 // `artifacts` and checked for being more than one colour.
@@ -55,6 +56,21 @@ async function shoot(browser, page, name) {
   if (n < 4) problems.push(`${name} looks blank (${n} colours)`);
 }
 
+/** axe-core's serious and critical findings on the page as it is now. */
+async function accessibility(page, when) {
+  const source = await readFile(new URL("../node_modules/axe-core/axe.min.js", import.meta.url), "utf8");
+  // Evaluated by the browser's debugging protocol, which the page's policy does not judge.
+  await page.evaluate(source);
+  const found = await page.evaluate(async () => {
+    const r = await window.axe.run(document, { resultTypes: ["violations"] });
+    return r.violations.map((v) => ({ id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.map((n) => n.target.join(" ")).slice(0, 5) }));
+  });
+  report[`axe ${when}`] = found;
+  for (const v of found) {
+    if (v.impact === "serious" || v.impact === "critical") problems.push(`accessibility (${when}): ${v.id} ${v.help}: ${v.nodes.join(", ")}`);
+  }
+}
+
 async function signIn(page) {
   await page.waitForSelector("#settings:not([hidden])", { timeout });
   await page.type("#token", plan.token);
@@ -105,15 +121,20 @@ try {
   await page.goto(plan.url, { waitUntil: "load", timeout });
   await signIn(page);
   step("signed in");
+  // By keyboard: the message sent with Ctrl+Enter, the interrupt answered with Enter.
   await page.type("#prompt", plan.prompt);
-  await page.click("#send");
+  await page.keyboard.down("Control");
+  await page.keyboard.press("Enter");
+  await page.keyboard.up("Control");
   await page.waitForSelector(".interrupt button.choice", { timeout });
   step("interrupt shown");
+  await accessibility(page, "with an open interrupt");
   await page.waitForFunction(() => document.querySelectorAll("#frame-rows tr").length > 0, { timeout });
   await shoot(browser, page, "console-interrupt.png");
   const allow = await page.$$eval(".interrupt button.choice", (bs) => bs.findIndex((b) => b.dataset.payload.includes("allow_once")));
   if (allow < 0) throw new Error("no Allow button");
-  await (await page.$$(".interrupt button.choice"))[allow].click();
+  await (await page.$$(".interrupt button.choice"))[allow].focus();
+  await page.keyboard.press("Enter");
   await page.waitForFunction(() => (window.__console?.runs ?? []).some((r) => r.how === "run" && r.outcome !== "interrupt"), { timeout });
   const runs = await page.evaluate(() => window.__console.runs);
   report.runs = runs;
@@ -160,6 +181,7 @@ try {
   await page.waitForFunction(() => document.getElementById("run-status").textContent === "thread archived"
     && document.querySelectorAll("button.thread").length === 0, { timeout });
   step("archived");
+  await accessibility(page, "at the end");
   report.csp = await page.evaluate(() => window.__csp);
   for (const v of report.csp) problems.push(`CSP violation: ${v}`);
 } catch (e) {

@@ -101,7 +101,14 @@ fn missing(map: &str, tree: &BTreeSet<String>) -> Vec<String> {
 fn every_module_the_architecture_names_exists() {
     let base = root().canonicalize().unwrap();
     let mut tree = BTreeSet::new();
-    for top in ["crates", "conformance", "clients", "console", "scripts", "ops"] {
+    for top in [
+        "crates",
+        "conformance",
+        "clients",
+        "console",
+        "scripts",
+        "ops",
+    ] {
         walk(&base.join(top), &base, &mut tree);
     }
     let map = code_map();
