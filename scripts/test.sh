@@ -28,6 +28,7 @@ npm ci --prefix clients/js/e2e/copilotkit --no-audit --no-fund --loglevel=error 
 echo "== the console (console/: its bundle checked against its sources; puppeteer-core for its browser test)"
 npm ci --prefix console --no-audit --no-fund --loglevel=error --cache "$cache/npm"
 node console/build.mjs --check
+node --test console/test/
 echo "== chromium, prometheus and postgresql (the real-browser, operability and several-instances"
 echo "   tiers; Debian's packages: puppeteer-core downloads no browser; prometheus brings promtool)"
 missing=()

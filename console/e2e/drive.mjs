@@ -1,7 +1,7 @@
 // A person's path through the console, in headless Chromium (Debian's, through puppeteer-core):
 // sign in, set the preset, send a turn, watch it stream, answer its permission interrupt with a
 // click, cancel its execution through the extension, see the raw frames and export them, reload
-// and find the thread with its history, archive it; sending and answering by keyboard, and
+// and find the thread with its history and state, rename and archive it; sending and answering by keyboard, and
 // axe-core's check of the page (no serious or critical finding) twice on the way. Any
 // console error, page error, failed request, HTTP error or Content-Security-Policy violation
 // fails the run. Screenshots (the chat with an open interrupt, the raw frames) are written to
@@ -177,9 +177,17 @@ try {
     { timeout }, plan.prompt);
   await page.waitForFunction(() => document.querySelectorAll("#messages .tool").length > 0, { timeout });
   step("history after a reload");
+  report.threadState = await page.$eval("#thread-state", (e) => e.textContent);
+  if (!/last run success/.test(report.threadState)) problems.push(`thread state: ${report.threadState}`);
+  await page.type("#new-title", "Renamed in the console");
+  await page.click("#rename button[type=submit]");
+  await page.waitForFunction(() => [...document.querySelectorAll("button.thread")].some((b) => b.textContent.startsWith("Renamed in the console")), { timeout });
+  step("renamed");
   await page.click("#archive-thread");
   await page.waitForFunction(() => document.getElementById("run-status").textContent === "thread archived"
     && document.querySelectorAll("button.thread").length === 0, { timeout });
+  await page.click("#show-archived");
+  await page.waitForFunction(() => [...document.querySelectorAll("button.thread")].some((b) => b.textContent.startsWith("Renamed in the console")), { timeout });
   step("archived");
   await accessibility(page, "at the end");
   report.csp = await page.evaluate(() => window.__csp);

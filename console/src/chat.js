@@ -1,3 +1,5 @@
+import { check } from "./schema.js";
+
 // The chat: AG-UI events drawn as a conversation (text, reasoning, tool calls with their
 // arguments and results, the gateway's CUSTOM events as what they mean, the run's outcome), a
 // thread's history from a MESSAGES_SNAPSHOT, and open interrupts as forms.
@@ -249,11 +251,16 @@ export function askInterrupts(interrupts) {
           if (input.value.trim()) finish({ freeText: input.value });
           return;
         }
+        let answer;
         try {
-          finish(JSON.parse(input.value));
+          answer = JSON.parse(input.value);
         } catch (e) {
           err.textContent = `Not JSON: ${e.message}`;
+          return;
         }
+        const wrong = check(i.responseSchema, answer);
+        if (wrong) err.textContent = wrong;
+        else finish(answer);
       });
     } else {
       form.addEventListener("submit", (ev) => ev.preventDefault());

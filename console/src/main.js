@@ -82,7 +82,9 @@ async function drive(params, how = "run") {
     state.running = false;
     $("stop").disabled = true;
     $("send").disabled = false;
+    $("rename").hidden = !state.threadId;
     refreshThreads();
+    threadState();
   }
 }
 
@@ -121,20 +123,55 @@ async function cancelExecution() {
   }
 }
 
-/** Archives the open thread (it leaves the list; `GET /threads?archived=true` has it). */
+async function patchThread(patch) {
+  return api.call(`threads/${encodeURIComponent(state.threadId)}`, {
+    method: "PATCH",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(patch),
+  });
+}
+
+/** Archives the open thread, or brings an archived one back to the list. */
 async function archiveThread() {
   if (!state.threadId || state.running) return;
+  const archived = !state.archived;
   try {
-    await api.call(`threads/${encodeURIComponent(state.threadId)}`, {
-      method: "PATCH",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ archived: true }),
-    });
-    status("thread archived");
+    await patchThread({ archived });
+    status(archived ? "thread archived" : "thread restored");
     newThread();
     refreshThreads();
   } catch (e) {
     status(`archive: ${e.code}: ${e.message}`);
+  }
+}
+
+async function rename(ev) {
+  ev.preventDefault();
+  const title = $("new-title").value.trim();
+  if (!title || !state.threadId) return;
+  try {
+    const t = await patchThread({ title });
+    $("thread-title").textContent = t?.title ?? title;
+    status("thread renamed");
+    refreshThreads();
+  } catch (e) {
+    status(`rename: ${e.code}: ${e.message}`);
+  }
+}
+
+/** Where the open thread stands, as the gateway says (`GET /threads/{id}`). */
+async function threadState() {
+  if (!state.threadId) return;
+  try {
+    const t = await api.call(`threads/${encodeURIComponent(state.threadId)}`);
+    const parts = [];
+    if (t?.activeRun) parts.push(`run ${t.activeRun.runId} ${t.activeRun.state}`);
+    if (t?.pendingInterrupts?.length) parts.push(`${t.pendingInterrupts.length} open interrupt(s)`);
+    if (t?.lastRun) parts.push(`last run ${t.lastRun.outcome}${t.lastRun.code ? ` ${t.lastRun.code}` : ""}`);
+    if (t?.binding?.cwd) parts.push(`workspace ${t.binding.cwd}`);
+    $("thread-state").textContent = parts.join(" · ");
+  } catch (e) {
+    $("thread-state").textContent = e.status === 404 ? "" : `${e.code}: ${e.message}`;
   }
 }
 
@@ -147,8 +184,12 @@ function stop() {
 async function openThread(t) {
   if (state.running) return;
   newAgent(t.threadId);
+  state.archived = t.archived === true;
+  $("archive-thread").textContent = state.archived ? "Restore thread" : "Archive thread";
+  $("rename").hidden = false;
   chat.clearChat();
   $("thread-title").textContent = t.title ?? t.threadId;
+  threadState();
   // The thread as the gateway keeps it: its history, then its running run if any.
   await drive({}, "connect");
 }
@@ -158,8 +199,12 @@ function newThread() {
   state.agent = null;
   state.threadId = null;
   state.session = null;
+  state.archived = false;
   $("cancel-execution").disabled = true;
   $("archive-thread").disabled = true;
+  $("archive-thread").textContent = "Archive thread";
+  $("rename").hidden = true;
+  $("thread-state").textContent = "";
   chat.clearChat();
   $("thread-title").textContent = "New thread";
   $("prompt").focus();
@@ -172,7 +217,8 @@ async function refreshThreads() {
     return;
   }
   try {
-    const page = await api.call("threads?limit=100");
+    const archived = $("show-archived").checked;
+    const page = await api.call(`threads?limit=100${archived ? "&archived=true" : ""}`);
     threads = page?.threads ?? [];
     $("threads-note").textContent = page?.nextCursor ? "The newest 100 threads." : "";
     drawThreads();
@@ -252,6 +298,8 @@ function setUp() {
   $("new-thread").addEventListener("click", newThread);
   $("refresh-threads").addEventListener("click", refreshThreads);
   $("thread-search").addEventListener("input", drawThreads);
+  $("show-archived").addEventListener("change", refreshThreads);
+  $("rename").addEventListener("submit", rename);
   $("frame-filter").addEventListener("input", (e) => frames.setFilter(e.target.value));
   $("export-frames").addEventListener("click", frames.exportFile);
   $("clear-frames").addEventListener("click", frames.clear);
