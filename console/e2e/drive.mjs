@@ -99,8 +99,9 @@ try {
   page.on("console", (m) => report.console.push({ type: m.type(), text: m.text() }));
   page.on("pageerror", (e) => problems.push(`page error: ${e?.message ?? e}`));
   page.on("requestfailed", (r) => {
-    // Stop aborts its own stream on purpose; nothing else may fail.
-    problems.push(`request failed: ${r.method()} ${r.url()}: ${r.failure()?.errorText}`);
+    // A reload drops the running run's stream on purpose (re-attach); nothing else may fail.
+    const dropped = plan.mode === "reattach" && r.method() === "POST" && r.failure()?.errorText === "net::ERR_ABORTED";
+    if (!dropped) problems.push(`request failed: ${r.method()} ${r.url()}: ${r.failure()?.errorText}`);
   });
   page.on("request", (r) => {
     const u = r.url();
@@ -121,7 +122,65 @@ try {
   await page.goto(plan.url, { waitUntil: "load", timeout });
   await signIn(page);
   step("signed in");
+  if (plan.mode === "reattach") {
+    await reattach(page);
+  } else {
+    await wholePath(page);
+  }
+  report.csp = await page.evaluate(() => window.__csp);
+  for (const v of report.csp) problems.push(`CSP violation: ${v}`);
+} catch (e) {
+  problems.push(`driver: ${e?.name}: ${e?.message}`);
+} finally {
+  for (const c of report.console) {
+    if (c.type === "error") problems.push(`console error: ${c.text}`);
+    else if (c.text.startsWith("[ag-ui]")) problems.push(`client warning: ${c.text}`);
+  }
+  await browser?.close().catch(() => {});
+  await rm(profile, { recursive: true, force: true });
+  await rm(downloads, { recursive: true, force: true });
+}
+report.ok = problems.length === 0;
+report.problems = problems;
+process.stdout.write(JSON.stringify(report) + "\n");
+process.exit(report.ok ? 0 : 1);
+
+/** Content frames seen so far. */
+function contentFrames(page) {
+  return page.$$eval("#frame-rows tr td:nth-child(4)", (l) => l.filter((td) => td.textContent === "TEXT_MESSAGE_CONTENT").length);
+}
+
+/**
+ * A run left by a reload (the gateway keeps it going, `--detach-grace`) is found running in the
+ * thread list and followed again: the thread's history, then the rest of the run, to its end.
+ */
+async function reattach(page) {
+  await page.type("#prompt", plan.prompt);
+  await page.click("#send");
+  await page.waitForFunction(() => [...document.querySelectorAll("#frame-rows tr td:nth-child(4)")]
+    .filter((td) => td.textContent === "TEXT_MESSAGE_CONTENT").length >= 3, { timeout });
+  report.before = await contentFrames(page);
+  await page.reload({ waitUntil: "load", timeout });
+  await signIn(page);
+  await page.waitForSelector("button.thread", { timeout });
+  report.listed = await page.$eval("button.thread", (b) => b.textContent);
+  if (!report.listed.includes("running")) problems.push(`the thread is not listed as running: ${report.listed}`);
+  await page.click("button.thread");
+  await page.waitForFunction(() => (window.__console?.runs ?? []).length > 0, { timeout });
+  report.runs = await page.evaluate(() => window.__console.runs);
+  if (JSON.stringify(report.runs) !== JSON.stringify([{ how: "connect", outcome: "success" }])) problems.push(`runs: ${JSON.stringify(report.runs)}`);
+  const types = await page.$$eval("#frame-rows tr td:nth-child(4)", (l) => l.map((td) => td.textContent));
+  report.connectTypes = types;
+  // The snapshot run, then the running run from its start.
+  if (types.filter((t) => t === "RUN_STARTED").length < 2 || !types.includes("MESSAGES_SNAPSHOT")) problems.push(`connect frames: ${types.join(",")}`);
+  const text = await page.$$eval("#messages .assistant .text", (l) => l.map((e) => e.textContent).join(""));
+  if (!text.includes(plan.lastWords)) problems.push(`the run's end is not in the chat: ${text.slice(-200)}`);
+  step("re-attached");
+}
+
+async function wholePath(page) {
   // By keyboard: the message sent with Ctrl+Enter, the interrupt answered with Enter.
+
   await page.type("#prompt", plan.prompt);
   await page.keyboard.down("Control");
   await page.keyboard.press("Enter");
@@ -190,20 +249,4 @@ try {
   await page.waitForFunction(() => [...document.querySelectorAll("button.thread")].some((b) => b.textContent.startsWith("Renamed in the console")), { timeout });
   step("archived");
   await accessibility(page, "at the end");
-  report.csp = await page.evaluate(() => window.__csp);
-  for (const v of report.csp) problems.push(`CSP violation: ${v}`);
-} catch (e) {
-  problems.push(`driver: ${e?.name}: ${e?.message}`);
-} finally {
-  for (const c of report.console) {
-    if (c.type === "error") problems.push(`console error: ${c.text}`);
-    else if (c.text.startsWith("[ag-ui]")) problems.push(`client warning: ${c.text}`);
-  }
-  await browser?.close().catch(() => {});
-  await rm(profile, { recursive: true, force: true });
-  await rm(downloads, { recursive: true, force: true });
 }
-report.ok = problems.length === 0;
-report.problems = problems;
-process.stdout.write(JSON.stringify(report) + "\n");
-process.exit(report.ok ? 0 : 1);

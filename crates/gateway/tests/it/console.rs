@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use testkit::fake_llm::Plan;
 use testkit::real_kernel::KernelEnv;
 use tokio::io::AsyncWriteExt;
 
@@ -148,4 +149,47 @@ async fn a_person_chats_answers_an_interrupt_and_comes_back_in_the_console() {
         assert!(len.is_some_and(|n| n > 10_000), "{png}: {len:?}");
     }
     assert!(report["frames"].as_u64() > Some(5), "{report}");
+}
+
+/// With `--detach-grace`, a reload leaves a turn going; the reloaded console lists the thread as
+/// running, and opening it shows the history and follows the run to its end (`connect`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_left_by_a_reload_is_followed_again_in_the_console() {
+    let env = KernelEnv::new().await;
+    let words: Vec<String> = (0..40).map(|i| format!("word{i} ")).collect();
+    env.llm.script(
+        "console-reattach",
+        Plan {
+            text: words.clone(),
+            delay: Duration::from_millis(150),
+            ..Plan::default()
+        },
+    );
+    let kernel = managed(&env).await;
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel)
+        .auth("console-token")
+        .detach_grace(Duration::from_secs(60))
+        .console()
+        .start()
+        .await;
+    let cwd = env.ws().join("c2");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let (ok, report) = drive(json!({
+        "mode": "reattach",
+        "url": format!("{}console/", s.url),
+        "token": "console-token",
+        "cwd": cwd.display().to_string(),
+        "prompt": "Go on. scenario:console-reattach",
+        "lastWords": words.last().unwrap().trim(),
+        "artifacts": PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-artifacts"),
+        "timeoutMs": 60000,
+    }))
+    .await;
+    assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
 }
