@@ -254,7 +254,8 @@ pub async fn serve_with_admin(
     // metrics are served. A managed one is watched anyway.
     rt.kernels().probe_external(admin.is_some());
     let admin_task = admin.map(|l| {
-        let router = admin::router(rt.metrics().clone(), Some(rt.clone()));
+        let app = http::admin_routes(state.clone());
+        let router = admin::router(rt.metrics().clone(), Some(rt.clone()), app);
         let stall = rt.cfg().client_stall_timeout;
         // Not capped: an operator's probe and scrape still answer when the public listener is
         // full.

@@ -31,6 +31,8 @@ const KERNELS_EXTERNAL: &str =
 /// sessions grow it.
 pub(super) const KERNEL_MEMORY: u64 = 512 * 1024 * 1024;
 pub(super) const KERNEL_ENV: &str = "--kernel-env must be a list of variable names.";
+const CONSOLE_ADMIN: &str =
+    "--console admin needs --metrics-listen: the console is served on the admin listener.";
 const A2A_URLS_MANY: &str = "--a2a-url names at most 64 kernels.";
 const A2A_URLS_TWICE: &str = "--a2a-url names one kernel twice.";
 pub(super) const LOOPBACK: &str =
@@ -135,6 +137,14 @@ pub(super) fn body_timeout(v: f64) -> Result<Duration, String> {
         return Err(BODY_TIMEOUT.into());
     }
     Ok(Duration::from_secs_f64(v.min(LONGEST_SECS)))
+}
+
+/// The console on the admin listener needs that listener.
+pub(super) fn console(at: super::Served, admin_listener: bool) -> Result<(), String> {
+    if at == super::Served::Admin && !admin_listener {
+        return Err(CONSOLE_ADMIN.to_owned());
+    }
+    Ok(())
 }
 
 /// The external kernels' URLs, each checked by [`a2a_url`]: at most 64 (as managed kernels),

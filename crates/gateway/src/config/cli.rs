@@ -269,14 +269,17 @@ pub struct Cli {
     )]
     pub allow_unauthenticated: bool,
     /// Serve the console, a page to chat, answer interrupts, browse threads and see the raw
-    /// frames, at /console/ (its requests carry the same authentication as any client's). The
-    /// variable takes true/1/yes [default: off].
+    /// frames, at /console/: on the main listener (a bare --console, or main) or on the admin
+    /// listener (admin, with --metrics-listen; the gateway's routes are served there too). Its
+    /// requests carry the same authentication as any client's [default: off].
     #[arg(
         long,
-        env = "IAC_CODE_AGUI_CONSOLE",
-        value_parser = clap::builder::FalseyValueParser::new()
+        value_name = "main|admin|off",
+        num_args = 0..=1,
+        default_missing_value = "main",
+        env = "IAC_CODE_AGUI_CONSOLE"
     )]
-    pub console: bool,
+    pub console: Option<String>,
     /// The listener's TLS certificate chain (PEM); with --tls-key, the gateway serves https
     /// (read again on SIGHUP and when the files change) [default: plain HTTP].
     #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_TLS_CERT")]

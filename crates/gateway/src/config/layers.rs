@@ -85,6 +85,47 @@ pub(super) struct Integer;
 /// `auto`.
 pub(super) struct Count;
 
+/// Where a page is served: `main`, `admin` or off; the flag's text (a bare flag is `main`, and
+/// true/1/yes/on and false/0/no/off are taken as the variable's switches are), a YAML boolean
+/// or one of those strings.
+pub(super) struct Place;
+
+/// A [`Place`]'s value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    Off,
+    /// On the main listener.
+    Main,
+    /// On the admin listener (`--metrics-listen`).
+    Admin,
+}
+
+fn served(text: &str) -> Result<Option<Served>, Wrong> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "main" | "true" | "1" | "yes" | "on" => Ok(Some(Served::Main)),
+        "admin" => Ok(Some(Served::Admin)),
+        "off" | "false" | "0" | "no" => Ok(Some(Served::Off)),
+        _ => Err(Wrong),
+    }
+}
+
+impl Kind for Place {
+    type Flag = String;
+    type Value = Served;
+    fn from_flag(flag: String) -> Result<Option<Served>, Wrong> {
+        served(&flag)
+    }
+    fn from_yaml(value: &Yaml) -> Result<Option<Served>, Wrong> {
+        match value {
+            Yaml::Bool(true) => Ok(Some(Served::Main)),
+            Yaml::Bool(false) => Ok(Some(Served::Off)),
+            Yaml::String(s) => served(s),
+            _ => Err(Wrong),
+        }
+    }
+}
+
 /// A [`Count`]'s value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Counted {

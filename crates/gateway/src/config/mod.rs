@@ -22,7 +22,8 @@ pub mod urls;
 pub use caps::Caps;
 pub use check::a2a_url as validate_a2a_url;
 pub use cli::Cli;
-use layers::{Count, Integer, Layers, List, Number, Opt, Switch, Text, YamlFile};
+pub use layers::Served;
+use layers::{Count, Integer, Layers, List, Number, Opt, Place, Switch, Text, YamlFile};
 
 use crate::cors::Origins;
 use crate::hosts::AllowedHosts;
@@ -97,8 +98,8 @@ pub struct Config {
     pub allowed_hosts: AllowedHosts,
     /// Serving without a token on a non-loopback address was asked for.
     pub allow_unauthenticated: bool,
-    /// The console is served at `/console/`.
-    pub console: bool,
+    /// Where the console is served at `/console/`.
+    pub console: Served,
     /// JWTs accepted, and how they are checked.
     pub jwt: auth::JwtConfig,
     /// The secret instances sign forwarded requests with (`forward`): at least 32 bytes.
@@ -203,7 +204,7 @@ const ALLOW_UNAUTHENTICATED: Opt<Switch> = Opt::new(
     "allow_unauthenticated",
     "allow_unauthenticated must be a boolean.",
 );
-const CONSOLE: Opt<Switch> = Opt::new("console", "console must be a boolean.");
+const CONSOLE: Opt<Place> = Opt::new("console", "--console must be main, admin or off.");
 
 impl Config {
     /// Builds the configuration from the parsed command line (flags and their variables) and the
@@ -333,9 +334,8 @@ impl Config {
         let allow_unauthenticated = cli.allow_unauthenticated.then_some(true);
         let allow_unauthenticated = l.get(&ALLOW_UNAUTHENTICATED, allow_unauthenticated)?;
         let allow_unauthenticated = allow_unauthenticated.unwrap_or(false);
-        let console = l
-            .get(&CONSOLE, cli.console.then_some(true))?
-            .unwrap_or(false);
+        let console = l.get(&CONSOLE, cli.console)?.unwrap_or(Served::Off);
+        check::console(console, metrics_listen.is_some())?;
         let jwt = auth::load(&l, jwt_flags)?;
 
         let env_nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
@@ -881,18 +881,33 @@ mod tests {
 
     #[test]
     fn the_console_is_off_unless_a_layer_asks_for_it() {
-        assert!(!load(&[], &[]).unwrap().console);
-        assert!(load(&["--console"], &[]).unwrap().console);
-        let f = yaml("console: true\n");
-        assert!(
-            load(&["--config", f.path().to_str().unwrap()], &[])
-                .unwrap()
-                .console
-        );
-        let f = yaml("console: \"on\"\n");
+        let at = |args: &[&str], env: &[(&str, &str)]| load(args, env).map(|c| c.console);
+        assert_eq!(at(&[], &[]), Ok(Served::Off));
+        assert_eq!(at(&["--console"], &[]), Ok(Served::Main));
+        assert_eq!(at(&["--console", "--port", "1"], &[]), Ok(Served::Main));
+        let admin = ["--console", "admin", "--metrics-listen", "127.0.0.1:0"];
+        assert_eq!(at(&admin, &[]), Ok(Served::Admin));
+        assert_eq!(at(&["--console=off"], &[]), Ok(Served::Off));
+        for (text, want) in [
+            ("console: true\n", Served::Main),
+            ("console: false\n", Served::Off),
+            ("console: main\n", Served::Main),
+            ("console: \"yes\"\n", Served::Main),
+        ] {
+            let f = yaml(text);
+            let got = at(&["--config", f.path().to_str().unwrap()], &[]);
+            assert_eq!(got, Ok(want), "{text}");
+        }
+        for bad in ["console: maybe\n", "console: 2\n"] {
+            let f = yaml(bad);
+            assert_eq!(
+                at(&["--config", f.path().to_str().unwrap()], &[]).unwrap_err(),
+                "--console must be main, admin or off."
+            );
+        }
         assert_eq!(
-            load(&["--config", f.path().to_str().unwrap()], &[]).unwrap_err(),
-            "console must be a boolean."
+            at(&["--console", "admin"], &[]).unwrap_err(),
+            "--console admin needs --metrics-listen: the console is served on the admin listener."
         );
     }
 

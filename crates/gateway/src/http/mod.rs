@@ -33,6 +33,7 @@ use serde_json::{json, Map, Value};
 use crate::auth::access::{self, Refused, CANCEL_ROUTE, EVENTS_ROUTE, RUN_ROUTE, THREAD_ROUTE};
 use crate::auth::Caller;
 use crate::canonical;
+use crate::config::Served;
 use crate::error::{msg, ApiError, Code};
 use crate::forward;
 use crate::hosts;
@@ -55,8 +56,19 @@ pub struct AppState {
     pub heartbeat: Duration,
 }
 
-/// The router.
+/// The router of the main listener.
 pub fn router(state: AppState) -> Router {
+    routes(state, Served::Main)
+}
+
+/// What the admin listener serves besides its own routes when the console is there: the
+/// gateway's routes (the console calls them on its own origin) and the console.
+pub fn admin_routes(state: AppState) -> Option<Router> {
+    (state.rt.cfg().console == Served::Admin).then(|| routes(state, Served::Admin))
+}
+
+/// The gateway's routes, with the console's when it is served on `listener`.
+fn routes(state: AppState, listener: Served) -> Router {
     let bounds = state.rt.cfg().body_bounds();
     let cors = state.rt.cfg().cors_origins.clone();
     let metrics = state.rt.metrics().clone();
@@ -84,7 +96,7 @@ pub fn router(state: AppState) -> Router {
         )
         .fallback(not_found);
     // The console's routes exist only when it is asked for: otherwise its paths are 404.
-    let router = match state.rt.cfg().console {
+    let router = match state.rt.cfg().console == listener {
         true => {
             let console = Arc::new(crate::console::Console::new(state.rt.auth().required()));
             let page = move |req: Request| {

@@ -46,7 +46,7 @@ async fn not_found() -> Response {
 }
 
 /// The admin router; with `rt`, `/health` too.
-pub fn router(metrics: Arc<Metrics>, rt: Option<Arc<Runtime>>) -> Router {
+pub fn router(metrics: Arc<Metrics>, rt: Option<Arc<Runtime>>, app: Option<Router>) -> Router {
     let mut router = Router::new().route("/metrics", get(scrape));
     if let Some(rt) = rt {
         router = router.route(
@@ -54,7 +54,11 @@ pub fn router(metrics: Arc<Metrics>, rt: Option<Arc<Runtime>>) -> Router {
             get(move || async move { crate::health::answer(&rt, false) }),
         );
     }
-    router.fallback(not_found).with_state(metrics)
+    // With the console here (`--console admin`), every other path is the gateway's.
+    match app {
+        Some(app) => router.fallback_service(app).with_state(metrics),
+        None => router.fallback(not_found).with_state(metrics),
+    }
 }
 
 #[cfg(test)]

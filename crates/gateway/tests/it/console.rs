@@ -77,6 +77,51 @@ async fn the_page_loads_and_everything_it_asks_needs_the_token() {
     assert_eq!(status, 200);
 }
 
+/// `--console admin`: not on the main listener; on the admin listener with the gateway's routes
+/// behind it (the same authentication), `/metrics` still there; and a person's whole path
+/// through it against the real kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_on_the_admin_listener_serves_the_same_path() {
+    let env = KernelEnv::new().await;
+    let kernel = managed(&env).await;
+    let s = Builder::new()
+        .dir(env.dir.path().canonicalize().unwrap())
+        .env(
+            "IAC_CODE_AGUI_ALLOWED_CWDS",
+            &env.ws().display().to_string(),
+        )
+        .kernel(kernel)
+        .auth("console-token")
+        .console_on_admin()
+        .start()
+        .await;
+    let admin = s.admin_url.clone().expect("an admin listener");
+    assert_eq!(get(&format!("{}console/", s.url)).await.status(), 404);
+    let r = get(&format!("{admin}console/")).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().contains_key("content-security-policy"));
+    assert_eq!(get(&format!("{admin}metrics")).await.status(), 200);
+    let (status, _) = get_as(&format!("{admin}threads"), &[]).await;
+    assert_eq!(status, 401);
+    let cwd = env.ws().join("c3");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let artifacts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-admin-artifacts");
+    let (ok, report) = drive(json!({
+        "url": format!("{admin}console/"),
+        "token": "console-token",
+        "cwd": cwd.display().to_string(),
+        "prompt": "Run it. scenario:bash",
+        "artifacts": artifacts.display().to_string(),
+        "timeoutMs": 120000,
+    }))
+    .await;
+    assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("out.txt")).unwrap(),
+        "agui-test\n"
+    );
+}
+
 async fn drive(plan: Value) -> (bool, Value) {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     assert!(

@@ -23,7 +23,7 @@ pub struct Builder {
     pub auth: Option<String>,
     pub kernel: Option<Arc<Kernel>>,
     pub a2a: Option<(String, Option<String>)>,
-    pub console: bool,
+    pub console: iac_code_agui::config::Served,
     pub heartbeat: Duration,
     pub store: Option<Arc<dyn ThreadStore>>,
     pub clock: Option<Arc<dyn Clock>>,
@@ -66,7 +66,7 @@ impl Builder {
             auth: None,
             kernel: None,
             a2a: None,
-            console: false,
+            console: iac_code_agui::config::Served::Off,
             heartbeat: Duration::from_secs(15),
             store: None,
             clock: None,
@@ -148,9 +148,15 @@ impl Builder {
         self.jwks = Some((jwks.to_owned(), refresh));
         self
     }
-    /// `--console`.
+    /// `--console` (on the main listener).
     pub fn console(mut self) -> Self {
-        self.console = true;
+        self.console = iac_code_agui::config::Served::Main;
+        self
+    }
+    /// `--console admin` (with [`Builder::admin`]).
+    pub fn console_on_admin(mut self) -> Self {
+        self.console = iac_code_agui::config::Served::Admin;
+        self.admin = true;
         self
     }
     pub fn a2a(mut self, url: &str, token: Option<&str>) -> Self {
