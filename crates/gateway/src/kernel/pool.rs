@@ -16,7 +16,8 @@ use super::{Kernel, KernelState};
 use crate::telemetry::{KernelGauges, SlotGauges};
 
 /// How often each of several external kernels is probed: one is dead after
-/// [`super::DEAD_AFTER_PROBES`] failures in a row, some 4 to 20 s after it stopped answering.
+/// [`super::DEAD_AFTER_PROBES`] failures in a row: 4 to 6 s after it stopped accepting
+/// connections, up to 21 s when it accepts them and never answers (5 s a probe).
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
 
 /// A slot's counters.
@@ -372,6 +373,16 @@ mod tests {
         }
     }
 
+    /// An external kernel at a port nobody listens on (placement never calls it).
+    fn ext(port: u16) -> Arc<Kernel> {
+        Kernel::external(
+            &format!("http://127.0.0.1:{port}/"),
+            None,
+            Default::default(),
+            None,
+        )
+    }
+
     fn new_thread() -> Ask<'static> {
         Ask {
             recorded: None,
@@ -385,14 +396,6 @@ mod tests {
     /// fewer runs, whatever it was given before.
     #[tokio::test]
     async fn a_run_counts_in_its_kernels_load_until_it_ends() {
-        let ext = |port| {
-            Kernel::external(
-                &format!("http://127.0.0.1:{port}/"),
-                None,
-                Default::default(),
-                None,
-            )
-        };
         let pool = Pool::new(vec![ext(1), ext(2)]).unwrap();
         let wait = Duration::from_secs(1);
         let slot = |b: &Bound| pool.slots().iter().position(|k| Arc::ptr_eq(k, &b.kernel));
@@ -435,14 +438,6 @@ mod tests {
     #[tokio::test]
     async fn an_external_kernel_is_dead_after_probes_fail_in_a_row_and_back_after_one_answer() {
         use super::super::DEAD_AFTER_PROBES;
-        let ext = |port| {
-            Kernel::external(
-                &format!("http://127.0.0.1:{port}/"),
-                None,
-                Default::default(),
-                None,
-            )
-        };
         let pool = Pool::new(vec![ext(1), ext(2)]).unwrap();
         let wait = Duration::from_secs(1);
         let slot = |b: &Bound| pool.slots().iter().position(|k| Arc::ptr_eq(k, &b.kernel));

@@ -17,7 +17,6 @@ use axum::http::{header, StatusCode, Uri};
 use axum::response::IntoResponse;
 use serde_json::{json, Value};
 use testkit::real_kernel::KernelEnv;
-use tokio::io::AsyncWriteExt;
 
 use crate::support::{jwks_file, jwt_for, managed, Builder};
 
@@ -25,18 +24,6 @@ const CLIENTS: [&str; 2] = ["1", "0059"];
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../conformance")
-}
-
-/// The Chromium the driver launches; the test fails (never skips) without it, so CI runs it.
-fn chromium() -> PathBuf {
-    let path =
-        PathBuf::from(std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()));
-    assert!(
-        path.is_file(),
-        "chromium is not installed ({}): scripts/test.sh installs it (apt-get install chromium)",
-        path.display()
-    );
-    path
 }
 
 /// Bundles the page for `client` into `out/<client>/` (index.html + page.js).
@@ -86,36 +73,7 @@ async fn static_origin(root: PathBuf) -> String {
 
 /// Runs the driver with `plan`; returns (passed, report).
 async fn drive(plan: Value) -> (bool, Value) {
-    let mut child = tokio::process::Command::new("node")
-        .arg(dir().join("browser/drive.mjs"))
-        .current_dir(dir())
-        .env("CHROMIUM", chromium())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(plan.to_string().as_bytes())
-        .await
-        .unwrap();
-    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
-        .await
-        .expect("driver finished")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
-        .unwrap_or_else(|_| {
-            panic!(
-                "driver output: {stdout}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    (out.status.success(), report)
+    crate::support::browser_driver(&dir().join("browser/drive.mjs"), &dir(), &plan).await
 }
 
 /// The page's config for a thread: the gateway, its user's JWT, and the messages of its turns.
@@ -128,7 +86,7 @@ fn page_config(env: &KernelEnv, url: &str, thread: &str, messages: Value) -> Val
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_clients_in_chromium_across_origins() {
-    chromium();
+    crate::support::chromium();
     let d = dir();
     for m in [
         "agui-client-1",
@@ -160,12 +118,7 @@ async fn official_clients_in_chromium_across_origins() {
     let (cert_file, key_file) = (keys.path().join("cert.pem"), keys.path().join("key.pem"));
     std::fs::write(&cert_file, cert).unwrap();
     std::fs::write(&key_file, key).unwrap();
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    let s = Builder::in_env(&env)
         .kernel(kernel.clone())
         .jwks(&jwks, Duration::from_secs(300))
         .tls(&cert_file, &key_file)

@@ -335,12 +335,7 @@ async fn real_kernel_cut_stall_and_restart() {
     // Above the kernel's 15 s ping interval: a slow first turn on a loaded machine is silent
     // until its first ping.
     let idle = Duration::from_secs(20);
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    let s = Builder::in_env(&env)
         .a2a(&proxy.url(), Some(&kp.token))
         .kernel_idle(idle)
         .start()

@@ -24,25 +24,6 @@ fn answer(r: &RunResult) -> Value {
     json!([{"interruptId": id, "status": "resolved", "payload": {"decision": "allow_once"}}])
 }
 
-async fn kernel_ready(i: &Instance) {
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
-    let start = Instant::now();
-    loop {
-        if let Ok(r) = c.get(format!("{}health", i.url())).send().await {
-            let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap_or_default();
-            if v["kernel"]["state"] == "ready" {
-                return;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "kernel never ready: {}",
-            i.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// The environment of one instance: the test's kernel environment, with a home (config dir)
 /// of its own.
 fn instance_env(env: &KernelEnv, home: &Path) -> Vec<(String, String)> {
@@ -93,8 +74,8 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
     };
     let mut a = start("a");
     let b = start("b");
-    kernel_ready(&a).await;
-    kernel_ready(&b).await;
+    pool_ready(&a, 1).await;
+    pool_ready(&b, 1).await;
     let ws = |name: &str| env.ws().join(name).display().to_string();
 
     // A alive: the resume asked at B is forwarded to A, whose kernel has the task.
@@ -184,14 +165,18 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
     assert_eq!(r4.last()["outcome"]["type"], "success", "{}", r4.raw);
 }
 
-/// `/health` of `i` once its `n` kernels are all ready.
+/// Once the `n` kernels of `i` are all ready (one kernel is `/health`'s `kernel` itself; several
+/// are its `slots`).
 async fn pool_ready(i: &Instance, n: usize) {
     let c = reqwest::Client::builder().no_proxy().build().unwrap();
     let start = Instant::now();
     loop {
         if let Ok(r) = c.get(format!("{}health", i.url())).send().await {
             let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap_or_default();
-            let slots = v["kernel"]["slots"].as_array().cloned().unwrap_or_default();
+            let slots = match v["kernel"]["slots"].as_array() {
+                Some(s) => s.clone(),
+                None => vec![v["kernel"].clone()],
+            };
             if slots.len() == n && slots.iter().all(|s| s["state"] == "ready") {
                 return;
             }

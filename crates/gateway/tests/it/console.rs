@@ -11,7 +11,6 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use testkit::fake_llm::Plan;
 use testkit::real_kernel::KernelEnv;
-use tokio::io::AsyncWriteExt;
 
 use crate::support::{get_as, managed, Builder};
 
@@ -84,12 +83,7 @@ async fn the_page_loads_and_everything_it_asks_needs_the_token() {
 async fn the_console_on_the_admin_listener_serves_the_same_path() {
     let env = KernelEnv::new().await;
     let kernel = managed(&env).await;
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    let s = Builder::in_env(&env)
         .kernel(kernel)
         .auth("console-token")
         .console_on_admin()
@@ -123,49 +117,15 @@ async fn the_console_on_the_admin_listener_serves_the_same_path() {
 }
 
 async fn drive(plan: Value) -> (bool, Value) {
-    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
-    assert!(
-        std::path::Path::new(&chromium).is_file(),
-        "chromium is not installed: scripts/test.sh installs it"
-    );
-    let mut child = tokio::process::Command::new("node")
-        .arg(console_dir().join("e2e/drive.mjs"))
-        .current_dir(console_dir())
-        .env("CHROMIUM", chromium)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("node");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
-        .await
-        .expect("driver finished")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
-        .unwrap_or_else(|_| {
-            panic!(
-                "driver output: {stdout}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    (out.status.success(), report)
+    let script = console_dir().join("e2e/drive.mjs");
+    crate::support::browser_driver(&script, &console_dir(), &plan).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_chats_answers_an_interrupt_and_comes_back_in_the_console() {
     let env = KernelEnv::new().await;
     let kernel = managed(&env).await;
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    let s = Builder::in_env(&env)
         .kernel(kernel)
         .auth("console-token")
         .console()
@@ -211,12 +171,7 @@ async fn a_run_left_by_a_reload_is_followed_again_in_the_console() {
         },
     );
     let kernel = managed(&env).await;
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    let s = Builder::in_env(&env)
         .kernel(kernel)
         .auth("console-token")
         .detach_grace(Duration::from_secs(60))

@@ -22,12 +22,7 @@ async fn the_js_client_runs_reattaches_and_connects_against_the_real_kernel() {
         "the JavaScript client's packages are not installed: run `npm ci --prefix clients/js` (scripts/test.sh does)"
     );
     let env = KernelEnv::new().await;
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    let s = Builder::in_env(&env)
         .kernel(managed(&env).await)
         .detach_grace(Duration::from_secs(30))
         .auth("tok")

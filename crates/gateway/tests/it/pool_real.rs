@@ -244,12 +244,7 @@ async fn external_kernels_share_the_threads_and_a_dead_ones_go_on_in_another() {
     let token = "test-pool-token";
     let mut k0 = KernelProcess::start_with_token(&env, token).await;
     let k1 = KernelProcess::start_with_token(&env, token).await;
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    let s = Builder::in_env(&env)
         .a2a(&format!("{},{}", k0.url(), k1.url()), Some(token))
         .start()
         .await;

@@ -555,12 +555,7 @@ async fn external_kernel_via_a2a_url() {
     let kernel = KernelProcess::start(&env).await;
     let url = kernel.url();
     env.llm.script("custom", Plan::text(&["Custom", " plan."]));
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    let s = Builder::in_env(&env)
         .a2a(&url, Some(kernel.token.as_str()))
         .start()
         .await;
@@ -830,12 +825,7 @@ async fn detached_runs_reattach_or_expire_through_the_real_kernel() {
     use futures_util::StreamExt;
     let env = KernelEnv::new().await;
     let kernel = managed(&env).await;
-    let s = Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    let s = Builder::in_env(&env)
         .kernel(kernel.clone())
         .detach_grace(Duration::from_secs(3))
         .start()

@@ -148,6 +148,17 @@ impl Builder {
         self.jwks = Some((jwks.to_owned(), refresh));
         self
     }
+    /// A gateway of the real kernel's environment `env`: its state under the test's directory,
+    /// its workspaces the allowed roots.
+    pub fn in_env(env: &KernelEnv) -> Builder {
+        Builder::new()
+            .dir(env.dir.path().canonicalize().unwrap())
+            .env(
+                "IAC_CODE_AGUI_ALLOWED_CWDS",
+                &env.ws().display().to_string(),
+            )
+    }
+
     /// `--console` (on the main listener).
     pub fn console(mut self) -> Self {
         self.console = iac_code_agui::config::Served::Main;
@@ -453,15 +464,7 @@ pub async fn managed_with(env: &KernelEnv, timeouts: a2a::Timeouts) -> Arc<Kerne
 }
 
 pub async fn server(env: &KernelEnv, kernel: Arc<Kernel>) -> TestServer {
-    Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
-        .kernel(kernel)
-        .start()
-        .await
+    Builder::in_env(env).kernel(kernel).start().await
 }
 
 /// A gateway in front of the real kernel `kernel` (as [`server`]) that accepts JWTs of the key
@@ -471,12 +474,7 @@ pub async fn jwt_server(
     kernel: Arc<Kernel>,
     jwks: &std::path::Path,
 ) -> TestServer {
-    Builder::new()
-        .dir(env.dir.path().canonicalize().unwrap())
-        .env(
-            "IAC_CODE_AGUI_ALLOWED_CWDS",
-            &env.ws().display().to_string(),
-        )
+    Builder::in_env(env)
         .kernel(kernel)
         .jwks(jwks, Duration::from_secs(300))
         .start()
@@ -639,4 +637,54 @@ pub fn metric(s: &TestServer, key: &str) -> f64 {
         .lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or(0.0)
+}
+
+/// The Chromium the browser drivers launch; the test fails (never skips) without it, so CI runs
+/// it.
+pub fn chromium() -> PathBuf {
+    let path =
+        PathBuf::from(std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into()));
+    assert!(
+        path.is_file(),
+        "chromium is not installed ({}): scripts/test.sh installs it (apt-get install chromium)",
+        path.display()
+    );
+    path
+}
+
+/// Runs the Node driver `script` (in `cwd`) of headless Chromium with `plan` on its standard
+/// input; returns whether it passed and the report it printed last. Chromium is Debian's
+/// (`CHROMIUM` or `/usr/bin/chromium`): the test fails, never skips, without it.
+pub async fn browser_driver(
+    script: &std::path::Path,
+    cwd: &std::path::Path,
+    plan: &Value,
+) -> (bool, Value) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new("node")
+        .arg(script)
+        .current_dir(cwd)
+        .env("CHROMIUM", chromium())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+        .await
+        .expect("driver finished")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
+        .unwrap_or_else(|_| {
+            panic!(
+                "driver output: {stdout}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (out.status.success(), report)
 }
