@@ -1,5 +1,5 @@
 // Bundles the console (src/) with esbuild into crates/gateway/console/: index.html, app.js and
-// app.css (and the last two gzipped), which are committed and embedded in the binary (cargo
+// app.css, minified (and the last two gzipped), which are committed and embedded in the binary (cargo
 // build needs no Node).
 //
 // Usage: node build.mjs            write the bundle
@@ -8,7 +8,7 @@
 //
 // The output depends only on the sources and the lockfile: minified, no source map, no paths.
 
-import { mkdtemp, readFile, rm, writeFile, copyFile, mkdir } from "node:fs/promises";
+import { mkdtemp, readFile, rm, writeFile, mkdir } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -47,8 +47,17 @@ async function bundle(out) {
     plugins: [ownDeps],
     logLevel: "warning",
   });
-  await copyFile(join(here, "src", "index.html"), join(out, "index.html"));
-  await copyFile(join(here, "src", "app.css"), join(out, "app.css"));
+  await esbuild.build({
+    entryPoints: [join(here, "src", "app.css")],
+    outfile: join(out, "app.css"),
+    absWorkingDir: here,
+    bundle: true,
+    minify: true,
+    logLevel: "warning",
+  });
+  // The page without the indentation between its tags (text and its spaces are kept).
+  const html = await readFile(join(here, "src", "index.html"), "utf8");
+  await writeFile(join(out, "index.html"), html.replace(/>\s+</g, "><"));
   // Served to browsers that accept gzip (all): compressed once here, not on every request.
   for (const f of ["app.js", "app.css"]) {
     await writeFile(join(out, `${f}.gz`), gzipSync(await readFile(join(out, f)), { level: 9 }));

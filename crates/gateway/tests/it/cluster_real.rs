@@ -38,6 +38,27 @@ fn instance_env(env: &KernelEnv, home: &Path) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Instance `me` on the database `db` with `kernels` managed kernels of its own (its own config
+/// dir), their session backups and tasks in directories every instance shares, a 3 s lease.
+fn start_instance(env: &KernelEnv, db: &str, me: &str, kernels: usize) -> Instance {
+    let shared = env.dir.path().join("shared");
+    let args = [
+        "--a2a-command".to_owned(),
+        env.command(),
+        "--kernels".to_owned(),
+        kernels.to_string(),
+        "--lease-ttl".to_owned(),
+        "3".to_owned(),
+        "--kernel-backup-dir".to_owned(),
+        shared.join("backup").display().to_string(),
+        "--kernel-persistence-dir".to_owned(),
+        shared.join("tasks").display().to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let home = env.dir.path().join(format!("home-{me}"));
+    Instance::start(db, &args, &instance_env(env, &home))
+}
+
 fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path)
         .map(|s| s.lines().count())
@@ -49,29 +70,7 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
     let env = KernelEnv::new().await;
     let pg = Cluster::start();
     let db = pg.create_db("realcluster");
-    let shared = env.dir.path().join("shared");
-    let (backup, tasks) = (shared.join("backup"), shared.join("tasks"));
-    let args = |_me: &str| {
-        vec![
-            "--a2a-command".to_owned(),
-            env.command(),
-            "--lease-ttl".to_owned(),
-            "3".to_owned(),
-            "--kernel-backup-dir".to_owned(),
-            backup.display().to_string(),
-            "--kernel-persistence-dir".to_owned(),
-            tasks.display().to_string(),
-        ]
-    };
-    let start = |me: &str| {
-        let a = args(me);
-        let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        Instance::start(
-            &db,
-            &a,
-            &instance_env(&env, &env.dir.path().join(format!("home-{me}"))),
-        )
-    };
+    let start = |me: &str| start_instance(&env, &db, me, 1);
     let mut a = start("a");
     let b = start("b");
     pool_ready(&a, 1).await;
@@ -201,28 +200,7 @@ async fn instances_with_pools_of_kernels_take_threads_over() {
     let env = KernelEnv::new().await;
     let pg = Cluster::start();
     let db = pg.create_db("realpools");
-    let shared = env.dir.path().join("shared");
-    let (backup, tasks) = (shared.join("backup"), shared.join("tasks"));
-    let start = |me: &str| {
-        let a = [
-            "--a2a-command".to_owned(),
-            env.command(),
-            "--kernels".to_owned(),
-            "2".to_owned(),
-            "--lease-ttl".to_owned(),
-            "3".to_owned(),
-            "--kernel-backup-dir".to_owned(),
-            backup.display().to_string(),
-            "--kernel-persistence-dir".to_owned(),
-            tasks.display().to_string(),
-        ];
-        let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        Instance::start(
-            &db,
-            &a,
-            &instance_env(&env, &env.dir.path().join(format!("home-{me}"))),
-        )
-    };
+    let start = |me: &str| start_instance(&env, &db, me, 2);
     let mut a = start("a");
     let b = start("b");
     pool_ready(&a, 2).await;

@@ -97,11 +97,24 @@ async fn the_console_on_the_admin_listener_serves_the_same_path() {
     assert_eq!(get(&format!("{admin}metrics")).await.status(), 200);
     let (status, _) = get_as(&format!("{admin}threads"), &[]).await;
     assert_eq!(status, 401);
-    let cwd = env.ws().join("c3");
+    whole_path(
+        &env,
+        &format!("{admin}console/"),
+        "c3",
+        "console-admin-artifacts",
+    )
+    .await;
+}
+
+/// A person's whole path through the console at `url` (the `console-token` token), in the
+/// workspace `name`: it passes, the tool runs once; screenshots go to `artifacts` (under the
+/// target's temporary directory). Returns the driver's report.
+async fn whole_path(env: &KernelEnv, url: &str, name: &str, artifacts: &str) -> Value {
+    let cwd = env.ws().join(name);
     std::fs::create_dir_all(&cwd).unwrap();
-    let artifacts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-admin-artifacts");
+    let artifacts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(artifacts);
     let (ok, report) = drive(json!({
-        "url": format!("{admin}console/"),
+        "url": url,
         "token": "console-token",
         "cwd": cwd.display().to_string(),
         "prompt": "Run it. scenario:bash",
@@ -112,8 +125,14 @@ async fn the_console_on_the_admin_listener_serves_the_same_path() {
     assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
     assert_eq!(
         std::fs::read_to_string(cwd.join("out.txt")).unwrap(),
-        "agui-test\n"
+        "agui-test\n",
+        "the tool ran once"
     );
+    for png in ["console-interrupt.png", "console-frames.png"] {
+        let len = std::fs::metadata(artifacts.join(png)).map(|m| m.len()).ok();
+        assert!(len.is_some_and(|n| n > 10_000), "{png}: {len:?}");
+    }
+    report
 }
 
 async fn drive(plan: Value) -> (bool, Value) {
@@ -131,28 +150,13 @@ async fn a_person_chats_answers_an_interrupt_and_comes_back_in_the_console() {
         .console()
         .start()
         .await;
-    let cwd = env.ws().join("c1");
-    std::fs::create_dir_all(&cwd).unwrap();
-    let artifacts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-artifacts");
-    let (ok, report) = drive(json!({
-        "url": format!("{}console/", s.url),
-        "token": "console-token",
-        "cwd": cwd.display().to_string(),
-        "prompt": "Run it. scenario:bash",
-        "artifacts": artifacts.display().to_string(),
-        "timeoutMs": 120000,
-    }))
+    let report = whole_path(
+        &env,
+        &format!("{}console/", s.url),
+        "c1",
+        "console-artifacts",
+    )
     .await;
-    assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
-    // The tool ran once, and the screenshots are there.
-    assert_eq!(
-        std::fs::read_to_string(cwd.join("out.txt")).unwrap(),
-        "agui-test\n"
-    );
-    for png in ["console-interrupt.png", "console-frames.png"] {
-        let len = std::fs::metadata(artifacts.join(png)).map(|m| m.len()).ok();
-        assert!(len.is_some_and(|n| n > 10_000), "{png}: {len:?}");
-    }
     assert!(report["frames"].as_u64() > Some(5), "{report}");
 }
 
