@@ -100,7 +100,9 @@ try {
   page.on("pageerror", (e) => problems.push(`page error: ${e?.message ?? e}`));
   page.on("requestfailed", (r) => {
     // A reload drops the running run's stream on purpose (re-attach); nothing else may fail.
-    const dropped = plan.mode === "reattach" && r.method() === "POST" && r.failure()?.errorText === "net::ERR_ABORTED";
+    const aborted = r.failure()?.errorText === "net::ERR_ABORTED";
+    const dropped = (plan.mode === "reattach" && r.method() === "POST" && aborted)
+      || (plan.mode === "follow" && r.method() === "GET" && new URL(r.url()).pathname.endsWith("/connect") && aborted);
     if (!dropped) problems.push(`request failed: ${r.method()} ${r.url()}: ${r.failure()?.errorText}`);
   });
   page.on("request", (r) => {
@@ -124,6 +126,8 @@ try {
   step("signed in");
   if (plan.mode === "reattach") {
     await reattach(page);
+  } else if (plan.mode === "follow") {
+    await follow(page);
   } else {
     await wholePath(page);
   }
@@ -131,6 +135,8 @@ try {
   for (const v of report.csp) problems.push(`CSP violation: ${v}`);
 } catch (e) {
   problems.push(`driver: ${e?.name}: ${e?.message}`);
+  report.status = await browser?.pages().then((p) => p.at(-1)?.$eval("#run-status", (e) => e.textContent)).catch(() => null);
+  report.chat = await browser?.pages().then((p) => p.at(-1)?.$eval("#messages", (e) => e.textContent.slice(-400))).catch(() => null);
 } finally {
   for (const c of report.console) {
     if (c.type === "error") problems.push(`console error: ${c.text}`);
@@ -176,6 +182,44 @@ async function reattach(page) {
   const text = await page.$$eval("#messages .assistant .text", (l) => l.map((e) => e.textContent).join(""));
   if (!text.includes(plan.lastWords)) problems.push(`the run's end is not in the chat: ${text.slice(-200)}`);
   step("re-attached");
+}
+
+/**
+ * A thread followed: opened with "Follow later runs", it shows a run another client starts on
+ * it, until Stop.
+ */
+async function follow(page) {
+  await page.type("#prompt", plan.prompt);
+  await page.click("#send");
+  await page.waitForFunction(() => (window.__console?.runs ?? []).length === 1, { timeout });
+  step("first run over");
+  await page.click("#follow");
+  await page.waitForSelector("button.thread", { timeout });
+  await page.click("button.thread");
+  await page.waitForFunction(() => [...document.querySelectorAll("#frame-rows tr td:nth-child(4)")]
+    .some((td) => td.textContent === "MESSAGES_SNAPSHOT"), { timeout });
+  const threadId = await page.evaluate(() => window.__console.threadId);
+  step("following");
+  // Another client's turn on the thread (the same token, invocation and workspace).
+  const r = await fetch(new URL("../", plan.url), {
+    method: "POST",
+    headers: { Authorization: `Bearer ${plan.token}`, "Content-Type": "application/json", Accept: "text/event-stream" },
+    body: JSON.stringify({
+      threadId, runId: crypto.randomUUID(), state: {}, tools: [], context: [],
+      forwardedProps: { iacCode: { schemaVersion: 1, rosInvocationId: `console-${threadId}`, cwd: plan.cwd } },
+      messages: [{ id: crypto.randomUUID(), role: "user", content: plan.second }],
+    }),
+  });
+  const stream = await r.text();
+  if (!r.ok || !stream.includes("RUN_FINISHED")) problems.push(`the other client's turn: HTTP ${r.status}: ${stream.slice(-300)}`);
+  step("the other client's run over");
+  await page.waitForFunction((words) => [...document.querySelectorAll("#messages .assistant .text")]
+    .some((e) => e.textContent.includes(words)), { timeout }, plan.followedWords);
+  report.following = await page.evaluate(() => window.__console.running);
+  if (report.following !== true) problems.push("the thread was not followed");
+  await page.click("#stop");
+  await page.waitForFunction(() => window.__console.running === false, { timeout });
+  step("followed");
 }
 
 async function wholePath(page) {

@@ -19,11 +19,20 @@ const state = {
 };
 window.__console = state;
 
+// The official client's own complaints ("[ag-ui] …" warnings) are shown next to the frame they
+// concern, as its errors are.
+const warn = console.warn.bind(console);
+console.warn = (...args) => {
+  const text = args.map(String).join(" ");
+  if (text.startsWith("[ag-ui]")) frames.noteLast(text);
+  warn(...args);
+};
+
 function status(text) {
   $("run-status").textContent = text;
 }
 
-function newAgent(threadId) {
+function newAgent(threadId, follow = false) {
   state.threadId = threadId;
   state.session = null;
   $("cancel-execution").disabled = true;
@@ -33,6 +42,8 @@ function newAgent(threadId) {
     threadId,
     headers: api.authHeaders(),
     fetch: frames.tappingFetch,
+    // Connect keeps the stream open and shows the thread's later runs as they start.
+    follow,
     iacCode: api.iacCodeOf(api.loadPreset(), threadId),
   });
   return state.agent;
@@ -53,6 +64,7 @@ function subscriber() {
 /** Runs the agent once (a turn, a resume or a connect) and answers interrupts until it ends. */
 async function drive(params, how = "run") {
   state.running = true;
+  state.stopped = false;
   $("stop").disabled = false;
   $("send").disabled = true;
   let outcome = "none";
@@ -74,6 +86,10 @@ async function drive(params, how = "run") {
     }
     status(outcome === "none" ? "" : `last run: ${outcome}`);
   } catch (e) {
+    if (state.stopped) {
+      state.runs.push({ how, outcome: "stopped" });
+      return;
+    }
     const why = `${e?.code ?? e?.name ?? "Error"}: ${e?.message ?? e}`;
     frames.noteLast(why);
     state.runs.push({ how, outcome: "error", error: why });
@@ -175,15 +191,19 @@ async function threadState() {
   }
 }
 
-/** Stop: the connection is dropped, and the gateway cancels the run (cancel on disconnect). */
+/**
+ * Stop: the connection is dropped, and the gateway cancels the run (cancel on disconnect); a
+ * followed thread is no longer followed (its runs go on).
+ */
 function stop() {
+  state.stopped = true;
   state.agent?.abortRun();
   status("stopped");
 }
 
 async function openThread(t) {
   if (state.running) return;
-  newAgent(t.threadId);
+  newAgent(t.threadId, $("follow").checked);
   state.archived = t.archived === true;
   $("archive-thread").textContent = state.archived ? "Restore thread" : "Archive thread";
   $("rename").hidden = false;
@@ -208,6 +228,22 @@ function newThread() {
   chat.clearChat();
   $("thread-title").textContent = "New thread";
   $("prompt").focus();
+}
+
+/**
+ * What the gateway can do (`GET /capabilities`): a thread's later runs can be followed only when
+ * runs are buffered (`--detach-grace`, "resumable").
+ */
+async function capabilities() {
+  try {
+    const caps = await api.call("capabilities");
+    const resumable = caps?.transport?.resumable === true;
+    $("follow").disabled = !resumable;
+    if (!resumable) $("follow").checked = false;
+    $("follow-note").textContent = resumable ? "" : "Following needs the gateway's --detach-grace.";
+  } catch {
+    // Capabilities are a convenience: without them everything else still works.
+  }
 }
 
 let threads = [];
@@ -287,6 +323,7 @@ function setUp() {
     $("settings-toggle").setAttribute("aria-expanded", "false");
     status("settings saved");
     refreshThreads();
+    capabilities();
   });
   $("composer").addEventListener("submit", send);
   $("prompt").addEventListener("keydown", (e) => {
@@ -306,7 +343,10 @@ function setUp() {
   health();
   setInterval(health, 15000);
   if (cfg.auth === "bearer") openSettings("This gateway asks for a bearer token.");
-  else refreshThreads();
+  else {
+    refreshThreads();
+    capabilities();
+  }
 }
 
 setUp();

@@ -197,3 +197,38 @@ async fn a_run_left_by_a_reload_is_followed_again_in_the_console() {
     .await;
     assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
 }
+
+/// "Follow later runs": an opened thread's stream stays open and shows a run another client
+/// starts on it (`connect?follow=true`; runs are buffered for it with `--detach-grace`), until
+/// Stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_thread_shows_another_clients_run() {
+    let env = KernelEnv::new().await;
+    env.llm.script(
+        "console-follow",
+        Plan::text(&["Followed", " from", " elsewhere."]),
+    );
+    let kernel = managed(&env).await;
+    let s = Builder::in_env(&env)
+        .kernel(kernel)
+        .auth("console-token")
+        .detach_grace(Duration::from_secs(30))
+        .console()
+        .start()
+        .await;
+    let cwd = env.ws().join("c4");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let (ok, report) = drive(json!({
+        "mode": "follow",
+        "url": format!("{}console/", s.url),
+        "token": "console-token",
+        "cwd": cwd.display().to_string(),
+        "prompt": "Hi. scenario:text",
+        "second": "Again. scenario:console-follow",
+        "followedWords": "Followed from elsewhere.",
+        "artifacts": PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-artifacts"),
+        "timeoutMs": 60000,
+    }))
+    .await;
+    assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
+}
