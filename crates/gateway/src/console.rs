@@ -10,7 +10,7 @@
 
 use std::sync::LazyLock;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::Response;
 use sha2::{Digest, Sha256};
@@ -26,20 +26,21 @@ const APP_JS_GZ: &[u8] = include_bytes!("../console/app.js.gz");
 const APP_CSS: &[u8] = include_bytes!("../console/app.css");
 const APP_CSS_GZ: &[u8] = include_bytes!("../console/app.css.gz");
 
-/// One file of the page: its bytes (and gzipped, when it is worth it), type and tag.
+/// One file of the page: its bytes (and gzipped, when it is worth it), type and tag. The bytes
+/// are shared with every answer, never copied (the script is half a megabyte).
 pub struct Asset {
-    body: Vec<u8>,
-    gzipped: Option<&'static [u8]>,
+    body: Bytes,
+    gzipped: Option<Bytes>,
     mime: &'static str,
     etag: String,
 }
 
 impl Asset {
-    fn new(body: Vec<u8>, gzipped: Option<&'static [u8]>, mime: &'static str) -> Asset {
+    fn new(body: Bytes, gzipped: Option<&'static [u8]>, mime: &'static str) -> Asset {
         let etag = format!("\"{}\"", hex::encode(&Sha256::digest(&body)[..12]));
         Asset {
             body,
-            gzipped,
+            gzipped: gzipped.map(Bytes::from_static),
             mime,
             etag,
         }
@@ -53,14 +54,14 @@ pub struct Console {
 
 static APP_JS_ASSET: LazyLock<Asset> = LazyLock::new(|| {
     Asset::new(
-        APP_JS.to_vec(),
+        Bytes::from_static(APP_JS),
         Some(APP_JS_GZ),
         "text/javascript; charset=utf-8",
     )
 });
 static APP_CSS_ASSET: LazyLock<Asset> = LazyLock::new(|| {
     Asset::new(
-        APP_CSS.to_vec(),
+        Bytes::from_static(APP_CSS),
         Some(APP_CSS_GZ),
         "text/css; charset=utf-8",
     )
@@ -78,7 +79,7 @@ impl Console {
         // An attribute value: its quotes escaped (nothing else in it needs to be).
         let index = INDEX.replace("{{CONFIG}}", &config.replace('"', "&quot;"));
         Console {
-            index: Asset::new(index.into_bytes(), None, "text/html; charset=utf-8"),
+            index: Asset::new(Bytes::from(index), None, "text/html; charset=utf-8"),
         }
     }
 
@@ -145,17 +146,18 @@ fn serve(a: &Asset, head: bool, req: &HeaderMap) -> Response {
     let fresh = lists(req, header::IF_NONE_MATCH, &a.etag);
     let gzip = a
         .gzipped
+        .as_ref()
         .filter(|_| lists(req, header::ACCEPT_ENCODING, "gzip"));
-    let (status, body): (StatusCode, &[u8]) = match (fresh, gzip) {
-        (true, _) => (StatusCode::NOT_MODIFIED, &[]),
-        (false, Some(gz)) => (StatusCode::OK, gz),
-        (false, None) => (StatusCode::OK, &a.body),
+    let (status, body) = match (fresh, gzip) {
+        (true, _) => (StatusCode::NOT_MODIFIED, Bytes::new()),
+        (false, Some(gz)) => (StatusCode::OK, gz.clone()),
+        (false, None) => (StatusCode::OK, a.body.clone()),
     };
     let length = body.len();
     let mut r = Response::new(if head || status == StatusCode::NOT_MODIFIED {
         Body::empty()
     } else {
-        Body::from(body.to_vec())
+        Body::from(body)
     });
     *r.status_mut() = status;
     let h = r.headers_mut();

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use testkit::fake_llm::Plan;
 use testkit::real_kernel::KernelEnv;
 
-use crate::support::{get_as, managed, Builder};
+use crate::support::{get_as, managed, Builder, TestServer};
 
 fn console_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../console")
@@ -82,13 +82,7 @@ async fn the_page_loads_and_everything_it_asks_needs_the_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_on_the_admin_listener_serves_the_same_path() {
     let env = KernelEnv::new().await;
-    let kernel = managed(&env).await;
-    let s = Builder::in_env(&env)
-        .kernel(kernel)
-        .auth("console-token")
-        .console_on_admin()
-        .start()
-        .await;
+    let s = gateway(&env, |b| b.console_on_admin()).await;
     let admin = s.admin_url.clone().expect("an admin listener");
     assert_eq!(get(&format!("{}console/", s.url)).await.status(), 404);
     let r = get(&format!("{admin}console/")).await;
@@ -110,18 +104,15 @@ async fn the_console_on_the_admin_listener_serves_the_same_path() {
 /// workspace `name`: it passes, the tool runs once; screenshots go to `artifacts` (under the
 /// target's temporary directory). Returns the driver's report.
 async fn whole_path(env: &KernelEnv, url: &str, name: &str, artifacts: &str) -> Value {
-    let cwd = env.ws().join(name);
-    std::fs::create_dir_all(&cwd).unwrap();
     let artifacts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(artifacts);
-    let (ok, report) = drive(json!({
-        "url": url,
-        "token": "console-token",
-        "cwd": cwd.display().to_string(),
-        "prompt": "Run it. scenario:bash",
-        "artifacts": artifacts.display().to_string(),
-        "timeoutMs": 120000,
-    }))
+    let (ok, report) = drive(plan(
+        env,
+        url,
+        name,
+        json!({"prompt": "Run it. scenario:bash", "artifacts": artifacts, "timeoutMs": 120000}),
+    ))
     .await;
+    let cwd = env.ws().join(name);
     assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
     assert_eq!(
         std::fs::read_to_string(cwd.join("out.txt")).unwrap(),
@@ -135,6 +126,33 @@ async fn whole_path(env: &KernelEnv, url: &str, name: &str, artifacts: &str) -> 
     report
 }
 
+/// A gateway in front of a managed real kernel of `env`, with the `console-token` token, and what
+/// `with` adds.
+async fn gateway(env: &KernelEnv, with: impl FnOnce(Builder) -> Builder) -> TestServer {
+    let kernel = managed(env).await;
+    with(Builder::in_env(env).kernel(kernel).auth("console-token"))
+        .start()
+        .await
+}
+
+/// A driver's plan for the console at `url`: the token, the workspace `name` (made), a minute to
+/// go, screenshots under the target's temporary directory, and `extra` (which wins).
+fn plan(env: &KernelEnv, url: &str, name: &str, extra: Value) -> Value {
+    let cwd = env.ws().join(name);
+    std::fs::create_dir_all(&cwd).unwrap();
+    let mut plan = json!({
+        "url": url,
+        "token": "console-token",
+        "cwd": cwd.display().to_string(),
+        "artifacts": PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-artifacts"),
+        "timeoutMs": 60000,
+    });
+    for (k, v) in extra.as_object().expect("an object") {
+        plan[k] = v.clone();
+    }
+    plan
+}
+
 async fn drive(plan: Value) -> (bool, Value) {
     let script = console_dir().join("e2e/drive.mjs");
     crate::support::browser_driver(&script, &console_dir(), &plan).await
@@ -143,13 +161,7 @@ async fn drive(plan: Value) -> (bool, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_chats_answers_an_interrupt_and_comes_back_in_the_console() {
     let env = KernelEnv::new().await;
-    let kernel = managed(&env).await;
-    let s = Builder::in_env(&env)
-        .kernel(kernel)
-        .auth("console-token")
-        .console()
-        .start()
-        .await;
+    let s = gateway(&env, |b| b.console()).await;
     let report = whole_path(
         &env,
         &format!("{}console/", s.url),
@@ -174,26 +186,17 @@ async fn a_run_left_by_a_reload_is_followed_again_in_the_console() {
             ..Plan::default()
         },
     );
-    let kernel = managed(&env).await;
-    let s = Builder::in_env(&env)
-        .kernel(kernel)
-        .auth("console-token")
-        .detach_grace(Duration::from_secs(60))
-        .console()
-        .start()
-        .await;
-    let cwd = env.ws().join("c2");
-    std::fs::create_dir_all(&cwd).unwrap();
-    let (ok, report) = drive(json!({
-        "mode": "reattach",
-        "url": format!("{}console/", s.url),
-        "token": "console-token",
-        "cwd": cwd.display().to_string(),
-        "prompt": "Go on. scenario:console-reattach",
-        "lastWords": words.last().unwrap().trim(),
-        "artifacts": PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-artifacts"),
-        "timeoutMs": 60000,
-    }))
+    let s = gateway(&env, |b| b.detach_grace(Duration::from_secs(60)).console()).await;
+    let (ok, report) = drive(plan(
+        &env,
+        &format!("{}console/", s.url),
+        "c2",
+        json!({
+            "mode": "reattach",
+            "prompt": "Go on. scenario:console-reattach",
+            "lastWords": words.last().unwrap().trim(),
+        }),
+    ))
     .await;
     assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
 }
@@ -208,27 +211,18 @@ async fn a_followed_thread_shows_another_clients_run() {
         "console-follow",
         Plan::text(&["Followed", " from", " elsewhere."]),
     );
-    let kernel = managed(&env).await;
-    let s = Builder::in_env(&env)
-        .kernel(kernel)
-        .auth("console-token")
-        .detach_grace(Duration::from_secs(30))
-        .console()
-        .start()
-        .await;
-    let cwd = env.ws().join("c4");
-    std::fs::create_dir_all(&cwd).unwrap();
-    let (ok, report) = drive(json!({
-        "mode": "follow",
-        "url": format!("{}console/", s.url),
-        "token": "console-token",
-        "cwd": cwd.display().to_string(),
-        "prompt": "Hi. scenario:text",
-        "second": "Again. scenario:console-follow",
-        "followedWords": "Followed from elsewhere.",
-        "artifacts": PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-artifacts"),
-        "timeoutMs": 60000,
-    }))
+    let s = gateway(&env, |b| b.detach_grace(Duration::from_secs(30)).console()).await;
+    let (ok, report) = drive(plan(
+        &env,
+        &format!("{}console/", s.url),
+        "c4",
+        json!({
+            "mode": "follow",
+            "prompt": "Hi. scenario:text",
+            "second": "Again. scenario:console-follow",
+            "followedWords": "Followed from elsewhere.",
+        }),
+    ))
     .await;
     assert!(ok, "{}", serde_json::to_string_pretty(&report).unwrap());
 }
