@@ -55,11 +55,16 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
+    rig_idle(IDLE).await
+}
+
+/// A rig whose kernel watchdog is `idle`.
+async fn rig_idle(idle: Duration) -> Rig {
     let kernel = FakeKernel::start().await;
     let proxy = ChaosProxy::start(&kernel.url()).await;
     let server = Builder::new()
         .a2a(&proxy.url(), Some("a2a-secret"))
-        .kernel_idle(IDLE)
+        .kernel_idle(idle)
         .start()
         .await;
     Rig {
@@ -230,7 +235,9 @@ async fn every_fault_ends_the_run_once_and_releases_the_thread() {
 
 #[tokio::test]
 async fn a_kernel_restart_mid_run_ends_it_and_the_new_kernel_serves_the_next_turn() {
-    let rig = rig().await;
+    // A watchdog far beyond the test: the restart, not a silence, ends the run (with the 1 s one a
+    // busy machine could let the watchdog cancel the task at the old kernel first).
+    let rig = rig_idle(Duration::from_secs(60)).await;
     let c = ctx("t1");
     rig.kernel.on(
         "SendStreamingMessage",
@@ -267,7 +274,9 @@ async fn a_kernel_restart_mid_run_ends_it_and_the_new_kernel_serves_the_next_tur
     let cancels = fresh
         .wait_calls("CancelTask", 1, Duration::from_secs(5))
         .await;
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
     assert_eq!(cancels[0].body["params"]["id"], "task-1");
+    assert!(rig.kernel.calls("CancelTask").is_empty());
     assert_no_open_kernel_stream(&rig.proxy).await;
     fresh.on("SendStreamingMessage", Reply::Sse(turn("t1")));
     let (next, _) = run(&rig.server, "t1", "r2").await;
