@@ -292,5 +292,15 @@ async function wholePath(page) {
   await page.click("#show-archived");
   await page.waitForFunction(() => [...document.querySelectorAll("button.thread")].some((b) => b.textContent.startsWith("Renamed in the console")), { timeout });
   step("archived");
+  // The operations strip: /health as the signed-in caller reads it, and the metrics link where
+  // the listener serves /metrics (its target fetched as a person's click would).
+  report.health = await page.$eval("#health", (e) => e.textContent);
+  if (!/kernel ready/.test(report.health)) problems.push(`health: ${report.health}`);
+  report.metricsLink = await page.$eval("#metrics-link", (a) => (a.hidden ? null : a.href));
+  if (report.metricsLink) {
+    const m = await fetch(report.metricsLink);
+    report.metricsStatus = m.status;
+    if (!(await m.text()).includes("agui_")) problems.push("the metrics link shows no gateway metric");
+  }
   await accessibility(page, "at the end");
 }

@@ -7,6 +7,7 @@ import { IacCodeAgent } from "../../clients/js/src/index.js";
 import * as api from "./api.js";
 import * as chat from "./chat.js";
 import * as frames from "./frames.js";
+import { healthLine, threadLine } from "./strip.js";
 
 const $ = (id) => document.getElementById(id);
 const state = {
@@ -180,12 +181,7 @@ async function threadState() {
   if (!state.threadId) return;
   try {
     const t = await api.call(`threads/${encodeURIComponent(state.threadId)}`);
-    const parts = [];
-    if (t?.activeRun) parts.push(`run ${t.activeRun.runId} ${t.activeRun.state}`);
-    if (t?.pendingInterrupts?.length) parts.push(`${t.pendingInterrupts.length} open interrupt(s)`);
-    if (t?.lastRun) parts.push(`last run ${t.lastRun.outcome}${t.lastRun.code ? ` ${t.lastRun.code}` : ""}`);
-    if (t?.binding?.cwd) parts.push(`workspace ${t.binding.cwd}`);
-    $("thread-state").textContent = parts.join(" · ");
+    $("thread-state").textContent = threadLine(t, state.instance);
   } catch (e) {
     $("thread-state").textContent = e.status === 404 ? "" : `${e.code}: ${e.message}`;
   }
@@ -287,9 +283,10 @@ function drawThreads() {
 
 async function health() {
   try {
-    const h = await fetch(new URL("health", api.root())).then((r) => r.json());
-    const k = h.kernel ?? {};
-    $("health").textContent = `server ${h.serverVersion ?? "?"} · AG-UI ${(h.protocolVersions ?? []).join(", ")} · kernel ${k.state ?? "?"}${k.size ? ` (${k.size})` : ""}`;
+    // With the sign-in: a caller who may use the gateway also learns which instance answered.
+    const h = await api.call("health");
+    state.instance = typeof h?.instance === "string" ? h.instance : undefined;
+    $("health").textContent = healthLine(h);
   } catch (e) {
     $("health").textContent = `health: ${e.message}`;
   }
@@ -322,6 +319,7 @@ function setUp() {
     $("settings").hidden = true;
     $("settings-toggle").setAttribute("aria-expanded", "false");
     status("settings saved");
+    health();
     refreshThreads();
     capabilities();
   });
@@ -340,6 +338,11 @@ function setUp() {
   $("frame-filter").addEventListener("input", (e) => frames.setFilter(e.target.value));
   $("export-frames").addEventListener("click", frames.exportFile);
   $("clear-frames").addEventListener("click", frames.clear);
+  if (cfg.metrics) {
+    // The admin listener serves the page and `/metrics` on one origin.
+    $("metrics-link").href = new URL("metrics", api.root()).toString();
+    $("metrics-link").hidden = false;
+  }
   health();
   setInterval(health, 15000);
   if (cfg.auth === "bearer") openSettings("This gateway asks for a bearer token.");

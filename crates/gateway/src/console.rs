@@ -68,14 +68,15 @@ static APP_CSS_ASSET: LazyLock<Asset> = LazyLock::new(|| {
 });
 
 impl Console {
-    /// The console of a gateway whose callers must (`auth_required`) or need not authenticate:
-    /// the page then asks for a token before anything else.
-    pub fn new(auth_required: bool) -> Console {
-        let config = if auth_required {
-            r#"{"auth":"bearer"}"#
-        } else {
-            r#"{"auth":"none"}"#
-        };
+    /// The console of a gateway whose callers must (`auth_required`) or need not authenticate
+    /// (the page then asks for a token before anything else), on a listener that serves
+    /// `/metrics` too (`metrics_here`: the page links it) or not.
+    pub fn new(auth_required: bool, metrics_here: bool) -> Console {
+        let config = serde_json::json!({
+            "auth": if auth_required { "bearer" } else { "none" },
+            "metrics": metrics_here,
+        })
+        .to_string();
         // An attribute value: its quotes escaped (nothing else in it needs to be).
         let index = INDEX.replace("{{CONFIG}}", &config.replace('"', "&quot;"));
         Console {
@@ -214,12 +215,20 @@ mod tests {
 
     #[tokio::test]
     async fn the_page_says_whether_it_must_ask_for_a_token() {
-        for (auth, meta) in [
-            (true, "{&quot;auth&quot;:&quot;bearer&quot;}"),
-            (false, "{&quot;auth&quot;:&quot;none&quot;}"),
+        for (auth, metrics, meta) in [
+            (
+                true,
+                false,
+                "{&quot;auth&quot;:&quot;bearer&quot;,&quot;metrics&quot;:false}",
+            ),
+            (
+                false,
+                true,
+                "{&quot;auth&quot;:&quot;none&quot;,&quot;metrics&quot;:true}",
+            ),
         ] {
-            let html =
-                String::from_utf8(body(get(&Console::new(auth), "/console/", &[])).await).unwrap();
+            let page = get(&Console::new(auth, metrics), "/console/", &[]);
+            let html = String::from_utf8(body(page).await).unwrap();
             assert!(html.contains(&format!("content=\"{meta}\"")), "{html}");
             assert!(!html.contains("{{CONFIG}}"));
         }
@@ -227,7 +236,7 @@ mod tests {
 
     #[tokio::test]
     async fn assets_carry_their_type_policy_tag_and_compression() {
-        let c = Console::new(false);
+        let c = Console::new(false, false);
         let r = get(&c, "/console/app.js", &[]);
         assert_eq!(r.status(), StatusCode::OK);
         let h = r.headers().clone();
@@ -257,13 +266,13 @@ mod tests {
         assert!(page.headers().get(header::CONTENT_ENCODING).is_none());
         assert_ne!(
             page.headers()[header::ETAG],
-            get(&Console::new(true), "/console/", &[]).headers()[header::ETAG]
+            get(&Console::new(true, false), "/console/", &[]).headers()[header::ETAG]
         );
     }
 
     #[test]
     fn only_the_consoles_paths_and_methods() {
-        let c = Console::new(false);
+        let c = Console::new(false, false);
         let h = HeaderMap::new();
         assert!(c.answer(&Method::GET, "/console/x.js", &h).is_none());
         assert!(c.answer(&Method::GET, "/consoles", &h).is_none());

@@ -11,7 +11,7 @@ use crate::run::Runtime;
 /// The answer, for a caller who is `authorized` (or not).
 pub fn answer(rt: &Runtime, authorized: bool) -> Response {
     let kernel = rt.kernels().health(!authorized);
-    let body = json!({
+    let mut body = json!({
         "status": "ok",
         "protocol": "ag-ui",
         "protocolPackageVersion": "0.1.20",
@@ -22,6 +22,10 @@ pub fn answer(rt: &Runtime, authorized: bool) -> Response {
         "serverVersion": env!("CARGO_PKG_VERSION"),
         "kernel": kernel,
     });
+    // Which of several instances answered (a shared store): for the operator, as the pid.
+    if let Some(me) = rt.threads().store().instance_id().filter(|_| authorized) {
+        body["instance"] = json!(me);
+    }
     // HEAD: the server sends the head only, with the length GET would have.
     (
         StatusCode::OK,

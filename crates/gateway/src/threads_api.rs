@@ -184,11 +184,22 @@ pub async fn events(
 
 /// `GET /threads/{threadId}`: the binding, the active run, the pending interrupts (as the run
 /// ended with them) and how the last run ended. Never a secret: the document holds none.
+/// On a shared store it also says which instance holds the thread (`heldBy`: the live holder's
+/// id, `null` when none does); a request for it was sent to that holder, so it is usually this one.
 pub async fn thread(rt: &Runtime, caller: &Caller, thread_id: &str) -> Result<Value, ApiError> {
-    read_theirs(rt, THREAD_ROUTE, caller, thread_id, |st, doc| {
+    let mut v = read_theirs(rt, THREAD_ROUTE, caller, thread_id, |st, doc| {
         describe(rt, thread_id, st, doc)
     })
-    .await
+    .await?;
+    let store = rt.threads().store();
+    if store.shared() {
+        let held_by = store
+            .held_by(thread_id)
+            .await
+            .map_err(|_| ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE))?;
+        v["heldBy"] = json!(held_by);
+    }
+    Ok(v)
 }
 
 /// Reads a thread `caller` may touch; another user's is `THREAD_NOT_FOUND`, as a missing one

@@ -98,7 +98,11 @@ fn routes(state: AppState, listener: Served) -> Router {
     // The console's routes exist only when it is asked for: otherwise its paths are 404.
     let router = match state.rt.cfg().console == listener {
         true => {
-            let console = Arc::new(crate::console::Console::new(state.rt.auth().required()));
+            let console = Arc::new(crate::console::Console::new(
+                state.rt.auth().required(),
+                // On the admin listener, `/metrics` is the page's own origin.
+                listener == Served::Admin,
+            ));
             let page = move |req: Request| {
                 let console = console.clone();
                 async move {

@@ -168,6 +168,11 @@ pub trait ThreadStore: Send + Sync + 'static {
             }
         })
     }
+    /// The id of the live instance that holds a thread in a shared store, as the store says now
+    /// (`None`: no live instance does, or the store is this process's alone).
+    fn held_by(&self, _thread_id: &str) -> BoxFuture<'static, Result<Option<String>, StoreError>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
     /// Whether this instance holds the thread now (what it has in memory is current).
     fn holds(&self, _thread_id: &str) -> bool {
         true

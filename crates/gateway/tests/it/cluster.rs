@@ -371,6 +371,13 @@ async fn a_thread_is_served_by_its_holder_whichever_instance_is_asked() {
     assert_eq!((sa, sb), (200, 200));
     assert_eq!(ta, tb);
     assert_eq!(ta["lastRun"]["runId"], "r2");
+    // Which instance holds it (the console's strip): A, as each instance's `/health` names itself.
+    let holder = id_of(&pg, "forward", &a);
+    assert_eq!(ta["heldBy"], holder.as_str(), "{ta}");
+    let (_, ha) = get_json(&format!("{}health", a.url())).await;
+    let (_, hb) = get_json(&format!("{}health", b.url())).await;
+    assert_eq!(ha["instance"], holder.as_str(), "{ha}");
+    assert_eq!(hb["instance"], id_of(&pg, "forward", &b).as_str(), "{hb}");
     // The same run id again at B: the holder's idempotency answers.
     let again = post(
         &b.url(),
@@ -664,6 +671,10 @@ async fn a_stopped_holder_writes_nothing_after_its_lease_lapsed() {
     }
     a.signal(libc::SIGSTOP);
     tokio::time::sleep(Duration::from_millis(2500)).await;
+    // A's lease lapsed: no live instance holds the thread, and reading it takes nothing over.
+    let (status, t) = get_json(&format!("{}threads/t1", b.url())).await;
+    assert_eq!((status, &t["heldBy"]), (200, &Value::Null), "{t}");
+    assert_eq!(row(&pg, "stopped", "t1").0, id_of(&pg, "stopped", &a));
     // B takes the thread over with a new turn (A's task is an orphan to cancel first).
     turn(&kb, "t1", "task-b", "from B", vec![]);
     let r = post(
@@ -676,6 +687,8 @@ async fn a_stopped_holder_writes_nothing_after_its_lease_lapsed() {
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
     let taken = row(&pg, "stopped", "t1");
     assert_eq!(taken.0, id_of(&pg, "stopped", &b));
+    let (_, t) = get_json(&format!("{}threads/t1", b.url())).await;
+    assert_eq!(t["heldBy"], taken.0.as_str(), "{t}");
     assert_eq!(taken.2["lastRun"]["runId"], "r2");
     a.signal(libc::SIGCONT);
     let ra = run_a.await.unwrap();

@@ -67,6 +67,24 @@ async fn a_users_thread_is_theirs_on_every_instance() {
         "SELECT owner_user FROM agui_threads WHERE thread_id = 't1'",
     );
     assert_eq!(owner.trim(), "alice");
+    // Which instance holds her thread is hers to read; `/health` names the instance that answers
+    // to the operator (the service token) only, as the rest of what the process is.
+    let held = get_as(&format!("{}threads/t1", b.url()), &al).await;
+    assert_eq!(
+        held.1["heldBy"],
+        row(&pg, "identity", "t1").0.as_str(),
+        "{held:?}"
+    );
+    for h in [&[][..], &al[..]] {
+        let (_, v) = get_as(&format!("{}health", a.url()), h).await;
+        assert!(v.get("instance").is_none(), "{v}");
+    }
+    let (_, op) = get_as(
+        &format!("{}health", a.url()),
+        &[("authorization", "Bearer svc")],
+    )
+    .await;
+    assert_eq!(op["instance"], held.1["heldBy"], "{op}");
 
     // Bob, at either instance, by every route, with his JWT or as the service acting for him,
     // and with a forward mark of his own making (no mark without the cluster's key: his request

@@ -91,13 +91,16 @@ async fn the_console_on_the_admin_listener_serves_the_same_path() {
     assert_eq!(get(&format!("{admin}metrics")).await.status(), 200);
     let (status, _) = get_as(&format!("{admin}threads"), &[]).await;
     assert_eq!(status, 401);
-    whole_path(
+    let report = whole_path(
         &env,
         &format!("{admin}console/"),
         "c3",
         "console-admin-artifacts",
     )
     .await;
+    // The strip links the metrics the listener serves beside the page.
+    assert_eq!(report["metricsLink"], format!("{admin}metrics"), "{report}");
+    assert_eq!(report["metricsStatus"], 200, "{report}");
 }
 
 /// A person's whole path through the console at `url` (the `console-token` token), in the
@@ -170,6 +173,8 @@ async fn a_person_chats_answers_an_interrupt_and_comes_back_in_the_console() {
     )
     .await;
     assert!(report["frames"].as_u64() > Some(5), "{report}");
+    // No `/metrics` on the main listener: no link to one.
+    assert_eq!(report["metricsLink"], Value::Null, "{report}");
 }
 
 /// With `--detach-grace`, a reload leaves a turn going; the reloaded console lists the thread as

@@ -72,6 +72,8 @@ async fn health_routes_and_methods() {
     assert_eq!(v["executionKernel"], "a2a-1.0");
     assert_eq!(v["serverVersion"], env!("CARGO_PKG_VERSION"));
     assert_eq!(v["kernel"]["mode"], "external");
+    // One instance: no instance id to tell apart.
+    assert!(v.get("instance").is_none(), "{v}");
     let r = client()
         .head(format!("{}health", s.url))
         .send()

@@ -544,6 +544,8 @@ async fn the_thread_endpoint_reports_binding_interrupts_and_runs_and_a_restart()
     assert!(t["pendingInterrupts"][0]["expiresAt"].is_string());
     assert_eq!(t["lastRun"]["runId"], "r1");
     assert_eq!(t["lastRun"]["outcome"], "interrupt");
+    // A store of one instance: no holder to name.
+    assert!(t.get("heldBy").is_none(), "{t}");
     let text = t.to_string();
     for secret in ["sk-secret", "very-secret", "AK"] {
         assert!(!text.contains(secret), "{secret} in {text}");

@@ -354,29 +354,43 @@ impl PgStore {
         })
     }
 
-    async fn do_holder(&self, thread_id: String) -> Result<Claim, StoreError> {
+    /// The thread's row as to its holder: its owner, the owner's advertised URL and whether the
+    /// owner is alive (`None`: no row).
+    async fn owner_row(
+        &self,
+        thread_id: &str,
+    ) -> Result<Option<(Option<String>, Option<String>, bool)>, StoreError> {
         let c = self.client().await?;
         let st = c.prepare_cached(HOLDER).await.map_err(unavailable)?;
         let row = c
             .query_opt(&st, &[&thread_id, &self.ttl_secs()])
             .await
             .map_err(unavailable)?;
+        Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+    }
+
+    async fn do_holder(&self, thread_id: String) -> Result<Claim, StoreError> {
         let here = Claim::Here {
             current: None,
             took_over: false,
         };
-        let Some(row) = row else {
+        let Some((owner, url, alive)) = self.owner_row(&thread_id).await? else {
             self.epochs().remove(&thread_id);
             return Ok(here);
         };
-        let owner: Option<String> = row.get(0);
-        let alive: bool = row.get(2);
         match owner {
-            Some(o) if o != self.inner.me && alive => Ok(Claim::Elsewhere(
-                row.get::<_, Option<String>>(1).unwrap_or_default(),
-            )),
+            Some(o) if o != self.inner.me && alive => Ok(Claim::Elsewhere(url.unwrap_or_default())),
             _ => Ok(here),
         }
+    }
+
+    async fn do_held_by(&self, thread_id: String) -> Result<Option<String>, StoreError> {
+        Ok(match self.owner_row(&thread_id).await? {
+            // This instance's own lease says whether it still holds anything.
+            Some((Some(o), _, _)) if o == self.inner.me => self.inner.lease.holds().then_some(o),
+            Some((Some(o), _, true)) => Some(o),
+            _ => None,
+        })
     }
 
     async fn do_admit(
@@ -501,6 +515,11 @@ impl ThreadStore for PgStore {
     fn holder(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(bounded("holder", async move { store.do_holder(id).await }))
+    }
+
+    fn held_by(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<String>, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(bounded("holder", async move { store.do_held_by(id).await }))
     }
 
     fn holds(&self, thread_id: &str) -> bool {
