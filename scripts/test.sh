@@ -29,12 +29,16 @@ echo "== the console (console/: its bundle checked against its sources; puppetee
 npm ci --prefix console --no-audit --no-fund --loglevel=error --cache "$cache/npm"
 node console/build.mjs --check
 node --test console/test/
-echo "== chromium, prometheus and postgresql (the real-browser, operability and several-instances"
-echo "   tiers; Debian's packages: puppeteer-core downloads no browser; prometheus brings promtool)"
+echo "== chromium, prometheus, postgresql, systemd and binutils (the real-browser, operability,"
+echo "   several-instances and packaging tiers; Debian's packages: puppeteer-core downloads no"
+echo "   browser; prometheus brings promtool)"
 missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ] || missing+=(prometheus)
 compgen -G "/usr/lib/postgresql/*/bin/initdb" > /dev/null || missing+=(postgresql)
+# The packaging tier: the unit's verification, and the wheel's binary read for its glibc needs.
+command -v systemd-analyze > /dev/null || missing+=(systemd)
+command -v objdump > /dev/null || missing+=(binutils)
 if [ ${#missing[@]} -gt 0 ]; then
   as_root=()
   [ "$(id -u)" -eq 0 ] || as_root=(sudo)
@@ -47,6 +51,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   # A stale package list names versions the mirror no longer has: refresh it and retry once.
   apt_install || { "${as_root[@]}" apt-get update -q && apt_install; }
 fi
+echo "== the wheel (packaging/python; built once a run, installed by its test into a fresh venv)"
+IAC_CODE_AGUI_WHEEL=$(bash scripts/wheel.sh)
+export IAC_CODE_AGUI_WHEEL
 echo "== tests"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci

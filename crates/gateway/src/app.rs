@@ -74,7 +74,11 @@ pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
 /// A managed kernel of a configuration: an `iac-code a2a` child with what the gateway's
 /// environment may give it.
 fn managed_kernel(cfg: &Config, env: &Env, observer: Arc<dyn a2a::Observer>) -> Arc<Kernel> {
-    let mut launch = Launch::new(cfg.a2a_command.clone());
+    let exe = std::env::current_exe().ok();
+    let mut launch = Launch::new(crate::kernel::launch::resolve_program(
+        &cfg.a2a_command,
+        exe.as_deref(),
+    ));
     // Of the gateway's environment, what the kernel may have (names: the process's,
     // which the gateway never changes; values: the snapshot).
     let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());

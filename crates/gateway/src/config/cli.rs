@@ -57,8 +57,8 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub interrupt_ttl: Option<String>,
-    /// Command that starts the managed kernel [default: iac-code on PATH]. Arguments: a2a --host
-    /// 127.0.0.1 --port <free> --thinking-exposure all.
+    /// Command that starts the managed kernel [default: iac-code beside this executable, else on
+    /// PATH]. Arguments: a2a --host 127.0.0.1 --port <free> --thinking-exposure all.
     #[arg(long, env = "IAC_CODE_AGUI_A2A_COMMAND")]
     pub a2a_command: Option<String>,
     /// Seconds open streams get to finish after SIGTERM/SIGINT [default: 10].

@@ -186,9 +186,55 @@ fn config_file(persistence_dir: &Path) -> std::io::Result<Arc<tempfile::TempPath
     Ok(Arc::new(f.into_temp_path()))
 }
 
+/// Where the kernel command `program` is found: a bare name (`iac-code`) beside the gateway's own
+/// executable `exe` first, then on `PATH` (as the spawn looks it up); a path as it is. A wheel
+/// installs the gateway and the kernel into one environment's `bin`, which need not be on `PATH`.
+pub fn resolve_program(program: &str, exe: Option<&Path>) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    if program.is_empty() || program.contains('/') {
+        return program.to_owned();
+    }
+    let beside = exe.and_then(Path::parent).map(|dir| dir.join(program));
+    match beside {
+        Some(p)
+            if std::fs::metadata(&p)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0) =>
+        {
+            p.to_string_lossy().into_owned()
+        }
+        _ => program.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_kernel_command_is_found_beside_the_gateway_first() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exe = dir.path().join("iac-code-agui");
+        // Nothing beside: PATH decides.
+        assert_eq!(resolve_program("iac-code", Some(&exe)), "iac-code");
+        let kernel = dir.path().join("iac-code");
+        std::fs::write(&kernel, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&kernel, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // Not executable: not a command.
+        assert_eq!(resolve_program("iac-code", Some(&exe)), "iac-code");
+        std::fs::set_permissions(&kernel, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let found = kernel.to_string_lossy().into_owned();
+        assert_eq!(resolve_program("iac-code", Some(&exe)), found);
+        // A path is the operator's choice; a directory of that name is no command.
+        assert_eq!(
+            resolve_program("/opt/k/iac-code", Some(&exe)),
+            "/opt/k/iac-code"
+        );
+        assert_eq!(resolve_program("./iac-code", Some(&exe)), "./iac-code");
+        std::fs::create_dir(dir.path().join("kdir")).unwrap();
+        assert_eq!(resolve_program("kdir", Some(&exe)), "kdir");
+        assert_eq!(resolve_program("iac-code", None), "iac-code");
+    }
 
     fn args(cmd: &Command) -> Vec<String> {
         cmd.get_args()

@@ -25,6 +25,7 @@ mod ids;
 mod js_client;
 mod limits;
 mod load;
+mod package;
 mod pool_real;
 mod process;
 mod protocol;
