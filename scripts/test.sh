@@ -29,7 +29,7 @@ echo "== the console (console/: its bundle checked against its sources; puppetee
 npm ci --prefix console --no-audit --no-fund --loglevel=error --cache "$cache/npm"
 node console/build.mjs --check
 node --test console/test/
-echo "== chromium, prometheus, postgresql, systemd and binutils (the real-browser, operability,"
+echo "== chromium, prometheus, postgresql, systemd, binutils, mmdebstrap and umoci (the real-browser, operability,"
 echo "   several-instances and packaging tiers; Debian's packages: puppeteer-core downloads no"
 echo "   browser; prometheus brings promtool)"
 missing=()
@@ -39,6 +39,9 @@ compgen -G "/usr/lib/postgresql/*/bin/initdb" > /dev/null || missing+=(postgresq
 # The packaging tier: the unit's verification, and the wheel's binary read for its glibc needs.
 command -v systemd-analyze > /dev/null || missing+=(systemd)
 command -v objdump > /dev/null || missing+=(binutils)
+# The images: built offline from Debian's packages (mmdebstrap, umoci).
+command -v mmdebstrap > /dev/null || missing+=(mmdebstrap)
+command -v umoci > /dev/null || missing+=(umoci)
 if [ ${#missing[@]} -gt 0 ]; then
   as_root=()
   [ "$(id -u)" -eq 0 ] || as_root=(sudo)
@@ -54,6 +57,10 @@ fi
 echo "== the wheel (packaging/python; built once a run, installed by its test into a fresh venv)"
 IAC_CODE_AGUI_WHEEL=$(bash scripts/wheel.sh)
 export IAC_CODE_AGUI_WHEEL
+echo "== the images (scripts/image.sh: Debian bookworm with the wheel and its kernel, and the gateway"
+echo "   alone; built once a run from Debian's packages)"
+IAC_CODE_AGUI_IMAGE=$(bash scripts/image.sh "$IAC_CODE_AGUI_WHEEL")
+export IAC_CODE_AGUI_IMAGE
 echo "== tests"
 profile=default
 [ "${CI:-}" = "true" ] && profile=ci
