@@ -22,6 +22,7 @@ mod http_surface;
 mod identity;
 mod identity_real;
 mod ids;
+mod image;
 mod js_client;
 mod limits;
 mod load;
