@@ -2,8 +2,9 @@
 # Builds the gateway's wheel (packaging/python: maturin, `bindings = "bin"`) once for the current
 # sources and prints its path. Linked by zig (the `ziglang` package) against glibc 2.17, so that
 # its manylinux_2_17 tag is true. maturin and zig live in a cached venv outside the checkout,
-# and the build reuses the cached target directory:
-#   ${IAC_CODE_AGUI_CACHE:-~/.cache/iac-code-agui}/{packaging-venv,target,wheels}
+# and the build reuses the cached target directory; each run's wheel goes to a directory of its
+# own (another run sharing the cache never sees it half made; those over two hours old go):
+#   ${IAC_CODE_AGUI_CACHE:-~/.cache/iac-code-agui}/{packaging-venv,target,wheels/run.*}
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,7 +17,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE/target}"
 mkdir -p "$CACHE"
 exec 9>"$CACHE/packaging-venv.lock"
 flock 9
-if [ ! -f "$STAMP" ]; then
+if [ ! -f "$STAMP" ] || ! "$TOOLS/bin/maturin" --version > /dev/null 2>&1; then
   rm -rf "$TOOLS"
   echo "wheel: installing maturin and zig into $TOOLS (once)" >&2
   "$PYTHON" -m venv "$TOOLS"
@@ -26,9 +27,10 @@ if [ ! -f "$STAMP" ]; then
 fi
 # maturin finds zig as `python -m ziglang` of the python on PATH.
 export PATH="$TOOLS/bin:$PATH"
-out="$CACHE/wheels"
-rm -rf "$out"
-mkdir -p "$out"
+mkdir -p "$CACHE/wheels"
+find "$CACHE/wheels" -mindepth 1 -maxdepth 1 -mmin +120 -exec rm -rf {} +
+out=$(mktemp -d "$CACHE/wheels/run.XXXXXX")
+flock -u 9
 (cd packaging/python &&
   maturin build --release --locked --zig --compatibility manylinux_2_17 --out "$out" >&2)
 wheel=$(ls "$out"/iac_code_agui-*.whl)

@@ -19,7 +19,25 @@ async fn shutdown_signal() {
     tracing::info!("shutdown requested");
 }
 
+/// Closes this process to every other process of its user: its `/proc/<pid>/environ`, `mem` and
+/// the like, and ptrace. The managed kernel runs tools an LLM chooses as the same user, and the
+/// gateway's environment holds its secrets (the service token, the cluster secret, the
+/// database's password) and its memory the callers' keys. Core dumps go with it. A child gets
+/// its own flag back at `execve`, so the kernel is not affected.
+fn close_to_own_user() {
+    #[allow(unsafe_code)]
+    // SAFETY: prctl with integer arguments only; it changes a flag of this process.
+    let failed = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0;
+    if failed {
+        eprintln!(
+            "warning: the process could not be closed to its own user (prctl PR_SET_DUMPABLE): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 fn main() {
+    close_to_own_user();
     let cli = Cli::parse();
     // The environment is read once: the process never changes it afterwards.
     let vars: std::collections::HashMap<String, String> = std::env::vars().collect();

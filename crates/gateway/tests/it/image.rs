@@ -227,8 +227,8 @@ async fn turn_through(port: u16, token: &str, cwd: &str) {
     assert_eq!(text, "Hello from the fake LLM.", "{}", res.raw);
 }
 
-/// The processes of the full image's kernel on this machine: (pid, real uid).
-fn image_kernels() -> Vec<(u32, u32)> {
+/// The processes of the full image's kernel running from `rootfs`: (pid, real uid).
+fn image_kernels(rootfs: &Path) -> Vec<(u32, u32)> {
     let mut out = vec![];
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -236,7 +236,9 @@ fn image_kernels() -> Vec<(u32, u32)> {
         };
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if !cmdline.contains("/opt/iac-code-agui/bin/iac-code a2a") {
+        // Only this test's: an installation on the machine runs the same command elsewhere.
+        let root = std::fs::read_link(e.path().join("root")).unwrap_or_default();
+        if !cmdline.contains("/opt/iac-code-agui/bin/iac-code a2a") || root != rootfs {
             continue;
         }
         let status = std::fs::read_to_string(e.path().join("status")).unwrap_or_default();
@@ -327,12 +329,13 @@ async fn the_images_run_as_their_user_and_serve_real_kernel_turns() {
     let token = "image-token";
     let ws = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(ws.path().join("w1")).unwrap();
-    Command::new("chown")
+    let chowned = Command::new("chown")
         .arg("-R")
         .arg("10001:10001")
         .arg(ws.path())
         .status()
         .unwrap();
+    assert!(chowned.success(), "the image tier runs as root");
     let port = free_port();
     let mut vars = provider(&env);
     vars.extend([
@@ -346,13 +349,13 @@ async fn the_images_run_as_their_user_and_serve_real_kernel_turns() {
     assert!(health["kernel"]["pid"].is_u64(), "{health}");
     // Its kernel (the pid /health gives is the image's own namespace's): the one installed in
     // the image, run as the image's user.
-    let kernels = image_kernels();
+    let kernels = image_kernels(&full.rootfs);
     assert_eq!(kernels.len(), 1, "{kernels:?}");
     assert_eq!(kernels[0].1, 10001, "{kernels:?}");
     turn_through(port, token, "/work/w1").await;
     assert_eq!(running.stop().await, Some(0));
     assert!(
-        image_kernels().is_empty(),
+        image_kernels(&full.rootfs).is_empty(),
         "the kernel outlived its gateway"
     );
 

@@ -22,29 +22,43 @@ fn wheel() -> PathBuf {
     w
 }
 
-/// Runs `cmd` to its end (at most `limit`), returning its output; a failure shows it whole.
+/// Runs `cmd` to its end (at most `limit`), returning its output; a failure shows it whole. The
+/// output goes to a file, so a talkative command never blocks on a full pipe.
 pub(crate) fn output(mut cmd: Command, limit: Duration) -> String {
+    let mut log = tempfile::tempfile().expect("a temporary file");
     let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log.try_clone().unwrap())
         .spawn()
         .unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     let start = Instant::now();
-    while child.try_wait().expect("wait").is_none() {
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
         if start.elapsed() > limit {
             let _ = child.kill();
+            let _ = child.wait();
             panic!("{cmd:?} took more than {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = child.wait_with_output().expect("output");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{cmd:?}: {}\n{text}", out.status);
+    };
+    use std::io::{Read as _, Seek as _};
+    let mut text = String::new();
+    log.rewind().unwrap();
+    log.read_to_string(&mut text).unwrap();
+    assert!(status.success(), "{cmd:?}: {status}\n{text}");
     text
+}
+
+/// A child killed when the test ends, however it ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// `/health` of the gateway on `port` (with the bearer `token`) once its kernel is `ready` (or
@@ -118,7 +132,7 @@ async fn the_wheel_installs_into_a_fresh_environment_and_serves_a_real_kernel_tu
     // The installed command as a user runs it: no activation, no kernel on PATH, no kernel
     // command named; only the model provider (the fake LLM) and where to keep state.
     let port = free_port();
-    let mut child = Command::new(&bin)
+    let child = Command::new(&bin)
         .args(["--port", &port.to_string(), "--state-dir"])
         .arg(dir.path().join("state"))
         .env_clear()
@@ -129,6 +143,7 @@ async fn the_wheel_installs_into_a_fresh_environment_and_serves_a_real_kernel_tu
         .stderr(Stdio::null())
         .spawn()
         .expect("the installed gateway starts");
+    let mut child = KillOnDrop(child);
     let url = format!("http://127.0.0.1:{port}/");
     let start = Instant::now();
     let health = loop {
@@ -139,7 +154,7 @@ async fn the_wheel_installs_into_a_fresh_environment_and_serves_a_real_kernel_tu
         assert!(
             start.elapsed() < Duration::from_secs(90),
             "the kernel is not ready: {:?}",
-            child.try_wait()
+            child.0.try_wait()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
@@ -172,11 +187,11 @@ async fn the_wheel_installs_into_a_fresh_environment_and_serves_a_real_kernel_tu
     #[allow(unsafe_code)]
     // SAFETY: plain kill syscall.
     unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
+        libc::kill(child.0.id() as i32, libc::SIGTERM);
     }
     let stopped = Instant::now();
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = child.0.try_wait().unwrap() {
             break s;
         }
         assert!(stopped.elapsed() < Duration::from_secs(30), "no exit");

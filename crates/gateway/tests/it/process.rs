@@ -1073,3 +1073,78 @@ fn output_within_10s(mut cmd: Command) -> std::process::Output {
     }
     waiter.join().unwrap()
 }
+
+/// The managed kernel runs tools an LLM chooses, as the gateway's user: no process of that user
+/// reads the gateway's environment (its secrets) or memory, while it reads any other process of
+/// the user's (the control). As root the test drops to an unprivileged user for both (root reads
+/// everything).
+#[test]
+fn the_gateways_environment_is_closed_to_processes_of_its_own_user() {
+    use std::os::unix::process::CommandExt as _;
+    #[allow(unsafe_code)]
+    // SAFETY: plain getter.
+    let root = unsafe { libc::geteuid() } == 0;
+    let as_user = |c: &mut Command| {
+        if root {
+            c.uid(10001).gid(10001);
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    if root {
+        let chowned = Command::new("chown")
+            .args(["-R", "10001:10001"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(chowned.success());
+    }
+    let port = free_port();
+    let secret = "the-service-token-nobody-may-read";
+    let mut gateway = Command::new(bin());
+    gateway
+        .args([
+            "--port",
+            &port.to_string(),
+            "--a2a-url",
+            "http://127.0.0.1:9/",
+        ])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env("IAC_CODE_AGUI_AUTH_TOKEN", secret)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    as_user(&mut gateway);
+    let mut gateway = gateway.spawn().unwrap();
+    let mut other = Command::new("sleep");
+    other.arg("30").env("SOME_VARIABLE", "readable");
+    as_user(&mut other);
+    let mut other = other.spawn().unwrap();
+    let ready = wait_health(port, Duration::from_secs(10));
+    let read = |pid: u32, file: &str| {
+        let mut cat = Command::new("cat");
+        cat.arg(format!("/proc/{pid}/{file}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        as_user(&mut cat);
+        let out = cat.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let control = (read(other.id(), "environ"), read(other.id(), "maps"));
+    let environ = read(gateway.id(), "environ");
+    // What a reader of its memory would look at first.
+    let maps = read(gateway.id(), "maps");
+    let _ = gateway.kill();
+    let _ = other.kill();
+    let _ = (gateway.wait(), other.wait());
+    assert!(ready.is_some(), "the gateway did not start");
+    assert!(
+        control.0 .0 && control.0 .1.contains("SOME_VARIABLE=readable"),
+        "{control:?}"
+    );
+    assert!(control.1 .0 && !control.1 .1.is_empty(), "{control:?}");
+    assert!(!environ.0 && !environ.1.contains(secret), "{environ:?}");
+    assert!(!maps.0 && maps.1.is_empty(), "{maps:?}");
+}
