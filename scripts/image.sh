@@ -40,6 +40,11 @@ pip="$CACHE/packaging-venv/bin/pip"
 }
 mkdir -p "$work/wheels"
 "$pip" wheel --quiet --no-input --disable-pip-version-check --wheel-dir "$work/wheels" "$wheel"
+# The installer, run from its wheel: the image's environment gets no pip or setuptools of its own
+# (Debian's venv would seed old ones, with known vulnerabilities; nothing at run time needs them).
+mkdir -p "$work/installer"
+"$pip" download --quiet --no-input --disable-pip-version-check --no-deps --only-binary=:all: \
+  --dest "$work/installer" 'pip==26.3'
 
 # The image's own user, written directly (no useradd: the sidecar image has no passwd package).
 user_hook='printf "%s\n" "iac-code-agui:x:10001:10001:iac-code-agui gateway:/var/lib/iac-code-agui:/usr/sbin/nologin" >> "$1/etc/passwd" && printf "%s\n" "iac-code-agui:x:10001:" >> "$1/etc/group" && { [ ! -f "$1/etc/shadow" ] || printf "%s\n" "iac-code-agui:!*:1::::::" >> "$1/etc/shadow"; } && { [ ! -f "$1/etc/gshadow" ] || printf "%s\n" "iac-code-agui:!::" >> "$1/etc/gshadow"; } && mkdir -p "$1/var/lib/iac-code-agui" && chown 10001:10001 "$1/var/lib/iac-code-agui" && chmod 0700 "$1/var/lib/iac-code-agui"'
@@ -54,9 +59,9 @@ echo "image: the full image's root file system (Debian bookworm, python3, tini)"
 mmdebstrap --quiet --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr --variant=minbase "${slim[@]}" \
   --include=python3,python3-venv,tini,ca-certificates \
   --customize-hook="$user_hook" \
-  --customize-hook="copy-in '$work/wheels' /tmp" \
-  --customize-hook='chroot "$1" python3 -m venv /opt/iac-code-agui' \
-  --customize-hook='chroot "$1" env -i PATH=/usr/bin:/bin HOME=/root /opt/iac-code-agui/bin/pip install --quiet --no-index --no-cache-dir --disable-pip-version-check --find-links /tmp/wheels iac-code-agui' \
+  --customize-hook="copy-in '$work/wheels' '$work/installer' /tmp" \
+  --customize-hook='chroot "$1" python3 -m venv --without-pip /opt/iac-code-agui' \
+  --customize-hook='chroot "$1" sh -c "set -- /tmp/installer/pip-*.whl && env -i PATH=/usr/bin:/bin HOME=/root /opt/iac-code-agui/bin/python \"\$1/pip\" install --quiet --no-index --no-cache-dir --disable-pip-version-check --find-links /tmp/wheels iac-code-agui"' \
   --customize-hook="$clean_hook" \
   bookworm "$work/full.tar"
 

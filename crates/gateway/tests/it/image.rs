@@ -323,6 +323,15 @@ async fn the_images_run_as_their_user_and_serve_real_kernel_turns() {
     };
     assert!(size(&sidecar.rootfs) * 4 < size(&full.rootfs));
     assert!(!sidecar.rootfs.join("usr/bin/python3").exists());
+    // Nothing of the build host (its resolver, its host name), and no installer left in the
+    // kernel's environment.
+    for image in [&full, &sidecar] {
+        for f in ["etc/resolv.conf", "etc/hostname"] {
+            assert!(!image.rootfs.join(f).exists(), "{f}");
+        }
+    }
+    assert!(!full.rootfs.join("opt/iac-code-agui/bin/pip").exists());
+    assert!(full.rootfs.join("opt/iac-code-agui/bin/iac-code").exists());
 
     // The full image: its own kernel, as user 10001 under tini; a workspace bound in.
     let env = KernelEnv::new().await;
