@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use testkit::free_port;
 use testkit::real_kernel::KernelEnv;
-use testkit::sse::{assert_valid_run, post};
 
-use crate::package::{kernel_ready, output};
+use crate::package::{kernel_ready, output, turn_through};
 
 /// The images of this run: `scripts/image.sh`'s OCI layout (`IAC_CODE_AGUI_IMAGE`), with the tags
 /// `full` and `sidecar`. A missing layout is a failure, never a skip.
@@ -204,29 +203,6 @@ async fn ready(port: u16, token: &str, running: &mut Running) -> serde_json::Val
     }
 }
 
-/// A turn through the gateway on `port` in `cwd`: the fake LLM's text comes back.
-async fn turn_through(port: u16, token: &str, cwd: &str) {
-    let body = json!({
-        "threadId": "t1", "runId": "r1", "state": {}, "tools": [], "context": [],
-        "messages": [{"id": "m1", "role": "user", "content": "Say hello. scenario:text"}],
-        "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "inv-1", "cwd": cwd}},
-    });
-    let bearer = format!("Bearer {token}");
-    let res = post(
-        &format!("http://127.0.0.1:{port}/"),
-        &body,
-        &[("authorization", &bearer)],
-    )
-    .await;
-    assert_valid_run(&res, "t1", "r1");
-    let text: String = res
-        .of("TEXT_MESSAGE_CONTENT")
-        .iter()
-        .filter_map(|e| e["delta"].as_str())
-        .collect();
-    assert_eq!(text, "Hello from the fake LLM.", "{}", res.raw);
-}
-
 /// The processes of the full image's kernel running from `rootfs`: (pid, real uid).
 fn image_kernels(rootfs: &Path) -> Vec<(u32, u32)> {
     let mut out = vec![];
@@ -361,7 +337,7 @@ async fn the_images_run_as_their_user_and_serve_real_kernel_turns() {
     let kernels = image_kernels(&full.rootfs);
     assert_eq!(kernels.len(), 1, "{kernels:?}");
     assert_eq!(kernels[0].1, 10001, "{kernels:?}");
-    turn_through(port, token, "/work/w1").await;
+    turn_through(port, Some(token), "/work/w1").await;
     assert_eq!(running.stop().await, Some(0));
     assert!(
         image_kernels(&full.rootfs).is_empty(),
@@ -390,6 +366,6 @@ async fn the_images_run_as_their_user_and_serve_real_kernel_turns() {
     let cmd = sidecar.command(&vars, &[(kws.clone(), inside.as_str())], &[]);
     let mut running = Running::start(cmd, dir.path().join("sidecar.log"));
     ready(port, token, &mut running).await;
-    turn_through(port, token, &kws.join("w2").display().to_string()).await;
+    turn_through(port, Some(token), &kws.join("w2").display().to_string()).await;
     assert_eq!(running.stop().await, Some(0));
 }

@@ -77,6 +77,30 @@ pub(crate) async fn kernel_ready(port: u16, token: Option<&str>) -> Option<serde
     (state == "ready" || state == "external").then_some(h)
 }
 
+/// A turn through the gateway on `port` (with the bearer `token`) in the workspace `cwd`: it
+/// finishes, and the fake LLM's text comes back.
+pub(crate) async fn turn_through(port: u16, token: Option<&str>, cwd: &str) {
+    let body = json!({
+        "threadId": "t1", "runId": "r1", "state": {}, "tools": [], "context": [],
+        "messages": [{"id": "m1", "role": "user", "content": "Say hello. scenario:text"}],
+        "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "inv-1", "cwd": cwd}},
+    });
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer
+        .iter()
+        .map(|b| ("authorization", b.as_str()))
+        .collect();
+    let res = post(&format!("http://127.0.0.1:{port}/"), &body, &headers).await;
+    assert_valid_run(&res, "t1", "r1");
+    assert_eq!(res.last()["type"], "RUN_FINISHED", "{}", res.raw);
+    let text: String = res
+        .of("TEXT_MESSAGE_CONTENT")
+        .iter()
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(text, "Hello from the fake LLM.", "{}", res.raw);
+}
+
 /// The highest `GLIBC_x.y` symbol version `binary` needs, as `objdump -T` lists them.
 fn newest_glibc(binary: &Path) -> (u32, u32) {
     let mut cmd = Command::new("objdump");
@@ -144,7 +168,6 @@ async fn the_wheel_installs_into_a_fresh_environment_and_serves_a_real_kernel_tu
         .spawn()
         .expect("the installed gateway starts");
     let mut child = KillOnDrop(child);
-    let url = format!("http://127.0.0.1:{port}/");
     let start = Instant::now();
     let health = loop {
         let h = kernel_ready(port, None).await;
@@ -168,20 +191,7 @@ async fn the_wheel_installs_into_a_fresh_environment_and_serves_a_real_kernel_tu
     );
     let ws = env.ws().join("w1");
     std::fs::create_dir_all(&ws).unwrap();
-    let body = json!({
-        "threadId": "t1", "runId": "r1", "state": {}, "tools": [], "context": [],
-        "messages": [{"id": "m1", "role": "user", "content": "Say hello. scenario:text"}],
-        "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "inv-1", "cwd": ws}},
-    });
-    let res = post(&url, &body, &[]).await;
-    assert_valid_run(&res, "t1", "r1");
-    assert_eq!(res.last()["type"], "RUN_FINISHED", "{}", res.raw);
-    let text: String = res
-        .of("TEXT_MESSAGE_CONTENT")
-        .iter()
-        .filter_map(|e| e["delta"].as_str())
-        .collect();
-    assert_eq!(text, "Hello from the fake LLM.", "{}", res.raw);
+    turn_through(port, None, &ws.display().to_string()).await;
 
     // A graceful stop: status 0, and its kernel gone with it.
     #[allow(unsafe_code)]
