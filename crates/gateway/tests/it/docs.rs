@@ -108,6 +108,7 @@ fn every_module_the_architecture_names_exists() {
         "console",
         "scripts",
         "ops",
+        "packaging",
     ] {
         walk(&base.join(top), &base, &mut tree);
     }

@@ -1090,9 +1090,16 @@ fn the_gateways_environment_is_closed_to_processes_of_its_own_user() {
         }
     };
     let dir = tempfile::tempdir().unwrap();
+    // The build's directory may be closed to that user (a target directory under root's home):
+    // the binary is run from the test's own directory (a hard link, else a copy).
+    let exe = dir.path().join("iac-code-agui");
+    if std::fs::hard_link(bin(), &exe).is_err() {
+        std::fs::copy(bin(), &exe).unwrap();
+    }
     if root {
+        // The directory (not the link: it would change the build's binary) becomes the user's.
         let chowned = Command::new("chown")
-            .args(["-R", "10001:10001"])
+            .arg("10001:10001")
             .arg(dir.path())
             .status()
             .unwrap();
@@ -1100,7 +1107,7 @@ fn the_gateways_environment_is_closed_to_processes_of_its_own_user() {
     }
     let port = free_port();
     let secret = "the-service-token-nobody-may-read";
-    let mut gateway = Command::new(bin());
+    let mut gateway = Command::new(&exe);
     gateway
         .args([
             "--port",
