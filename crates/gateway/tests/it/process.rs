@@ -9,6 +9,21 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_iac-code-agui")
 }
 
+/// The gateway `exe` on `port` with no kernel to reach (an external one on the discard port) and
+/// its state under `dir`: what the tests of the process itself start.
+fn offline(exe: impl AsRef<std::ffi::OsStr>, port: u16, dir: &std::path::Path) -> Command {
+    let mut c = Command::new(exe);
+    c.args([
+        "--port",
+        &port.to_string(),
+        "--a2a-url",
+        "http://127.0.0.1:9/",
+    ])
+    .arg("--state-dir")
+    .arg(dir.join("state"));
+    c
+}
+
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let out = Command::new(bin())
         .args(args)
@@ -666,15 +681,7 @@ async fn graceful_shutdown_drains_open_streams() {
 async fn auth_hardening_path_variants_and_headers() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut child = Command::new(bin())
-        .args([
-            "--port",
-            &port.to_string(),
-            "--a2a-url",
-            "http://127.0.0.1:9/",
-            "--state-dir",
-        ])
-        .arg(dir.path().join("state"))
+    let mut child = offline(bin(), port, dir.path())
         .env("IAC_CODE_AGUI_AUTH_TOKEN", "tok")
         .stderr(Stdio::null())
         .spawn()
@@ -737,17 +744,10 @@ async fn authentication_off_is_logged_and_an_empty_variable_keeps_the_yaml_token
     let dir = tempfile::tempdir().unwrap();
     let start = |env_token: Option<&str>, config: Option<&std::path::Path>| {
         let port = free_port();
-        let mut cmd = Command::new(bin());
-        cmd.args([
-            "--port",
-            &port.to_string(),
-            "--a2a-url",
-            "http://127.0.0.1:9/",
-        ])
-        .args(["--idle-shutdown", "1", "--state-dir"])
-        .arg(dir.path().join("state"))
-        .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
-        .stderr(Stdio::piped());
+        let mut cmd = offline(bin(), port, dir.path());
+        cmd.args(["--idle-shutdown", "1"])
+            .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
+            .stderr(Stdio::piped());
         if let Some(t) = env_token {
             cmd.env("IAC_CODE_AGUI_AUTH_TOKEN", t);
         }
@@ -882,15 +882,7 @@ async fn tls_listeners_serve_https_and_sighup_reads_the_certificate_again() {
     let (cert, key) = write("main");
     let (mcert, mkey) = write("admin");
     let (port, admin) = (free_port(), free_port());
-    let mut child = Command::new(bin())
-        .args([
-            "--port",
-            &port.to_string(),
-            "--a2a-url",
-            "http://127.0.0.1:9/",
-        ])
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
+    let mut child = offline(bin(), port, dir.path())
         .arg("--tls-cert")
         .arg(&cert)
         .arg("--tls-key")
@@ -968,15 +960,7 @@ async fn tls_listeners_serve_https_and_sighup_reads_the_certificate_again() {
 
     // Another pair's key: refused at start, naming the file.
     let (_, other_key) = write("other");
-    let out = Command::new(bin())
-        .args([
-            "--port",
-            &free_port().to_string(),
-            "--a2a-url",
-            "http://127.0.0.1:9/",
-        ])
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
+    let out = offline(bin(), free_port(), dir.path())
         .arg("--tls-cert")
         .arg(&cert)
         .arg("--tls-key")
@@ -1107,16 +1091,8 @@ fn the_gateways_environment_is_closed_to_processes_of_its_own_user() {
     }
     let port = free_port();
     let secret = "the-service-token-nobody-may-read";
-    let mut gateway = Command::new(&exe);
+    let mut gateway = offline(&exe, port, dir.path());
     gateway
-        .args([
-            "--port",
-            &port.to_string(),
-            "--a2a-url",
-            "http://127.0.0.1:9/",
-        ])
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
         .env("IAC_CODE_AGUI_AUTH_TOKEN", secret)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
