@@ -119,6 +119,8 @@ impl FileStore {
         }
         let (replayer, dir) = (store.clone(), store.threads_dir());
         let transcripts = store.clone();
+        // The transcripts' state only: the journal must not hold its store (a cycle).
+        let (root, locks) = (store.root.clone(), store.transcript_locks.clone());
         let (j, replayed) = Journal::open(
             &store.root,
             move |id, bytes| replayer.replace_durably(id, bytes),
@@ -136,6 +138,7 @@ impl FileStore {
                 )
             },
             Box::new(move |id, bytes| fs::overwrite(&dir, &file_name(id)?, bytes)),
+            Box::new(move || super::transcript_file::write_waiting(&root, &locks)),
             background,
         )?;
         if replayed > 0 {
@@ -342,27 +345,51 @@ impl ThreadStore for FileStore {
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move {
-            let s = store.clone();
-            let written = tokio::task::spawn_blocking(move || {
-                let durable = super::transcript_file::Durable {
-                    dir_sync: &s.dir_sync,
-                    journal: s.journal.as_ref(),
-                };
-                super::transcript_file::append(
-                    &s.root,
-                    &s.transcript_locks,
-                    durable,
-                    &s.index,
-                    &id,
-                    add,
-                    &|| s.has_doc(&id),
-                )
-                .map(|w| (w, id))
-            })
-            .await
-            .map_err(blocking_failed)??;
+            let durable = super::transcript_file::Durable {
+                dir_sync: &store.dir_sync,
+                journal: store.journal.as_ref(),
+            };
+            // Lines already waiting for the thread's file: added in memory, here.
+            let in_memory = super::transcript_file::append_waiting(
+                &store.root,
+                &store.transcript_locks,
+                durable,
+                &store.index,
+                &id,
+                add,
+                &|| {
+                    store
+                        .journal
+                        .as_ref()
+                        .is_some_and(|j| j.newest(&id).is_some())
+                },
+            )?;
+            let (written, id) = match in_memory {
+                Ok(written) => (written, id),
+                Err(add) => {
+                    let s = store.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let durable = super::transcript_file::Durable {
+                            dir_sync: &s.dir_sync,
+                            journal: s.journal.as_ref(),
+                        };
+                        super::transcript_file::append(
+                            &s.root,
+                            &s.transcript_locks,
+                            durable,
+                            &s.index,
+                            &id,
+                            add,
+                            &|| s.has_doc(&id),
+                        )
+                        .map(|w| (w, id))
+                    })
+                    .await
+                    .map_err(blocking_failed)??
+                }
+            };
             // Journaled: wait for the group commit on a channel, holding no thread meanwhile.
-            let (Some(rx), id) = written else {
+            let Some(rx) = written else {
                 return Ok(());
             };
             if rx.await == Ok(true) {
@@ -373,7 +400,7 @@ impl ThreadStore for FileStore {
                 if let Some(j) = &store.journal {
                     j.settle()?;
                 }
-                super::transcript_file::sync(&store.root, &id)
+                super::transcript_file::sync(&store.root, &store.transcript_locks, &id)
             })
             .await
             .map_err(blocking_failed)?
@@ -385,10 +412,11 @@ impl ThreadStore for FileStore {
         before: Option<u64>,
         limit: usize,
     ) -> BoxFuture<'static, Result<crate::transcript::Page, StoreError>> {
-        let (root, id) = (self.root.clone(), thread_id.to_owned());
+        let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move {
             tokio::task::spawn_blocking(move || {
-                super::transcript_file::read_page(&root, &id, before, limit)
+                let (root, locks) = (&store.root, &store.transcript_locks);
+                super::transcript_file::read_page(root, locks, &id, before, limit)
             })
             .await
             .map_err(blocking_failed)?
@@ -888,8 +916,8 @@ mod journal_tests {
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(s.append_transcript("t", turn("r1", 2)))
             .unwrap();
-        let seqs = crate::store::transcript_file::read_all(&root, "t").unwrap();
-        assert_eq!(seqs.len(), 2);
+        assert_eq!(seqs_of(&s, "t").len(), 2);
+        assert!(root.join("transcripts/t.jsonl").exists(), "written at once");
     }
 
     fn turn(run: &str, n: usize) -> crate::store::TranscriptAppend {
@@ -903,17 +931,18 @@ mod journal_tests {
         }
     }
 
-    fn seqs_of(root: &Path, thread: &str) -> Vec<u64> {
-        crate::store::transcript_file::read_all(root, thread)
+    fn seqs_of(s: &FileStore, thread: &str) -> Vec<u64> {
+        crate::store::transcript_file::read_all(&s.root, &s.transcript_locks, thread)
             .unwrap()
             .iter()
             .map(|e| e.seq)
             .collect()
     }
 
-    /// Transcript appends ride the journal's group commit (far fewer syncs than appends); a
-    /// crash that loses what the file had not synced gets it back from the journal at start-up,
-    /// once; a checkpoint makes the files durable and leaves no journal.
+    /// Transcript appends ride the journal's group commit (far fewer syncs than appends) and
+    /// wait in memory for the checkpoint, read meanwhile with their files; a crash that loses
+    /// them, or the file's newest lines, gets them back from the journal at start-up, once; a
+    /// checkpoint writes and syncs the files and leaves no journal.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn transcript_appends_share_the_journals_syncs_and_are_replayed() {
         let dir = tempfile::tempdir().unwrap();
@@ -936,9 +965,29 @@ mod journal_tests {
         let syncs = s.journal_syncs() - before;
         assert!((1..256).contains(&syncs), "{syncs} syncs for 256 appends");
         s.append_transcript("t0", turn("r2", 1)).await.unwrap();
-        assert_eq!(seqs_of(&root, "t0"), [1, 2, 3]);
-        // A process killed now (the files whole, the journal not checkpointed): the replay of
-        // each record changes nothing, and cuts none of the older entries.
+        assert_eq!(seqs_of(&s, "t0"), [1, 2, 3]);
+        let page = s.read_transcript("t0", None, 10).await.unwrap();
+        assert_eq!(page.entries.len(), 3, "read with the lines waiting");
+        assert!(
+            !root.join("transcripts/t0.jsonl").exists(),
+            "no file written by a run's end"
+        );
+        // A process killed now (the lines in the journal only): the start-up writes them.
+        let lost = dir.path().join("lost");
+        copy_state(&root, &lost);
+        let l = FileStore::open_with(&lost, false).unwrap();
+        assert!(journal_logs(&lost).is_empty(), "replayed and deleted");
+        assert_eq!(seqs_of(&l, "t0"), [1, 2, 3]);
+        assert_eq!(seqs_of(&l, "t7"), [1, 2]);
+        // Replayed once: a later append numbers on.
+        l.append_transcript("t0", turn("r3", 1)).await.unwrap();
+        assert_eq!(seqs_of(&l, "t0"), [1, 2, 3, 4]);
+        // A checkpoint that wrote the files and stopped before it deleted the journal: the
+        // replay of each record changes nothing, and cuts none of the older entries.
+        let written =
+            crate::store::transcript_file::write_waiting(&root, &s.transcript_locks).unwrap();
+        assert_eq!(written.len(), 256);
+        assert_eq!(seqs_of(&s, "t0"), [1, 2, 3], "read from the file alone");
         let whole = dir.path().join("whole");
         copy_state(&root, &whole);
         fs::create_dir(whole.join("transcripts")).unwrap();
@@ -947,13 +996,13 @@ mod journal_tests {
             fs::copy(root.join(&name), whole.join(&name)).unwrap();
         }
         let before = fs::read(whole.join("transcripts/t0.jsonl")).unwrap();
-        FileStore::open_with(&whole, false).unwrap();
-        assert_eq!(seqs_of(&whole, "t0"), [1, 2, 3]);
+        let w = FileStore::open_with(&whole, false).unwrap();
+        assert_eq!(seqs_of(&w, "t0"), [1, 2, 3]);
         assert_eq!(
             fs::read(whole.join("transcripts/t0.jsonl")).unwrap(),
             before
         );
-        // A crash now, which lost the file's newest lines (and another thread's whole file).
+        // A crash that lost the file's newest lines (and another thread's whole file).
         let copy = dir.path().join("copy");
         copy_state(&root, &copy);
         fs::create_dir(copy.join("transcripts")).unwrap();
@@ -970,18 +1019,56 @@ mod journal_tests {
             bytes[..=cut].to_vec()
         };
         fs::write(copy.join("transcripts/t0.jsonl"), first_run).unwrap();
-        assert_eq!(seqs_of(&copy, "t0"), [1, 2]);
         let c = FileStore::open_with(&copy, false).unwrap();
-        assert!(journal_logs(&copy).is_empty(), "replayed and deleted");
-        assert_eq!(seqs_of(&copy, "t0"), [1, 2, 3]);
-        assert_eq!(seqs_of(&copy, "t7"), [1, 2]);
-        // Replayed once: a later append numbers on.
-        c.append_transcript("t0", turn("r3", 1)).await.unwrap();
-        assert_eq!(seqs_of(&copy, "t0"), [1, 2, 3, 4]);
+        assert_eq!(seqs_of(&c, "t0"), [1, 2, 3]);
+        assert_eq!(seqs_of(&c, "t7"), [1, 2]);
         // The original: a checkpoint leaves the transcripts and no journal.
         s.flush_blocking().unwrap();
         assert!(journal_logs(&root).is_empty());
-        assert_eq!(seqs_of(&root, "t255"), [1, 2]);
+        assert_eq!(seqs_of(&s, "t255"), [1, 2]);
+        assert!(root.join("transcripts/t255.jsonl").exists());
+    }
+
+    /// A rename while a thread's lines wait: they reach the file first and the new title ends
+    /// it; the runs' lines that wait after a checkpoint go on numbering from the file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_rename_writes_the_waiting_lines_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let s = FileStore::open_with(&root, false).unwrap();
+        s.save(&doc("t", None)).await.unwrap();
+        s.append_transcript("t", turn("r1", 2)).await.unwrap();
+        s.append_transcript("t", turn("r2", 1)).await.unwrap();
+        let file = root.join("transcripts/t.jsonl");
+        assert!(!file.exists());
+        let patch = crate::store::listing::ThreadPatch {
+            title: Some("Renamed".into()),
+            archived: None,
+        };
+        s.update_thread("t", patch).await.unwrap().unwrap();
+        let on_disk = |s: &FileStore| {
+            crate::store::transcript_file::read_all(
+                &s.root,
+                &crate::store::transcript_file::Locks::default(),
+                "t",
+            )
+            .unwrap()
+            .len()
+        };
+        assert_eq!(on_disk(&s), 3, "the waiting lines are in the file");
+        let summary = crate::store::transcript_file::last_summary(&file).unwrap();
+        assert_eq!(summary.thread.title.as_deref(), Some("Renamed"));
+        s.flush_blocking().unwrap();
+        // As a run's release saves its thread before the next run ends.
+        s.save(&doc("t", None)).await.unwrap();
+        s.append_transcript("t", turn("r3", 1)).await.unwrap();
+        s.append_transcript("t", turn("r4", 1)).await.unwrap();
+        assert_eq!(seqs_of(&s, "t"), [1, 2, 3, 4, 5]);
+        assert_eq!(on_disk(&s), 3, "the new lines wait");
+        s.flush_blocking().unwrap();
+        assert_eq!(on_disk(&s), 5);
+        let summary = crate::store::transcript_file::last_summary(&file).unwrap();
+        assert_eq!(summary.thread.title.as_deref(), Some("Renamed"));
     }
 
     /// A run that ends after its thread's `DELETE` (guidance does not hold the thread) keeps no
@@ -1028,6 +1115,6 @@ mod journal_tests {
         // …and replays it for a thread that is there.
         let (replayed, kept) = copy("kept", true);
         assert!(replayed);
-        assert_eq!(seqs_of(kept.root.as_path(), "u"), [1, 2]);
+        assert_eq!(seqs_of(&kept, "u"), [1, 2]);
     }
 }

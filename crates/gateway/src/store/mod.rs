@@ -11,7 +11,8 @@
 //!   writes, heartbeats.
 //! - `metered`: the store as the run core sees it: saves timed and counted.
 //! - `listing`: a user's threads, listed; `file_index` is the file store's list, and
-//!   `transcript_file` its transcripts.
+//!   `transcript_file` its transcripts (`transcript_file::waiting`: their lines waiting for the
+//!   journal's checkpoint).
 
 mod doc;
 mod file;

@@ -17,10 +17,11 @@
 //! deletes the journal; a clean stop checkpoints everything. So after a stop or a restart the state
 //! directory holds only thread files in the reference layout.
 //!
-//! A transcript append rides the same group commit: its lines are written to the transcript file
-//! (not synced) and their copy queued here; the append is durable once the batch is. The
-//! checkpoint makes the transcript files written since the last one durable before it deletes a
-//! generation, and start-up appends again what a transcript lacks of its records.
+//! A transcript append rides the same group commit: its lines are queued here and wait in memory
+//! for their file (`transcript_file::waiting`); the append is durable once the batch is. The
+//! checkpoint appends the waiting lines to their files (`WriteTranscripts`) and makes those
+//! durable with the thread files before it deletes a generation, and start-up appends again
+//! what a transcript lacks of its records.
 //!
 //! The file format (records, generations) is in `record`.
 //!
@@ -65,6 +66,9 @@ enum Mode {
 /// Writes a thread's document to its file (no fsync) and returns the file's path.
 pub(super) type WriteFile = Box<dyn Fn(&str, &[u8]) -> std::io::Result<PathBuf> + Send + Sync>;
 
+/// Appends the transcript lines waiting for their files (no fsync); returns the files written.
+pub(super) type WriteTranscripts = Box<dyn Fn() -> std::io::Result<HashSet<PathBuf>> + Send + Sync>;
+
 /// A document durable in the journal, not yet known durable in its thread file.
 #[derive(Debug, Clone)]
 struct Held {
@@ -76,8 +80,8 @@ struct Held {
 /// What a queued record is of.
 enum Payload {
     Doc(Arc<Vec<u8>>),
-    /// Lines appended to this transcript file.
-    Transcript(PathBuf),
+    /// Lines of a transcript (they wait for their file in the transcripts' memory).
+    Transcript,
 }
 
 /// A save waiting for the next group commit.
@@ -152,8 +156,6 @@ struct State {
     queue: Queue,
     /// The newest held document of each thread.
     held: HashMap<String, Held>,
-    /// Transcript files appended to since the last checkpoint (durable in the journal only).
-    dirty: HashSet<PathBuf>,
     workers: Workers,
     /// Batches written so far.
     batches: u64,
@@ -164,6 +166,7 @@ pub(super) struct Journal {
     threads: PathBuf,
     transcripts: PathBuf,
     write_file: WriteFile,
+    write_transcripts: WriteTranscripts,
     st: Mutex<State>,
     cv: Condvar,
 }
@@ -177,6 +180,7 @@ impl Journal {
         durable: impl Fn(&str, &[u8]) -> Result<(), StoreError>,
         transcript: impl Fn(&str, &[u8]) -> Result<(), StoreError>,
         write_file: WriteFile,
+        write_transcripts: WriteTranscripts,
         background: bool,
     ) -> Result<(Arc<Journal>, usize), StoreError> {
         let dir = root.join("journal");
@@ -207,6 +211,7 @@ impl Journal {
             threads: root.join("threads"),
             transcripts: root.join("transcripts"),
             write_file,
+            write_transcripts,
             st: Mutex::new(State {
                 mode: Mode::Journal,
                 busy: Busy::default(),
@@ -216,7 +221,6 @@ impl Journal {
                 },
                 queue: Queue::default(),
                 held: HashMap::new(),
-                dirty: HashSet::new(),
                 workers: Workers {
                     writer: false,
                     // Without the background thread, only `checkpoint` calls write files (tests).
@@ -259,16 +263,15 @@ impl Journal {
         self.queue(thread_id, record, Payload::Doc(doc))
     }
 
-    /// Queues lines appended to a thread's transcript file (`path`) for the next group commit; as
-    /// [`Journal::submit`] (on `false` or `None`, sync the file directly).
+    /// Queues lines of a thread's transcript for the next group commit; as [`Journal::submit`]
+    /// (on `false` or `None`, write and sync the file directly).
     pub(super) fn submit_transcript(
         self: &Arc<Self>,
         thread_id: &str,
-        path: PathBuf,
         lines: &[u8],
     ) -> Option<oneshot::Receiver<bool>> {
         let record = encode_kind(Kind::Transcript, thread_id, lines);
-        self.queue(thread_id, record, Payload::Transcript(path))
+        self.queue(thread_id, record, Payload::Transcript)
     }
 
     fn queue(
@@ -382,15 +385,8 @@ impl Journal {
         };
         let mut told = Vec::with_capacity(saves.len());
         for q in saves {
-            if ok {
-                match q.payload {
-                    Payload::Doc(doc) => {
-                        st.held.insert(q.thread_id, Held { seq: q.seq, doc });
-                    }
-                    Payload::Transcript(path) => {
-                        st.dirty.insert(path);
-                    }
-                }
+            if let (true, Payload::Doc(doc)) = (ok, q.payload) {
+                st.held.insert(q.thread_id, Held { seq: q.seq, doc });
             }
             told.push(q.done);
         }
@@ -436,19 +432,20 @@ impl Journal {
             .collect()
     }
 
-    /// Writes `snapshot` to the thread files, makes them and the transcript files `dirty` durable,
-    /// then deletes the journal generations older than `below` (all of them with `u64::MAX`).
+    /// Writes `snapshot` to the thread files and the waiting transcript lines to theirs, makes
+    /// them durable, then deletes the journal generations older than `below` (all of them with
+    /// `u64::MAX`). Every transcript line queued before is waiting or in its file by then.
     fn write_out_and_drop_generations(
         &self,
         snapshot: &[(String, Held)],
-        dirty: &HashSet<PathBuf>,
         below: u64,
     ) -> std::io::Result<()> {
         let mut files = HashSet::new();
         for (id, held) in snapshot {
             files.insert((self.write_file)(id, &held.doc)?);
         }
-        make_durable(&[(&self.threads, &files), (&self.transcripts, dirty)])?;
+        let transcripts = (self.write_transcripts)()?;
+        make_durable(&[(&self.threads, &files), (&self.transcripts, &transcripts)])?;
         let mut removed = false;
         for (g, path) in generations(&self.dir)? {
             if g < below {
@@ -487,9 +484,8 @@ impl Journal {
         };
         st.busy.retiring = true;
         let snapshot = Self::snapshot(&st);
-        let dirty = st.dirty.clone();
         drop(st);
-        let result = self.write_out_and_drop_generations(&snapshot, &dirty, u64::MAX);
+        let result = self.write_out_and_drop_generations(&snapshot, u64::MAX);
         let mut st = self.lock();
         st.busy.retiring = false;
         self.cv.notify_all();
@@ -498,7 +494,6 @@ impl Journal {
                 tracing::warn!("state journal retired; saves are now direct durable writes");
                 st.mode = Mode::Direct;
                 st.held.clear();
-                st.dirty.clear();
                 Ok(st)
             }
             Err(e) => Err(StoreError::Io(std::io::Error::other(format!(
@@ -535,15 +530,13 @@ impl Journal {
         // (the writer records them before it lets go).
         let current = st.generation.number;
         let snapshot = Self::snapshot(&st);
-        let dirty = std::mem::take(&mut st.dirty);
         drop(st);
-        let result = self.write_out_and_drop_generations(&snapshot, &dirty, current);
+        let result = self.write_out_and_drop_generations(&snapshot, current);
         let mut st = self.lock();
         st.busy.checkpointing = false;
         if result.is_ok() {
             Self::forget(&mut st, snapshot);
         } else {
-            st.dirty.extend(dirty);
             // What is still held is due again after `ROTATE_AGE`, saves or not.
             st.generation.since.get_or_insert_with(Instant::now);
         }
@@ -611,6 +604,7 @@ mod tests {
                     fs::write(&path, doc)?;
                     Ok(path)
                 }),
+                Box::new(|| Ok(HashSet::new())),
                 false,
             )
             .unwrap()

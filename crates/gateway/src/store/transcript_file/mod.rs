@@ -5,17 +5,19 @@
 //! write and says what is committed: the newest `seq` (`last`; an entry above it is of a write
 //! that did not finish), the oldest kept (`from`; the limit's cut) and the file's line count.
 //!
-//! A run's end appends its entries and a summary line in one write: no new inode, no rename (a
-//! file created and renamed at every run cost more than the rest of the run: ext4 scans past its
-//! recently deleted inodes). The write is made durable by the store's journal (its copy rides the
-//! journal's group commit, and the journal's checkpoint syncs the file), or, without one, by a
-//! sync of the file's data (and of the directory, for the write that made the file). Once the file holds half as many lines again as it keeps (64 more for a short
-//! thread), it is compacted: replaced atomically and durably (a temporary file, fsynced,
+//! A run's end adds its entries and a summary line, appended in one write: no new inode, no
+//! rename (a file created and renamed at every run cost more than the rest of the run: ext4
+//! scans past its recently deleted inodes). With the store's journal the lines are queued in it
+//! (its group commit makes them durable) and wait in memory for the journal's checkpoint, which
+//! appends them and syncs the file (`waiting`); without one, they are appended at
+//! once and the file's data synced (and the directory, for the write that made the file). Once
+//! the file holds half as many lines again as it keeps (64 more for a short thread), it is
+//! compacted: replaced atomically and durably (a temporary file, fsynced,
 //! renamed; the directory fsynced) by its kept entries and its summary. A file whose last line
 //! is not a summary (a torn write, or one written by a version that wrote the summary first) is
 //! compacted at its next write. Appends to one thread are serialised (a guidance run may end
 //! while its thread's turn ends); a reader needs no lock, since it takes what the last whole
-//! summary line commits.
+//! summary line commits, after the lines waiting for the checkpoint.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -35,6 +37,14 @@ use super::journal::Journal;
 use super::listing::{self, ThreadSummary};
 use super::{file_stem, StoreError, TranscriptAppend};
 use crate::transcript::{self, Entry, Page};
+
+mod rewrite;
+mod waiting;
+
+use rewrite::compact;
+pub(super) use rewrite::replay;
+pub(super) use waiting::{append_waiting, write_waiting};
+use waiting::{write_waiting_locked, PendingLines};
 
 /// The largest transcript file read (the limit and the bound on each message keep a thread's far
 /// below it).
@@ -79,17 +89,18 @@ impl Header {
 
 /// What a file's last summary line commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Committed {
-    last: u64,
-    from: u64,
-    lines: u64,
+pub(super) struct Committed {
+    pub last: u64,
+    pub from: u64,
+    pub lines: u64,
 }
 
 /// Serialises appends per thread (striped: a fixed number of locks, whatever the threads), and
-/// the making of files.
+/// the making of files; holds the lines waiting for the journal's checkpoint.
 pub(super) struct Locks {
     threads: [Mutex<()>; 64],
     create: Mutex<()>,
+    pending: PendingLines,
 }
 
 impl Default for Locks {
@@ -97,6 +108,7 @@ impl Default for Locks {
         Locks {
             threads: std::array::from_fn(|_| Mutex::new(())),
             create: Mutex::new(()),
+            pending: PendingLines::default(),
         }
     }
 }
@@ -143,6 +155,15 @@ fn parse(thread_id: &str, bytes: &[u8]) -> (Vec<Entry>, Option<Header>) {
             tracing::warn!(thread_id, error = %e, "skipped an unreadable transcript line");
         }
     }
+    // A line read twice (waiting, and in the file by the time it was read): the later copy.
+    let mut below = u64::MAX;
+    entries.reverse();
+    entries.retain(|e| {
+        let new = e.seq < below;
+        below = below.min(e.seq);
+        new
+    });
+    entries.reverse();
     if let Some(Header {
         last: Some(last),
         from,
@@ -155,28 +176,48 @@ fn parse(thread_id: &str, bytes: &[u8]) -> (Vec<Entry>, Option<Header>) {
     (entries, header)
 }
 
-fn read_file(root: &Path, thread_id: &str) -> Result<(Vec<Entry>, Option<Header>), StoreError> {
-    let path = dir(root).join(name(thread_id)?);
-    match fs::read_private(&path, MAX_FILE_BYTES)? {
-        Loaded::Missing => Ok((Vec::new(), None)),
-        Loaded::Refused(why) => Err(StoreError::Invalid(format!("transcript: {why}"))),
-        Loaded::Bytes(b) => Ok(parse(thread_id, &b)),
+/// The file and the lines waiting for it, read as one log.
+fn read_file(
+    root: &Path,
+    locks: &Locks,
+    thread_id: &str,
+) -> Result<(Vec<Entry>, Option<Header>), StoreError> {
+    let name = name(thread_id)?;
+    // The waiting lines first: a checkpoint that writes them meanwhile leaves them in both.
+    let waiting = locks.pending.bytes_of(&name);
+    let mut bytes = match fs::read_private(&dir(root).join(&name), MAX_FILE_BYTES)? {
+        Loaded::Missing => Vec::new(),
+        Loaded::Refused(why) => return Err(StoreError::Invalid(format!("transcript: {why}"))),
+        Loaded::Bytes(b) => b,
+    };
+    if let Some(waiting) = waiting {
+        // After a line cut short (a write in progress), not glued to it.
+        if bytes.last().is_some_and(|b| *b != b'\n') {
+            bytes.push(b'\n');
+        }
+        bytes.extend_from_slice(&waiting);
     }
+    Ok(parse(thread_id, &bytes))
 }
 
 /// The thread's entries, oldest first (none when it has no transcript).
-pub(super) fn read_all(root: &Path, thread_id: &str) -> Result<Vec<Entry>, StoreError> {
-    Ok(read_file(root, thread_id)?.0)
+pub(super) fn read_all(
+    root: &Path,
+    locks: &Locks,
+    thread_id: &str,
+) -> Result<Vec<Entry>, StoreError> {
+    Ok(read_file(root, locks, thread_id)?.0)
 }
 
 pub(super) fn read_page(
     root: &Path,
+    locks: &Locks,
     thread_id: &str,
     before: Option<u64>,
     limit: usize,
 ) -> Result<Page, StoreError> {
     Ok(transcript::page_of(
-        read_all(root, thread_id)?.into_iter(),
+        read_all(root, locks, thread_id)?.into_iter(),
         before,
         limit,
     ))
@@ -310,8 +351,47 @@ enum Keep {
 type Make<'a> =
     Box<dyn FnOnce(u64, Option<&ThreadSummary>) -> Option<(Vec<Entry>, ThreadSummary)> + 'a>;
 
+/// The lines a write of `entries` after what `c` commits appends to a file of `size` bytes
+/// (its first summary for a new file, the entries, the summary that commits them) and what the
+/// file then commits; `None` when the file is due for a compaction instead.
+fn plan(
+    c: Committed,
+    size: u64,
+    entries: &[Entry],
+    keep: Keep,
+    summary: &ThreadSummary,
+) -> Result<Option<(Vec<u8>, Committed)>, StoreError> {
+    let last = entries.last().map_or(c.last, |e| e.seq);
+    let from = match keep {
+        Keep::Newest(l) => c.from.max((last + 1).saturating_sub(l as u64)),
+        Keep::From(f) => c.from.max(f),
+        Keep::All => c.from,
+    };
+    let mut bytes = Vec::new();
+    let mut lines = c.lines + entries.len() as u64 + 1;
+    if size == 0 {
+        // A new file starts with a summary, so that a first write cut short is not read as
+        // a file of the layout without one.
+        lines += 1;
+        let start = Committed {
+            last: c.last,
+            from: c.from,
+            lines: 1,
+        };
+        summary_line(&mut bytes, summary.clone(), start)?;
+    }
+    for e in entries {
+        line_of(&mut bytes, e)?;
+    }
+    let next = Committed { last, from, lines };
+    summary_line(&mut bytes, summary.clone(), next)?;
+    let kept = (last + 1).saturating_sub(from);
+    Ok((lines <= cap(kept) && size + bytes.len() as u64 <= BUDGET_BYTES).then_some((bytes, next)))
+}
+
 /// One write of a thread's transcript, under its lock (`make` is called under it); `keep` says
-/// which of the oldest go.
+/// which of the oldest go. Lines waiting for the checkpoint are written first, so that the file
+/// is whole; with a journal the write's own lines then wait in their turn.
 fn write(
     root: &Path,
     locks: &Locks,
@@ -326,6 +406,7 @@ fn write(
     let dir = dir(root);
     fs::ensure_dir(&dir)?;
     let path = dir.join(&name);
+    write_waiting_locked(locks, &path, &name)?;
     // No file is made before `make` says what to write: a thread gone meanwhile leaves none.
     let existing = open_log(&path, None)?;
     let empty = Committed {
@@ -341,59 +422,42 @@ fn write(
         let Some((entries, summary)) = make(c.last, on_disk.as_ref()) else {
             return Ok(None);
         };
-        let (mut file, size) = match existing {
+        let size = existing.as_ref().map_or(0, |(_, size)| *size);
+        let last = entries.last().map_or(c.last, |e| e.seq);
+        let Some((bytes, next)) = plan(c, size, &entries, keep, &summary)? else {
+            // Compacted with what was committed and what this write adds.
+            drop(existing);
+            let (mut all, _) = read_file(root, locks, thread_id)?;
+            all.extend(entries);
+            compact(&dir, &name, dir_sync, all, c.last.max(last), keep, summary)?;
+            return Ok(None);
+        };
+        if let Some(journal) = durable.journal {
+            drop(existing);
+            locks.pending.add(&name, size, &bytes, next, summary);
+            // Queued while the thread's lock is held, so its records are in the order of its lines.
+            if let Some(rx) = journal.submit_transcript(thread_id, &bytes) {
+                return Ok(Some(rx));
+            }
+            // The journal is not in use (it failed): written and synced here.
+            write_waiting_locked(locks, &path, &name)?;
+            sync_file(&path, &dir, dir_sync, size == 0)?;
+            return Ok(None);
+        }
+        let (mut file, _) = match existing {
             Some(opened) => opened,
             None => open_log(&path, Some(&locks.create))?
                 .ok_or_else(|| StoreError::Invalid("transcript: not created".into()))?,
         };
-        let last = entries.last().map_or(c.last, |e| e.seq);
-        let from = match keep {
-            Keep::Newest(l) => c.from.max((last + 1).saturating_sub(l as u64)),
-            Keep::From(f) => c.from.max(f),
-            Keep::All => c.from,
-        };
-        let mut bytes = Vec::new();
-        let mut lines = c.lines + entries.len() as u64 + 1;
+        file.write_all(&bytes)?;
+        file.sync_data()?;
         if size == 0 {
-            // A new file starts with a summary, so that a first write cut short is not read as
-            // a file of the layout without one.
-            lines += 1;
-            let start = Committed {
-                last: c.last,
-                from: c.from,
-                lines: 1,
-            };
-            summary_line(&mut bytes, summary.clone(), start)?;
+            dir_sync.sync(&dir)?;
         }
-        for e in &entries {
-            line_of(&mut bytes, e)?;
-        }
-        summary_line(&mut bytes, summary.clone(), Committed { last, from, lines })?;
-        let kept = (last + 1).saturating_sub(from);
-        if lines <= cap(kept) && size + bytes.len() as u64 <= BUDGET_BYTES {
-            file.write_all(&bytes)?;
-            // Queued while the thread's lock is held, so its records are in the order of its lines.
-            if let Some(rx) = durable
-                .journal
-                .and_then(|j| j.submit_transcript(thread_id, path, &bytes))
-            {
-                return Ok(Some(rx));
-            }
-            file.sync_data()?;
-            if size == 0 {
-                dir_sync.sync(&dir)?;
-            }
-            return Ok(None);
-        }
-        // Compacted with what was committed and what this write adds.
-        drop(file);
-        let (mut all, _) = read_file(root, thread_id)?;
-        all.extend(entries);
-        compact(&dir, &name, dir_sync, all, c.last.max(last), keep, summary)?;
         return Ok(None);
     }
     drop(existing);
-    let (mut all, header) = read_file(root, thread_id)?;
+    let (mut all, header) = read_file(root, locks, thread_id)?;
     let committed_last = header.as_ref().and_then(|h| h.last).unwrap_or(0);
     let last = all.last().map_or(0, |e| e.seq).max(committed_last);
     let Some((entries, summary)) = make(last, header.as_ref().map(|h| &h.thread)) else {
@@ -405,104 +469,29 @@ fn write(
     Ok(None)
 }
 
-/// Makes a thread's transcript durable (after the journal failed to).
-pub(super) fn sync(root: &Path, thread_id: &str) -> Result<(), StoreError> {
+/// A file's data synced, and its directory when the write made the file.
+fn sync_file(path: &Path, dir: &Path, dir_sync: &DirSync, made: bool) -> Result<(), StoreError> {
+    fs::open_private(path)?.sync_data()?;
+    if made {
+        dir_sync.sync(dir)?;
+    }
+    Ok(())
+}
+
+/// Makes a thread's transcript durable (after the journal failed to): its waiting lines
+/// written, the file and its directory synced.
+pub(super) fn sync(root: &Path, locks: &Locks, thread_id: &str) -> Result<(), StoreError> {
     let dir = dir(root);
-    match fs::open_private(&dir.join(name(thread_id)?)) {
+    let name = name(thread_id)?;
+    let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
+    let path = dir.join(&name);
+    write_waiting_locked(locks, &path, &name)?;
+    match fs::open_private(&path) {
         Ok(f) => f.sync_data()?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(e.into()),
     }
     fs::sync_dir(&dir)?;
-    Ok(())
-}
-
-/// Appends again, durably, what a transcript lacks of a journal record's lines (start-up, after a
-/// crash, one record at a time in the journal's order): the entries above the file's newest, with
-/// what that write kept (`from`) and the file's own summary when it has one (it is what the list
-/// showed last: a rename may have been written since). A record whose entries the file has
-/// changes nothing.
-pub(super) fn replay(
-    root: &Path,
-    locks: &Locks,
-    dir_sync: &DirSync,
-    thread_id: &str,
-    lines: &[u8],
-) -> Result<(), StoreError> {
-    let (entries, header) = parse(thread_id, lines);
-    let Some(Header {
-        thread: summary,
-        last: Some(last),
-        from: Some(from),
-        ..
-    }) = header
-    else {
-        return Err(StoreError::Invalid(
-            "a journal record of a transcript without its summary".into(),
-        ));
-    };
-    let durable = Durable {
-        dir_sync,
-        journal: None,
-    };
-    let make: Make<'_> = Box::new(|newest, on_disk| {
-        (newest < last).then(|| {
-            let missing = entries.into_iter().filter(|e| e.seq > newest).collect();
-            (missing, on_disk.cloned().unwrap_or(summary))
-        })
-    });
-    write(root, locks, durable, thread_id, Keep::From(from), make)?;
-    Ok(())
-}
-
-/// Replaces the file by `all` (those `keep` keeps) and the summary, atomically and durably.
-fn compact(
-    dir: &Path,
-    name: &str,
-    dir_sync: &DirSync,
-    mut all: Vec<Entry>,
-    last: u64,
-    keep: Keep,
-    summary: ThreadSummary,
-) -> Result<(), StoreError> {
-    match keep {
-        Keep::Newest(l) => {
-            all.drain(..all.len().saturating_sub(l));
-        }
-        Keep::From(f) => all.retain(|e| e.seq >= f),
-        Keep::All => {}
-    }
-    let mut encoded = Vec::with_capacity(all.len());
-    for e in &all {
-        let mut line = Vec::new();
-        line_of(&mut line, e)?;
-        encoded.push(line);
-    }
-    // Within the budget with the summary: the oldest go first. The summary is measured with its
-    // largest numbers (every entry gone, every entry kept), so the one written is no longer.
-    let mut widest = Vec::new();
-    let most = Committed {
-        last,
-        from: last + 1,
-        lines: all.len() as u64 + 1,
-    };
-    summary_line(&mut widest, summary.clone(), most)?;
-    let room = BUDGET_BYTES.saturating_sub(widest.len() as u64);
-    let mut total: u64 = encoded.iter().map(|l| l.len() as u64).sum();
-    let mut first = 0;
-    while total > room && first < encoded.len() {
-        total -= encoded[first].len() as u64;
-        first += 1;
-    }
-    all.drain(..first);
-    let from = all.first().map_or(last + 1, |e| e.seq);
-    let mut bytes = Vec::with_capacity(total as usize + 1024);
-    for line in &encoded[first..] {
-        bytes.extend_from_slice(line);
-    }
-    let lines = all.len() as u64 + 1;
-    summary_line(&mut bytes, summary, Committed { last, from, lines })?;
-    fs::replace(dir, name, &bytes, Some(dir_sync))?;
     Ok(())
 }
 
@@ -566,6 +555,9 @@ pub(super) fn remove(
     let name = name(thread_id)?;
     let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
     let existed = first()?;
+    // Lines waiting for the file go with it (their journal record is not replayed for a thread
+    // that is gone).
+    locks.pending.take(&name);
     match std::fs::remove_file(dir(root).join(&name)) {
         Ok(()) => fs::sync_dir(&dir(root))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -641,16 +633,16 @@ mod tests {
         let f = Files::new();
         f.append("t-1", add("r1", 3, 4));
         f.append("t-1", add("r2", 2, 4));
-        let all = read_all(f.root(), "t-1").unwrap();
+        let all = read_all(f.root(), &f.locks, "t-1").unwrap();
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3, 4, 5]);
         assert_eq!(all[0].message["id"], "r1-1");
         assert_eq!(all[3].run_id, "r2");
-        let page = read_page(f.root(), "t-1", Some(4), 10).unwrap();
+        let page = read_page(f.root(), &f.locks, "t-1", Some(4), 10).unwrap();
         assert_eq!(
             page.entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
             [2, 3]
         );
-        assert!(read_all(f.root(), "other").unwrap().is_empty());
+        assert!(read_all(f.root(), &f.locks, "other").unwrap().is_empty());
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(super::dir(f.root()).join("t-1.jsonl"))
                 .unwrap()
@@ -668,7 +660,7 @@ mod tests {
                 scope.spawn(move || f.append("t", add(&format!("r{i}"), 5, 1000)));
             }
         });
-        let all = read_all(f.root(), "t").unwrap();
+        let all = read_all(f.root(), &f.locks, "t").unwrap();
         assert_eq!(all.len(), 40);
         assert_eq!(
             all.iter().map(|e| e.seq).collect::<Vec<_>>(),
@@ -697,7 +689,11 @@ mod tests {
     }
 
     fn seqs(root: &Path, id: &str) -> Vec<u64> {
-        read_all(root, id).unwrap().iter().map(|e| e.seq).collect()
+        read_all(root, &Locks::default(), id)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect()
     }
 
     fn lines_in(path: &Path) -> usize {
@@ -742,7 +738,7 @@ mod tests {
         assert!(most > 151);
         // The newest 100 are what a reader gets, however many lines are left behind them.
         assert_eq!(seqs(f.root(), "t"), (901..=1000).collect::<Vec<_>>());
-        let page = read_page(f.root(), "t", None, 10).unwrap();
+        let page = read_page(f.root(), &f.locks, "t", None, 10).unwrap();
         assert_eq!(page.entries.first().unwrap().seq, 991);
         assert!(page.more);
     }
@@ -768,7 +764,7 @@ mod tests {
             assert_eq!(committed_in(&path), None);
         }
         f.append("t", add("r3", 1, 10));
-        let all = read_all(f.root(), "t").unwrap();
+        let all = read_all(f.root(), &f.locks, "t").unwrap();
         assert_eq!(all.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
         assert_eq!(all[2].run_id, "r3");
         // Mended: the file ends with a summary line again, and appends go on.
@@ -821,7 +817,7 @@ mod tests {
         f.write_header("t", &s);
         let path = file(f.root(), "t");
         assert!(last_summary(&path).unwrap().thread.archived);
-        assert!(read_all(f.root(), "t").unwrap().is_empty());
+        assert!(read_all(f.root(), &f.locks, "t").unwrap().is_empty());
         f.append("t", add("r1", 2, 10));
         for i in 0..200 {
             s.title = Some(format!("title {i}"));
@@ -846,7 +842,7 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(
-            read_all(f.root(), "t"),
+            read_all(f.root(), &f.locks, "t"),
             Err(StoreError::Invalid(_))
         ));
         assert!(matches!(
