@@ -66,8 +66,10 @@ enum Mode {
 /// Writes a thread's document to its file (no fsync) and returns the file's path.
 pub(super) type WriteFile = Box<dyn Fn(&str, &[u8]) -> std::io::Result<PathBuf> + Send + Sync>;
 
-/// Appends the transcript lines waiting for their files (no fsync); returns the files written.
-pub(super) type WriteTranscripts = Box<dyn Fn() -> std::io::Result<HashSet<PathBuf>> + Send + Sync>;
+/// Appends the transcript lines waiting for their files (no fsync); returns the files written
+/// (also when another failed) and whether all were.
+pub(super) type WriteTranscripts =
+    Box<dyn Fn() -> (HashSet<PathBuf>, std::io::Result<()>) + Send + Sync>;
 
 /// A document durable in the journal, not yet known durable in its thread file.
 #[derive(Debug, Clone)]
@@ -444,8 +446,10 @@ impl Journal {
         for (id, held) in snapshot {
             files.insert((self.write_file)(id, &held.doc)?);
         }
-        let transcripts = (self.write_transcripts)()?;
+        let (transcripts, all_written) = (self.write_transcripts)();
+        // Those written are synced even when another failed: their lines wait nowhere else now.
         make_durable(&[(&self.threads, &files), (&self.transcripts, &transcripts)])?;
+        all_written?;
         let mut removed = false;
         for (g, path) in generations(&self.dir)? {
             if g < below {
@@ -604,7 +608,7 @@ mod tests {
                     fs::write(&path, doc)?;
                     Ok(path)
                 }),
-                Box::new(|| Ok(HashSet::new())),
+                Box::new(|| (HashSet::new(), Ok(()))),
                 false,
             )
             .unwrap()

@@ -165,19 +165,21 @@ pub(super) fn write_waiting_locked(
 }
 
 /// Appends every file's waiting lines (the journal's checkpoint, before it deletes a
-/// generation); the files written, to be made durable. A file that fails is tried again at the
-/// next checkpoint; the others are written meanwhile.
+/// generation); the files written, to be made durable even when another failed, and whether
+/// every one was written. A file that fails is tried again at the next checkpoint.
 pub(in crate::store) fn write_waiting(
     root: &Path,
     locks: &Locks,
-) -> std::io::Result<HashSet<PathBuf>> {
+) -> (HashSet<PathBuf>, std::io::Result<()>) {
     let mut written = HashSet::new();
     let names = locks.pending.names();
     if names.is_empty() {
-        return Ok(written);
+        return (written, Ok(()));
     }
     let dir = dir(root);
-    fs::ensure_dir(&dir)?;
+    if let Err(e) = fs::ensure_dir(&dir) {
+        return (written, Err(e));
+    }
     let mut failed = None;
     for name in names {
         let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
@@ -192,11 +194,12 @@ pub(in crate::store) fn write_waiting(
             }
         }
     }
-    match failed {
-        None => Ok(written),
+    let result = match failed {
+        None => Ok(()),
         Some(StoreError::Io(e)) => Err(e),
         Some(e) => Err(std::io::Error::other(e.to_string())),
-    }
+    };
+    (written, result)
 }
 
 /// A run's messages added to the lines already waiting for the thread's file, in memory only
@@ -317,5 +320,34 @@ mod tests {
         assert!(p.take("t").is_none());
         p.put_back("t", w);
         assert_eq!(p.bytes_of("t").unwrap(), b"a\nb\n");
+    }
+
+    /// A checkpoint that cannot write one file (a directory in its place) writes the others,
+    /// says which (to be synced) and that it failed; the failed file's lines wait for the next.
+    #[test]
+    fn a_file_that_fails_keeps_its_lines_and_the_others_are_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let locks = Locks::default();
+        let c = Committed {
+            last: 1,
+            from: 1,
+            lines: 1,
+        };
+        let s = ThreadSummary::new("t", "2026-12-04T00:00:00.000Z");
+        for name in ["a.jsonl", "b.jsonl"] {
+            locks.pending.add(name, 0, b"line\n", c, s.clone());
+        }
+        let files = super::super::dir(dir.path());
+        std::fs::create_dir_all(files.join("b.jsonl")).unwrap();
+        let (written, all) = write_waiting(dir.path(), &locks);
+        assert!(all.is_err());
+        assert_eq!(written, HashSet::from([files.join("a.jsonl")]));
+        assert_eq!(std::fs::read(files.join("a.jsonl")).unwrap(), b"line\n");
+        assert_eq!(locks.pending.names(), ["b.jsonl"]);
+        std::fs::remove_dir(files.join("b.jsonl")).unwrap();
+        let (written, all) = write_waiting(dir.path(), &locks);
+        all.unwrap();
+        assert_eq!(written, HashSet::from([files.join("b.jsonl")]));
+        assert!(locks.pending.names().is_empty());
     }
 }
