@@ -351,7 +351,6 @@ impl ThreadStore for FileStore {
             };
             // Lines already waiting for the thread's file: added in memory, here.
             let in_memory = super::transcript_file::append_waiting(
-                &store.root,
                 &store.transcript_locks,
                 durable,
                 &store.index,
@@ -1070,6 +1069,36 @@ mod journal_tests {
         assert_eq!(on_disk(&s), 5);
         let summary = crate::store::transcript_file::last_summary(&file).unwrap();
         assert_eq!(summary.thread.title.as_deref(), Some("Renamed"));
+    }
+
+    /// Past the bound of what waits in memory (small in tests), a run's lines are appended to
+    /// their file at once: nothing is lost, and the checkpoint syncs them all the same.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn past_the_bound_lines_are_written_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let s = FileStore::open_with(&root, false).unwrap();
+        for i in 0..32 {
+            let t = format!("t{i}");
+            s.save(&doc(&t, None)).await.unwrap();
+            s.append_transcript(&t, turn("r1", 2)).await.unwrap();
+            s.append_transcript(&t, turn("r2", 2)).await.unwrap();
+        }
+        let files = (0..32)
+            .filter(|i| root.join(format!("transcripts/t{i}.jsonl")).exists())
+            .count();
+        assert!(
+            (1..32).contains(&files),
+            "{files} files written before a checkpoint"
+        );
+        for i in 0..32 {
+            assert_eq!(seqs_of(&s, &format!("t{i}")), [1, 2, 3, 4]);
+        }
+        s.flush_blocking().unwrap();
+        assert!(journal_logs(&root).is_empty());
+        for i in 0..32 {
+            assert_eq!(seqs_of(&s, &format!("t{i}")), [1, 2, 3, 4]);
+        }
     }
 
     /// A run that ends after its thread's `DELETE` (guidance does not hold the thread) keeps no

@@ -158,6 +158,9 @@ struct State {
     queue: Queue,
     /// The newest held document of each thread.
     held: HashMap<String, Held>,
+    /// Transcript lines were journaled since the last checkpoint that wrote them all: they may
+    /// wait for their files.
+    transcripts: bool,
     workers: Workers,
     /// Batches written so far.
     batches: u64,
@@ -223,6 +226,7 @@ impl Journal {
                 },
                 queue: Queue::default(),
                 held: HashMap::new(),
+                transcripts: false,
                 workers: Workers {
                     writer: false,
                     // Without the background thread, only `checkpoint` calls write files (tests).
@@ -292,6 +296,7 @@ impl Journal {
             return None;
         }
         let (done, rx) = oneshot::channel();
+        st.transcripts |= matches!(payload, Payload::Transcript);
         let q = &mut st.queue;
         q.records.extend_from_slice(&record);
         q.last_seq += 1;
@@ -443,12 +448,24 @@ impl Journal {
         below: u64,
     ) -> std::io::Result<()> {
         let mut files = HashSet::new();
+        let mut failed = None;
         for (id, held) in snapshot {
-            files.insert((self.write_file)(id, &held.doc)?);
+            match (self.write_file)(id, &held.doc) {
+                Ok(path) => {
+                    files.insert(path);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
         }
+        // Also when a document failed, so that the transcripts' waiting lines do not pile up.
         let (transcripts, all_written) = (self.write_transcripts)();
         // Those written are synced even when another failed: their lines wait nowhere else now.
         make_durable(&[(&self.threads, &files), (&self.transcripts, &transcripts)])?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
         all_written?;
         let mut removed = false;
         for (g, path) in generations(&self.dir)? {
@@ -516,7 +533,11 @@ impl Journal {
         if st.mode != Mode::Journal {
             return Ok(false);
         }
-        if st.held.is_empty() && st.generation.is_empty() && st.queue.saves.is_empty() {
+        if st.held.is_empty()
+            && st.generation.is_empty()
+            && st.queue.saves.is_empty()
+            && !st.transcripts
+        {
             return Ok(false);
         }
         st.busy.checkpointing = true;
@@ -534,6 +555,7 @@ impl Journal {
         // (the writer records them before it lets go).
         let current = st.generation.number;
         let snapshot = Self::snapshot(&st);
+        st.transcripts = false;
         drop(st);
         let result = self.write_out_and_drop_generations(&snapshot, current);
         let mut st = self.lock();
@@ -541,6 +563,7 @@ impl Journal {
         if result.is_ok() {
             Self::forget(&mut st, snapshot);
         } else {
+            st.transcripts = true;
             // What is still held is due again after `ROTATE_AGE`, saves or not.
             st.generation.since.get_or_insert_with(Instant::now);
         }

@@ -437,6 +437,10 @@ fn write(
             locks.pending.add(&name, size, &bytes, next, summary);
             // Queued while the thread's lock is held, so its records are in the order of its lines.
             if let Some(rx) = journal.submit_transcript(thread_id, &bytes) {
+                if locks.pending.full() {
+                    // Too much waits (failing checkpoints): appended now, synced by the next.
+                    write_waiting_locked(locks, &path, &name)?;
+                }
                 return Ok(Some(rx));
             }
             // The journal is not in use (it failed): written and synced here.
@@ -919,5 +923,35 @@ mod tests {
         assert_eq!(written.title.as_deref(), Some("First question"));
         assert!(written.archived);
         assert_eq!(written.last_activity_at, "2026-12-02T00:00:00.000Z");
+    }
+
+    /// A reader while a checkpoint writes a file's waiting lines (the file holding none, part or
+    /// all of them) reads every entry once: the lines wait until the file holds them.
+    #[test]
+    fn a_reader_during_a_checkpoints_write_reads_every_line_once() {
+        let f = Files::new();
+        f.append("t", add("r1", 2, 10));
+        let path = file(f.root(), "t");
+        let before = std::fs::read(&path).unwrap();
+        let c = committed_in(&path).unwrap();
+        let messages = vec![json!({"id": "a"}), json!({"id": "b"})];
+        let entries = transcript::number(c.last, "r2", "x", messages);
+        let size = before.len() as u64;
+        let (bytes, next) = plan(c, size, &entries, Keep::Newest(10), &summary("t"))
+            .unwrap()
+            .unwrap();
+        f.locks
+            .pending
+            .add("t.jsonl", size, &bytes, next, summary("t"));
+        let read = || -> Vec<u64> {
+            let all = read_all(f.root(), &f.locks, "t").unwrap();
+            all.iter().map(|e| e.seq).collect()
+        };
+        for cut in [0, 1, bytes.len() / 2, bytes.len()] {
+            let mut partial = before.clone();
+            partial.extend_from_slice(&bytes[..cut]);
+            std::fs::write(&path, &partial).unwrap();
+            assert_eq!(read(), [1, 2, 3, 4], "the file holding {cut} bytes of them");
+        }
     }
 }

@@ -9,9 +9,10 @@
 //! checkpoints gets one write for all of them (a per-run append was most of what a transcript
 //! cost a short turn).
 //!
-//! A reader takes the waiting lines first, then the file, and reads the two as one log: a
-//! checkpoint in between leaves lines in both (read once, the later copy winning), never in
-//! neither. Every other write of a file (a summary, a compaction, a removal) first appends or
+//! A reader takes the waiting lines first, then the file, and reads the two as one log: lines
+//! stay waiting until their file holds them, so a checkpoint in between leaves lines in both
+//! (read once, the later copy winning), never in neither. At most 32 MiB waits in all (past it a
+//! write appends at once); the files written are synced by the next checkpoint. Every other write of a file (a summary, a compaction, a removal) first appends or
 //! drops its waiting lines under the thread's lock, so the file is whole when it is rewritten.
 
 use std::collections::{HashMap, HashSet};
@@ -24,11 +25,11 @@ use super::super::file_index::Index;
 use super::super::fs;
 use super::super::listing::{self, ThreadSummary};
 use super::super::{StoreError, TranscriptAppend};
-use super::{dir, name, open_log, plan, sync_file, Committed, Durable, Keep, Locks, Written};
+use super::{dir, name, open_log, plan, Committed, Durable, Keep, Locks, Written};
 use crate::transcript;
 
 /// A file's waiting lines.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Waiting {
     /// The size of the file the lines go after: what they were made for.
     pub base: u64,
@@ -65,23 +66,42 @@ impl Waiting {
     }
 }
 
-/// Each file's waiting lines, by file name. Changed only under the thread's lock.
+/// At most this much waits in memory in all: past it, a write appends its lines at once (the
+/// checkpoint still syncs them), so that failing checkpoints cannot grow the memory.
+const MAX_WAITING_BYTES: usize = if cfg!(test) { 4096 } else { 32 * 1024 * 1024 };
+
+#[derive(Debug, Default)]
+struct Map {
+    files: HashMap<String, Waiting>,
+    /// The bytes of every file's waiting lines.
+    bytes: usize,
+}
+
+/// Each file's waiting lines, by file name, changed only under the thread's lock; and the
+/// files written since the last checkpoint, which it syncs.
 #[derive(Debug, Default)]
 pub(super) struct PendingLines {
-    map: Mutex<HashMap<String, Waiting>>,
+    map: Mutex<Map>,
+    written: Mutex<HashSet<PathBuf>>,
 }
 
 impl PendingLines {
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Waiting>) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut Map) -> T) -> T {
         f(&mut self.map.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// What the file will commit, its size and summary, when it has lines waiting.
     pub fn state(&self, name: &str) -> Option<(Committed, u64, ThreadSummary)> {
         self.with(|m| {
-            m.get(name)
+            m.files
+                .get(name)
                 .map(|w| (w.committed, w.size(), w.summary.clone()))
         })
+    }
+
+    /// Whether more than the bound waits.
+    pub fn full(&self) -> bool {
+        self.with(|m| m.bytes > MAX_WAITING_BYTES)
     }
 
     /// Adds lines after those waiting (or after a file of `base` bytes when none wait).
@@ -93,45 +113,80 @@ impl PendingLines {
         committed: Committed,
         summary: ThreadSummary,
     ) {
-        self.with(|m| match m.get_mut(name) {
-            Some(w) => {
-                w.bytes.extend_from_slice(bytes);
-                w.committed = committed;
-                w.summary = summary;
-            }
-            None => {
-                m.insert(
-                    name.to_owned(),
-                    Waiting {
+        self.with(|m| {
+            m.bytes += bytes.len();
+            match m.files.get_mut(name) {
+                Some(w) => {
+                    w.bytes.extend_from_slice(bytes);
+                    w.committed = committed;
+                    w.summary = summary;
+                }
+                None => {
+                    let w = Waiting {
                         base,
                         bytes: bytes.to_vec(),
                         committed,
                         summary,
-                    },
-                );
+                    };
+                    m.files.insert(name.to_owned(), w);
+                }
             }
         })
     }
 
-    /// Takes a file's waiting lines (to write them, or to drop them with the file).
+    /// Drops a file's waiting lines (written, or gone with the file).
     pub fn take(&self, name: &str) -> Option<Waiting> {
-        self.with(|m| m.remove(name))
+        self.with(|m| {
+            let w = m.files.remove(name)?;
+            m.bytes -= w.bytes.len();
+            Some(w)
+        })
     }
 
-    /// Puts back lines whose write failed (nothing was added meanwhile: the thread's lock is held).
-    pub fn put_back(&self, name: &str, w: Waiting) {
-        self.with(|m| m.insert(name.to_owned(), w));
+    /// A copy of a file's waiting lines, to write them: they stay waiting until written, so that
+    /// a reader meanwhile finds them (the file may hold part of them).
+    pub fn copy(&self, name: &str) -> Option<Waiting> {
+        self.with(|m| m.files.get(name).cloned())
     }
 
     /// A copy of a file's waiting lines, for a reader.
     pub fn bytes_of(&self, name: &str) -> Option<Vec<u8>> {
-        self.with(|m| m.get(name).map(|w| w.bytes.clone()))
+        self.with(|m| m.files.get(name).map(|w| w.bytes.clone()))
     }
 
     /// The files with lines waiting.
     pub fn names(&self) -> Vec<String> {
-        self.with(|m| m.keys().cloned().collect())
+        self.with(|m| m.files.keys().cloned().collect())
     }
+
+    /// A file written its waiting lines (not synced).
+    fn wrote(&self, path: &Path) {
+        let mut w = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        w.insert(path.to_owned());
+    }
+
+    /// The files written since the last call, to be synced.
+    fn drain_written(&self) -> HashSet<PathBuf> {
+        std::mem::take(&mut *self.written.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Whether a failed write of a file may succeed later (the disk's state), or the file itself
+/// stands in the way (a directory, a symlink, its permissions) and never will.
+fn transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::ENOSPC
+                | libc::EDQUOT
+                | libc::EIO
+                | libc::EINTR
+                | libc::EAGAIN
+                | libc::ENOMEM
+                | libc::EMFILE
+                | libc::ENFILE
+        )
+    )
 }
 
 /// Appends a file's waiting lines to it (under the thread's lock); whether there were any.
@@ -140,7 +195,7 @@ pub(super) fn write_waiting_locked(
     path: &Path,
     name: &str,
 ) -> Result<bool, StoreError> {
-    let Some(waiting) = locks.pending.take(name) else {
+    let Some(waiting) = locks.pending.copy(name) else {
         return Ok(false);
     };
     let written = open_log(path, Some(&locks.create)).and_then(|opened| {
@@ -149,16 +204,19 @@ pub(super) fn write_waiting_locked(
         Ok(waiting.append_to(&mut file, size)?)
     });
     match written {
-        Ok(()) => Ok(true),
-        // The disk's failure: kept for the next try (the journal keeps them too).
-        Err(e @ StoreError::Io(_)) => {
-            locks.pending.put_back(name, waiting);
-            Err(e)
+        Ok(()) => {
+            locks.pending.take(name);
+            locks.pending.wrote(path);
+            Ok(true)
         }
-        // A file that cannot be a transcript (a symlink put in its place): its lines are lost,
-        // as a write at the run's end would have been, rather than stop every checkpoint.
+        // The disk's failure: they wait for the next try (the journal keeps them too).
+        Err(StoreError::Io(e)) if transient(&e) => Err(StoreError::Io(e)),
+        // A file that cannot be a transcript (a symlink or a directory in its place, a file the
+        // gateway may not write): its lines are lost, as a write at the run's end would have
+        // been, rather than stop every checkpoint.
         Err(e) => {
             tracing::warn!(file = name, error = %e, "waiting transcript lines dropped");
+            locks.pending.take(name);
             Ok(false)
         }
     }
@@ -171,29 +229,24 @@ pub(in crate::store) fn write_waiting(
     root: &Path,
     locks: &Locks,
 ) -> (HashSet<PathBuf>, std::io::Result<()>) {
-    let mut written = HashSet::new();
     let names = locks.pending.names();
-    if names.is_empty() {
-        return (written, Ok(()));
-    }
-    let dir = dir(root);
-    if let Err(e) = fs::ensure_dir(&dir) {
-        return (written, Err(e));
-    }
     let mut failed = None;
-    for name in names {
-        let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
-        let path = dir.join(&name);
-        match write_waiting_locked(locks, &path, &name) {
-            Ok(true) => {
-                written.insert(path);
+    if !names.is_empty() {
+        let dir = dir(root);
+        match fs::ensure_dir(&dir) {
+            Ok(()) => {
+                for name in names {
+                    let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
+                    if let Err(e) = write_waiting_locked(locks, &dir.join(&name), &name) {
+                        failed.get_or_insert(e);
+                    }
+                }
             }
-            Ok(false) => {}
-            Err(e) => {
-                failed.get_or_insert(e);
-            }
+            Err(e) => failed = Some(StoreError::Io(e)),
         }
     }
+    // Every file written since the last checkpoint, also by a write that failed after it.
+    let written = locks.pending.drain_written();
     let result = match failed {
         None => Ok(()),
         Some(StoreError::Io(e)) => Err(e),
@@ -206,9 +259,9 @@ pub(in crate::store) fn write_waiting(
 /// (their journal record queued): no file is opened, read or written. `Err(add)` when that is
 /// not how this append goes ([`append`] then does it): no lines wait, the thread's lock is
 /// taken (never waited for here: the caller is an async task), `live` does not say the thread
-/// exists, or the file is due for a compaction.
+/// exists, the file is due for a compaction, too much waits already, or the journal is not in
+/// use.
 pub(in crate::store) fn append_waiting(
-    root: &Path,
     locks: &Locks,
     durable: Durable<'_>,
     index: &Index,
@@ -219,14 +272,13 @@ pub(in crate::store) fn append_waiting(
     let (Some(journal), Ok(name)) = (durable.journal, name(thread_id)) else {
         return Ok(Err(add));
     };
-    let dir_sync = durable.dir_sync;
     let Ok(_one) = locks.of(&name).try_lock() else {
         return Ok(Err(add));
     };
     let Some((c, size, on_disk)) = locks.pending.state(&name) else {
         return Ok(Err(add));
     };
-    if add.messages.is_empty() || !live() {
+    if add.messages.is_empty() || locks.pending.full() || !live() {
         return Ok(Err(add));
     }
     let title = listing::title_of(&add.messages);
@@ -238,25 +290,23 @@ pub(in crate::store) fn append_waiting(
     } = add;
     let entries = transcript::number(c.last, &run_id, &at, messages);
     let summary = index.appended(thread_id, title, &at, Some(&on_disk));
+    let back = |entries: Vec<transcript::Entry>| TranscriptAppend {
+        messages: entries.into_iter().map(|e| e.message).collect(),
+        run_id: run_id.clone(),
+        at: at.clone(),
+        limit,
+    };
     let Some((bytes, next)) = plan(c, size, &entries, Keep::Newest(limit), &summary)? else {
-        let messages = entries.into_iter().map(|e| e.message).collect();
-        return Ok(Err(TranscriptAppend {
-            run_id,
-            at,
-            messages,
-            limit,
-        }));
+        return Ok(Err(back(entries)));
+    };
+    // Queued before the lines are added, under the thread's lock: a checkpoint between the two
+    // waits for this lock before it writes the file's lines, these among them.
+    let Some(rx) = journal.submit_transcript(thread_id, &bytes) else {
+        // The journal is not in use (it failed): the blocking path writes and syncs the file.
+        return Ok(Err(back(entries)));
     };
     locks.pending.add(&name, size, &bytes, next, summary);
-    if let Some(rx) = journal.submit_transcript(thread_id, &bytes) {
-        return Ok(Ok(Some(rx)));
-    }
-    // The journal stopped meanwhile (rare: it failed): written and synced here.
-    let dir = dir(root);
-    let path = dir.join(&name);
-    write_waiting_locked(locks, &path, &name)?;
-    sync_file(&path, &dir, dir_sync, true)?;
-    Ok(Ok(None))
+    Ok(Ok(Some(rx)))
 }
 
 #[cfg(test)]
@@ -316,16 +366,26 @@ mod tests {
         assert_eq!((committed.last, size), (2, 14), "the first base stays");
         assert_eq!(p.bytes_of("t").unwrap(), b"a\nb\n");
         assert_eq!(p.names(), ["t"]);
-        let w = p.take("t").unwrap();
-        assert!(p.take("t").is_none());
-        p.put_back("t", w);
-        assert_eq!(p.bytes_of("t").unwrap(), b"a\nb\n");
+        assert_eq!(p.copy("t").unwrap().bytes, b"a\nb\n");
+        assert_eq!(
+            p.bytes_of("t").unwrap(),
+            b"a\nb\n",
+            "a copy leaves them waiting"
+        );
+        assert!(!p.full());
+        p.add("u", 0, &[b'x'; MAX_WAITING_BYTES], c(1), s.clone());
+        assert!(p.full());
+        let w = p.take("u").unwrap();
+        assert_eq!(w.bytes.len(), MAX_WAITING_BYTES);
+        assert!(!p.full(), "counted off when taken");
+        assert!(p.take("u").is_none());
     }
 
-    /// A checkpoint that cannot write one file (a directory in its place) writes the others,
-    /// says which (to be synced) and that it failed; the failed file's lines wait for the next.
+    /// A checkpoint writes every file's lines and names the files to sync; a file that can never
+    /// be a transcript (a directory in its place) loses its lines rather than stop every
+    /// checkpoint; the disk's failures (no space, I/O) keep them for the next.
     #[test]
-    fn a_file_that_fails_keeps_its_lines_and_the_others_are_written() {
+    fn a_file_in_the_way_loses_its_lines_and_the_others_are_written() {
         let dir = tempfile::tempdir().unwrap();
         let locks = Locks::default();
         let c = Committed {
@@ -340,14 +400,19 @@ mod tests {
         let files = super::super::dir(dir.path());
         std::fs::create_dir_all(files.join("b.jsonl")).unwrap();
         let (written, all) = write_waiting(dir.path(), &locks);
-        assert!(all.is_err());
+        all.unwrap();
         assert_eq!(written, HashSet::from([files.join("a.jsonl")]));
         assert_eq!(std::fs::read(files.join("a.jsonl")).unwrap(), b"line\n");
-        assert_eq!(locks.pending.names(), ["b.jsonl"]);
-        std::fs::remove_dir(files.join("b.jsonl")).unwrap();
-        let (written, all) = write_waiting(dir.path(), &locks);
-        all.unwrap();
-        assert_eq!(written, HashSet::from([files.join("b.jsonl")]));
         assert!(locks.pending.names().is_empty());
+        assert!(write_waiting(dir.path(), &locks).0.is_empty(), "named once");
+        let err = std::io::Error::from_raw_os_error;
+        for (code, again) in [
+            (libc::ENOSPC, true),
+            (libc::EIO, true),
+            (libc::EISDIR, false),
+            (libc::EACCES, false),
+        ] {
+            assert_eq!(transient(&err(code)), again, "{code}");
+        }
     }
 }
