@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use crate::error::{msg, ApiError, Code};
-use crate::store::{LastRun, StoreError, ThreadDoc};
+use crate::store::{LastRun, StoreError, ThreadDoc, TranscriptAppend};
 
 use super::threads::{Slot, ThreadState, Threads};
 
@@ -151,16 +151,33 @@ impl ThreadHold {
         }
     }
 
-    /// Releases the thread at the end of run `last.run_id` and records how the run ended; the
-    /// execution becomes terminal when it ended without pending interrupts. Nothing is recorded
-    /// when the hold ended: the thread is another hold's now.
+    /// Releases the thread with how the run ended: [`ThreadHold::end_run`], then
+    /// [`ThreadHold::free`].
     pub async fn release(&self, last: LastRun) {
+        let run_id = last.run_id.clone();
+        let _ = self.end_run(last, None).await;
+        self.free(&run_id).await;
+    }
+
+    /// The run's end made durable: the thread's document as the run leaves it (its execution
+    /// ended unless it waits for answers, no active run, `lastRun`) and the run's messages, in
+    /// one write where the store can. The run still holds the thread until
+    /// [`ThreadHold::free`]. A failed save of the document is logged (what a client needs next
+    /// is in memory); the transcript append's outcome is returned.
+    pub async fn end_run(
+        &self,
+        last: LastRun,
+        transcript: Option<TranscriptAppend>,
+    ) -> Result<(), StoreError> {
         let mut st = self.slot.lock().await;
         if st.hold() != self.hold {
-            return;
-        }
-        if st.active.as_ref().is_some_and(|a| a.run_id == last.run_id) {
-            st.active = None;
+            // Not this run's thread any more: its messages are still its history.
+            let thread_id = st.doc.as_ref().map(|d| d.thread_id.clone());
+            drop(st);
+            return match (transcript, thread_id) {
+                (Some(t), Some(id)) => self.threads.store().append_transcript(&id, t).await,
+                _ => Ok(()),
+            };
         }
         let ended = st.doc.as_ref().is_some_and(|d| {
             d.is_current(&self.execution_id)
@@ -169,21 +186,40 @@ impl ThreadHold {
         });
         let recorded = self
             .threads
-            .record(&mut st, |d| {
-                if ended {
-                    d.end_execution();
-                }
-                if d.active_run
-                    .as_ref()
-                    .is_some_and(|a| a.run_id == last.run_id)
-                {
-                    d.active_run = None;
-                }
-                d.last_run = Some(last);
-            })
+            .record_ending(
+                &mut st,
+                |d| {
+                    if ended {
+                        d.end_execution();
+                    }
+                    if d.active_run
+                        .as_ref()
+                        .is_some_and(|a| a.run_id == last.run_id)
+                    {
+                        d.active_run = None;
+                    }
+                    d.last_run = Some(last);
+                },
+                transcript,
+            )
             .await;
-        if let Some(Err(e)) = recorded {
-            tracing::warn!(error = %e, "end-of-run state write failed");
+        match recorded {
+            Some((saved, appended)) => {
+                if let Err(e) = saved {
+                    tracing::warn!(error = %e, "end-of-run state write failed");
+                }
+                appended
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The thread is free for its next run (in memory: the end was written by
+    /// [`ThreadHold::end_run`]).
+    pub async fn free(&self, run_id: &str) {
+        let mut st = self.slot.lock().await;
+        if st.hold() == self.hold && st.active.as_ref().is_some_and(|a| a.run_id == run_id) {
+            st.active = None;
         }
     }
 

@@ -454,6 +454,22 @@ impl Threads {
         Some(self.store.save(doc).await)
     }
 
+    /// [`Threads::record`] at a run's end: the run's messages appended to the transcript with
+    /// the save (one durable write where the store can). The outcomes of the save and of the
+    /// append; `None` when the thread has no document (nothing written).
+    pub async fn record_ending(
+        &self,
+        st: &mut ThreadState,
+        change: impl FnOnce(&mut ThreadDoc),
+        transcript: Option<crate::store::TranscriptAppend>,
+    ) -> Option<(Result<(), StoreError>, Result<(), StoreError>)> {
+        let doc = st.doc.as_mut()?;
+        let before = doc.clone();
+        change(doc);
+        self.account(Some(&before), doc);
+        Some(self.store.save_ending(doc, transcript).await)
+    }
+
     /// Changes the thread's document with `change`, durable first: on a failed save the
     /// document stays as it was. `None` when the thread has no document.
     pub async fn edit<R>(

@@ -328,6 +328,113 @@ impl FileStore {
         Ok(existed)
     }
 
+    /// A document's stored bytes saved: queued in the journal and durable with its group
+    /// commit, or (no journal, or it failed) written durably to its file.
+    fn save_bytes(
+        &self,
+        thread_id: String,
+        bytes: Arc<Vec<u8>>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        // Journaled: wait for the group commit on a channel, holding no thread meanwhile.
+        let committed = self
+            .journal
+            .as_ref()
+            .and_then(|j| j.submit(&thread_id, bytes.clone()));
+        let store = self.clone();
+        Box::pin(async move {
+            if let Some(rx) = committed {
+                if rx.await == Ok(true) {
+                    return Ok(());
+                }
+            }
+            // No journal, or it failed (then it is retired first): a direct durable write.
+            tokio::task::spawn_blocking(move || {
+                if let Some(j) = &store.journal {
+                    j.settle()?;
+                }
+                store.replace_durably(&thread_id, &bytes)
+            })
+            .await
+            .map_err(blocking_failed)?
+        })
+    }
+
+    /// A run's messages appended to the thread's transcript (when `doc`, the thread's document
+    /// queued in the journal with them); whether that document is durable with them.
+    async fn append_carrying(
+        self,
+        id: String,
+        add: super::TranscriptAppend,
+        doc: Option<Arc<Vec<u8>>>,
+    ) -> (Result<(), StoreError>, bool) {
+        let store = self;
+        // Lines already waiting for the thread's file: added in memory, here.
+        let in_memory = {
+            let queued = std::cell::Cell::new(false);
+            let durable = super::transcript_file::Durable {
+                dir_sync: &store.dir_sync,
+                journal: store.journal.as_ref(),
+                with_doc: doc.as_ref().map(|d| (d, &queued)),
+            };
+            let journal = store.journal.as_ref();
+            let live = || journal.is_some_and(|j| j.newest(&id).is_some());
+            let r = super::transcript_file::append_waiting(
+                &store.transcript_locks,
+                durable,
+                &store.index,
+                &id,
+                add,
+                &live,
+            );
+            r.map(|r| r.map(|w| (w, queued.get())))
+        };
+        let in_memory = match in_memory {
+            Ok(r) => r,
+            Err(e) => return (Err(e), false),
+        };
+        let (written, queued) = match in_memory {
+            Ok(done) => done,
+            Err(add) => {
+                let (s, id) = (store.clone(), id.clone());
+                let slow = tokio::task::spawn_blocking(move || {
+                    let queued = std::cell::Cell::new(false);
+                    let durable = super::transcript_file::Durable {
+                        dir_sync: &s.dir_sync,
+                        journal: s.journal.as_ref(),
+                        with_doc: doc.as_ref().map(|d| (d, &queued)),
+                    };
+                    let (root, locks, index) = (&s.root, &s.transcript_locks, &s.index);
+                    let live = || s.has_doc(&id);
+                    super::transcript_file::append(root, locks, durable, index, &id, add, &live)
+                        .map(|w| (w, queued.get()))
+                })
+                .await
+                .map_err(blocking_failed);
+                match slow {
+                    Ok(Ok(done)) => done,
+                    Ok(Err(e)) | Err(e) => return (Err(e), false),
+                }
+            }
+        };
+        // Journaled: wait for the group commit on a channel, holding no thread meanwhile.
+        let Some(rx) = written else {
+            return (Ok(()), false);
+        };
+        if rx.await == Ok(true) {
+            return (Ok(()), queued);
+        }
+        // The journal failed (it is retired first): the file synced directly.
+        let synced = tokio::task::spawn_blocking(move || {
+            if let Some(j) = &store.journal {
+                j.settle()?;
+            }
+            super::transcript_file::sync(&store.root, &store.transcript_locks, &id)
+        })
+        .await
+        .map_err(blocking_failed);
+        (synced.and_then(|r| r), false)
+    }
+
     /// Makes every completed save durable in its thread file (blocking).
     pub fn flush_blocking(&self) -> Result<(), StoreError> {
         if let Some(j) = &self.journal {
@@ -344,65 +451,34 @@ impl ThreadStore for FileStore {
         add: super::TranscriptAppend,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move { store.append_carrying(id, add, None).await.0 })
+    }
+    fn save_ending(
+        &self,
+        doc: &ThreadDoc,
+        transcript: Option<super::TranscriptAppend>,
+    ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)> {
+        let (Some(add), Some(_)) = (transcript, &self.journal) else {
+            let saved = self.save(doc);
+            return Box::pin(async move { (saved.await, Ok(())) });
+        };
+        let bytes = match doc.to_stored() {
+            Ok(b) => Arc::new(b),
+            Err(e) => return Box::pin(std::future::ready((Err(e), Ok(())))),
+        };
+        let (store, id) = (self.clone(), doc.thread_id.clone());
+        self.index.saved(doc, &crate::clock::rfc3339_ms(now_ms()));
         Box::pin(async move {
-            let durable = super::transcript_file::Durable {
-                dir_sync: &store.dir_sync,
-                journal: store.journal.as_ref(),
+            let (appended, durable) = store
+                .clone()
+                .append_carrying(id.clone(), add, Some(bytes.clone()))
+                .await;
+            // Not queued with the lines (none were), or the journal failed: saved on its own.
+            let saved = match durable {
+                true => Ok(()),
+                false => store.save_bytes(id, bytes).await,
             };
-            // Lines already waiting for the thread's file: added in memory, here.
-            let in_memory = super::transcript_file::append_waiting(
-                &store.transcript_locks,
-                durable,
-                &store.index,
-                &id,
-                add,
-                &|| {
-                    store
-                        .journal
-                        .as_ref()
-                        .is_some_and(|j| j.newest(&id).is_some())
-                },
-            )?;
-            let (written, id) = match in_memory {
-                Ok(written) => (written, id),
-                Err(add) => {
-                    let s = store.clone();
-                    tokio::task::spawn_blocking(move || {
-                        let durable = super::transcript_file::Durable {
-                            dir_sync: &s.dir_sync,
-                            journal: s.journal.as_ref(),
-                        };
-                        super::transcript_file::append(
-                            &s.root,
-                            &s.transcript_locks,
-                            durable,
-                            &s.index,
-                            &id,
-                            add,
-                            &|| s.has_doc(&id),
-                        )
-                        .map(|w| (w, id))
-                    })
-                    .await
-                    .map_err(blocking_failed)??
-                }
-            };
-            // Journaled: wait for the group commit on a channel, holding no thread meanwhile.
-            let Some(rx) = written else {
-                return Ok(());
-            };
-            if rx.await == Ok(true) {
-                return Ok(());
-            }
-            // The journal failed (it is retired first): the file synced directly.
-            tokio::task::spawn_blocking(move || {
-                if let Some(j) = &store.journal {
-                    j.settle()?;
-                }
-                super::transcript_file::sync(&store.root, &store.transcript_locks, &id)
-            })
-            .await
-            .map_err(blocking_failed)?
+            (saved, appended)
         })
     }
     fn read_transcript(
@@ -469,30 +545,8 @@ impl ThreadStore for FileStore {
             Ok(b) => Arc::new(b),
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        let thread_id = doc.thread_id.clone();
         self.index.saved(doc, &crate::clock::rfc3339_ms(now_ms()));
-        // Journaled: wait for the group commit on a channel, holding no thread meanwhile.
-        let committed = self
-            .journal
-            .as_ref()
-            .and_then(|j| j.submit(&thread_id, bytes.clone()));
-        let store = self.clone();
-        Box::pin(async move {
-            if let Some(rx) = committed {
-                if rx.await == Ok(true) {
-                    return Ok(());
-                }
-            }
-            // No journal, or it failed (then it is retired first): a direct durable write.
-            tokio::task::spawn_blocking(move || {
-                if let Some(j) = &store.journal {
-                    j.settle()?;
-                }
-                store.replace_durably(&thread_id, &bytes)
-            })
-            .await
-            .map_err(blocking_failed)?
-        })
+        self.save_bytes(doc.thread_id.clone(), bytes)
     }
 
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
@@ -1099,6 +1153,38 @@ mod journal_tests {
         for i in 0..32 {
             assert_eq!(seqs_of(&s, &format!("t{i}")), [1, 2, 3, 4]);
         }
+    }
+
+    /// A run's end writes the thread's document and the run's messages in one sync (the slow
+    /// path, which reads the file, and the one in memory alike); a crash after it brings both
+    /// back; an end without messages is a plain save.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_runs_end_writes_its_document_and_messages_in_one_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let s = FileStore::open_with(&root, false).unwrap();
+        s.save(&doc("t", None)).await.unwrap();
+        for (task, run, seqs) in [("2", "r1", vec![1, 2]), ("3", "r2", vec![1, 2, 3, 4])] {
+            let before = s.journal_syncs();
+            let (saved, appended) = s
+                .save_ending(&doc("t", Some(task)), Some(turn(run, 2)))
+                .await;
+            saved.unwrap();
+            appended.unwrap();
+            assert_eq!(s.journal_syncs() - before, 1, "one sync for both");
+            assert_eq!(seqs_of(&s, "t"), seqs);
+            assert_eq!(s.load_blocking("t").unwrap().unwrap(), doc("t", Some(task)));
+        }
+        let copy = dir.path().join("copy");
+        copy_state(&root, &copy);
+        let c = FileStore::open_with(&copy, false).unwrap();
+        assert_eq!(seqs_of(&c, "t"), [1, 2, 3, 4]);
+        assert_eq!(c.load_blocking("t").unwrap().unwrap(), doc("t", Some("3")));
+        let (saved, appended) = s.save_ending(&doc("t", Some("4")), None).await;
+        saved.unwrap();
+        appended.unwrap();
+        assert_eq!(s.load_blocking("t").unwrap().unwrap(), doc("t", Some("4")));
+        assert_eq!(seqs_of(&s, "t"), [1, 2, 3, 4]);
     }
 
     /// A run that ends after its thread's `DELETE` (guidance does not hold the thread) keeps no

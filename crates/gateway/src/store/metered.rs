@@ -48,6 +48,27 @@ impl Metered {
         )
     }
 
+    /// [`ThreadStore::save_ending`], timed as a save (of the document; the transcript's
+    /// outcome is the caller's to count).
+    pub fn save_ending(
+        &self,
+        doc: &ThreadDoc,
+        transcript: Option<super::TranscriptAppend>,
+    ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)> {
+        let span = tracing::info_span!("agui.state_save");
+        let save = span.in_scope(|| self.inner.save_ending(doc, transcript));
+        let metrics = self.metrics.clone();
+        Box::pin(
+            async move {
+                let started = Instant::now();
+                let (saved, appended) = save.await;
+                metrics.state_save(started.elapsed(), saved.is_ok());
+                (saved, appended)
+            }
+            .instrument(span),
+        )
+    }
+
     /// [`ThreadStore::admit`]: its durable write counts as a save (timed, in a span of its own),
     /// when the decision wrote one: a refusal that changes nothing is no save.
     pub fn admit<'a>(

@@ -205,6 +205,24 @@ pub trait ThreadStore: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         Box::pin(std::future::ready(Ok(())))
     }
+    /// A run's end: its messages appended to the thread's transcript and the thread's document
+    /// as the run leaves it, both durable when done (a store that can write both at once does:
+    /// one sync, not two). The outcomes of the document's save and of the transcript's append.
+    fn save_ending(
+        &self,
+        doc: &ThreadDoc,
+        transcript: Option<TranscriptAppend>,
+    ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)> {
+        let appended = transcript.map(|t| self.append_transcript(&doc.thread_id, t));
+        let saved = self.save(doc);
+        Box::pin(async move {
+            let appended = match appended {
+                Some(a) => a.await,
+                None => Ok(()),
+            };
+            (saved.await, appended)
+        })
+    }
     /// A page of the thread's transcript: the newest `limit` entries before `before`.
     fn read_transcript(
         &self,

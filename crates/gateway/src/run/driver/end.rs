@@ -9,8 +9,49 @@ use agui::Dialect;
 
 use crate::error::{msg, ApiError, Code};
 
-use super::super::hold::Unsaved;
+use super::super::admit::{Admitted, Mode};
+use super::super::hold::{ThreadHold, Unsaved};
 use super::super::sink::Disconnected;
+use super::super::Runtime;
+use super::output;
+use crate::clock::rfc3339_ms;
+use crate::store::{BoxFuture, LastRun, StoreError, TranscriptAppend};
+use crate::telemetry::RunOutcome;
+
+/// What a run's end writes before its terminal event (its [`output::Ending`]): the thread's
+/// document as the run leaves it with the run's messages (one durable write where the store
+/// can), or a guidance run's messages alone (it does not hold the thread).
+pub(super) struct RunEnd<'a> {
+    pub(super) hold: &'a ThreadHold,
+    pub(super) rt: &'a Runtime,
+    pub(super) adm: &'a Admitted,
+}
+
+impl output::Ending for RunEnd<'_> {
+    fn write<'a>(
+        &'a self,
+        (outcome, code): (RunOutcome, Option<Code>),
+        transcript: Option<TranscriptAppend>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let envelope = &self.adm.req.envelope;
+            if self.adm.mode == Mode::Guidance {
+                let Some(t) = transcript else {
+                    return Ok(());
+                };
+                let store = self.rt.threads().store();
+                return store.append_transcript(&envelope.thread_id, t).await;
+            }
+            let last = LastRun {
+                run_id: envelope.run_id.clone(),
+                outcome: outcome.into(),
+                code: code.map(Into::into),
+                ended_at: rfc3339_ms(self.rt.now_ms()),
+            };
+            self.hold.end_run(last, transcript).await
+        })
+    }
+}
 
 /// How a run ended. Every path of the driver produces exactly one.
 #[derive(Debug)]

@@ -49,7 +49,7 @@ use super::sink::{Sink, Stop};
 use super::RunControl;
 
 use super::Runtime;
-use end::{ending, End, Failure, Flow};
+use end::{ending, End, Failure, Flow, RunEnd};
 use output::Output;
 use task::KernelTask;
 pub(super) use task::CANCEL_WAIT;
@@ -180,7 +180,6 @@ impl Driver {
         // `--transcript-limit 0`: no transcript.
         let limit = rt.cfg().caps.transcript_limit;
         let keep = (limit > 0).then(|| output::Keep {
-            store: rt.threads().store().clone(),
             limit,
             clock: rt.clock().clone(),
             metrics: rt.metrics().clone(),
@@ -248,9 +247,23 @@ impl Driver {
     /// Sends the terminal event of `end`, and does what the end implies for the kernel task.
     async fn conclude(&mut self, end: End) {
         match end {
-            End::Finished => self.out.finish(None).await,
+            End::Finished => {
+                let ending = RunEnd {
+                    hold: &self.hold,
+                    rt: &self.rt,
+                    adm: &self.adm,
+                };
+                self.out.finish(None, &ending).await
+            }
             End::Interrupted => match self.pending_interrupts().await {
-                Some(interrupts) => self.out.finish(Some(interrupts)).await,
+                Some(interrupts) => {
+                    let ending = RunEnd {
+                        hold: &self.hold,
+                        rt: &self.rt,
+                        adm: &self.adm,
+                    };
+                    self.out.finish(Some(interrupts), &ending).await
+                }
                 None => {
                     self.fail(End::failure(Code::StateUnavailable, msg::STATE_UNAVAILABLE))
                         .await
@@ -284,33 +297,47 @@ impl Driver {
             // answers keeps its task.
             self.task.cancel().await;
         }
-        self.out.fail(f.code, &f.message).await;
+        let ending = RunEnd {
+            hold: &self.hold,
+            rt: &self.rt,
+            adm: &self.adm,
+        };
+        self.out.fail(f.code, &f.message, &ending).await;
     }
 
     /// A client that disconnects from a running turn cancels its kernel task (as soon as its id
     /// is known). A run that ended, or ended in an interrupt, is not cancelled.
     async fn on_disconnect(&mut self) {
         let ended = self.out.ended();
-        self.out.abandon().await;
+        let ending = RunEnd {
+            hold: &self.hold,
+            rt: &self.rt,
+            adm: &self.adm,
+        };
+        self.out.abandon(&ending).await;
         if ended || self.adm.mode == Mode::Guidance || self.hold.waiting().await {
             return;
         }
         self.task.cancel().await;
     }
 
-    /// Releases the thread (guidance runs never held it) with how the run ended.
+    /// Releases the thread (guidance runs never held it): its end written before the terminal
+    /// event (or here, when no ending was sent), the thread free for its next run.
     async fn release(&mut self) {
         if self.adm.mode == Mode::Guidance {
             return;
         }
-        let (outcome, code) = self.out.outcome();
-        let last = LastRun {
-            run_id: self.run_id().to_owned(),
-            outcome: outcome.into(),
-            code: code.map(Into::into),
-            ended_at: rfc3339_ms(self.rt.now_ms()),
-        };
-        self.hold.release(last).await;
+        if !self.out.end_written() {
+            let (outcome, code) = self.out.outcome();
+            let last = LastRun {
+                run_id: self.run_id().to_owned(),
+                outcome: outcome.into(),
+                code: code.map(Into::into),
+                ended_at: rfc3339_ms(self.rt.now_ms()),
+            };
+            let _ = self.hold.end_run(last, None).await;
+        }
+        self.hold.free(&self.adm.req.envelope.run_id).await;
     }
 
     // ------------------------------------------------------------------ events

@@ -6,8 +6,10 @@
 //! has ended, every later ending is ignored. Phases send their other events through
 //! [`Output::emit`] and [`Output::map`].
 //!
-//! It also records what the run says (`transcript::Recorder`) and writes it to the thread's
-//! transcript before the terminal event is sent (or when the client left for good), once.
+//! It also records what the run says (`transcript::Recorder`), and before the terminal event is
+//! sent (or when the client left for good) has the run's end written, once, through an
+//! [`Ending`]: the thread's document as the run leaves it and the run's messages, in one durable
+//! write where the store can.
 
 use std::sync::Arc;
 
@@ -18,19 +20,28 @@ use crate::error::{msg, Code};
 use crate::i18n::{self, Lang};
 use crate::mapping::Mapper;
 use crate::run::sink::{GoneSignal, Sink};
-use crate::store::{Metered, TranscriptAppend};
+use crate::store::{BoxFuture, StoreError, TranscriptAppend};
 use crate::telemetry::RunOutcome;
 use crate::transcript::Recorder;
 
 use super::end::{is_cancelled_outcome, Flow};
 
-/// Where a run's transcript is written.
+/// How a run's messages are kept (its [`Ending`] writes them).
 pub(super) struct Keep {
-    pub store: Metered,
     /// `--transcript-limit`.
     pub limit: usize,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<crate::telemetry::Metrics>,
+}
+
+/// What a run's end writes before its terminal event (the driver's: the thread's document and
+/// the transcript; a guidance run's, the transcript alone). The transcript append's outcome.
+pub(super) trait Ending: Sync {
+    fn write<'a>(
+        &'a self,
+        outcome: (RunOutcome, Option<Code>),
+        transcript: Option<TranscriptAppend>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
 /// The events of one run.
@@ -38,7 +49,7 @@ pub(super) struct Output {
     recorder: Recorder,
     /// `None`: the run's messages are not kept (the output's own tests).
     keep: Option<Keep>,
-    /// The transcript was written (or there was nothing to write it to).
+    /// The run's end was written (through its [`Ending`]).
     written: bool,
     sink: Sink,
     mapper: Mapper,
@@ -146,7 +157,11 @@ impl Output {
     }
 
     /// Ends the run with `RUN_FINISHED`: success, or the interrupts it waits for.
-    pub(super) async fn finish(&mut self, interrupts: Option<Vec<agui::Interrupt>>) {
+    pub(super) async fn finish(
+        &mut self,
+        interrupts: Option<Vec<agui::Interrupt>>,
+        ending: &dyn Ending,
+    ) {
         let (outcome, recorded) = match interrupts {
             Some(i) => (Outcome::Interrupt(i), RunOutcome::Interrupt),
             None => (Outcome::Success, RunOutcome::Success),
@@ -157,24 +172,24 @@ impl Output {
             outcome,
             usage: self.mapper.usage(),
         };
-        self.end(terminal, (recorded, None)).await;
+        self.end(terminal, (recorded, None), ending).await;
     }
 
     /// Ends the run with `RUN_ERROR` (`message`: a catalogue text, translated here, or the
     /// kernel's own words); a cancellation told to a 1.0 client is `RUN_FINISHED` with the
     /// `cancelled` outcome instead.
-    pub(super) async fn fail(&mut self, code: Code, message: &str) {
+    pub(super) async fn fail(&mut self, code: Code, message: &str, ending: &dyn Ending) {
         let terminal = self.failure_event(code, message);
         let recorded = match code {
             Code::Cancelled => (RunOutcome::Cancelled, None),
             code => (RunOutcome::Error, Some(code)),
         };
-        self.end(terminal, recorded).await;
+        self.end(terminal, recorded, ending).await;
     }
 
     /// The client went away for good. With a replay buffer, a late reader still gets a whole
     /// run: spans balanced and one terminal event (cancelled, abandoned). Nothing more is sent.
-    pub(super) async fn abandon(&mut self) {
+    pub(super) async fn abandon(&mut self, ending: &dyn Ending) {
         if !self.sink.ended() {
             let mut events = Vec::new();
             self.mapper.close_all(&mut events);
@@ -182,7 +197,7 @@ impl Output {
             for e in &events {
                 self.recorder.event(e);
             }
-            self.write_transcript().await;
+            self.write_end(ending).await;
             if self.sink.has_replay() {
                 for e in events {
                     let _ = self.sink.emit(&e).await;
@@ -192,35 +207,45 @@ impl Output {
         self.sink.mark_gone();
     }
 
-    /// Writes what the run recorded to its thread's transcript, once. A failure is logged: the
-    /// transcript is history, not what a later run depends on, so the run ends as it would.
-    async fn write_transcript(&mut self) {
+    /// Has the run's end written, once: how it ended and what it recorded (none when its
+    /// messages are not kept). A transcript that cannot be written does not fail the run: the
+    /// client still gets its ending, and the failure is logged and counted.
+    async fn write_end(&mut self, ending: &dyn Ending) {
         if std::mem::replace(&mut self.written, true) {
             return;
         }
-        let (Some(keep), messages) = (&self.keep, self.recorder.take()) else {
-            return;
+        let messages = self.recorder.take();
+        let add = match &self.keep {
+            Some(keep) if !messages.is_empty() => Some(TranscriptAppend {
+                run_id: self.run_id.clone(),
+                at: rfc3339_ms(keep.clock.now_ms()),
+                messages,
+                limit: keep.limit,
+            }),
+            _ => None,
         };
-        if messages.is_empty() {
-            return;
-        }
-        let add = TranscriptAppend {
-            run_id: self.run_id.clone(),
-            at: rfc3339_ms(keep.clock.now_ms()),
-            messages,
-            limit: keep.limit,
-        };
-        // A transcript that cannot be written does not fail the run: the client still gets its
-        // ending, and the failure is logged and counted.
-        if let Err(e) = keep.store.append_transcript(&self.thread_id, add).await {
-            keep.metrics.transcript_write_failed();
+        let kept = add.is_some();
+        if let (Err(e), true) = (ending.write(self.outcome, add).await, kept) {
+            if let Some(keep) = &self.keep {
+                keep.metrics.transcript_write_failed();
+            }
             tracing::warn!(thread_id = %self.thread_id, run_id = %self.run_id, error = %e,
                 "the run's transcript was not written");
         }
     }
 
+    /// Whether the run's end was written (else its release writes it).
+    pub(super) fn end_written(&self) -> bool {
+        self.written
+    }
+
     /// Spans closed, then the terminal event; only the first ending of a run is sent.
-    async fn end(&mut self, terminal: Event, outcome: (RunOutcome, Option<Code>)) {
+    async fn end(
+        &mut self,
+        terminal: Event,
+        outcome: (RunOutcome, Option<Code>),
+        ending: &dyn Ending,
+    ) {
         if self.sink.ended() {
             return;
         }
@@ -232,7 +257,7 @@ impl Output {
         for e in &events {
             self.recorder.event(e);
         }
-        self.write_transcript().await;
+        self.write_end(ending).await;
         for e in events {
             if self.sink.is_gone() {
                 return;

@@ -225,3 +225,28 @@ async fn reading_a_thread_that_does_not_exist_is_not_found() {
     let e = read_thread(&threads, "nope", |_, _| ()).await.unwrap_err();
     assert_eq!(e.code, Code::ThreadNotFound);
 }
+
+/// A run's end is written before its terminal event while the thread stays the run's: the
+/// document says how it ended, and the thread is busy until the run frees it.
+#[tokio::test]
+async fn a_runs_end_is_written_before_the_thread_is_free() {
+    let (store, threads, h) = held(false).await;
+    let slot = threads.slot("thread-1");
+    let active = || async { slot.lock().await.active.as_ref().map(|a| a.run_id.clone()) };
+    let run_id = active().await.expect("the run holds the thread");
+    let mut ended = last(RunOutcome::Success);
+    ended.run_id = run_id.clone();
+    assert!(h.end_run(ended, None).await.is_ok());
+    let doc = store.stored("thread-1").unwrap();
+    assert_eq!(doc.last_run.as_ref().unwrap().run_id, run_id);
+    assert!(doc.active_run.is_none() && doc.is_terminal("exec-0"));
+    assert_eq!(active().await, Some(run_id.clone()), "still busy");
+    h.free("another-run").await;
+    assert_eq!(
+        active().await,
+        Some(run_id.clone()),
+        "only its own run frees it"
+    );
+    h.free(&run_id).await;
+    assert_eq!(active().await, None);
+}

@@ -84,6 +84,8 @@ enum Payload {
     Doc(Arc<Vec<u8>>),
     /// Lines of a transcript (they wait for their file in the transcripts' memory).
     Transcript,
+    /// Lines of a transcript, then the thread's document (a run's end: one batch for both).
+    Ending(Arc<Vec<u8>>),
 }
 
 /// A save waiting for the next group commit.
@@ -280,6 +282,19 @@ impl Journal {
         self.queue(thread_id, record, Payload::Transcript)
     }
 
+    /// Queues lines of a thread's transcript and then its document, in one batch: both are
+    /// durable, or neither, when the receiver says; as [`Journal::submit`].
+    pub(super) fn submit_ending(
+        self: &Arc<Self>,
+        thread_id: &str,
+        lines: &[u8],
+        doc: Arc<Vec<u8>>,
+    ) -> Option<oneshot::Receiver<bool>> {
+        let mut record = encode_kind(Kind::Transcript, thread_id, lines);
+        record.extend_from_slice(&encode(thread_id, &doc));
+        self.queue(thread_id, record, Payload::Ending(doc))
+    }
+
     fn queue(
         self: &Arc<Self>,
         thread_id: &str,
@@ -296,7 +311,7 @@ impl Journal {
             return None;
         }
         let (done, rx) = oneshot::channel();
-        st.transcripts |= matches!(payload, Payload::Transcript);
+        st.transcripts |= !matches!(payload, Payload::Doc(_));
         let q = &mut st.queue;
         q.records.extend_from_slice(&record);
         q.last_seq += 1;
@@ -392,7 +407,7 @@ impl Journal {
         };
         let mut told = Vec::with_capacity(saves.len());
         for q in saves {
-            if let (true, Payload::Doc(doc)) = (ok, q.payload) {
+            if let (true, Payload::Doc(doc) | Payload::Ending(doc)) = (ok, q.payload) {
                 st.held.insert(q.thread_id, Held { seq: q.seq, doc });
             }
             told.push(q.done);

@@ -330,6 +330,25 @@ fn summary_line(out: &mut Vec<u8>, thread: ThreadSummary, c: Committed) -> Resul
 pub(super) struct Durable<'a> {
     pub dir_sync: &'a DirSync,
     pub journal: Option<&'a Arc<Journal>>,
+    /// A run's end: the thread's document, queued in the journal with the lines (one batch);
+    /// the cell says whether it was (not when nothing was queued: no lines, the thread gone, a
+    /// compaction, no journal in use).
+    pub with_doc: Option<(&'a Arc<Vec<u8>>, &'a std::cell::Cell<bool>)>,
+}
+
+impl Durable<'_> {
+    /// Queues a write's lines (and the document it carries) in the journal.
+    fn submit(&self, thread_id: &str, lines: &[u8]) -> Written {
+        let journal = self.journal?;
+        match self.with_doc {
+            None => journal.submit_transcript(thread_id, lines),
+            Some((doc, queued)) => {
+                let rx = journal.submit_ending(thread_id, lines, doc.clone())?;
+                queued.set(true);
+                Some(rx)
+            }
+        }
+    }
 }
 
 /// A write done: durable already, or once the journal says so (`true`; on `false`, the journal
@@ -432,11 +451,11 @@ fn write(
             compact(&dir, &name, dir_sync, all, c.last.max(last), keep, summary)?;
             return Ok(None);
         };
-        if let Some(journal) = durable.journal {
+        if durable.journal.is_some() {
             drop(existing);
             locks.pending.add(&name, size, &bytes, next, summary);
             // Queued while the thread's lock is held, so its records are in the order of its lines.
-            if let Some(rx) = journal.submit_transcript(thread_id, &bytes) {
+            if let Some(rx) = durable.submit(thread_id, &bytes) {
                 if locks.pending.full() {
                     // Too much waits (failing checkpoints): appended now, synced by the next.
                     write_waiting_locked(locks, &path, &name)?;
@@ -541,6 +560,7 @@ pub(super) fn write_header(
     let durable = Durable {
         dir_sync,
         journal: None,
+        with_doc: None,
     };
     let make: Make<'_> = Box::new(|_, _| live().then(|| (Vec::new(), summary.clone())));
     write(root, locks, durable, thread_id, Keep::All, make)?;
@@ -600,6 +620,7 @@ mod tests {
             let durable = Durable {
                 dir_sync: &self.sync,
                 journal: None,
+                with_doc: None,
             };
             append(
                 self.root(),
@@ -888,6 +909,7 @@ mod tests {
         let durable = Durable {
             dir_sync: &f.sync,
             journal: None,
+            with_doc: None,
         };
         let gone = || false;
         let a = add("late", 2, 10);

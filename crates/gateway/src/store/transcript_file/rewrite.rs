@@ -37,6 +37,7 @@ pub(in crate::store) fn replay(
     let durable = Durable {
         dir_sync,
         journal: None,
+        with_doc: None,
     };
     let make: Make<'_> = Box::new(|newest, on_disk| {
         (newest < last).then(|| {

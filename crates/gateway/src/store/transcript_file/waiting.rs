@@ -269,7 +269,7 @@ pub(in crate::store) fn append_waiting(
     add: TranscriptAppend,
     live: &dyn Fn() -> bool,
 ) -> Result<Result<Written, TranscriptAppend>, StoreError> {
-    let (Some(journal), Ok(name)) = (durable.journal, name(thread_id)) else {
+    let (Some(_), Ok(name)) = (durable.journal, name(thread_id)) else {
         return Ok(Err(add));
     };
     let Ok(_one) = locks.of(&name).try_lock() else {
@@ -301,7 +301,7 @@ pub(in crate::store) fn append_waiting(
     };
     // Queued before the lines are added, under the thread's lock: a checkpoint between the two
     // waits for this lock before it writes the file's lines, these among them.
-    let Some(rx) = journal.submit_transcript(thread_id, &bytes) else {
+    let Some(rx) = durable.submit(thread_id, &bytes) else {
         // The journal is not in use (it failed): the blocking path writes and syncs the file.
         return Ok(Err(back(entries)));
     };

@@ -13,6 +13,22 @@ use crate::clock::SystemClock;
 use crate::run::replay::RunEvents;
 use crate::telemetry::Metrics;
 
+/// An ending that remembers how the run ended, each time it is asked to write it.
+#[derive(Default)]
+struct Ends(std::sync::Mutex<Vec<RunOutcome>>);
+
+impl Ending for Ends {
+    fn write<'a>(
+        &'a self,
+        (outcome, _): (RunOutcome, Option<Code>),
+        transcript: Option<TranscriptAppend>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        assert!(transcript.is_none(), "no messages are kept here");
+        self.0.lock().unwrap().push(outcome);
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
 fn output(dialect: Dialect, replay: Option<Arc<RunEvents>>) -> (Output, mpsc::Receiver<Bytes>) {
     let (sink, rx) = Sink::new(
         64,
@@ -55,13 +71,20 @@ async fn open_text(out: &mut Output) {
 #[tokio::test]
 async fn a_run_ends_once_with_its_spans_closed_first() {
     let (mut out, mut rx) = output(Dialect::Legacy, None);
+    let ends = Ends::default();
     out.start(None).await.unwrap();
     open_text(&mut out).await;
-    out.finish(None).await;
+    out.finish(None, &ends).await;
     // Every later ending is ignored: exactly one terminal event.
-    out.fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE).await;
-    out.finish(None).await;
-    out.abandon().await;
+    out.fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE, &ends)
+        .await;
+    out.finish(None, &ends).await;
+    out.abandon(&ends).await;
+    assert_eq!(
+        *ends.0.lock().unwrap(),
+        [RunOutcome::Success],
+        "its end written once"
+    );
     let events = received(&mut rx);
     assert_eq!(
         types(&events),
@@ -84,9 +107,11 @@ async fn a_run_ends_once_with_its_spans_closed_first() {
 #[tokio::test]
 async fn a_failure_is_run_error_after_balanced_spans_in_the_requests_language() {
     let (mut out, mut rx) = output(Dialect::V1, None);
+    let ends = Ends::default();
     out.start(None).await.unwrap();
     open_text(&mut out).await;
-    out.fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE).await;
+    out.fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE, &ends)
+        .await;
     let events = received(&mut rx);
     assert_eq!(events[0]["protocolVersion"], "1.0");
     let last = events.last().unwrap();
@@ -107,8 +132,9 @@ async fn a_cancellation_is_the_cancelled_outcome_for_1_0_only() {
         (Dialect::Legacy, "RUN_ERROR"),
     ] {
         let (mut out, mut rx) = output(dialect, None);
+        let ends = Ends::default();
         out.start(None).await.unwrap();
-        out.fail(Code::Cancelled, msg::CANCELLED).await;
+        out.fail(Code::Cancelled, msg::CANCELLED, &ends).await;
         let events = received(&mut rx);
         let last = events.last().unwrap();
         assert_eq!(last["type"], terminal, "{dialect:?}");
@@ -124,6 +150,7 @@ async fn a_cancellation_is_the_cancelled_outcome_for_1_0_only() {
 #[tokio::test]
 async fn an_interrupt_ends_the_run_with_its_interrupts() {
     let (mut out, mut rx) = output(Dialect::V1, None);
+    let ends = Ends::default();
     out.start(None).await.unwrap();
     let interrupt = crate::mapping::interrupt::build(
         "p1",
@@ -132,7 +159,7 @@ async fn an_interrupt_ends_the_run_with_its_interrupts() {
             .unwrap(),
         None,
     );
-    out.finish(Some(vec![interrupt])).await;
+    out.finish(Some(vec![interrupt]), &ends).await;
     let events = received(&mut rx);
     let last = events.last().unwrap();
     assert_eq!(last["outcome"]["type"], "interrupt", "{last}");
@@ -142,6 +169,7 @@ async fn an_interrupt_ends_the_run_with_its_interrupts() {
 #[tokio::test]
 async fn nothing_is_sent_once_the_client_is_gone() {
     let (mut out, rx) = output(Dialect::Legacy, None);
+    let ends = Ends::default();
     out.start(None).await.unwrap();
     drop(rx);
     assert!(out
@@ -158,7 +186,8 @@ async fn nothing_is_sent_once_the_client_is_gone() {
         })
         .await
         .is_ok());
-    out.fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE).await;
+    out.fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE, &ends)
+        .await;
     assert!(!out.ended(), "nothing reached anyone");
     assert_eq!(out.events_sent(), 2);
 }
@@ -167,10 +196,11 @@ async fn nothing_is_sent_once_the_client_is_gone() {
 async fn an_abandoned_run_leaves_a_whole_run_in_its_replay_buffer() {
     let events = RunEvents::new(1 << 20, Duration::from_secs(30));
     let (mut out, rx) = output(Dialect::Legacy, Some(events.clone()));
+    let ends = Ends::default();
     out.start(None).await.unwrap();
     open_text(&mut out).await;
     drop(rx);
-    out.abandon().await;
+    out.abandon(&ends).await;
     assert!(out.ended());
     assert_eq!(
         out.outcome().0,
