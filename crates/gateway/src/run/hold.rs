@@ -155,7 +155,16 @@ impl ThreadHold {
     /// [`ThreadHold::free`].
     pub async fn release(&self, last: LastRun) {
         let run_id = last.run_id.clone();
-        let _ = self.end_run(last, None).await;
+        let thread_id = self
+            .slot
+            .lock()
+            .await
+            .doc
+            .as_ref()
+            .map(|d| d.thread_id.clone());
+        let _ = self
+            .end_run(&thread_id.unwrap_or_default(), last, None)
+            .await;
         self.free(&run_id).await;
     }
 
@@ -166,17 +175,17 @@ impl ThreadHold {
     /// is in memory); the transcript append's outcome is returned.
     pub async fn end_run(
         &self,
+        thread_id: &str,
         last: LastRun,
         transcript: Option<TranscriptAppend>,
     ) -> Result<(), StoreError> {
         let mut st = self.slot.lock().await;
         if st.hold() != self.hold {
             // Not this run's thread any more: its messages are still its history.
-            let thread_id = st.doc.as_ref().map(|d| d.thread_id.clone());
             drop(st);
-            return match (transcript, thread_id) {
-                (Some(t), Some(id)) => self.threads.store().append_transcript(&id, t).await,
-                _ => Ok(()),
+            return match transcript {
+                Some(t) => self.threads.store().append_transcript(thread_id, t).await,
+                None => Ok(()),
             };
         }
         let ended = st.doc.as_ref().is_some_and(|d| {

@@ -458,21 +458,28 @@ impl ThreadStore for FileStore {
         doc: &ThreadDoc,
         transcript: Option<super::TranscriptAppend>,
     ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)> {
-        let (Some(add), Some(_)) = (transcript, &self.journal) else {
+        let Some(add) = transcript else {
             let saved = self.save(doc);
             return Box::pin(async move { (saved.await, Ok(())) });
         };
+        if self.journal.is_none() {
+            // Each written and synced on its own.
+            let appended = self.append_transcript(&doc.thread_id, add);
+            let saved = self.save(doc);
+            return Box::pin(async move { (saved.await, appended.await) });
+        }
         let bytes = match doc.to_stored() {
             Ok(b) => Arc::new(b),
             Err(e) => return Box::pin(std::future::ready((Err(e), Ok(())))),
         };
-        let (store, id) = (self.clone(), doc.thread_id.clone());
-        self.index.saved(doc, &crate::clock::rfc3339_ms(now_ms()));
+        let (store, id, doc) = (self.clone(), doc.thread_id.clone(), doc.clone());
         Box::pin(async move {
             let (appended, durable) = store
                 .clone()
                 .append_carrying(id.clone(), add, Some(bytes.clone()))
                 .await;
+            // After the append's (its time is the run's end, this one's later).
+            store.index.saved(&doc, &crate::clock::rfc3339_ms(now_ms()));
             // Not queued with the lines (none were), or the journal failed: saved on its own.
             let saved = match durable {
                 true => Ok(()),

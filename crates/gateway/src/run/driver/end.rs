@@ -48,7 +48,8 @@ impl output::Ending for RunEnd<'_> {
                 code: code.map(Into::into),
                 ended_at: rfc3339_ms(self.rt.now_ms()),
             };
-            self.hold.end_run(last, transcript).await
+            let thread_id = &envelope.thread_id;
+            self.hold.end_run(thread_id, last, transcript).await
         })
     }
 }

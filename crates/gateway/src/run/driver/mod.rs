@@ -309,16 +309,17 @@ impl Driver {
     /// is known). A run that ended, or ended in an interrupt, is not cancelled.
     async fn on_disconnect(&mut self) {
         let ended = self.out.ended();
+        // Cancelled before the end is written: the end clears the execution's task, and a crash
+        // between the two would leave a task that nothing cancels.
+        if !(ended || self.adm.mode == Mode::Guidance || self.hold.waiting().await) {
+            self.task.cancel().await;
+        }
         let ending = RunEnd {
             hold: &self.hold,
             rt: &self.rt,
             adm: &self.adm,
         };
         self.out.abandon(&ending).await;
-        if ended || self.adm.mode == Mode::Guidance || self.hold.waiting().await {
-            return;
-        }
-        self.task.cancel().await;
     }
 
     /// Releases the thread (guidance runs never held it): its end written before the terminal
@@ -335,7 +336,8 @@ impl Driver {
                 code: code.map(Into::into),
                 ended_at: rfc3339_ms(self.rt.now_ms()),
             };
-            let _ = self.hold.end_run(last, None).await;
+            let thread_id = &self.adm.req.envelope.thread_id;
+            let _ = self.hold.end_run(thread_id, last, None).await;
         }
         self.hold.free(&self.adm.req.envelope.run_id).await;
     }
