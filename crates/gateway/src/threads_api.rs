@@ -223,7 +223,7 @@ pub(crate) async fn read_theirs<R>(
 
 /// The answer of `GET /threads/{threadId}` for a thread's state and document.
 fn describe(rt: &Runtime, thread_id: &str, st: &ThreadState, doc: &ThreadDoc) -> Value {
-    let active = st.active.as_ref().map(|a| {
+    let active = running(st, doc).map(|a| {
         let detached = rt
             .replays()
             .get(thread_id, &a.run_id)
@@ -251,6 +251,18 @@ fn describe(rt: &Runtime, thread_id: &str, st: &ThreadState, doc: &ThreadDoc) ->
         "activeRun": active,
         "pendingInterrupts": pending,
         "lastRun": last,
+    })
+}
+
+/// The run that holds the thread and has not ended. A run's end is written (its document no
+/// longer names it as active, `lastRun` says how it ended) a moment before it frees the thread,
+/// while its client takes the terminal event: from that write on it is the last run, not the
+/// active one, as the thread list has it.
+fn running<'a>(st: &'a ThreadState, doc: &ThreadDoc) -> Option<&'a crate::run::ActiveRun> {
+    st.active.as_ref().filter(|a| {
+        doc.active_run
+            .as_ref()
+            .is_some_and(|mark| mark.run_id == a.run_id)
     })
 }
 
@@ -307,5 +319,43 @@ mod tests {
         );
         assert_eq!(plan(&ev, 3), Plan::Done);
         assert_eq!(plan(&ev, 4), Plan::Beyond);
+    }
+
+    #[test]
+    fn a_run_whose_end_is_written_is_the_last_run_not_the_active_one() {
+        use crate::run::{ActiveRun, RunControl};
+        use crate::store::{Execution, LastRun, RunMark};
+        let mut doc = ThreadDoc::new("t", "ctx", "/w", None, Execution::new("e", "inv"));
+        let mut st = ThreadState::default();
+        st.active = Some(ActiveRun {
+            run_id: "r2".into(),
+            since_ms: 0,
+            execution_id: "e".into(),
+            control: Arc::new(RunControl::default()),
+        });
+        // Admitted: the document names it.
+        doc.active_run = Some(RunMark {
+            run_id: "r2".into(),
+            since: "2026-12-04T00:00:00.000Z".into(),
+        });
+        assert_eq!(running(&st, &doc).map(|a| a.run_id.as_str()), Some("r2"));
+        // A run that reuses the last run's id is still running until its own end.
+        doc.last_run = Some(LastRun {
+            run_id: "r2".into(),
+            outcome: crate::telemetry::RunOutcome::Success.into(),
+            ended_at: "2026-12-04T00:00:01.000Z".into(),
+            code: None,
+        });
+        assert!(running(&st, &doc).is_some());
+        // Its end written, the thread not yet free: ended.
+        doc.active_run = None;
+        assert!(running(&st, &doc).is_none());
+        // Nothing holds the thread.
+        st.active = None;
+        doc.active_run = Some(RunMark {
+            run_id: "r3".into(),
+            since: "2026-12-04T00:00:02.000Z".into(),
+        });
+        assert!(running(&st, &doc).is_none());
     }
 }
