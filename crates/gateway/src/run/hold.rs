@@ -152,7 +152,8 @@ impl ThreadHold {
     }
 
     /// Releases the thread with how the run ended: [`ThreadHold::end_run`], then
-    /// [`ThreadHold::free`].
+    /// [`ThreadHold::free`] (the driver does the two apart, its terminal event between them).
+    #[cfg(test)]
     pub async fn release(&self, last: LastRun) {
         let run_id = last.run_id.clone();
         let thread_id = self
