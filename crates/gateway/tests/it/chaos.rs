@@ -259,6 +259,17 @@ async fn a_kernel_restart_mid_run_ends_it_and_the_new_kernel_serves_the_next_tur
     while rig.kernel.items_written() < 2 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The gateway has learnt the task (made durable before anything is announced): a restart
+    // that cut the stream before the gateway read its first item would leave it no task to
+    // cancel.
+    let learnt = Instant::now();
+    while rig.server.thread_doc("t1")["execution"]["taskId"] != "task-1" {
+        assert!(
+            learnt.elapsed() < Duration::from_secs(10),
+            "task never learnt"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // The kernel "restarts" on a new address: open streams are cut, requests go to the new one.
     let fresh = FakeKernel::start().await;
     let t = Instant::now();
