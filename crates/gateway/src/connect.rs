@@ -173,7 +173,7 @@ pub async fn connect(
     let resumed = q
         .resume
         .as_ref()
-        .and_then(|(run, n)| Some((run.clone(), rt.replays().get(thread_id, run)?, *n)))
+        .and_then(|(run, n)| Some((run.clone(), rt.replays().get(caller, thread_id, run)?, *n)))
         .filter(|(_, events, n)| *n <= events.last_id());
     let start = match resumed {
         Some(run) => Start {
@@ -197,7 +197,8 @@ pub async fn connect(
                 pending,
                 rt.now_ms(),
             );
-            let run = active.and_then(|r| Some((r.clone(), rt.replays().get(thread_id, &r)?, 0)));
+            let run =
+                active.and_then(|r| Some((r.clone(), rt.replays().get(caller, thread_id, &r)?, 0)));
             Start {
                 snapshot: Some(frames),
                 run,
@@ -207,15 +208,18 @@ pub async fn connect(
     let (tx, rx) = mpsc::channel(rt.channel_capacity().max(1));
     let rt = rt.clone();
     let thread = thread_id.to_owned();
+    let caller = caller.clone();
     tokio::spawn(async move {
-        stream(&rt, &thread, start, starts, &tx).await;
+        stream(&rt, &caller, &thread, start, starts, &tx).await;
     });
     Ok(sse(rx, heartbeat))
 }
 
-/// Sends the snapshot, the run to follow, then (following) each later run of the thread.
+/// Sends the snapshot, the run to follow, then (following) each later run of the thread that
+/// is the caller's (a thread deleted and made again by someone else is followed no further).
 async fn stream(
     rt: &Runtime,
+    caller: &Caller,
     thread_id: &str,
     start: Start,
     mut starts: Option<broadcast::Receiver<(String, String)>>,
@@ -245,12 +249,14 @@ async fn stream(
         let runs: Vec<(String, Arc<RunEvents>)> = match next {
             Ok((t, r)) if t == thread_id => rt
                 .replays()
-                .get(&t, &r)
+                .get(caller, &t, &r)
                 .map(|e| vec![(r, e)])
                 .unwrap_or_default(),
             Ok(_) => continue,
             // Fell behind the news: the thread's buffered runs not sent yet.
-            Err(broadcast::error::RecvError::Lagged(_)) => rt.replays().of_thread(thread_id),
+            Err(broadcast::error::RecvError::Lagged(_)) => {
+                rt.replays().of_thread(caller, thread_id)
+            }
             Err(broadcast::error::RecvError::Closed) => return,
         };
         for (run, events) in runs {

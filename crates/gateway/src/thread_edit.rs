@@ -115,6 +115,7 @@ pub async fn delete(rt: &Runtime, caller: &Caller, thread_id: &str) -> Result<Va
     }
     st.doc = None;
     threads.store().forget(thread_id);
+    rt.replays().forget_thread(thread_id);
     tracing::info!(thread_id, user = caller.user.as_deref(), "thread deleted");
     Ok(json!({"threadId": thread_id, "deleted": true}))
 }

@@ -150,7 +150,7 @@ pub async fn events(
         doc.run_digests.contains_key(run_id)
     })
     .await?;
-    let Some(events) = rt.replays().get(thread_id, run_id) else {
+    let Some(events) = rt.replays().get(caller, thread_id, run_id) else {
         // Not buffered: say whether the run ever existed.
         return Err(if existed {
             ApiError::new(Code::RunEventsGone, msg::RUN_EVENTS_GONE)
@@ -188,7 +188,7 @@ pub async fn events(
 /// id, `null` when none does); a request for it was sent to that holder, so it is usually this one.
 pub async fn thread(rt: &Runtime, caller: &Caller, thread_id: &str) -> Result<Value, ApiError> {
     let mut v = read_theirs(rt, THREAD_ROUTE, caller, thread_id, |st, doc| {
-        describe(rt, thread_id, st, doc)
+        describe(rt, caller, thread_id, st, doc)
     })
     .await?;
     let store = rt.threads().store();
@@ -222,11 +222,17 @@ pub(crate) async fn read_theirs<R>(
 }
 
 /// The answer of `GET /threads/{threadId}` for a thread's state and document.
-fn describe(rt: &Runtime, thread_id: &str, st: &ThreadState, doc: &ThreadDoc) -> Value {
+fn describe(
+    rt: &Runtime,
+    caller: &Caller,
+    thread_id: &str,
+    st: &ThreadState,
+    doc: &ThreadDoc,
+) -> Value {
     let active = running(st, doc).map(|a| {
         let detached = rt
             .replays()
-            .get(thread_id, &a.run_id)
+            .get(caller, thread_id, &a.run_id)
             .is_some_and(|e| e.is_detached());
         json!({"runId": a.run_id, "state": if detached { "detached" } else { "running" },
                "since": rfc3339_ms(a.since_ms)})

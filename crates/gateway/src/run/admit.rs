@@ -54,6 +54,9 @@ pub struct Admitted {
     pub hold: u64,
     /// A guidance run's place among its thread's `--max-guidance-per-thread`, held to its end.
     pub guidance: Option<GuidanceSlot>,
+    /// Whom the thread belonged to when the run was admitted: only they read its buffered
+    /// events (a thread deleted and made again by someone else is not theirs).
+    pub owner: Option<String>,
 }
 
 fn state_unavailable(e: impl std::fmt::Display) -> ApiError {
@@ -246,6 +249,11 @@ async fn admit_now(
     let admission = verdict?;
     let control = Arc::new(RunControl::default());
     let hold = st.hold();
+    let owner = st
+        .doc
+        .as_ref()
+        .and_then(|d| d.owner_or_user())
+        .map(str::to_owned);
     if admission.holds_thread {
         st.active = Some(ActiveRun {
             since_ms: rt.now_ms(),
@@ -267,5 +275,6 @@ async fn admit_now(
         took_over,
         hold,
         guidance,
+        owner,
     })
 }

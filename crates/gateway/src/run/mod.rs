@@ -24,6 +24,7 @@ mod threads;
 
 use std::sync::Arc;
 
+use crate::auth::Caller;
 use crate::clock::Clock;
 use crate::config::{Config, Env};
 use crate::kernel::Pool;
@@ -70,8 +71,16 @@ pub struct Runtime {
 /// `(threadId, runId)` → the run's replay buffer; and the news of each buffered run's start, for
 /// the streams that follow a thread (`connect`).
 pub struct Replays {
-    map: std::sync::Mutex<std::collections::HashMap<(String, String), Arc<replay::RunEvents>>>,
+    map: std::sync::Mutex<std::collections::HashMap<(String, String), Buffered>>,
     started: tokio::sync::broadcast::Sender<(String, String)>,
+}
+
+/// A run's buffered events and whom they belong to (the thread's owner when the run was
+/// admitted).
+#[derive(Clone)]
+struct Buffered {
+    owner: Option<String>,
+    events: Arc<replay::RunEvents>,
 }
 
 impl Default for Replays {
@@ -87,10 +96,7 @@ impl Default for Replays {
 impl Replays {
     fn map(
         &self,
-    ) -> std::sync::MutexGuard<
-        '_,
-        std::collections::HashMap<(String, String), Arc<replay::RunEvents>>,
-    > {
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), Buffered>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -99,24 +105,45 @@ impl Replays {
         self.started.subscribe()
     }
 
-    /// The buffered runs of a thread, by run id.
-    pub fn of_thread(&self, thread_id: &str) -> Vec<(String, Arc<replay::RunEvents>)> {
+    /// The buffered runs of a thread that `caller` may read, by run id.
+    pub fn of_thread(
+        &self,
+        caller: &Caller,
+        thread_id: &str,
+    ) -> Vec<(String, Arc<replay::RunEvents>)> {
         self.map()
             .iter()
-            .filter(|((t, _), _)| t == thread_id)
-            .map(|((_, r), e)| (r.clone(), e.clone()))
+            .filter(|((t, _), b)| t == thread_id && caller.may_touch(b.owner.as_deref()))
+            .map(|((_, r), b)| (r.clone(), b.events.clone()))
             .collect()
     }
 
-    pub fn get(&self, thread_id: &str, run_id: &str) -> Option<Arc<replay::RunEvents>> {
+    /// A run's buffered events, when `caller` may read them: a run of a thread's earlier owner
+    /// (the thread deleted and made again) is none of the new owner's business, and the other
+    /// way round.
+    pub fn get(
+        &self,
+        caller: &Caller,
+        thread_id: &str,
+        run_id: &str,
+    ) -> Option<Arc<replay::RunEvents>> {
         self.map()
             .get(&(thread_id.to_owned(), run_id.to_owned()))
-            .cloned()
+            .filter(|b| caller.may_touch(b.owner.as_deref()))
+            .map(|b| b.events.clone())
     }
 
-    fn insert(&self, thread_id: &str, run_id: &str, events: Arc<replay::RunEvents>) {
-        self.map()
-            .insert((thread_id.to_owned(), run_id.to_owned()), events);
+    fn insert(
+        &self,
+        thread_id: &str,
+        run_id: &str,
+        owner: Option<String>,
+        events: Arc<replay::RunEvents>,
+    ) {
+        self.map().insert(
+            (thread_id.to_owned(), run_id.to_owned()),
+            Buffered { owner, events },
+        );
         // Nobody following is no error.
         let _ = self.started.send((thread_id.to_owned(), run_id.to_owned()));
     }
@@ -125,9 +152,14 @@ impl Replays {
     fn remove(&self, thread_id: &str, run_id: &str, events: &Arc<replay::RunEvents>) {
         let mut m = self.map();
         let key = (thread_id.to_owned(), run_id.to_owned());
-        if m.get(&key).is_some_and(|e| Arc::ptr_eq(e, events)) {
+        if m.get(&key).is_some_and(|b| Arc::ptr_eq(&b.events, events)) {
             m.remove(&key);
         }
+    }
+
+    /// A deleted thread's runs are gone with it: nobody replays them any more.
+    pub fn forget_thread(&self, thread_id: &str) {
+        self.map().retain(|(t, _), _| t != thread_id);
     }
 }
 
@@ -303,5 +335,47 @@ impl Runtime {
                 let _ = tokio::time::timeout(driver::CANCEL_WAIT, client.cancel_task(&task)).await;
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Via;
+    use std::time::Duration;
+
+    fn user(name: &str) -> Caller {
+        Caller {
+            via: Via::Jwt,
+            user: Some(name.into()),
+        }
+    }
+
+    #[test]
+    fn a_runs_buffer_is_read_by_its_threads_owner_only_and_goes_with_the_thread() {
+        let r = Replays::default();
+        let events = || replay::RunEvents::new(1 << 16, Duration::from_secs(30));
+        r.insert("t", "r1", Some("alice".into()), events());
+        r.insert("t", "r2", Some("bob".into()), events());
+        r.insert("u", "r1", Some("alice".into()), events());
+        assert!(r.get(&user("alice"), "t", "r1").is_some());
+        assert!(r.get(&user("bob"), "t", "r1").is_none());
+        assert!(r.get(&user("bob"), "t", "r2").is_some());
+        // No user (no authentication, or the service token for nobody): every run.
+        assert!(r.get(&Caller::OPEN, "t", "r1").is_some());
+        let runs = |c: &Caller, t: &str| {
+            let mut v: Vec<String> = r.of_thread(c, t).into_iter().map(|(id, _)| id).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(runs(&user("alice"), "t"), ["r1"]);
+        assert_eq!(runs(&user("bob"), "t"), ["r2"]);
+        assert_eq!(runs(&Caller::OPEN, "t"), ["r1", "r2"]);
+        r.forget_thread("t");
+        assert!(runs(&Caller::OPEN, "t").is_empty());
+        assert!(
+            r.get(&user("alice"), "u", "r1").is_some(),
+            "another thread's stay"
+        );
     }
 }

@@ -480,3 +480,88 @@ async fn a_strangers_guidance_takes_no_place_of_the_owners() {
     assert_eq!(code(&strangers), code(&missing));
     assert_eq!(strangers.error_code(), Some("EXECUTION_LOST"));
 }
+
+/// A thread deleted and made again by another user shares no runs with its first owner: the
+/// first owner's follow stream carries none of the new owner's runs, and the new owner replays
+/// none of the first owner's buffered runs (by the events route or a connect's `Last-Event-ID`).
+#[tokio::test]
+async fn a_thread_made_again_by_another_user_shares_no_runs_with_the_first() {
+    use futures_util::StreamExt;
+    let k = FakeKernel::start().await;
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .detach_grace(Duration::from_secs(30))
+        .jwks(&jwks, Duration::from_secs(300))
+        .start()
+        .await;
+    let (mallory, alice) = (bearer_for("mallory"), bearer_for("alice"));
+    let m = [("authorization", mallory.as_str())];
+    let a = [("authorization", alice.as_str())];
+    let http = reqwest::Client::new();
+    script_done(&k, "x", "task-m");
+    let first = post(
+        &s.url,
+        &body("x", "mallorys-run", "hi", &s.ws("xm"), json!({})),
+        &m,
+    )
+    .await;
+    assert_valid_run(&first, "x", "mallorys-run");
+    // Mallory follows the thread, then deletes it.
+    let r = http
+        .get(format!("{}threads/x/connect?follow=true", s.url))
+        .header("authorization", &mallory)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut follow = r.bytes_stream();
+    let deleted = http
+        .delete(format!("{}threads/x", s.url))
+        .header("authorization", &mallory)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    // Alice makes a thread of the same id, and runs a turn on it.
+    script_done(&k, "x", "task-a");
+    let hers = post(
+        &s.url,
+        &body("x", "alices-run", "mine", &s.ws("xa"), json!({})),
+        &a,
+    )
+    .await;
+    assert_valid_run(&hers, "x", "alices-run");
+    let mut seen = String::new();
+    let until = tokio::time::Instant::now() + Duration::from_millis(700);
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout_at(until, follow.next()).await {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(
+        seen.contains("MESSAGES_SNAPSHOT"),
+        "its own snapshot: {seen}"
+    );
+    assert!(!seen.contains("alices-run"), "{seen}");
+    // Alice replays none of Mallory's run.
+    let events = http
+        .get(format!("{}threads/x/runs/mallorys-run/events", s.url))
+        .header("authorization", &alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), 404);
+    let v: Value = serde_json::from_str(&events.text().await.unwrap()).unwrap();
+    assert_eq!(v["error"]["code"], "RUN_NOT_FOUND", "{v}");
+    let r = http
+        .get(format!("{}threads/x/connect", s.url))
+        .header("authorization", &alice)
+        .header("last-event-id", "mallorys-run:0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(!text.contains("mallorys-run"), "{text}");
+    assert!(text.contains("MESSAGES_SNAPSHOT"), "{text}");
+}

@@ -325,7 +325,12 @@ async fn a_fast_kernel_against_a_full_buffer_keeps_memory_bounded_and_gets_410()
     let (status, body) = reattach(&s, "f1", "r1", last, &[]).await;
     assert_eq!(status, 410, "{body}");
     // What the buffer holds is the tail of the run, within its size.
-    let ev = s.state.rt.replays().get("f1", "r1").expect("buffered");
+    let ev = s
+        .state
+        .rt
+        .replays()
+        .get(&iac_code_agui::auth::Caller::OPEN, "f1", "r1")
+        .expect("buffered");
     let n = ev.last_id();
     assert!(n > 4000, "{n}");
     let tail = ev.read_after(n - 10).unwrap();

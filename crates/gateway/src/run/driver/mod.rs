@@ -69,7 +69,8 @@ pub fn spawn_run(
     let replay = (!grace.is_zero()).then(|| {
         let events = RunEvents::limited(rt.cfg().replay_buffer_bytes, grace, rt.limits().clone());
         let (thread, run) = (&adm.req.envelope.thread_id, &adm.req.envelope.run_id);
-        rt.replays().insert(thread, run, events.clone());
+        rt.replays()
+            .insert(thread, run, adm.owner.clone(), events.clone());
         (thread.clone(), run.clone(), events)
     });
     // The lapse of this instance's lease as of the run's start: the run's checks and its sends
