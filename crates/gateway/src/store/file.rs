@@ -1243,4 +1243,28 @@ mod journal_tests {
         assert!(replayed);
         assert_eq!(seqs_of(&kept, "u"), [1, 2]);
     }
+
+    /// A delete removes the history before the thread: one that fails in between leaves the
+    /// thread (whole, deletable again), never a history without its thread, which a thread made
+    /// again with the id would continue.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delete_that_fails_leaves_the_thread_not_an_orphan_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let s = FileStore::open_with(&root, false).unwrap();
+        s.save(&doc("t", None)).await.unwrap();
+        s.append_transcript("t", turn("r1", 2)).await.unwrap();
+        s.flush_blocking().unwrap();
+        // The transcript cannot be removed (a directory where the file was; even for root).
+        let file = root.join("transcripts/t.jsonl");
+        fs::remove_file(&file).unwrap();
+        fs::create_dir_all(file.join("inside")).unwrap();
+        assert!(s.delete_thread("t").await.is_err());
+        assert!(s.load_blocking("t").unwrap().is_some(), "the thread stays");
+        // Mended, the delete goes through and takes both.
+        fs::remove_dir_all(&file).unwrap();
+        assert!(s.delete_thread("t").await.unwrap());
+        assert!(s.load_blocking("t").unwrap().is_none());
+        assert!(!file.exists());
+    }
 }

@@ -567,27 +567,28 @@ pub(super) fn write_header(
     Ok(())
 }
 
-/// Removes the thread (`first`, which says whether it existed) and its transcript, durably,
-/// under the thread's lock: an append or a summary write either comes before (and is removed)
-/// or finds the thread gone.
+/// Removes the thread's transcript and then the thread (`then`, which says whether it existed),
+/// durably, under the thread's lock: an append or a summary write either comes before (and is
+/// removed) or finds the thread gone. The transcript goes first: a failure or a crash in between
+/// leaves a thread without its history, never a history without its thread (which a thread made
+/// again with the id, perhaps by another user, would continue).
 pub(super) fn remove(
     root: &Path,
     locks: &Locks,
     thread_id: &str,
-    first: impl FnOnce() -> Result<bool, StoreError>,
+    then: impl FnOnce() -> Result<bool, StoreError>,
 ) -> Result<bool, StoreError> {
     let name = name(thread_id)?;
     let _one = locks.of(&name).lock().unwrap_or_else(|p| p.into_inner());
-    let existed = first()?;
-    // Lines waiting for the file go with it (their journal record is not replayed for a thread
-    // that is gone).
-    locks.pending.take(&name);
     match std::fs::remove_file(dir(root).join(&name)) {
         Ok(()) => fs::sync_dir(&dir(root))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e.into()),
     }
-    Ok(existed)
+    // Lines waiting for the file go with it (their journal record is not replayed for a thread
+    // that is gone).
+    locks.pending.take(&name);
+    then()
 }
 
 #[cfg(test)]
