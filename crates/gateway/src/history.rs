@@ -122,6 +122,9 @@ pub async fn list(rt: &Runtime, q: ListQuery) -> Result<Value, ApiError> {
 /// The most messages `POST /agents/state` answers with (the newest; older ones are read with
 /// `GET /threads/{threadId}/messages`).
 pub const STATE_MESSAGES: usize = 1000;
+/// The most bytes of messages (as JSON) a snapshot carries: the newest that fit. A connect's
+/// snapshot stays in memory until its client has read it, however slowly it reads.
+pub const STATE_BYTES: usize = 4 * 1024 * 1024;
 
 /// `POST /agents/state` (the convention of ADK's adapter) after the checks of the route: the
 /// thread's newest messages, as AG-UI messages. A thread that does not exist, or is another
@@ -158,7 +161,34 @@ pub async fn newest_messages(rt: &Runtime, thread_id: &str) -> Result<Vec<Value>
             tracing::warn!(thread_id, error = %e, "reading the transcript failed");
             ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
         })?;
-    Ok(page.entries.into_iter().map(|e| e.message).collect())
+    Ok(newest_within(
+        page.entries.into_iter().map(|e| e.message).collect(),
+        STATE_BYTES,
+    ))
+}
+
+/// The newest of `messages` (oldest first) whose JSON fits in `max` bytes in all.
+fn newest_within(mut messages: Vec<Value>, max: usize) -> Vec<Value> {
+    /// Counts what is written.
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut total = Count(0);
+    let mut keep = messages.len();
+    for (i, m) in messages.iter().enumerate().rev() {
+        if serde_json::to_writer(&mut total, m).is_err() || total.0 > max {
+            break;
+        }
+        keep = i;
+    }
+    messages.split_off(keep)
 }
 
 /// `GET /threads/{threadId}/messages` after the checks of the route (method, token, thread id).
@@ -277,5 +307,18 @@ mod tests {
         ] {
             assert_eq!(ok(bad), Err(Code::InvalidInput), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_snapshot_keeps_the_newest_messages_that_fit_its_bytes() {
+        let m =
+            |i: usize| json!({"id": format!("m{i}"), "role": "user", "content": "x".repeat(100)});
+        let one = serde_json::to_vec(&m(0)).unwrap().len();
+        let all: Vec<Value> = (0..10).map(m).collect();
+        assert_eq!(newest_within(all.clone(), 10 * one), all);
+        let kept = newest_within(all.clone(), 3 * one + one / 2);
+        assert_eq!(kept, all[7..]);
+        assert!(newest_within(all.clone(), one - 1).is_empty());
+        assert!(newest_within(Vec::new(), 0).is_empty());
     }
 }

@@ -496,7 +496,17 @@ impl ThreadStore for FileStore {
     ) -> BoxFuture<'static, Result<crate::transcript::Page, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move {
+            use super::transcript_file::{READERS, READ_WAIT};
+            let readers = store.transcript_locks.readers.clone();
+            let turn = tokio::time::timeout(READ_WAIT, readers.acquire_owned())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .ok_or_else(|| {
+                    StoreError::Unavailable(format!("{READERS} transcripts being read"))
+                })?;
             tokio::task::spawn_blocking(move || {
+                let _turn = turn;
                 let (root, locks) = (&store.root, &store.transcript_locks);
                 super::transcript_file::read_page(root, locks, &id, before, limit)
             })
@@ -1266,5 +1276,35 @@ mod journal_tests {
         assert!(s.delete_thread("t").await.unwrap());
         assert!(s.load_blocking("t").unwrap().is_none());
         assert!(!file.exists());
+    }
+
+    /// At most a few transcripts are read at once (each read parses its whole file); a reader
+    /// past them waits its turn, and fails as unavailable after a bounded wait.
+    #[tokio::test]
+    async fn transcript_reads_at_once_are_bounded() {
+        use crate::store::transcript_file::{READERS, READ_WAIT};
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStore::open_with(dir.path().join("state"), false).unwrap();
+        s.save(&doc("t", None)).await.unwrap();
+        s.append_transcript("t", turn("r1", 2)).await.unwrap();
+        let readers = s.transcript_locks.readers.clone();
+        let held: Vec<_> = (0..READERS)
+            .map(|_| readers.clone().try_acquire_owned().unwrap())
+            .collect();
+        tokio::time::pause();
+        let started = tokio::time::Instant::now();
+        let r = s.read_transcript("t", None, 10).await;
+        assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+        assert!(started.elapsed() >= READ_WAIT);
+        tokio::time::resume();
+        // Freed, the turns serve again, and each read gives its turn back.
+        let waiting = s.read_transcript("t", None, 10);
+        drop(held);
+        assert_eq!(waiting.await.unwrap().entries.len(), 2);
+        assert_eq!(
+            readers.available_permits(),
+            READERS,
+            "every turn given back"
+        );
     }
 }

@@ -101,7 +101,15 @@ pub(super) struct Locks {
     threads: [Mutex<()>; 64],
     create: Mutex<()>,
     pending: PendingLines,
+    /// Readers of whole transcripts at once (a page is read from the whole file, which may be
+    /// tens of MiB parsed): bounded, so that many reads at once cannot exhaust the memory.
+    pub(super) readers: std::sync::Arc<tokio::sync::Semaphore>,
 }
+
+/// Transcripts read at once; further readers wait (at most [`READ_WAIT`]).
+pub(super) const READERS: usize = 4;
+/// The longest wait for a turn to read a transcript before the read fails as unavailable.
+pub(super) const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Default for Locks {
     fn default() -> Locks {
@@ -109,6 +117,7 @@ impl Default for Locks {
             threads: std::array::from_fn(|_| Mutex::new(())),
             create: Mutex::new(()),
             pending: PendingLines::default(),
+            readers: std::sync::Arc::new(tokio::sync::Semaphore::new(READERS)),
         }
     }
 }
