@@ -1297,14 +1297,23 @@ mod journal_tests {
         assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
         assert!(started.elapsed() >= READ_WAIT);
         tokio::time::resume();
-        // Freed, the turns serve again, and each read gives its turn back.
-        let waiting = s.read_transcript("t", None, 10);
+        // A reader waits its turn and takes it when one is given back; each read gives its own
+        // back.
+        let waiting = tokio::spawn(s.read_transcript("t", None, 10));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "no turn free");
+        let mut held = held;
+        held.pop();
+        let page = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+            .await
+            .expect("woken when a turn is given back")
+            .unwrap()
+            .unwrap();
+        assert_eq!(page.entries.len(), 2);
+        assert_eq!(readers.available_permits(), 1, "its turn given back");
         drop(held);
-        assert_eq!(waiting.await.unwrap().entries.len(), 2);
-        assert_eq!(
-            readers.available_permits(),
-            READERS,
-            "every turn given back"
-        );
+        assert_eq!(readers.available_permits(), READERS);
     }
 }
