@@ -101,8 +101,7 @@ pub(super) struct Locks {
     threads: [Mutex<()>; 64],
     create: Mutex<()>,
     pending: PendingLines,
-    /// Readers of whole transcripts at once (a page is read from the whole file, which may be
-    /// tens of MiB parsed): bounded, so that many reads at once cannot exhaust the memory.
+    /// Turns to read whole transcripts (tens of MiB parsed each): many at once would exhaust memory.
     pub(super) readers: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
@@ -576,11 +575,9 @@ pub(super) fn write_header(
     Ok(())
 }
 
-/// Removes the thread's transcript and then the thread (`then`, which says whether it existed),
-/// durably, under the thread's lock: an append or a summary write either comes before (and is
-/// removed) or finds the thread gone. The transcript goes first: a failure or a crash in between
-/// leaves a thread without its history, never a history without its thread (which a thread made
-/// again with the id, perhaps by another user, would continue).
+/// Removes the thread's transcript, then the thread (`then`: whether it existed), durably, under
+/// the thread's lock (an append comes before and is removed, or finds the thread gone). A failure
+/// between leaves a thread without history, never a history that a new thread of the id continues.
 pub(super) fn remove(
     root: &Path,
     locks: &Locks,
