@@ -101,7 +101,7 @@ pub(super) struct Locks {
     threads: [Mutex<()>; 64],
     create: Mutex<()>,
     pending: PendingLines,
-    /// Turns to read whole transcripts (tens of MiB parsed each): many at once would exhaust memory.
+    /// Turns to read whole transcripts (tens of MiB parsed each): too many at once exhaust memory.
     pub(super) readers: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
