@@ -111,10 +111,7 @@ mod tests {
     use crate::auth::Via;
 
     fn user(u: &str) -> Caller {
-        Caller {
-            via: Via::Jwt,
-            user: Some(u.into()),
-        }
+        Caller::jwt_user(u)
     }
 
     #[test]

@@ -55,6 +55,15 @@ impl Caller {
         user: None,
     };
 
+    /// A user with a JWT (tests).
+    #[cfg(test)]
+    pub fn jwt_user(user: &str) -> Caller {
+        Caller {
+            via: Via::Jwt,
+            user: Some(user.into()),
+        }
+    }
+
     /// Whether this caller may touch a thread owned by `owner` (see
     /// [`crate::store::ThreadDoc::owner_or_user`]): a caller without a user (no authentication,
     /// the service token acting for nobody) any thread; a user only their own.

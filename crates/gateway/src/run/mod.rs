@@ -341,14 +341,10 @@ impl Runtime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::Via;
     use std::time::Duration;
 
     fn user(name: &str) -> Caller {
-        Caller {
-            via: Via::Jwt,
-            user: Some(name.into()),
-        }
+        Caller::jwt_user(name)
     }
 
     #[test]

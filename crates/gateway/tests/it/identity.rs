@@ -51,6 +51,20 @@ fn script_done(k: &FakeKernel, thread: &str, task: &str) {
     );
 }
 
+/// A gateway that takes JWTs (the test key set, which the returned directory holds) and keeps
+/// runs' events for late readers.
+async fn jwt_gateway(k: &FakeKernel) -> (TestServer, tempfile::TempDir) {
+    let keys = tempfile::tempdir().unwrap();
+    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .detach_grace(Duration::from_secs(30))
+        .jwks(&jwks, Duration::from_secs(300))
+        .start()
+        .await;
+    (s, keys)
+}
+
 async fn get(url: &str, auth: Option<&str>) -> (u16, Value) {
     let h: Vec<(&str, &str)> = auth.map(|a| ("authorization", a)).into_iter().collect();
     get_as(url, &h).await
@@ -132,14 +146,7 @@ async fn a_stranger_learns_nothing(
 #[tokio::test]
 async fn two_users_with_jwts_reach_only_their_own_threads() {
     let k = FakeKernel::start().await;
-    let keys = tempfile::tempdir().unwrap();
-    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(30))
-        .jwks(&jwks, Duration::from_secs(300))
-        .start()
-        .await;
+    let (s, _keys) = jwt_gateway(&k).await;
     let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
     let a = [("authorization", alice.as_str())];
     let b = [("authorization", bob.as_str())];
@@ -488,14 +495,7 @@ async fn a_strangers_guidance_takes_no_place_of_the_owners() {
 async fn a_thread_made_again_by_another_user_shares_no_runs_with_the_first() {
     use futures_util::StreamExt;
     let k = FakeKernel::start().await;
-    let keys = tempfile::tempdir().unwrap();
-    let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(30))
-        .jwks(&jwks, Duration::from_secs(300))
-        .start()
-        .await;
+    let (s, _keys) = jwt_gateway(&k).await;
     let (mallory, alice) = (bearer_for("mallory"), bearer_for("alice"));
     let m = [("authorization", mallory.as_str())];
     let a = [("authorization", alice.as_str())];
