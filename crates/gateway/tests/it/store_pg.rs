@@ -50,3 +50,35 @@ async fn a_transcript_arriving_after_its_threads_delete_is_not_kept() {
     store.append_transcript("t", add("anew")).await.unwrap();
     assert_eq!(rows(&pg, "late"), "anew:1");
 }
+
+/// A start waits for another instance's migration longer than a request waits for a lock (the
+/// connections' `lock_timeout` is 2 s, `statement_timeout` 2.5 s): instances may start together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_waits_for_another_instances_migration() {
+    let pg = Cluster::start();
+    let url = pg.create_db("together");
+    let first = PgStore::open(&url, None, "http://127.0.0.1:1/", Duration::from_secs(15)).await;
+    assert!(first.is_ok(), "the first start");
+    // Another instance migrating: the migration lock held for 3.5 s.
+    let (other, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    other
+        .execute("SELECT pg_advisory_lock(7018707639713229159)", &[])
+        .await
+        .unwrap();
+    let holder = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        drop(other);
+    });
+    let started = std::time::Instant::now();
+    let second = PgStore::open(&url, None, "http://127.0.0.1:2/", Duration::from_secs(15)).await;
+    assert!(second.is_ok(), "{:?}", second.err());
+    assert!(
+        started.elapsed() >= Duration::from_millis(2500),
+        "the lock was not waited for: {:?}",
+        started.elapsed()
+    );
+    holder.await.unwrap();
+}

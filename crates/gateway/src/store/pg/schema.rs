@@ -7,6 +7,10 @@
 
 /// Taken for the migration transaction (any constant of our own).
 const MIGRATION_LOCK: i64 = 0x6167_7569_5f6d_6967; // "agui_mig"
+/// A start waits at most this long for another instance's migration, and a migration's
+/// statement runs at most this long.
+const MIGRATION_LIMITS: &str =
+    "SET LOCAL lock_timeout = '10min'; SET LOCAL statement_timeout = '1h'";
 
 /// `(version, SQL)`, in order. Never edit one that has shipped: add the next.
 pub const MIGRATIONS: &[(i32, &str)] = &[
@@ -110,6 +114,11 @@ pub async fn forward_key(client: &deadpool_postgres::Client) -> Result<String, S
 pub async fn migrate(client: &mut deadpool_postgres::Client) -> Result<(), String> {
     let tx = client
         .transaction()
+        .await
+        .map_err(|e| format!("migration: {e}"))?;
+    // The connections' limits (`SERVER_LIMITS`) are for requests, not for this: a migration over
+    // a large table, or another instance's that this one waits for, takes longer. Bounded still.
+    tx.batch_execute(MIGRATION_LIMITS)
         .await
         .map_err(|e| format!("migration: {e}"))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
