@@ -11,7 +11,7 @@
 //! target proves it knows the secret before it is sent anything (`peer`). A forwarded request is
 //! never forwarded again, so two instances that disagree about a thread's holder answer 503
 //! instead of passing it back and forth. A client that goes away drops the relay, and the
-//! holder sees its client go.
+//! holder sees its client go; a holder that falls silent ends the relay (`idle`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +22,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 
+mod idle;
 mod peer;
 mod trust;
 
@@ -164,7 +165,7 @@ pub async fn forward(
     for (name, value) in parts.headers.iter().filter(|(n, _)| kept(n)) {
         out = out.header(name, value);
     }
-    out.body(Body::new(incoming))
+    out.body(Body::new(idle::Idle::new(incoming, idle::RELAY_IDLE)))
         .map_err(|e| Unreachable(format!("answer: {e}")))
 }
 
