@@ -18,6 +18,28 @@ use crate::{rpc_result, sse, Error, Task, TaskState};
 /// Idle kernel connections kept for reuse.
 pub const POOL_IDLE_PER_KERNEL: usize = 32;
 
+/// The most bytes of a unary answer (a task with its history, a pipeline's events): what a
+/// stream's frame may carry, so a misbehaving kernel cannot grow memory without bound.
+pub const MAX_UNARY_BODY: usize = 16 * 1024 * 1024;
+
+/// A unary answer's body, refused once it passes [`MAX_UNARY_BODY`] (read no further).
+async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, Error> {
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_UNARY_BODY as u64)
+    {
+        return Err(Error::Protocol("response body too large".into()));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if body.len() + chunk.len() > MAX_UNARY_BODY {
+            return Err(Error::Protocol("response body too large".into()));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 /// Timeouts of the client.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
@@ -229,7 +251,7 @@ impl Client {
                     .send()
                     .await?;
                 let status = resp.status();
-                let bytes = resp.bytes().await?;
+                let bytes = read_capped(resp).await?;
                 let body: Value = serde_json::from_slice(&bytes)
                     .map_err(|_| Error::Protocol("response is not JSON".into()))?;
                 if !status.is_success() {
@@ -410,7 +432,7 @@ impl Client {
                 .send()
                 .await?;
             let status = resp.status().as_u16();
-            let bytes = resp.bytes().await?;
+            let bytes = read_capped(resp).await?;
             let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             match status {
                 200..=299 => match v.get("status").and_then(Value::as_str) {
@@ -460,7 +482,7 @@ impl Client {
                 .send()
                 .await?;
             let status = resp.status().as_u16();
-            let bytes = resp.bytes().await?;
+            let bytes = read_capped(resp).await?;
             if status == 404 {
                 return Ok(None);
             }
@@ -478,6 +500,66 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A kernel that answers every request with `head` and then 1 MiB chunks of `{` without end
+    /// (until the client goes away); it counts the bytes it could send.
+    async fn endless(head: &'static str) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", l.local_addr().unwrap());
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = sent.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 8192];
+                    let _ = s.read(&mut buf).await;
+                    let _ = s.write_all(head.as_bytes()).await;
+                    let chunk = vec![b'{'; 1 << 20];
+                    let framed = head.contains("chunked");
+                    loop {
+                        if framed && s.write_all(b"100000\r\n").await.is_err() {
+                            break;
+                        }
+                        if s.write_all(&chunk).await.is_err() {
+                            break;
+                        }
+                        if framed && s.write_all(b"\r\n").await.is_err() {
+                            break;
+                        }
+                        counter.fetch_add(chunk.len(), std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        (url, sent)
+    }
+
+    #[tokio::test]
+    async fn a_unary_answer_past_the_bound_is_refused_not_buffered() {
+        for head in [
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 209715200\r\n\r\n",
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n",
+        ] {
+            let (url, sent) = endless(head).await;
+            let client = Client::new(&url, None, Timeouts::default());
+            let err = client.get_task("t", 100).await.unwrap_err();
+            assert!(
+                matches!(&err, Error::Protocol(m) if m == "response body too large"),
+                "{head:?}: {err:?}"
+            );
+            let read = sent.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(read < 2 * MAX_UNARY_BODY, "{head:?}: {read} bytes went out");
+            let (url, _) = endless(head).await;
+            let err = Client::new(&url, None, Timeouts::default())
+                .pipeline_state("t", 0)
+                .await
+                .unwrap_err();
+            assert!(matches!(&err, Error::Protocol(_)), "{head:?}: {err:?}");
+        }
+    }
 
     #[test]
     fn stream_targets() {
