@@ -18,8 +18,8 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where a key set is read from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a key set is read from (shown without what a URL may carry of credentials).
+#[derive(Clone, PartialEq, Eq)]
 pub enum Origin {
     File(PathBuf),
     Url(String),
@@ -41,9 +41,25 @@ impl std::fmt::Display for Origin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Origin::File(p) => write!(f, "{}", p.display()),
-            // A URL's query may carry a key of the identity provider's: not shown.
-            Origin::Url(u) => f.write_str(u.split(['?', '#']).next().unwrap_or(u)),
+            // A URL's user and password, and its query, may carry a key of the identity
+            // provider's: not shown.
+            Origin::Url(u) => match url::Url::parse(u) {
+                Ok(mut url) => {
+                    let _ = url.set_password(None);
+                    let _ = url.set_username("");
+                    url.set_query(None);
+                    url.set_fragment(None);
+                    f.write_str(url.as_str())
+                }
+                Err(_) => f.write_str("(a key set URL that does not parse)"),
+            },
         }
+    }
+}
+
+impl std::fmt::Debug for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Origin({self})")
     }
 }
 
@@ -364,6 +380,12 @@ mod tests {
         );
         let u = Origin::parse("HTTPS://idp.example/keys?key=secret");
         assert!(matches!(u, Origin::Url(_)));
-        assert_eq!(u.to_string(), "HTTPS://idp.example/keys");
+        assert_eq!(u.to_string(), "https://idp.example/keys");
+        // Neither a user and password nor a query reach a log line, in either form.
+        let u = Origin::parse("https://svc:s3cret@idp.internal/jwks?k=1#x");
+        assert_eq!(u.to_string(), "https://idp.internal/jwks");
+        assert_eq!(format!("{u:?}"), "Origin(https://idp.internal/jwks)");
+        let u = Origin::parse("https://token-only@idp.internal/jwks");
+        assert_eq!(u.to_string(), "https://idp.internal/jwks");
     }
 }
