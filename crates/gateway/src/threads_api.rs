@@ -150,6 +150,10 @@ pub async fn events(
         doc.run_digests.contains_key(run_id)
     })
     .await?;
+    // A run id beyond the ids' bound is one no run has (a thread's ids are bounded alike).
+    if !crate::validate::is_bounded(run_id) {
+        return Err(ApiError::new(Code::RunNotFound, msg::RUN_NOT_FOUND));
+    }
     let Some(events) = rt.replays().get(caller, thread_id, run_id) else {
         // Not buffered: say whether the run ever existed.
         return Err(if existed {

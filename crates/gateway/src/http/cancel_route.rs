@@ -5,7 +5,7 @@ use super::*;
 
 pub(super) async fn cancel_route(
     State(s): State<AppState>,
-    Path(execution_id): Path<String>,
+    PathIds(execution_id): PathIds<String>,
     req: Request,
 ) -> Response {
     if execution_id.is_empty() {

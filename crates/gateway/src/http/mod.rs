@@ -12,6 +12,7 @@
 //! negotiated language; a 413 and a 408 close the connection.
 
 mod cancel_route;
+mod ids;
 mod relay;
 mod rules;
 mod threads;
@@ -23,11 +24,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
+use ids::PathIds;
 use serde_json::{json, Map, Value};
 
 use crate::auth::access::{self, Refused, CANCEL_ROUTE, EVENTS_ROUTE, RUN_ROUTE, THREAD_ROUTE};

@@ -7,7 +7,7 @@ use super::*;
 
 pub(super) async fn events_route(
     State(s): State<AppState>,
-    Path((thread_id, run_id)): Path<(String, String)>,
+    PathIds((thread_id, run_id)): PathIds<(String, String)>,
     req: Request,
 ) -> Response {
     let (hl, caller) = match thread_checks(
@@ -46,7 +46,7 @@ pub(super) async fn events_route(
 /// `/threads/{threadId}`: GET reads it, PATCH changes it, DELETE deletes it.
 pub(super) async fn thread_route(
     State(s): State<AppState>,
-    Path(thread_id): Path<String>,
+    PathIds(thread_id): PathIds<String>,
     req: Request,
 ) -> Response {
     if let Some(r) = preflight(&s.rt, &req) {
@@ -185,7 +185,7 @@ async fn thread_get(s: AppState, thread_id: String, req: Request) -> Response {
 
 pub(super) async fn connect_route(
     State(s): State<AppState>,
-    Path(thread_id): Path<String>,
+    PathIds(thread_id): PathIds<String>,
     req: Request,
 ) -> Response {
     let route = crate::auth::access::CONNECT_ROUTE;
@@ -243,7 +243,7 @@ pub(super) async fn list_route(State(s): State<AppState>, req: Request) -> Respo
 
 pub(super) async fn messages_route(
     State(s): State<AppState>,
-    Path(thread_id): Path<String>,
+    PathIds(thread_id): PathIds<String>,
     req: Request,
 ) -> Response {
     let route = crate::auth::access::MESSAGES_ROUTE;

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use testkit::sse::{self, post, post_raw};
 
-use crate::support::{body, ctx, resume_body, Builder, TestServer};
+use crate::support::{body, ctx, get_as, resume_body, Builder, TestServer};
 
 async fn server_with_kernel() -> (TestServer, FakeKernel) {
     let k = FakeKernel::start().await;
@@ -187,6 +187,58 @@ async fn authentication() {
     .await;
     assert_eq!(r.status, 401);
     assert_eq!(r.error_message(), Some("需要有效的 Bearer Token。"));
+}
+
+/// An id in a path that does not decode to UTF-8 (`%FF`) is an id nobody has: the route's own
+/// order (401 without the token) and its JSON answer for an unknown id, never a plain-text 400.
+#[tokio::test]
+async fn a_path_id_that_does_not_decode_is_an_unknown_id_after_authentication() {
+    let s = Builder::new()
+        .auth("s3cret")
+        .a2a("http://127.0.0.1:9/", None)
+        .start()
+        .await;
+    let token = [("authorization", "Bearer s3cret")];
+    for path in [
+        "threads/%FF",
+        "threads/%FF/messages",
+        "threads/%FF/connect",
+        "threads/%FF/runs/r1/events",
+        "threads/t1/runs/%FF/events",
+    ] {
+        let url = format!("{}{path}", s.url);
+        let (status, v) = get_as(&url, &[]).await;
+        assert_eq!(
+            (status, &v["error"]["code"]),
+            (401, &json!("UNAUTHORIZED")),
+            "{path}"
+        );
+        let (status, v) = get_as(&url, &token).await;
+        assert_eq!(
+            (status, &v["error"]["code"]),
+            (404, &json!("THREAD_NOT_FOUND")),
+            "{path}"
+        );
+    }
+    let cancel = json!({"threadId": "t1", "rosInvocationId": "inv-1"});
+    let r = post(&s.cancel_url("%FF"), &cancel, &[]).await;
+    assert_eq!(r.error_code(), Some("UNAUTHORIZED"), "{:?}", r.json);
+    let r = post(&s.cancel_url("%FF"), &cancel, &token).await;
+    assert_eq!(
+        (r.status, r.error_code()),
+        (404, Some("EXECUTION_NOT_FOUND")),
+        "{:?}",
+        r.json
+    );
+    let r = client()
+        .delete(format!("{}threads/%FF", s.url))
+        .header("authorization", "Bearer s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(v["error"]["code"], "THREAD_NOT_FOUND");
 }
 
 #[tokio::test]
