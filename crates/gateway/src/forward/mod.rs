@@ -30,6 +30,7 @@ pub use peer::{hello_answer, Peers};
 pub use trust::{body_digest, forwarded, is_forwarded, signed_mark, At, Forwarded, Seen, Trust};
 
 use crate::auth::Caller;
+use crate::store::Peer;
 
 /// The mark of a forwarded request (its value: the forwarding instance's id).
 pub const FORWARDED: &str = "x-iac-code-agui-forwarded-by";
@@ -118,23 +119,23 @@ impl Dest {
     }
 }
 
-/// Sends the request to the holder at `base` (its advertise URL) and answers with its answer.
+/// Sends the request to `holder` (at its advertise URL) and answers with its answer.
 pub async fn forward(
-    base: &str,
+    holder: &Peer,
     method: Method,
     path_and_query: &str,
     headers: &HeaderMap,
     body: Bytes,
     hop: &Hop<'_>,
 ) -> Result<Response<Body>, Unreachable> {
-    let dest = Dest::parse(base, hop.tls.clone())?;
+    let dest = Dest::parse(&holder.url, hop.tls.clone())?;
     let target = format!("{}{path_and_query}", dest.base_path);
     let caller = trust::encode_caller(hop.caller);
     let me = HeaderValue::from_str(hop.me).map_err(|_| Unreachable("bad instance id".into()))?;
     let mut extra: Vec<(&str, HeaderValue)> = vec![(FORWARDED, me)];
     match &hop.mark {
         Mark::Signed { secret, peers } => {
-            let to = peers.prove(base, &dest, secret).await?;
+            let to = peers.prove(holder, &dest, secret).await?;
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());

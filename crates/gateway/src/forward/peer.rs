@@ -2,9 +2,11 @@
 //! first asks the holder's advertised URL to prove it knows the secret
 //! (`GET /cluster/v1/hello?nonce=…`, answered with the instance's id, its advertised URL and an
 //! HMAC over the nonce, the id and that URL; the URL must be the one dialled, so an answer relayed
-//! from another instance by whoever rewrote the database proves nothing). A listener that cannot prove it (an `advertise_url` rewritten in the database to
-//! point elsewhere) receives that question and nothing else: no token, no body. A proof is kept
-//! for [`PROVEN_FOR`] per URL.
+//! from another instance by whoever rewrote the database proves nothing), and the id must be the
+//! holder's the database names. A listener that cannot prove it (an `advertise_url` rewritten in
+//! the database to point elsewhere) receives that question and nothing else: no token, no body.
+//! A proof is kept for [`PROVEN_FOR`] per URL, and used only for the instance it proved: one
+//! started again at the URL (a new id) is asked again.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,6 +20,7 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use super::{send, Dest, Unreachable};
+use crate::store::Peer;
 
 /// How long a proven peer is trusted without asking again.
 pub const PROVEN_FOR: Duration = Duration::from_secs(60);
@@ -32,17 +35,19 @@ const NONCE: std::ops::RangeInclusive<usize> = 32..=128;
 pub struct Peers(Mutex<HashMap<String, (String, Instant)>>);
 
 impl Peers {
-    /// The id of the instance at `base`, proven (asked again after [`PROVEN_FOR`]).
+    /// The id of the instance at `holder`'s URL, proven to be the holder's (asked again after
+    /// [`PROVEN_FOR`], and at once when the holder is not the instance proven there before).
     pub(super) async fn prove(
         &self,
-        base: &str,
+        holder: &Peer,
         dest: &Dest,
         secret: &[u8],
     ) -> Result<String, Unreachable> {
+        let base = holder.url.as_str();
         {
             let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((id, at)) = map.get(base) {
-                if at.elapsed() < PROVEN_FOR {
+                if at.elapsed() < PROVEN_FOR && *id == holder.id {
                     return Ok(id.clone());
                 }
             }
@@ -50,6 +55,13 @@ impl Peers {
         let id = tokio::time::timeout(HELLO_TIMEOUT, ask(base, dest, secret))
             .await
             .map_err(|_| Unreachable("the peer did not prove itself in time".into()))??;
+        if id != holder.id {
+            // Proven, but another instance than the holder (the holder died and another took its
+            // URL): it would refuse the forward as not its own thread.
+            return Err(Unreachable(
+                "the instance at the holder's URL is another instance".into(),
+            ));
+        }
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         // A few peers: a map that grows past them is pruned of old proofs.
         if map.len() > 1024 {

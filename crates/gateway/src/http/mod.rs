@@ -480,7 +480,7 @@ async fn run_request(
             sse_response(&s, rx)
         }
         Err(admit::NotAdmitted::Refused(e)) => refused(e),
-        Err(admit::NotAdmitted::HeldElsewhere(url)) => {
+        Err(admit::NotAdmitted::HeldElsewhere(peer)) => {
             drop(slot);
             // Another user's thread is answered here as admission would, never forwarded.
             if let Err(r) = relay::theirs(&rt, &who, &thread_id, RUN_ROUTE, stranger, lang).await {
@@ -508,7 +508,7 @@ async fn run_request(
                 body,
                 caller: &who,
             };
-            to_holder(&rt, &url, out, lang).await
+            to_holder(&rt, &peer, out, lang).await
         }
     }
 }

@@ -3,6 +3,7 @@
 //! anything is forwarded to it (`/cluster/v1/hello`).
 
 use super::*;
+use crate::store::Peer;
 
 /// A request as it goes to the thread's holder.
 pub(super) struct Outgoing<'a> {
@@ -16,10 +17,15 @@ pub(super) struct Outgoing<'a> {
 
 /// Answers with what the instance holding the thread answers (a forwarded request is never
 /// forwarded again: two instances that disagree about a holder answer 503).
-pub(super) async fn to_holder(rt: &Runtime, url: &str, out: Outgoing<'_>, lang: Lang) -> Response {
+pub(super) async fn to_holder(
+    rt: &Runtime,
+    holder: &Peer,
+    out: Outgoing<'_>,
+    lang: Lang,
+) -> Response {
     let unreachable = || ApiError::new(Code::StateUnavailable, msg::HOLDER_UNREACHABLE);
     let forwarded = rt.with_trust(|t| forward::is_forwarded(&out.method, out.path, out.headers, t));
-    if forwarded || url.is_empty() {
+    if forwarded || holder.url.is_empty() {
         return unreachable().into_response_in(lang);
     }
     let store = rt.threads().store();
@@ -37,9 +43,10 @@ pub(super) async fn to_holder(rt: &Runtime, url: &str, out: Outgoing<'_>, lang: 
         mark,
         tls: rt.forward_tls(),
     };
-    match forward::forward(url, out.method, out.path, out.headers, out.body, &hop).await {
+    match forward::forward(holder, out.method, out.path, out.headers, out.body, &hop).await {
         Ok(r) => r,
         Err(forward::Unreachable(why)) => {
+            let url = holder.url.as_str();
             tracing::warn!(holder = url, error = %why, "the thread's holder cannot be reached");
             unreachable().into_response_in(lang)
         }
@@ -65,9 +72,9 @@ pub(super) async fn held_elsewhere(
     }
     match rt.threads().holder(thread_id).await {
         Ok(Holder::Here { .. }) => None,
-        Ok(Holder::Elsewhere(url)) => Some(
+        Ok(Holder::Elsewhere(peer)) => Some(
             match theirs(rt, out.caller, thread_id, route, missing, lang).await {
-                Ok(()) => to_holder(rt, &url, out, lang).await,
+                Ok(()) => to_holder(rt, &peer, out, lang).await,
                 Err(r) => r,
             },
         ),

@@ -69,8 +69,8 @@ fn state_unavailable(e: impl std::fmt::Display) -> ApiError {
 pub enum NotAdmitted {
     /// Refused: the JSON error to answer.
     Refused(ApiError),
-    /// Another live instance holds the thread: the request goes there (its URL).
-    HeldElsewhere(String),
+    /// Another live instance holds the thread: the request goes there.
+    HeldElsewhere(crate::store::Peer),
 }
 
 impl From<ApiError> for NotAdmitted {
@@ -233,7 +233,7 @@ async fn admit_now(
         .await
         .map_err(state_unavailable)?;
     let took_over = match holder {
-        Holder::Elsewhere(url) => return Err(NotAdmitted::HeldElsewhere(url)),
+        Holder::Elsewhere(peer) => return Err(NotAdmitted::HeldElsewhere(peer)),
         Holder::Here { took_over } => took_over,
     };
     let Some((verdict, expired, stranger)) = decided else {

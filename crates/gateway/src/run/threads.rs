@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::latch::Latch;
-use crate::store::{Admission, Claim, Decide, Metered, StoreError, ThreadDoc};
+use crate::store::{Admission, Claim, Decide, Metered, Peer, StoreError, ThreadDoc};
 use crate::telemetry::{InterruptEvent, Metrics};
 
 /// Controls of an active run, shared with the cancellation extension.
@@ -49,8 +49,8 @@ pub struct ActiveRun {
 pub enum Holder {
     /// By this instance; `took_over` when it just became so (its holder was dead).
     Here { took_over: bool },
-    /// By another live instance, at this URL.
-    Elsewhere(String),
+    /// By another live instance.
+    Elsewhere(Peer),
 }
 
 /// One thread in memory.
@@ -346,9 +346,9 @@ impl Threads {
             .admit(thread_id, cached, st.active.is_some(), decide)
             .await?
         {
-            Admission::Elsewhere(url) => {
+            Admission::Elsewhere(peer) => {
                 self.forget(st);
-                Ok(Holder::Elsewhere(url))
+                Ok(Holder::Elsewhere(peer))
             }
             Admission::Here {
                 read,
@@ -383,9 +383,9 @@ impl Threads {
     ) -> Result<(Locked<'a>, Holder), StoreError> {
         let mut st = slot.lock().await;
         match self.store.claim(thread_id).await? {
-            Claim::Elsewhere(url) => {
+            Claim::Elsewhere(peer) => {
                 self.forget(&mut st);
-                Ok((st, Holder::Elsewhere(url)))
+                Ok((st, Holder::Elsewhere(peer)))
             }
             Claim::Here { current, took_over } => {
                 match current {
@@ -409,7 +409,7 @@ impl Threads {
     /// this process had of the thread is then dropped: it no longer counts it, and may evict it).
     pub async fn holder(&self, thread_id: &str) -> Result<Holder, StoreError> {
         Ok(match self.store.holder(thread_id).await? {
-            Claim::Elsewhere(url) => {
+            Claim::Elsewhere(peer) => {
                 let slot = self.map().get(thread_id).cloned();
                 if let Some(slot) = slot {
                     let mut st = slot.lock().await;
@@ -417,7 +417,7 @@ impl Threads {
                         self.forget(&mut st);
                     }
                 }
-                Holder::Elsewhere(url)
+                Holder::Elsewhere(peer)
             }
             Claim::Here { took_over, .. } => Holder::Here { took_over },
         })

@@ -85,8 +85,16 @@ pub enum Claim {
         current: Option<Option<ThreadDoc>>,
         took_over: bool,
     },
-    /// Another live instance holds it: requests for it go to this URL.
-    Elsewhere(String),
+    /// Another live instance holds it: requests for it go there.
+    Elsewhere(Peer),
+}
+
+/// Another live instance: where its requests go, and its id (what it must prove to be before a
+/// forward is sent to it; an instance started again at the same URL is another instance).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Peer {
+    pub url: String,
+    pub id: String,
 }
 
 /// The decision of an admission: given the thread's current document and whether this
@@ -106,7 +114,7 @@ pub enum Admission {
         took_over: bool,
     },
     /// Another live instance holds the thread: nothing was decided.
-    Elsewhere(String),
+    Elsewhere(Peer),
 }
 
 /// Where thread documents live. Every operation is asynchronous and holds no runtime thread

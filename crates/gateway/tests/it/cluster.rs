@@ -39,10 +39,24 @@ impl Instance {
         i
     }
 
+    /// [`Instance::start`] on `port` (an instance started again where another was).
+    pub fn start_on(port: u16, db: &str, args: &[&str], env: &[(String, String)]) -> Instance {
+        let i = Instance::spawn_on(port, db, args, env);
+        assert!(
+            wait_health(i.port, Duration::from_secs(30)).is_some(),
+            "instance did not start: {}",
+            i.log()
+        );
+        i
+    }
+
     /// [`Instance::start`] without waiting for its plain-HTTP `/health` (an instance serving TLS).
     pub fn spawn(db: &str, args: &[&str], env: &[(String, String)]) -> Instance {
+        Instance::spawn_on(free_port(), db, args, env)
+    }
+
+    fn spawn_on(port: u16, db: &str, args: &[&str], env: &[(String, String)]) -> Instance {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
         let log = dir.path().join("gateway.log");
         let child = Command::new(bin())
             .args(["--port", &port.to_string(), "--state-url", db])

@@ -11,7 +11,7 @@ use testkit::postgres::Cluster;
 use testkit::sse::{assert_valid_run, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::cluster::{id_of, turn, Instance, Workspace};
+use crate::cluster::{id_of, row, turn, Instance, Workspace};
 use crate::support::{body, get_as};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
@@ -335,4 +335,68 @@ async fn instances_serving_tls_forward_over_tls() {
     assert_eq!(state.status(), 200, "{}", b.log());
     let v: serde_json::Value = serde_json::from_slice(&state.bytes().await.unwrap()).unwrap();
     assert_eq!(v["threadId"], "t1");
+}
+
+/// A proof is the instance's, not its URL's: an instance started again at its URL (a new id)
+/// that takes a thread over is proven again before a forward is signed for it, within the minute
+/// a proof is kept. (Signed for the instance before it, the forward was no forward there, and
+/// without the client's token it was refused: 401.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_again_at_its_url_is_proven_again() {
+    let pg = Cluster::start();
+    let db = pg.create_db("again");
+    let ws = Workspace::new();
+    let (ka, kb) = (FakeKernel::start().await, FakeKernel::start().await);
+    let mut env = ws.env();
+    env.push(("IAC_CODE_AGUI_CLUSTER_SECRET".into(), SECRET.into()));
+    env.push(("IAC_CODE_AGUI_AUTH_TOKEN".into(), "svc".into()));
+    let svc = [("authorization", "Bearer svc")];
+    let start_at = |port: Option<u16>, k: &FakeKernel| {
+        let url = k.url();
+        let args = ["--a2a-url", url.as_str(), "--lease-ttl", "60"];
+        match port {
+            Some(p) => Instance::start_on(p, &db, &args, &env),
+            None => Instance::start(&db, &args, &env),
+        }
+    };
+    let (a, mut b) = (start_at(None, &ka), start_at(None, &kb));
+    // t1 held by B; A forwards to B (and keeps B's proof).
+    turn(&kb, "t1", "task-1", "from B", vec![]);
+    let r = post(
+        &b.url(),
+        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
+        &svc,
+    )
+    .await;
+    assert_valid_run(&r, "t1", "r1");
+    let first = row(&pg, "again", "t1").0;
+    let (status, v) = get_as(&format!("{}threads/t1", a.url()), &svc).await;
+    assert_eq!(status, 200, "{v}");
+    // B stops cleanly and starts again at its URL: another instance, which takes t1 over.
+    let port = b.port;
+    b.signal(libc::SIGTERM);
+    assert_eq!(b.child.wait().unwrap().code(), Some(0));
+    let b2 = start_at(Some(port), &kb);
+    turn(&kb, "t1", "task-2", "from B again", vec![]);
+    let r = post(
+        &b2.url(),
+        &body("t1", "r2", "hi", &ws.cwd("t1"), json!({})),
+        &svc,
+    )
+    .await;
+    assert_valid_run(&r, "t1", "r2");
+    let second = row(&pg, "again", "t1").0;
+    assert_ne!(first, second);
+    // At A, within the minute: forwarded to the new holder, and served there.
+    let (status, v) = get_as(&format!("{}threads/t1", a.url()), &svc).await;
+    assert_eq!(status, 200, "{v}");
+    turn(&kb, "t1", "task-3", "via A", vec![]);
+    let r = post(
+        &a.url(),
+        &body("t1", "r3", "hi", &ws.cwd("t1"), json!({})),
+        &svc,
+    )
+    .await;
+    assert_valid_run(&r, "t1", "r3");
+    assert!(ka.calls("SendStreamingMessage").is_empty());
 }

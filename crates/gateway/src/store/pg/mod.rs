@@ -33,7 +33,7 @@ use tokio_postgres::NoTls;
 
 pub use lease::{Lapse, Lease};
 
-use super::{Admission, BoxFuture, Claim, Decide, StoreError, ThreadDoc, ThreadStore};
+use super::{Admission, BoxFuture, Claim, Decide, Peer, StoreError, ThreadDoc, ThreadStore};
 use rows::{columns, parse, LOAD, MAX_DOC};
 
 /// Every database operation is bounded: a database that is down or restarting gives a clear
@@ -255,12 +255,12 @@ impl PgStore {
     }
 
     /// Another live instance holds the row.
-    fn elsewhere(&self, row: &Locked) -> Option<String> {
-        let other = row
-            .owner
-            .as_deref()
-            .is_some_and(|o| o != self.inner.me.as_str());
-        (other && row.alive).then(|| row.url.clone().unwrap_or_default())
+    fn elsewhere(&self, row: &Locked) -> Option<Peer> {
+        let other = row.owner.as_ref().filter(|o| *o != &self.inner.me)?;
+        row.alive.then(|| Peer {
+            url: row.url.clone().unwrap_or_default(),
+            id: other.clone(),
+        })
     }
 
     /// Writes `doc` (or the row's own) with this instance as the holder, at the next epoch.
@@ -326,9 +326,9 @@ impl PgStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(unavailable)?;
         let row = self.lock_row(&tx, &thread_id).await?;
-        if let Some(url) = self.elsewhere(&row) {
+        if let Some(peer) = self.elsewhere(&row) {
             let _ = tx.rollback().await;
-            return Ok(Claim::Elsewhere(url));
+            return Ok(Claim::Elsewhere(peer));
         }
         if self.ours(&thread_id, &row) {
             let _ = tx.rollback().await;
@@ -379,7 +379,10 @@ impl PgStore {
             return Ok(here);
         };
         match owner {
-            Some(o) if o != self.inner.me && alive => Ok(Claim::Elsewhere(url.unwrap_or_default())),
+            Some(o) if o != self.inner.me && alive => Ok(Claim::Elsewhere(Peer {
+                url: url.unwrap_or_default(),
+                id: o,
+            })),
             _ => Ok(here),
         }
     }
@@ -407,9 +410,9 @@ impl PgStore {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(unavailable)?;
         let row = self.lock_row(&tx, thread_id).await?;
-        if let Some(url) = self.elsewhere(&row) {
+        if let Some(peer) = self.elsewhere(&row) {
             let _ = tx.rollback().await;
-            return Ok(Admission::Elsewhere(url));
+            return Ok(Admission::Elsewhere(peer));
         }
         let ours = self.ours(thread_id, &row);
         match decide(row.doc.as_ref(), held && ours) {
