@@ -74,6 +74,8 @@ pub struct FileStore {
     journal: Option<Arc<Journal>>,
     transcript_locks: Arc<super::transcript_file::Locks>,
     index: Arc<super::file_index::Index>,
+    /// The directory's lock while the store is open (`dir_lock`; none for `new`).
+    _lock: Option<Arc<super::dir_lock::DirLock>>,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -94,12 +96,14 @@ impl FileStore {
             journal: None,
             transcript_locks: Arc::default(),
             index: Arc::default(),
+            _lock: None,
         }
     }
 
-    /// The gateway's store: removes temporary files of interrupted writes, replays the journal a
-    /// previous process left (each thread's newest record, written durably to its file) and
-    /// journals every save from now on. Nothing is created until the first save.
+    /// The gateway's store: locks the directory (one process; `dir_lock`), removes temporary files
+    /// of interrupted writes, replays the journal a previous process left (each thread's newest
+    /// record, written durably to its file), journals every save from now on. Nothing but the
+    /// directory and its lock file is made until the first save.
     pub fn open(root: impl Into<PathBuf>) -> Result<FileStore, StoreError> {
         Self::open_with(root, true)
     }
@@ -110,6 +114,7 @@ impl FileStore {
         background: bool,
     ) -> Result<FileStore, StoreError> {
         let mut store = FileStore::new(root);
+        store._lock = Some(super::dir_lock::take(&store.root)?);
         let swept = store.sweep_temp_files();
         if swept > 0 {
             tracing::info!(
@@ -781,7 +786,9 @@ mod journal_tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("state");
         let s = FileStore::open_with(&root, false).unwrap();
-        assert!(!root.exists(), "opening creates nothing");
+        let made: Vec<_> = std::fs::read_dir(&root).unwrap().flatten().collect();
+        assert_eq!(made.len(), 1, "opening makes the lock file only");
+        assert!(root.join(".lock").is_file());
         s.save_blocking(&doc("t", Some("task-1"))).unwrap();
         assert_eq!(
             s.load_blocking("t").unwrap().unwrap(),

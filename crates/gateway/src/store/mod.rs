@@ -14,6 +14,7 @@
 //!   `transcript_file` its transcripts (`transcript_file::waiting`: their lines waiting for the
 //!   journal's checkpoint).
 
+mod dir_lock;
 mod doc;
 mod file;
 mod file_index;

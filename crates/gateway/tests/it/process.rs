@@ -1131,3 +1131,41 @@ fn the_gateways_environment_is_closed_to_processes_of_its_own_user() {
     assert!(!environ.0 && !environ.1.contains(secret), "{environ:?}");
     assert!(!maps.0 && maps.1.is_empty(), "{maps:?}");
 }
+
+/// A second gateway on a state directory another one uses is refused at start, naming the
+/// process that holds it (it would sweep, replay and retire the first's journal under it); once
+/// the first has stopped, the directory is free.
+#[test]
+fn a_second_gateway_on_a_state_directory_in_use_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut first = offline(bin(), port, dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_health(port, Duration::from_secs(10)).expect("health");
+    let out = output_within_10s(offline(bin(), free_port(), dir.path()));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("another process (pid {})", first.id()))
+            && log.contains("one gateway per state directory"),
+        "{log}"
+    );
+    let _ = first.kill();
+    let _ = first.wait();
+    let port = free_port();
+    let mut again = offline(bin(), port, dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = wait_health(port, Duration::from_secs(10));
+    let _ = again.kill();
+    let _ = again.wait();
+    assert!(
+        up.is_some(),
+        "the directory stayed locked after its process ended"
+    );
+}
