@@ -9,9 +9,12 @@
 //! 3. With `?follow=true`, each later run of the thread as it starts, the same way; the stream
 //!    stays open (heartbeats) until the client leaves.
 //!
-//! A client that reconnects sends the last id it saw as `Last-Event-ID`: while that run is
-//! buffered the stream continues after it (no snapshot again); once it is not, the stream starts
-//! over with a snapshot, which holds that run's messages by then. The dialect is the client's
+//! A client that reconnects sends the last id it saw as `Last-Event-ID`: while that run's events
+//! after it are buffered the stream continues after it (no snapshot again); once they are not,
+//! the stream starts over with a snapshot, which holds that run's messages by then (or will once
+//! it ends: a running run whose first events are no longer buffered is not followed). A run that
+//! `--max-readers-per-run` readers follow already refuses the connect (429) when it is the one to
+//! follow first, and is passed over when it starts later. The dialect is the client's
 //! (`?protocolVersion=1.0`; none: the protocol before 1.0), for the snapshot run; a run's own
 //! events are as its run sent them. Scoped like every thread route.
 
@@ -29,7 +32,7 @@ use crate::auth::access::CONNECT_ROUTE;
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::mapping::interrupt;
-use crate::run::replay::RunEvents;
+use crate::run::replay::{Attached, RunEvents};
 use crate::run::{sink, Runtime};
 use crate::threads_api::{read_theirs, sse};
 
@@ -145,8 +148,8 @@ pub fn snapshot_frames(
 struct Start {
     /// The snapshot, unless the client resumes within a buffered run.
     snapshot: Option<Vec<Bytes>>,
-    /// The run to follow first, and the id after which to start.
-    run: Option<(String, Arc<RunEvents>, u64)>,
+    /// The run to follow first, its reader's place, and the id after which to start.
+    run: Option<(String, Arc<RunEvents>, Attached, u64)>,
 }
 
 /// `GET /threads/{threadId}/connect` after the checks of the route (method, token, thread id).
@@ -174,11 +177,18 @@ pub async fn connect(
         .resume
         .as_ref()
         .and_then(|(run, n)| Some((run.clone(), rt.replays().get(caller, thread_id, run)?, *n)))
-        .filter(|(_, events, n)| *n <= events.last_id());
+        .filter(|(_, events, n)| *n <= events.last_id() && events.has_after(*n));
+    let readers = rt.limits().readers_per_run();
+    let reader = |events: &Arc<RunEvents>| {
+        events.attach_reader(readers).ok_or_else(|| {
+            rt.limits().reached(crate::telemetry::Limit::Readers);
+            ApiError::new(Code::TooManyReaders, msg::TOO_MANY_READERS)
+        })
+    };
     let start = match resumed {
-        Some(run) => Start {
+        Some((run, events, n)) => Start {
             snapshot: None,
-            run: Some(run),
+            run: Some((run, events.clone(), reader(&events)?, n)),
         },
         None => {
             let messages = crate::history::newest_messages(rt, thread_id).await?;
@@ -197,8 +207,13 @@ pub async fn connect(
                 pending,
                 rt.now_ms(),
             );
-            let run =
-                active.and_then(|r| Some((r.clone(), rt.replays().get(caller, thread_id, &r)?, 0)));
+            let run = active
+                .and_then(|r| Some((r.clone(), rt.replays().get(caller, thread_id, &r)?)))
+                .filter(|(_, events)| events.has_after(0));
+            let run = match run {
+                Some((r, events)) => Some((r, events.clone(), reader(&events)?, 0)),
+                None => None,
+            };
             Start {
                 snapshot: Some(frames),
                 run,
@@ -232,8 +247,8 @@ async fn stream(
         }
     }
     let mut done = Vec::new();
-    if let Some((run, events, after)) = start.run {
-        if !follow_run(rt, &run, &events, after, tx).await {
+    if let Some((run, events, reader, after)) = start.run {
+        if !follow_run(rt, &run, &events, reader, after, tx).await {
             return;
         }
         done.push(run);
@@ -263,7 +278,13 @@ async fn stream(
             if done.contains(&run) {
                 continue;
             }
-            if !follow_run(rt, &run, &events, 0, tx).await {
+            // A run followed by as many readers as it takes is passed over, not the stream.
+            let Some(reader) = events.attach_reader(rt.limits().readers_per_run()) else {
+                rt.limits().reached(crate::telemetry::Limit::Readers);
+                done.push(run);
+                continue;
+            };
+            if !follow_run(rt, &run, &events, reader, 0, tx).await {
                 return;
             }
             done.push(run);
@@ -275,20 +296,17 @@ async fn stream(
     }
 }
 
-/// One run's events after `after`, relabelled, until its end; false when the stream ends here
-/// (the client left or stalled, or the run's events are gone or have too many readers).
+/// One run's events after `after`, relabelled, until its end, as the reader `_reader`; false when
+/// the stream ends here (the client left or stalled, or the run's events went while it read).
 async fn follow_run(
     rt: &Runtime,
     run_id: &str,
     events: &Arc<RunEvents>,
+    _reader: Attached,
     after: u64,
     tx: &mpsc::Sender<Bytes>,
 ) -> bool {
     let stall = rt.cfg().client_stall_timeout;
-    let Some(_attached) = events.attach_reader(rt.limits().readers_per_run()) else {
-        rt.limits().reached(crate::telemetry::Limit::Readers);
-        return false;
-    };
     let mut cursor = after;
     loop {
         // Events dropped from the front of the buffer: this run cannot be given whole.

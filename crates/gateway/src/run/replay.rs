@@ -164,6 +164,12 @@ impl RunEvents {
         })
     }
 
+    /// Whether every frame after `after` is still buffered (none was dropped from the front).
+    pub fn has_after(&self, after: u64) -> bool {
+        let f = self.lock();
+        after + 1 >= f.frames.front().map_or(f.last + 1, |(id, _)| *id)
+    }
+
     /// The highest id so far.
     pub fn last_id(&self) -> u64 {
         self.lock().last

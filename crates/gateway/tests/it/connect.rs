@@ -243,3 +243,132 @@ async fn connect_refuses_strangers_and_bad_requests() {
         .unwrap();
     assert_eq!(r.status(), 400);
 }
+
+/// A running turn of `deltas` text deltas of 200 bytes each, then `pause`, then its end.
+fn long_turn(k: &FakeKernel, thread: &str, task: &str, deltas: usize, pause: Duration) {
+    let c = ctx(thread);
+    let mut items = vec![Item::Result(items::task(
+        task,
+        &c,
+        "TASK_STATE_SUBMITTED",
+        json!({"iacCodeSessionId": "s"}),
+    ))];
+    for _ in 0..deltas {
+        items.push(Item::Result(items::text(
+            task,
+            &c,
+            &"x".repeat(200),
+            &format!("m-{task}"),
+            json!({}),
+        )));
+    }
+    items.push(Item::Sleep(pause));
+    items.push(Item::Result(items::status(
+        task,
+        &c,
+        "TASK_STATE_COMPLETED",
+        json!({}),
+    )));
+    k.on("SendStreamingMessage", Reply::Sse(items));
+}
+
+/// A reconnect whose `Last-Event-ID` falls in a part of the run no longer buffered starts over
+/// with the snapshot (as when the run is not buffered at all), and a running run whose start is
+/// no longer buffered is not followed: never a stream with nothing in it.
+#[tokio::test]
+async fn a_run_no_longer_buffered_from_the_asked_point_gets_the_snapshot() {
+    let k = FakeKernel::start().await;
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .detach_grace(Duration::from_secs(30))
+        .replay_buffer(4096)
+        .start()
+        .await;
+    long_turn(&k, "t1", "task-1", 60, Duration::from_secs(3));
+    let (url, b) = (
+        s.url.clone(),
+        body("t1", "r1", "go", &s.ws("t1"), json!({})),
+    );
+    let running = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let thread = format!("{}threads/t1", s.url);
+    let mut seen = false;
+    for _ in 0..100 {
+        let (_, v) = get_as(&thread, &[]).await;
+        if v["activeRun"]["runId"] == "r1" {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen, "the run did not start");
+    // Its 60 deltas are written before the pause: wait for them to be buffered (and the first
+    // dropped: 4 KiB hold about 15).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for last in [Some("r1:1"), None] {
+        let (status, ev, ids) = connect(&s, "t1", "", last).await;
+        assert_eq!(status, 200);
+        assert_eq!(
+            types(&ev),
+            ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"],
+            "{last:?}"
+        );
+        assert_eq!(ids, [None, None, None]);
+    }
+    assert_valid_run(&running.await.unwrap(), "t1", "r1");
+}
+
+/// `--max-readers-per-run 1`: a connect whose first run to follow has all its readers is
+/// refused 429 `TOO_MANY_READERS` before its stream starts, not answered with the snapshot and
+/// an end.
+#[tokio::test]
+async fn a_connect_to_a_run_with_all_its_readers_is_refused() {
+    let k = FakeKernel::start().await;
+    let mut caps = iac_code_agui::config::Caps::default();
+    caps.max_readers_per_run = 1;
+    let s = Builder::new()
+        .a2a(&k.url(), None)
+        .detach_grace(Duration::from_secs(30))
+        .caps(caps)
+        .start()
+        .await;
+    script(
+        &k,
+        "t1",
+        "task-1",
+        "Working.",
+        Duration::from_secs(3),
+        false,
+    );
+    let (url, b) = (
+        s.url.clone(),
+        body("t1", "r1", "go", &s.ws("t1"), json!({})),
+    );
+    let running = tokio::spawn(async move { post(&url, &b, &[]).await });
+    k.wait_calls("SendStreamingMessage", 1, Duration::from_secs(5))
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The one reader: a connect that follows r1.
+    let first = reqwest::Client::new()
+        .get(format!("{}threads/t1/connect", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    let mut first = first.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("id: r1:1\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), first.next())
+            .await
+            .expect("r1's events")
+            .expect("more")
+            .unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    for last in [None, Some("r1:1")] {
+        let (status, ev, _) = connect(&s, "t1", "", last).await;
+        assert_eq!(status, 429, "{last:?}: {ev:?}");
+        assert_eq!(ev[0]["error"]["code"], "TOO_MANY_READERS");
+    }
+    drop(first);
+    assert_valid_run(&running.await.unwrap(), "t1", "r1");
+}
