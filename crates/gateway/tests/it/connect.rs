@@ -323,8 +323,10 @@ async fn a_run_no_longer_buffered_from_the_asked_point_gets_the_snapshot() {
 #[tokio::test]
 async fn a_connect_to_a_run_with_all_its_readers_is_refused() {
     let k = FakeKernel::start().await;
-    let mut caps = iac_code_agui::config::Caps::default();
-    caps.max_readers_per_run = 1;
+    let caps = iac_code_agui::config::Caps {
+        max_readers_per_run: 1,
+        ..Default::default()
+    };
     let s = Builder::new()
         .a2a(&k.url(), None)
         .detach_grace(Duration::from_secs(30))
