@@ -27,8 +27,10 @@ use super::environment;
 pub struct Launch {
     program: String,
     env: Vec<(String, String)>,
-    /// `--config`: removed when the last clone of the launch is dropped (the gateway exits).
-    config_file: Option<Arc<tempfile::TempPath>>,
+    /// `--config`, and what it says: removed when the last clone of the launch is dropped (the
+    /// gateway exits); written again by a start that finds it gone (a temporary directory's
+    /// clean-up took it from a long-running gateway).
+    config_file: Option<(Arc<tempfile::TempPath>, String)>,
 }
 
 impl Launch {
@@ -94,6 +96,13 @@ impl Launch {
     #[allow(unsafe_code)]
     pub fn command(&self, port: u16, token: &str) -> Command {
         use std::os::unix::process::CommandExt;
+        if let Some((path, text)) = &self.config_file {
+            if !path.exists() {
+                if let Err(e) = write_private(path, text) {
+                    tracing::error!(error = %e, "the kernel configuration cannot be written again");
+                }
+            }
+        }
         let mut cmd = Command::new(&self.program);
         cmd.args([
             "a2a",
@@ -107,7 +116,7 @@ impl Launch {
         .args(
             self.config_file
                 .iter()
-                .flat_map(|f| [std::ffi::OsStr::new("--config"), f.as_os_str()]),
+                .flat_map(|(f, _)| [std::ffi::OsStr::new("--config"), f.as_os_str()]),
         )
         .env_clear()
         .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -172,7 +181,7 @@ async fn health(port: u16, token: &str) -> Option<StatusCode> {
 }
 
 /// Writes the kernel configuration file (`persistence_dir: <dir>`) into a private temporary file.
-fn config_file(persistence_dir: &Path) -> std::io::Result<Arc<tempfile::TempPath>> {
+fn config_file(persistence_dir: &Path) -> std::io::Result<(Arc<tempfile::TempPath>, String)> {
     use std::io::Write as _;
     std::fs::create_dir_all(persistence_dir)?;
     let mut f = tempfile::Builder::new()
@@ -182,8 +191,21 @@ fn config_file(persistence_dir: &Path) -> std::io::Result<Arc<tempfile::TempPath
     // A JSON string is a YAML scalar: any path, quoted right.
     let dir =
         serde_json::to_string(&persistence_dir.display().to_string()).expect("a string serialises");
-    writeln!(f, "persistence_dir: {dir}")?;
-    Ok(Arc::new(f.into_temp_path()))
+    let text = format!("persistence_dir: {dir}\n");
+    f.write_all(text.as_bytes())?;
+    Ok((Arc::new(f.into_temp_path()), text))
+}
+
+/// Writes `text` to a new file at `path`, readable by its owner only.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(text.as_bytes())
 }
 
 /// Where the kernel command `program` is found: a bare name (`iac-code`) beside the gateway's own
@@ -351,6 +373,13 @@ mod tests {
         let text = std::fs::read_to_string(&file).expect("config file");
         let expected = serde_json::to_string(&tasks.display().to_string()).expect("json");
         assert_eq!(text, format!("persistence_dir: {expected}\n"));
+        // Taken by a clean-up of the temporary directory: the next start writes it again.
+        std::fs::remove_file(&file).expect("remove");
+        let _ = l.command(1, "t");
+        assert_eq!(std::fs::read_to_string(&file).expect("again"), text);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&file).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
         // Kept while a clone of the launch is (the supervisor's), removed with the last.
         let clone = l.clone();
         drop(l);
