@@ -23,7 +23,21 @@ pub const LOCK_FILE: &str = ".lock";
 /// A held lock: let go when the last store holding it is dropped, or the process ends.
 #[derive(Debug)]
 pub struct DirLock {
-    _file: File,
+    /// The directory, canonical (its entry in [`HELD`]).
+    key: PathBuf,
+    /// `None` only while being dropped.
+    file: Option<File>,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // Closed and forgotten under the registry's lock: a `take` meanwhile waits for both, so
+        // the close (which lets go of every lock the process has on the file) never comes after
+        // a new descriptor's lock.
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        drop(self.file.take());
+        held.retain(|(k, _)| *k != self.key);
+    }
 }
 
 /// The locks this process holds, by directory.
@@ -42,21 +56,33 @@ fn whole_file(kind: i32) -> libc::flock {
 pub fn take(root: &Path) -> Result<Arc<DirLock>, StoreError> {
     ensure_dir(root)?;
     let key = root.canonicalize()?;
-    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
-    held.retain(|(_, w)| w.strong_count() > 0);
-    if let Some(lock) = held
-        .iter()
-        .find(|(k, _)| *k == key)
-        .and_then(|(_, w)| w.upgrade())
-    {
-        return Ok(lock);
+    loop {
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        match held
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, w)| w.upgrade())
+        {
+            Some(Some(lock)) => return Ok(lock),
+            // Its last holder is dropping it: once it is closed and forgotten, take it anew.
+            Some(None) => {
+                drop(held);
+                std::thread::yield_now();
+            }
+            None => {
+                let file = lock_file(&key)?;
+                let lock = Arc::new(DirLock {
+                    key: key.clone(),
+                    file: Some(file),
+                });
+                held.push((key, Arc::downgrade(&lock)));
+                return Ok(lock);
+            }
+        }
     }
-    let lock = Arc::new(lock_file(&key)?);
-    held.push((key, Arc::downgrade(&lock)));
-    Ok(lock)
 }
 
-fn lock_file(root: &Path) -> Result<DirLock, StoreError> {
+fn lock_file(root: &Path) -> Result<File, StoreError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -70,7 +96,7 @@ fn lock_file(root: &Path) -> Result<DirLock, StoreError> {
     #[allow(unsafe_code)]
     let taken = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &fl) } == 0;
     if taken {
-        return Ok(DirLock { _file: file });
+        return Ok(file);
     }
     let err = std::io::Error::last_os_error();
     match err.raw_os_error() {
@@ -94,7 +120,7 @@ fn lock_file(root: &Path) -> Result<DirLock, StoreError> {
                 error = %err,
                 "the state directory cannot be locked: nothing stops a second gateway using it"
             );
-            Ok(DirLock { _file: file })
+            Ok(file)
         }
         _ => Err(StoreError::Io(err)),
     }
@@ -183,5 +209,36 @@ mod tests {
         );
         // Free once that process is gone.
         assert!(take(&root).is_ok());
+    }
+
+    /// Whether this process has a POSIX lock on `file` (`/proc/locks`).
+    fn locked_here(file: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        let ino = std::fs::metadata(file).unwrap().ino();
+        let me = std::process::id();
+        std::fs::read_to_string("/proc/locks")
+            .unwrap()
+            .lines()
+            .any(|l| {
+                l.contains("POSIX")
+                    && l.contains(&format!(" {me} "))
+                    && l.contains(&format!(":{ino} "))
+            })
+    }
+
+    #[test]
+    fn a_take_while_the_last_holder_drops_it_keeps_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let file = root.join(LOCK_FILE);
+        for _ in 0..2000 {
+            let a = take(&root).unwrap();
+            let dropping = std::thread::spawn(move || drop(a));
+            let b = take(&root).unwrap();
+            dropping.join().unwrap();
+            assert!(locked_here(&file), "the lock went with the other holder");
+            drop(b);
+        }
+        assert!(!locked_here(&file));
     }
 }
