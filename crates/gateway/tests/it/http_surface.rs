@@ -221,6 +221,25 @@ async fn a_path_id_that_does_not_decode_is_an_unknown_id_after_authentication() 
         );
     }
     let cancel = json!({"threadId": "t1", "rosInvocationId": "inv-1"});
+    // A thread of the caller's with a run id that does not decode: the run is unknown, not
+    // the thread.
+    let (s2, k) = server_with_kernel().await;
+    k.on("SendStreamingMessage", done_stream("task-1", "t1"));
+    let r = post(
+        &s2.url,
+        &body("t1", "r1", "hi", &s2.ws("w"), json!({})),
+        &[],
+    )
+    .await;
+    sse::assert_valid_run(&r, "t1", "r1");
+    for path in ["threads/t1/runs/%FF/events", "threads/t1/runs/nope/events"] {
+        let (status, v) = get_as(&format!("{}{path}", s2.url), &[]).await;
+        assert_eq!(
+            (status, &v["error"]["code"]),
+            (404, &json!("RUN_NOT_FOUND")),
+            "{path}"
+        );
+    }
     let r = post(&s.cancel_url("%FF"), &cancel, &[]).await;
     assert_eq!(r.error_code(), Some("UNAUTHORIZED"), "{:?}", r.json);
     let r = post(&s.cancel_url("%FF"), &cancel, &token).await;
