@@ -96,13 +96,13 @@ impl Launch {
     #[allow(unsafe_code)]
     pub fn command(&self, port: u16, token: &str) -> Command {
         use std::os::unix::process::CommandExt;
-        if let Some((path, text)) = &self.config_file {
-            if !path.exists() {
-                if let Err(e) = write_private(path, text) {
-                    tracing::error!(error = %e, "the kernel configuration cannot be written again");
-                }
+        let config = self.config_file.as_ref().filter(|(path, text)| {
+            let ready = config_ready(path, text);
+            if let Err(e) = &ready {
+                tracing::error!(error = %e, "the kernel configuration is not the gateway's: not used");
             }
-        }
+            ready.is_ok()
+        });
         let mut cmd = Command::new(&self.program);
         cmd.args([
             "a2a",
@@ -114,7 +114,7 @@ impl Launch {
             "all",
         ])
         .args(
-            self.config_file
+            config
                 .iter()
                 .flat_map(|(f, _)| [std::ffi::OsStr::new("--config"), f.as_os_str()]),
         )
@@ -194,6 +194,37 @@ fn config_file(persistence_dir: &Path) -> std::io::Result<(Arc<tempfile::TempPat
     let text = format!("persistence_dir: {dir}\n");
     f.write_all(text.as_bytes())?;
     Ok((Arc::new(f.into_temp_path()), text))
+}
+
+/// Whether the configuration file at `path` says `text` and is the gateway's: written again when
+/// a clean-up of the temporary directory took it, mended when it is the gateway's own file with
+/// other words in it; refused when it is another user's, or not a plain file (planted under its
+/// name, which the kernel's command line shows).
+fn config_ready(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return write_private(path, text),
+        other => other?,
+    };
+    // SAFETY: geteuid has no preconditions.
+    #[allow(unsafe_code)]
+    let me = unsafe { libc::geteuid() };
+    if !meta.is_file() || meta.uid() != me {
+        return Err(std::io::Error::other(format!(
+            "{} is not a file of the gateway's user",
+            path.display()
+        )));
+    }
+    if std::fs::read_to_string(path).ok().as_deref() == Some(text) && meta.mode() & 0o077 == 0 {
+        return Ok(());
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    std::io::Write::write_all(&mut f, text.as_bytes())
 }
 
 /// Writes `text` to a new file at `path`, readable by its owner only.
@@ -380,6 +411,23 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         let mode = std::fs::metadata(&file).expect("meta").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+        // Other words in the gateway's own file: mended.
+        std::fs::write(&file, "persistence_dir: \"/elsewhere\"\n").expect("plant");
+        let _ = l.command(1, "t");
+        assert_eq!(std::fs::read_to_string(&file).expect("mended"), text);
+        // Another user's file under its name: never given to the kernel, never written to.
+        std::fs::remove_file(&file).expect("remove");
+        std::fs::write(&file, "persistence_dir: \"/elsewhere\"\n").expect("plant");
+        if std::os::unix::fs::chown(&file, Some(65534), Some(65534)).is_ok() {
+            let a = args(&l.command(1, "t"));
+            assert!(!a.iter().any(|x| x == "--config"), "{a:?}");
+            assert_eq!(
+                std::fs::read_to_string(&file).expect("planted"),
+                "persistence_dir: \"/elsewhere\"\n"
+            );
+            std::fs::remove_file(&file).expect("remove");
+            let _ = l.command(1, "t");
+        }
         // Kept while a clone of the launch is (the supervisor's), removed with the last.
         let clone = l.clone();
         drop(l);
