@@ -8,15 +8,32 @@ use iac_code_agui::config::Env;
 use iac_code_agui::config::{Cli, Config};
 use iac_code_agui::telemetry::{self, Metrics};
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, caught from the moment this is made: made before the listener is bound,
+/// so a process manager that stops a gateway just started gets a drain and status 0, never the
+/// signal's default action (an exit with no flush and the kernel left to its parent-death
+/// signal).
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn catch() -> std::io::Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
     }
-    tracing::info!("shutdown requested");
+
+    /// The first of them, however long ago it came.
+    async fn received(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        tracing::info!("shutdown requested");
+    }
 }
 
 /// Closes this process to every other process of its user: its `/proc/<pid>/environ`, `mem` and
@@ -76,6 +93,13 @@ fn main() {
         .build()
         .expect("tokio runtime");
     let code = rt.block_on(async move {
+        let signals = match StopSignals::catch() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("Unable to catch SIGTERM and SIGINT: {e}");
+                return 1;
+            }
+        };
         // Logging (and the trace exporter, which runs on this runtime) first.
         let metrics = Arc::new(Metrics::new());
         let telemetry = telemetry::init(&cfg, &env, metrics.clone());
@@ -115,12 +139,18 @@ fn main() {
                 }
             },
         };
-        let store = match app::open_store(&cfg).await {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("{e}");
-                return 1;
-            }
+        // A start may wait minutes for another instance's migration: a stop meanwhile ends it
+        // (nothing is served yet; an unfinished migration rolls back with its connection).
+        let mut signals = Box::pin(signals.received());
+        let store = tokio::select! {
+            opened = app::open_store(&cfg) => match opened {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return 1;
+                }
+            },
+            () = &mut signals => return 0,
         };
         let auth = match iac_code_agui::auth::Auth::open(&cfg).await {
             Ok(a) => Arc::new(a),
@@ -154,7 +184,7 @@ fn main() {
             let how = state.rt.auth().describe();
             tracing::info!(%addr, "authentication: {how}; a caller with a user reaches only that user's threads");
         }
-        let code = match app::serve_with_admin(listener, admin, state, shutdown_signal()).await {
+        let code = match app::serve_with_admin(listener, admin, state, signals).await {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("server error: {e}");

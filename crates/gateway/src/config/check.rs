@@ -7,6 +7,7 @@ use super::layers::Counted;
 use super::urls;
 use super::LogFormat;
 use crate::kernel::environment;
+use crate::store::pg_tls;
 
 pub(super) const PORT: &str = "--port must be between 1 and 65535.";
 pub(super) const INTERRUPT_TTL: &str = "--interrupt-ttl must be a non-negative integer.";
@@ -14,6 +15,8 @@ pub(super) const REPLAY_BUFFER: &str = "--replay-buffer must be a positive integ
 pub(super) const METRICS_LISTEN: &str = "--metrics-listen must be HOST:PORT.";
 pub(super) const LOG_FORMAT: &str = "--log-format must be text or json.";
 pub(super) const STATE_URL: &str = "--state-url must be a postgres:// URL.";
+const STATE_VERIFY_CA: &str = "--state-url's sslmode=verify-ca needs --state-ca-file (the CA the \
+     database's certificate must chain to); with public roots use sslmode=verify-full.";
 pub(super) const LEASE_TTL: &str = "--lease-ttl must be a number of seconds, at least 1.";
 pub(super) const CLIENT_STALL_TIMEOUT: &str =
     "--client-stall-timeout must be a positive number of seconds.";
@@ -35,6 +38,8 @@ const CONSOLE_ADMIN: &str =
     "--console admin needs --metrics-listen: the console is served on the admin listener.";
 const A2A_URLS_MANY: &str = "--a2a-url names at most 64 kernels.";
 const A2A_URLS_TWICE: &str = "--a2a-url names one kernel twice.";
+pub(super) const A2A_HTTPS: &str = "--a2a-url must be a plain http:// URL: the kernel is a \
+     loopback child or a sidecar, reached without TLS (nothing but this host can see the traffic).";
 pub(super) const LOOPBACK: &str =
     "The AG-UI adapter may connect only to a loopback A2A HTTP(S) URL.";
 
@@ -167,12 +172,19 @@ pub(super) fn a2a_urls(urls: Vec<String>) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-/// A loopback http(s) URL of a kernel (host `127.0.0.1`, `::1` or `localhost`), normalised to
-/// one trailing `/`.
+/// A loopback plain-HTTP URL of a kernel (host `127.0.0.1`, `::1` or `localhost`), normalised to
+/// one trailing `/`. `https://` passes the reference's loopback rule but is refused: the kernel
+/// client speaks plain HTTP, so every stream to it would fail after a clean start.
 pub fn a2a_url(url: &str) -> Result<String, String> {
-    let loopback = urls::parse(url).is_some_and(|u| urls::is_http(&u) && urls::is_kernel_host(&u));
+    let parsed = urls::parse(url);
+    let loopback = parsed
+        .as_ref()
+        .is_some_and(|u| urls::is_http(u) && urls::is_kernel_host(u));
     if !loopback {
         return Err(LOOPBACK.into());
+    }
+    if parsed.is_some_and(|u| u.scheme() != "http") {
+        return Err(A2A_HTTPS.into());
     }
     Ok(format!("{}/", url.trim().trim_end_matches('/')))
 }
@@ -198,11 +210,25 @@ pub(super) fn log_format(v: Option<&str>) -> Result<LogFormat, String> {
     }
 }
 
-/// A `postgres://` (or `postgresql://`) URL the PostgreSQL client takes.
-pub(super) fn state_url(u: &str) -> Result<(), String> {
+/// A `postgres://` (or `postgresql://`) URL the PostgreSQL client takes once the store has taken
+/// the `sslmode` it handles itself (tokio-postgres alone knows no `verify-ca` or `verify-full`);
+/// that mode.
+pub(super) fn state_url(u: &str) -> Result<Option<pg_tls::Mode>, String> {
     let postgres = u.starts_with("postgres://") || u.starts_with("postgresql://");
-    if !postgres || u.parse::<tokio_postgres::Config>().is_err() {
+    if !postgres {
         return Err(STATE_URL.into());
+    }
+    let (rest, mode) = pg_tls::split_mode(u)?;
+    if rest.parse::<tokio_postgres::Config>().is_err() {
+        return Err(STATE_URL.into());
+    }
+    Ok(mode)
+}
+
+/// `verify-ca` with the CA it verifies against: public roots with any host name prove nothing.
+pub(super) fn state_ca(mode: Option<pg_tls::Mode>, ca_file: bool) -> Result<(), String> {
+    if mode == Some(pg_tls::Mode::VerifyCa) && !ca_file {
+        return Err(STATE_VERIFY_CA.into());
     }
     Ok(())
 }
@@ -363,8 +389,12 @@ mod tests {
             "http://LOCALHOST:1/"
         );
         assert_eq!(
-            a2a_url(" HTTPS://127.0.0.1:9/x// ").unwrap(),
-            "HTTPS://127.0.0.1:9/x/"
+            a2a_url(" HTTP://127.0.0.1:9/x// ").unwrap(),
+            "HTTP://127.0.0.1:9/x/"
+        );
+        assert_eq!(
+            a2a_url(" HTTPS://127.0.0.1:9/x// "),
+            Err(A2A_HTTPS.to_owned())
         );
     }
 
@@ -403,9 +433,32 @@ mod tests {
         assert_eq!(log_format(None), Ok(LogFormat::Text));
         assert_eq!(log_format(Some(" JSON ")), Ok(LogFormat::Json));
         assert_eq!(log_format(Some("xml")), Err(LOG_FORMAT.to_owned()));
-        assert!(state_url("postgresql://u@h:5432/db").is_ok());
+        assert_eq!(state_url("postgresql://u@h:5432/db"), Ok(None));
         for bad in ["mysql://x", "postgres://h:notaport/db"] {
             assert_eq!(state_url(bad), Err(STATE_URL.to_owned()));
         }
+        // Every sslmode libpq knows, the two the gateway verifies itself among them.
+        for mode in [
+            "disable",
+            "allow",
+            "prefer",
+            "require",
+            "verify-ca",
+            "verify-full",
+        ] {
+            let u = format!("postgres://u@db:5432/agui?sslmode={mode}&connect_timeout=3");
+            assert!(state_url(&u).is_ok(), "{mode}");
+        }
+        let ca = state_url("postgres://u@db:5432/agui?sslmode=verify-ca").unwrap();
+        assert_eq!(ca, Some(pg_tls::Mode::VerifyCa));
+        assert_eq!(state_ca(ca, true), Ok(()));
+        assert_eq!(state_ca(ca, false), Err(STATE_VERIFY_CA.to_owned()));
+        let full = state_url("postgres://u@db:5432/agui?sslmode=verify-full").unwrap();
+        assert_eq!(state_ca(full, false), Ok(()));
+        let e = state_url("postgres://u@db/agui?sslmode=always").unwrap_err();
+        assert!(e.contains("sslmode \"always\""), "{e}");
+        // What follows the sslmode is still read by the client.
+        let e = state_url("postgres://u@db/agui?sslmode=verify-full&port=x");
+        assert_eq!(e, Err(STATE_URL.to_owned()));
     }
 }

@@ -259,7 +259,7 @@ impl Config {
         let log_format = l.get(&LOG_FORMAT, cli.log_format)?;
         let log_format = check::log_format(log_format.as_deref())?;
         let state_url = l.get(&STATE_URL, cli.state_url)?;
-        state_url.as_deref().map(check::state_url).transpose()?;
+        let state_tls = state_url.as_deref().map(check::state_url).transpose()?;
         let lease_ttl = check::lease_ttl(l.get(&LEASE_TTL, cli.lease_ttl)?.unwrap_or(15.0))?;
         let advertise_url = l.get(&ADVERTISE_URL, cli.advertise_url)?;
         let tls_given = cli
@@ -295,6 +295,7 @@ impl Config {
         });
         let kernel_backup_dir = dir(&KERNEL_BACKUP_DIR, cli.kernel_backup_dir)?;
         let state_ca_file = dir(&STATE_CA_FILE, cli.state_ca_file)?;
+        check::state_ca(state_tls.flatten(), state_ca_file.is_some())?;
         let pair = |cert: Option<PathBuf>, key: Option<PathBuf>, flags: &str| match (cert, key) {
             (Some(c), Some(k)) => Ok(Some(TlsPair { cert: c, key: k })),
             (None, None) => Ok(None),
@@ -1376,9 +1377,21 @@ linger_timeout: 3
             "http://LOCALHOST:1/"
         );
         assert_eq!(
-            validate_a2a_url("https://127.0.0.1:9/x//").unwrap(),
-            "https://127.0.0.1:9/x/"
+            validate_a2a_url("http://127.0.0.1:9/x//").unwrap(),
+            "http://127.0.0.1:9/x/"
         );
+        // Loopback, but TLS the kernel client does not speak: refused, saying why.
+        for tls in [
+            "https://127.0.0.1:9/",
+            "HTTPS://localhost:9",
+            "https://[::1]:9",
+        ] {
+            assert_eq!(
+                validate_a2a_url(tls).unwrap_err(),
+                check::A2A_HTTPS,
+                "{tls}"
+            );
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The HTTP surface: `GET|HEAD /health`, `POST /`, `POST /extensions/iac-code/v1/executions/{id}/cancel`,
+//! The HTTP surface: `GET|HEAD /health`, `/live` and `/ready`, `POST /`, `POST /extensions/iac-code/v1/executions/{id}/cancel`,
 //! `GET /threads/{threadId}` and `GET /threads/{threadId}/runs/{runId}/events` (`threads_api`);
 //! between instances, `GET /cluster/v1/hello` (`relay.rs`). With CORS origins configured, a preflight of an allowed origin on a POST route is answered
 //! first (`cors.rs`), and every answer to an allowed origin carries its CORS headers.
@@ -77,6 +77,8 @@ fn routes(state: AppState, listener: Served) -> Router {
     let hosts = state.clone();
     let router = Router::new()
         .route("/health", any(health))
+        .route("/live", any(live))
+        .route("/ready", any(ready))
         .route("/", any(run))
         .route(
             "/extensions/iac-code/v1/executions/{execution_id}/cancel",
@@ -152,14 +154,15 @@ fn routes(state: AppState, listener: Served) -> Router {
     request_body::layer(router, bounds)
 }
 
-/// The DNS-rebinding defence (`hosts.rs`): 421 `HOST_NOT_ALLOWED` on every route but `/health`,
-/// which judges the request itself.
+/// The DNS-rebinding defence (`hosts.rs`): 421 `HOST_NOT_ALLOWED` on every route but the probes
+/// (`/health`, which judges the request itself, `/live`, `/ready`: they tell nothing of a user).
 async fn host_check(
     State(s): State<AppState>,
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if req.uri().path() == "/health" || hosts::allowed(s.rt.cfg(), req.uri(), req.headers()) {
+    let probe = matches!(req.uri().path(), "/health" | "/live" | "/ready");
+    if probe || hosts::allowed(s.rt.cfg(), req.uri(), req.headers()) {
         return next.run(req).await;
     }
     let hl = header_lang(&s.rt, req.headers());
@@ -294,6 +297,20 @@ async fn health(State(s): State<AppState>, req: Request) -> Response {
             .await
             .is_ok_and(|c| c.is_operator());
     crate::health::answer(&s.rt, operator && hosts::allowed(cfg, req.uri(), h))
+}
+
+async fn live(req: Request) -> Response {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return method_not_allowed("GET, HEAD");
+    }
+    crate::health::live()
+}
+
+async fn ready(State(s): State<AppState>, req: Request) -> Response {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return method_not_allowed("GET, HEAD");
+    }
+    crate::health::ready(&s.rt).await
 }
 
 fn header_lang(rt: &Runtime, headers: &HeaderMap) -> Lang {

@@ -26,6 +26,11 @@ pub use supervisor::ChildSpec;
 
 /// How long an external kernel's `/health` may take to answer a probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an external kernel's `/health` may take to answer a readiness probe: well within a
+/// probe's own timeout (Kubernetes' default is 1 s).
+const READY_PROBE_TIMEOUT: Duration = Duration::from_millis(800);
+/// How long an external kernel's answer to a readiness probe stands for the next ones.
+const READY_PROBE_FRESH: Duration = Duration::from_secs(1);
 /// Failed probes in a row after which an external kernel counts as dead: one lost probe is not
 /// a dead kernel, and a live kernel's threads must never move (another kernel would rewrite its
 /// running task as interrupted).
@@ -83,6 +88,9 @@ pub struct Kernel {
     probe_failures: AtomicU32,
     /// Restarts of a managed kernel, readable without the lock (metrics).
     restarts: AtomicU64,
+    /// An external kernel's last readiness probe: when, and whether it answered. Held while a
+    /// probe runs, so that probes of `/ready` coming together ask the kernel once.
+    ready_probe: tokio::sync::Mutex<Option<(std::time::Instant, bool)>>,
 }
 
 impl std::fmt::Debug for Kernel {
@@ -124,6 +132,7 @@ impl Kernel {
             external_up: AtomicBool::new(false),
             probe_failures: AtomicU32::new(0),
             restarts: AtomicU64::new(0),
+            ready_probe: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -191,6 +200,30 @@ impl Kernel {
             KernelState::External | KernelState::Ready => g.client.clone(),
             _ => None,
         }
+    }
+
+    /// Whether the kernel would take a run now (`/ready`): a managed one is ready (started and
+    /// answering, not restarting); an external one answered a probe of its `/health` within the
+    /// last second (asked now otherwise, within [`READY_PROBE_TIMEOUT`]).
+    pub async fn ready(&self) -> bool {
+        let client = {
+            let g = self.inner.lock().expect("kernel lock");
+            match g.state {
+                KernelState::Ready => return true,
+                KernelState::External => g.client.clone(),
+                _ => return false,
+            }
+        };
+        let Some(client) = client else { return false };
+        let mut last = self.ready_probe.lock().await;
+        if let Some((at, up)) = *last {
+            if at.elapsed() < READY_PROBE_FRESH {
+                return up;
+            }
+        }
+        let up = client.health(READY_PROBE_TIMEOUT).await.is_ok();
+        *last = Some((std::time::Instant::now(), up));
+        up
     }
 
     /// The additive `kernel` field of `/health`.

@@ -232,6 +232,12 @@ impl Pool {
     /// Probes the external kernels (see [`Kernel::probe_external`]) while the gateway runs:
     /// several, so that a dead one's threads move (every [`PROBE_EVERY`]), or one for the
     /// metrics, when asked (every 5 s). Called once.
+    /// Whether some kernel would take a run now (see [`Kernel::ready`]); several are asked at once.
+    pub async fn ready(&self) -> bool {
+        let asked = self.slots.iter().map(|k| k.ready());
+        futures_util::future::join_all(asked).await.contains(&true)
+    }
+
     pub fn probe_external(&self, for_metrics: bool) {
         let every = match self.slots.len() {
             1 if !for_metrics => return,

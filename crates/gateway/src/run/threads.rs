@@ -503,6 +503,9 @@ mod tests {
         fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
             Box::pin(async { Ok(()) })
         }
+        fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
+            Box::pin(async { Ok(()) })
+        }
         fn forget(&self, thread_id: &str) {
             self.0.lock().unwrap().push(thread_id.to_owned());
         }

@@ -5,7 +5,7 @@
 //! commit, files written by checkpoints) or, without one ([`FileStore::new`]), from an fsync of
 //! the file and of its directory on every save.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -449,6 +449,19 @@ impl FileStore {
     }
 }
 
+/// Whether this process may make files in `dir` (blocking).
+fn writable_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())?;
+    #[allow(unsafe_code)]
+    // SAFETY: access(2) reads a NUL-terminated path that lives across the call.
+    let r = unsafe { libc::access(path.as_ptr(), libc::W_OK | libc::X_OK) };
+    match r {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 impl ThreadStore for FileStore {
     fn append_transcript(
         &self,
@@ -577,6 +590,19 @@ impl ThreadStore for FileStore {
             tokio::task::spawn_blocking(move || store.flush_blocking())
                 .await
                 .map_err(blocking_failed)?
+        })
+    }
+
+    fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
+        let root = self.root.clone();
+        Box::pin(async move {
+            // access(2) answers EROFS for a file system remounted read-only, which a stat would
+            // not tell; a disk that hangs is as good as gone.
+            let asked = tokio::task::spawn_blocking(move || writable_dir(&root));
+            match tokio::time::timeout(std::time::Duration::from_secs(2), asked).await {
+                Ok(Ok(r)) => r.map_err(|e| format!("the state directory cannot be written: {e}")),
+                Ok(Err(_)) | Err(_) => Err("the state directory did not answer".to_owned()),
+            }
         })
     }
 

@@ -35,6 +35,7 @@ pub use doc::{
 };
 pub use file::{file_stem, FileStore};
 pub use metered::Metered;
+pub(crate) use pg::tls as pg_tls;
 pub use pg::{Lapse, Lease, PgStore};
 
 /// What a run adds to its thread's transcript.
@@ -127,6 +128,9 @@ pub trait ThreadStore: Send + Sync + 'static {
     fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>>;
     /// Makes every completed save durable in its final place (clean shutdown).
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>>;
+    /// Whether saves can be made now (`/ready`); why not, plainly. Cheap: a readiness probe may
+    /// ask every second.
+    fn reachable(&self) -> BoxFuture<'static, Result<(), String>>;
     /// The threads with pending interrupts, and how many each: what the metrics count before
     /// those threads are loaded. A store that cannot tell cheaply knows none.
     fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
@@ -290,5 +294,8 @@ impl ThreadStore for Unavailable {
     }
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
         Box::pin(std::future::ready(Ok(())))
+    }
+    fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(std::future::ready(Err(self.0.clone())))
     }
 }

@@ -1,6 +1,6 @@
 //! The admin listener (`--metrics-listen`): `GET /metrics` in the Prometheus text format, and
-//! `GET`/`HEAD /health` (the public route's answer, as to a caller without the token), nothing
-//! else. It takes no token (a scraper has none); keep it on an address only operators reach. The
+//! `GET`/`HEAD /health` (the public route's answer, as to a caller without the token), `/live` and
+//! `/ready` (the public routes' answers), nothing else. It takes no token (a scraper has none); keep it on an address only operators reach. The
 //! public listener has no `/metrics`. Its connections are not counted in `--max-connections`, so
 //! a probe answers here while the public listener is full.
 
@@ -45,14 +45,21 @@ async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, "Not Found").into_response()
 }
 
-/// The admin router; with `rt`, `/health` too.
+/// The admin router; with `rt`, the probes too.
 pub fn router(metrics: Arc<Metrics>, rt: Option<Arc<Runtime>>, app: Option<Router>) -> Router {
     let mut router = Router::new().route("/metrics", get(scrape));
     if let Some(rt) = rt {
-        router = router.route(
-            "/health",
-            get(move || async move { crate::health::answer(&rt, false) }),
-        );
+        let ready = rt.clone();
+        router = router
+            .route(
+                "/health",
+                get(move || async move { crate::health::answer(&rt, false) }),
+            )
+            .route("/live", get(|| async { crate::health::live() }))
+            .route(
+                "/ready",
+                get(move || async move { crate::health::ready(&ready).await }),
+            );
     }
     // With the console here (`--console admin`), every other path is the gateway's.
     match app {

@@ -58,8 +58,13 @@ impl Instance {
     fn spawn_on(port: u16, db: &str, args: &[&str], env: &[(String, String)]) -> Instance {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("gateway.log");
-        let child = Command::new(bin())
-            .args(["--port", &port.to_string(), "--state-url", db])
+        let mut command = Command::new(bin());
+        // No `db`: the database is named by a variable or the YAML file among `args`.
+        if !db.is_empty() {
+            command.args(["--state-url", db]);
+        }
+        let child = command
+            .args(["--port", &port.to_string()])
             .arg("--state-dir")
             .arg(dir.path().join("state"))
             .args(args)

@@ -971,6 +971,9 @@ impl ThreadStore for SlowStore {
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
         self.0.flush()
     }
+    fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
+        self.0.reachable()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -28,6 +28,7 @@ mod limits;
 mod load;
 mod package;
 mod pool_real;
+mod probes;
 mod process;
 mod protocol;
 mod real_kernel;

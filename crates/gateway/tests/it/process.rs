@@ -27,8 +27,8 @@ fn offline(exe: impl AsRef<std::ffi::OsStr>, port: u16, dir: &std::path::Path) -
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let out = Command::new(bin())
         .args(args)
-        .envs(env.iter().copied())
         .env_remove("IAC_CODE_AGUI_A2A_URL")
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     (
@@ -45,6 +45,14 @@ fn configuration_errors_exit_1_with_a_message() {
         err.contains("The AG-UI adapter may connect only to a loopback A2A HTTP(S) URL."),
         "{err}"
     );
+    // A loopback kernel over TLS: the kernel client speaks plain HTTP, so it is refused here
+    // rather than failing every stream after a clean start; from the variable as well.
+    let https = "--a2a-url must be a plain http:// URL: the kernel is a loopback child or a \
+                 sidecar, reached without TLS (nothing but this host can see the traffic).";
+    let (code, err) = run(&["--a2a-url", "https://127.0.0.1:41242/"], &[]);
+    assert_eq!((code, err.trim()), (1, https));
+    let (code, err) = run(&[], &[("IAC_CODE_AGUI_A2A_URL", "https://localhost:1")]);
+    assert_eq!((code, err.trim()), (1, https));
     let (code, err) = run(&["--port", "70000"], &[]);
     assert_eq!(
         (code, err.trim()),
@@ -438,6 +446,47 @@ fn external_kernel_ready_fast_idle_shutdown_and_sigterm() {
     };
     assert_eq!(status.code(), Some(0));
     assert!(start.elapsed() >= Duration::from_millis(900));
+}
+
+/// A SIGTERM the moment the listener is bound, before any request: the signal handlers are in
+/// place before the bind, so the gateway drains and exits 0 every time (the handlers were made
+/// when the server first polled them, and a signal in between killed the process outright, one
+/// run in many).
+#[test]
+fn a_sigterm_right_after_bind_always_drains_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..40 {
+        let port = free_port();
+        let mut child = offline(bin(), port, dir.path())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        // Bound as soon as a connection is taken (the accept queue answers before any accept).
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never bound");
+            if let Some(s) = child.try_wait().unwrap() {
+                panic!("round {round}: exited before binding: {s:?}");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: plain kill syscall.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(status.code(), Some(0), "round {round}: {status:?}");
+    }
 }
 
 /// Secrets sent in a request never appear in debug logs, SSE output or the state dir.

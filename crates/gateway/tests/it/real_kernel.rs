@@ -618,14 +618,22 @@ async fn managed_kernel_crash_is_reported_and_restarted() {
         1.0
     );
     let mut seen_down = false;
+    let mut seen_unready = false;
     let start = Instant::now();
     loop {
         let h = kernel.health();
         // The metrics say what /health says: down while it restarts, then up, one restart.
         let up = crate::support::metric(&s, "agui_kernel_up");
         seen_down |= up == 0.0;
+        // So does /ready, which a process manager asks.
+        let (status, ready) = crate::support::get_as(&format!("{}ready", s.url), &[]).await;
+        seen_unready |=
+            status == 503 && ready == json!({"status": "unready", "reasons": ["kernel"]});
         if h["state"] == "ready" && h["restarts"].as_u64() >= Some(1) && up == 1.0 {
             assert!(seen_down, "agui_kernel_up never went to 0");
+            assert!(seen_unready, "/ready never said the kernel was not ready");
+            let (status, ready) = crate::support::get_as(&format!("{}ready", s.url), &[]).await;
+            assert_eq!((status, ready), (200, json!({"status": "ready"})));
             assert!(crate::support::metric(&s, "agui_kernel_restarts_total") >= 1.0);
             break;
         }

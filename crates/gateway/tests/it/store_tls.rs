@@ -82,3 +82,91 @@ async fn sslmode_verifies_what_it_says_and_refuses_clearly() {
         .unwrap();
     assert!(e.contains("sslmode"), "{e}");
 }
+
+/// What the user runs: the binary started with `sslmode=verify-full` by its flag, `verify-ca` by
+/// its variable and `verify-full` by YAML, each serving a turn over an encrypted connection; and
+/// `verify-ca` without a CA refused at start, saying what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_opens_verified_tls_from_its_flag_variable_and_yaml() {
+    use crate::cluster::{turn, Instance, Workspace};
+    use testkit::fake_kernel::FakeKernel;
+    use testkit::sse::{assert_valid_run, post};
+
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
+    let pg = Cluster::start_tls(&cert, &key);
+    let url = pg.create_db("bin");
+    let kernel = FakeKernel::start().await;
+    let ws = Workspace::new();
+    let ca_path = ca_file.display().to_string();
+
+    let full = format!("{url}?sslmode=verify-full");
+    let verify_ca = format!("{url}?sslmode=verify-ca");
+    let yaml = dir.path().join("agui.yaml");
+    std::fs::write(
+        &yaml,
+        format!("state_url: \"{full}\"\nstate_ca_file: \"{ca_path}\"\n"),
+    )
+    .unwrap();
+    // The instance's own --state-url is replaced by each way of giving it.
+    type Way = (&'static str, Vec<String>, Vec<(String, String)>);
+    let ways: [Way; 3] = [
+        (
+            "flag",
+            vec!["--state-ca-file".into(), ca_path.clone()],
+            vec![],
+        ),
+        (
+            "variable",
+            vec![],
+            vec![
+                ("IAC_CODE_AGUI_STATE_URL".into(), verify_ca.clone()),
+                ("IAC_CODE_AGUI_STATE_CA_FILE".into(), ca_path.clone()),
+            ],
+        ),
+        (
+            "yaml",
+            vec!["--config".into(), yaml.display().to_string()],
+            vec![],
+        ),
+    ];
+    for (i, (way, args, env)) in ways.into_iter().enumerate() {
+        let mut args = args;
+        args.extend(["--a2a-url".into(), kernel.url()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut env = env;
+        env.extend(ws.env());
+        // "": no --state-url, the variable or the file names the database.
+        let state_url = if way == "flag" { full.as_str() } else { "" };
+        let gw = Instance::start(state_url, &args, &env);
+        let thread = format!("tls-{way}");
+        turn(&kernel, &thread, &format!("task-{i}"), "over TLS", vec![]);
+        let r = post(
+            &gw.url(),
+            &crate::support::body(&thread, "r1", "hi", &ws.cwd(way), serde_json::json!({})),
+            &[],
+        )
+        .await;
+        assert_valid_run(&r, &thread, "r1");
+        assert!(r.raw.contains("over TLS"), "{way}: {}", gw.log());
+        assert!(encrypted(&pg, "bin") >= 1, "{way}: no encrypted connection");
+        let sql = format!("SELECT count(*) FROM agui_threads WHERE thread_id = '{thread}'");
+        let doc = pg.psql("bin", &sql);
+        assert_eq!(doc, "1", "{way}: the thread is in the database");
+    }
+
+    // verify-ca without its CA: status 1 and the reason, before anything is opened.
+    let out = std::process::Command::new(crate::cluster::bin())
+        .args(["--state-url", &verify_ca, "--a2a-url", &kernel.url()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("sslmode=verify-ca needs --state-ca-file"),
+        "{err}"
+    );
+}

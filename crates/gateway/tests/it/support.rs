@@ -626,6 +626,9 @@ impl ThreadStore for FaultyStore {
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
         self.inner.flush()
     }
+    fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
+        self.inner.reachable()
+    }
 }
 
 /// A sample of the server's metrics (`name{labels}` as exposed), 0 when absent.

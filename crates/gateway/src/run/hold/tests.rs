@@ -48,6 +48,9 @@ impl ThreadStore for Memory {
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
         Box::pin(async { Ok(()) })
     }
+    fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// A thread `thread-1` on execution `exec-0` (pending `p1` when `waiting`), loaded, with a run

@@ -11,7 +11,7 @@ impl PgStore {
     /// Renews this instance's heartbeat once.
     pub async fn heartbeat(&self) -> Result<(), StoreError> {
         let sent = Instant::now();
-        bounded("heartbeat", async {
+        let beat = bounded("heartbeat", async {
             let c = self.inner.beats.get().await.map_err(unavailable)?;
             let st = c.prepare_cached(HEARTBEAT).await.map_err(unavailable)?;
             c.execute(&st, &[&self.inner.me, &self.inner.advertise_url])
@@ -19,7 +19,10 @@ impl PgStore {
                 .map_err(unavailable)?;
             Ok(())
         })
-        .await?;
+        .await;
+        let failing = &self.inner.beat_failing;
+        failing.store(beat.is_err(), std::sync::atomic::Ordering::Relaxed);
+        beat?;
         self.inner.lease.renewed(sent);
         Ok(())
     }

@@ -83,6 +83,8 @@ struct Inner {
     epochs: Mutex<HashMap<String, i64>>,
     /// The cluster's forward key (`agui_cluster`).
     forward_key: String,
+    /// The last heartbeat failed (the database unreachable, before the lease lapses).
+    beat_failing: std::sync::atomic::AtomicBool,
 }
 
 /// The store. Cheap to clone.
@@ -166,6 +168,7 @@ impl PgStore {
                 lease: Arc::new(Lease::new(ttl)),
                 epochs: Mutex::new(HashMap::new()),
                 forward_key,
+                beat_failing: Default::default(),
             }),
         };
         store
@@ -467,6 +470,21 @@ impl ThreadStore for PgStore {
 
     fn shared(&self) -> bool {
         true
+    }
+
+    fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
+        // What the heartbeat (every third of the lease's TTL) found: no query of its own, so a
+        // probe costs the database nothing.
+        let failing = self
+            .inner
+            .beat_failing
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let r = match (failing, self.inner.lease.holds()) {
+            (false, true) => Ok(()),
+            (true, _) => Err("the state database did not answer the last heartbeat".to_owned()),
+            (false, false) => Err("the lease on the shared state has lapsed".to_owned()),
+        };
+        Box::pin(std::future::ready(r))
     }
 
     fn append_transcript(
