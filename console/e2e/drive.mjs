@@ -1,6 +1,6 @@
 // A person's path through the console, in headless Chromium (Debian's, through puppeteer-core):
 // sign in, set the preset, send a turn, watch it stream, answer its permission interrupt with a
-// click, cancel its execution through the extension, see the raw frames and export them, reload
+// click, find the run's session once in the thread's header (no chat line), cancel its execution through the extension, see the raw frames and export them, reload
 // and find the thread with its history and state, rename and archive it; sending and answering by keyboard, and
 // axe-core's check of the page (no serious or critical finding) twice on the way. Any
 // console error, page error, failed request, HTTP error or Content-Security-Policy violation
@@ -151,6 +151,33 @@ report.problems = problems;
 process.stdout.write(JSON.stringify(report) + "\n");
 process.exit(report.ok ? 0 : 1);
 
+/**
+ * The session (`iac-code.session.v1`, several a run: after RUN_STARTED and again as the task and
+ * session ids become known) is the thread's, shown once in its header: no chat line, the
+ * header naming the last event's ids (the execution, task and session), every event still a frame.
+ */
+async function session(page) {
+  const seen = await page.evaluate(() => {
+    const s = window.__console.session ?? {};
+    const chat = document.querySelector("main.chat").innerText;
+    const count = (id) => (id ? chat.split(id).length - 1 : -1);
+    return {
+      header: document.getElementById("thread-session")?.textContent ?? null,
+      lines: [...document.querySelectorAll("#messages li")].map((li) => li.textContent).filter((t) => /^session /.test(t)),
+      // How often each id appears in the chat column (the header included): once each.
+      shown: { executionId: count(s.executionId), taskId: count(s.taskId), sessionId: count(s.sessionId) },
+      frames: [...document.querySelectorAll("#frame-rows tr td:nth-child(4)")].filter((td) => td.textContent.includes("iac-code.session.v1")).length,
+    };
+  });
+  report.session = seen;
+  if (seen.lines.length > 0) problems.push(`session lines in the chat: ${JSON.stringify(seen.lines)}`);
+  if (seen.header === null) problems.push("no session in the thread's header");
+  for (const [k, n] of Object.entries(seen.shown)) if (n !== 1) problems.push(`the session's ${k} shown ${n} times in the chat column, not once`);
+  // Two runs (the turn and its answer), each with its session event and at least one more.
+  if (seen.frames < 4) problems.push(`${seen.frames} session frames`);
+  step("session in the header");
+}
+
 /** Content frames seen so far. */
 function contentFrames(page) {
   return page.$$eval("#frame-rows tr td:nth-child(4)", (l) => l.filter((td) => td.textContent === "TEXT_MESSAGE_CONTENT").length);
@@ -243,6 +270,7 @@ async function wholePath(page) {
   report.runs = runs;
   if (JSON.stringify(runs.map((r) => r.outcome)) !== JSON.stringify(["interrupt", "success"])) problems.push(`runs: ${JSON.stringify(runs)}`);
   step("answered");
+  await session(page);
   // The extension's cancellation of the run's execution: over by now, so "already_terminal".
   await page.click("#cancel-execution");
   await page.waitForFunction(() => /^execution /.test(document.getElementById("run-status").textContent), { timeout });

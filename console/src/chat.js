@@ -1,8 +1,10 @@
 import { check } from "./schema.js";
+import { SESSION_EVENT } from "./strip.js";
 
 // The chat: AG-UI events drawn as a conversation (text, reasoning, tool calls with their
 // arguments and results, the gateway's CUSTOM events as what they mean, the run's outcome), a
-// thread's history from a MESSAGES_SNAPSHOT, and open interrupts as forms.
+// thread's history from a MESSAGES_SNAPSHOT, and open interrupts as forms. The session event is
+// not drawn here: its ids are the thread's, shown once in its header (main.js).
 
 const list = () => document.getElementById("messages");
 const byId = new Map();
@@ -41,8 +43,6 @@ export function userMessage(text) {
 export function customLine(name, value) {
   const v = value ?? {};
   switch (name) {
-    case "iac-code.session.v1":
-      return `session ${v.sessionId ?? "(new)"}, execution ${v.executionId ?? "(none yet)"}`;
     case "iac-code.artifact.v1":
       return `artifact ${v.name ?? v.artifactId ?? ""}`.trim();
     case "iac-code.tool-progress.v1":
@@ -128,7 +128,9 @@ export function onEvent(e) {
       break;
     }
     case "CUSTOM":
-      item("custom").textContent = customLine(e.name, e.value);
+      // Several session events come in a run (as its ids become known): lines of them would
+      // sit between the messages, repeating the same ids.
+      if (e.name !== SESSION_EVENT) item("custom").textContent = customLine(e.name, e.value);
       break;
     case "MESSAGES_SNAPSHOT":
       history(e.messages ?? []);

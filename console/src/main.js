@@ -7,7 +7,7 @@ import { IacCodeAgent } from "../../clients/js/src/index.js";
 import * as api from "./api.js";
 import * as chat from "./chat.js";
 import * as frames from "./frames.js";
-import { healthLine, threadLine } from "./strip.js";
+import { SESSION_EVENT, healthLine, sessionLine, threadLine } from "./strip.js";
 
 const $ = (id) => document.getElementById(id);
 const state = {
@@ -33,10 +33,20 @@ function status(text) {
   $("run-status").textContent = text;
 }
 
+/**
+ * The open thread's session (the last `iac-code.session.v1` value, or none): one line in its
+ * header, rewritten in place as a later event adds the task or session id; what Cancel execution
+ * cancels.
+ */
+function showSession(s) {
+  state.session = s;
+  $("thread-session").textContent = sessionLine(s);
+  $("cancel-execution").disabled = !s?.executionId;
+}
+
 function newAgent(threadId, follow = false) {
   state.threadId = threadId;
-  state.session = null;
-  $("cancel-execution").disabled = true;
+  showSession(null);
   $("archive-thread").disabled = false;
   state.agent = new IacCodeAgent({
     url: api.root(),
@@ -53,10 +63,7 @@ function newAgent(threadId, follow = false) {
 function subscriber() {
   return {
     onEvent: ({ event }) => {
-      if (event.type === "CUSTOM" && event.name === "iac-code.session.v1") {
-        state.session = event.value;
-        $("cancel-execution").disabled = !event.value?.executionId;
-      }
+      if (event.type === "CUSTOM" && event.name === SESSION_EVENT) showSession(event.value);
       chat.onEvent(event);
     },
   };
@@ -214,9 +221,8 @@ function newThread() {
   if (state.running) return;
   state.agent = null;
   state.threadId = null;
-  state.session = null;
+  showSession(null);
   state.archived = false;
-  $("cancel-execution").disabled = true;
   $("archive-thread").disabled = true;
   $("archive-thread").textContent = "Archive thread";
   $("rename").hidden = true;

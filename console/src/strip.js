@@ -1,5 +1,6 @@
-// What the operations strip and a thread's state line say, from the gateway's own answers
-// (`GET /health`, `GET /threads/{threadId}`). Pure: the page writes the text these return.
+// What the operations strip and a thread's header say, from the gateway's own answers
+// (`GET /health`, `GET /threads/{threadId}`, the `iac-code.session.v1` event). Pure: the page
+// writes the text these return.
 
 /** The strip's line from `/health`: versions, kernel state, and (to a signed-in caller of
  * several instances on a shared store) the instance that answered. */
@@ -31,5 +32,19 @@ export function threadLine(t, here) {
   if (t?.binding?.cwd) parts.push(`workspace ${t.binding.cwd}`);
   const holder = holderText(t, here);
   if (holder) parts.push(holder);
+  return parts.join(" · ");
+}
+
+/** The CUSTOM event naming a run's identities: after RUN_STARTED and again whenever its task or
+ * session id becomes known (each carries every id, null while unknown). */
+export const SESSION_EVENT = "iac-code.session.v1";
+
+/** The thread's session line, from the last `iac-code.session.v1` value: the ids known so far,
+ * in the order they become known (the line grows at its end as a run goes on). */
+export function sessionLine(s) {
+  const parts = [];
+  if (s?.executionId) parts.push(`execution ${s.executionId}`);
+  if (s?.taskId) parts.push(`task ${s.taskId}`);
+  if (s?.sessionId) parts.push(`session ${s.sessionId}`);
   return parts.join(" · ");
 }

@@ -1,7 +1,7 @@
-// The operations strip and a thread's state line, from the gateway's answers.
+// The operations strip and a thread's header (state and session lines), from the gateway's answers.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { healthLine, holderText, threadLine } from "../src/strip.js";
+import { healthLine, holderText, sessionLine, threadLine } from "../src/strip.js";
 
 const health = {
   serverVersion: "0.3.0",
@@ -40,4 +40,15 @@ test("the state line puts the holder last", () => {
     "run r2 detached · 1 open interrupt(s) · last run error A2A_UNAVAILABLE · workspace /w/t1 · held by instance i-b",
   );
   assert.equal(threadLine({}, "i-a"), "");
+});
+
+test("the session line names the ids known so far, growing as later events add them", () => {
+  const first = {
+    schemaVersion: 1, threadId: "t1", aguiRunId: "r1", executionId: "e1", contextId: "c1",
+    taskId: null, rosInvocationId: "ros-1", sessionId: null,
+  };
+  assert.equal(sessionLine(first), "execution e1");
+  assert.equal(sessionLine({ ...first, taskId: "k1" }), "execution e1 · task k1");
+  assert.equal(sessionLine({ ...first, taskId: "k1", sessionId: "s1" }), "execution e1 · task k1 · session s1");
+  assert.equal(sessionLine(null), "");
 });

@@ -95,11 +95,20 @@ try {
     texts: texts(a),
   });
   check(view(reloaded) === view(cutting), `connect: ${view(reloaded)} vs ${view(cutting)}`);
-  if (v1) {
-    const pending = (reloaded.pendingInterrupts ?? []).map((i) => i.id);
-    check(JSON.stringify(pending) === JSON.stringify(interrupts.map((i) => i.id)), `pending after connect: ${pending}`);
-  }
+  const pendingIds = (a) => JSON.stringify((a.pendingInterrupts ?? []).map((i) => i.id));
+  const waiting = JSON.stringify(interrupts.map((i) => i.id));
+  if (v1) check(pendingIds(reloaded) === waiting, `pending after connect: ${pendingIds(reloaded)}`);
   report.steps.push({ name: "connect", messages: reloaded.messages.length });
+
+  // 4b. It connects again (a reconnect, a second tab) while the thread still waits for the answer.
+  try {
+    await reloaded.connectAgent({});
+    check(view(reloaded) === view(cutting), `connect again: ${view(reloaded)} vs ${view(cutting)}`);
+    if (v1) check(pendingIds(reloaded) === waiting, `pending after connecting again: ${pendingIds(reloaded)}`);
+    report.steps.push({ name: "connect again", pending: JSON.parse(pendingIds(reloaded)) });
+  } catch (e) {
+    problems.push(`connect again: ${e?.message ?? e}`);
+  }
 
   // 5. The reloaded page answers it.
   const resume = interrupts.map((i) => ({ interruptId: i.id, status: "resolved", payload: { decision: "allow_once" } }));

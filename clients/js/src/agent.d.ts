@@ -1,4 +1,11 @@
-import type { AgentCapabilities, HttpAgent, HttpAgentConfig } from "@ag-ui/client";
+import type {
+  AgentCapabilities,
+  AgentSubscriber,
+  HttpAgent,
+  HttpAgentConfig,
+  RunAgentParameters,
+  RunAgentResult,
+} from "@ag-ui/client";
 
 /** What the gateway reads from `forwardedProps.iacCode` (see the gateway's README). */
 export interface IacCodeProps {
@@ -40,10 +47,13 @@ export declare class IacCodeAgent extends HttpAgent {
   reattachDelayMs: number;
   /** A gateway route, relative to the agent's URL. */
   route(path: string): string;
+  /** HttpAgent's, callable again on a thread that waits for an answer: the agent's
+   * `pendingInterrupts` are set to what the gateway's connect reports (kept if it fails first). */
+  connectAgent(parameters?: RunAgentParameters, subscriber?: AgentSubscriber): Promise<RunAgentResult>;
   getCapabilities(): Promise<IacCodeCapabilities>;
 }
 
-/** The class for a given `@ag-ui/client` module (1.0.0 or 0.0.59). */
+/** The class for a given `@ag-ui/client` module (1.0.x or 0.0.59). */
 export declare function makeIacCodeAgent(agui: typeof import("@ag-ui/client")): typeof IacCodeAgent;
 
 /** The events of an SSE body. */

@@ -1,5 +1,5 @@
-// IacCodeAgent, made from the @ag-ui/client module it extends (1.0.0 or 0.0.59): the same code
-// serves both, and the tests run it against each.
+// IacCodeAgent, made from the @ag-ui/client module it extends (1.0.x or 0.0.59): the same code
+// serves both, and the tests run it against 1.0.0 and 0.0.59.
 //
 // What it adds to HttpAgent:
 //   * forwardedProps.iacCode filled from the `iacCode` option (a run's own values win);
@@ -7,7 +7,8 @@
 //     browser's functions. CopilotKit sends its frontend actions and suggestions as tools; with
 //     this agent they stay in the browser and the iac-code agent never sees them;
 //   * connect(): GET {url}threads/{threadId}/connect (the thread as a run of its own, then the
-//     running run, then, with `follow`, later runs), which connectAgent() applies;
+//     running run, then, with `follow`, later runs), which connectAgent() applies, again and
+//     again on a thread that waits for an answer (the pending interrupts are the gateway's);
 //   * getCapabilities(): GET {url}capabilities;
 //   * a stream that breaks before its run ended is re-attached with Last-Event-ID (the run's
 //     events route for a run, the connect route for a connect), a few times, waiting a little
@@ -120,6 +121,26 @@ export function makeIacCodeAgent(agui) {
         `threads/${encodeURIComponent(input.threadId)}/runs/${encodeURIComponent(input.runId)}/events`,
       );
       return this.stream(this.url, init, events);
+    }
+
+    // connectAgent() on a thread that waits for an answer. @ag-ui/client (0.0.59 and 1.0.0: its
+    // AbstractAgent.onInitialize) refuses to start, for connectAgent() as for runAgent(), while
+    // any of the agent's `pendingInterrupts` is not answered by the input's `resume`, and a
+    // connect answers nothing: after a connect (or a run) that ended at an interrupt, the next
+    // connect() threw "Thread has N pending interrupt(s) not addressed by resume". The gateway's
+    // connect says itself what the thread waits for (its snapshot run ends in RUN_FINISHED with
+    // the pending interrupts, or `success`), which the client applies; so the agent's list is set
+    // aside while it connects, and put back if the connect told nothing (it failed first).
+    async connectAgent(parameters, subscriber) {
+      const known = this.pendingInterrupts;
+      if (!Array.isArray(known) || known.length === 0) return super.connectAgent(parameters, subscriber);
+      const cleared = [];
+      this.pendingInterrupts = cleared;
+      try {
+        return await super.connectAgent(parameters, subscriber);
+      } finally {
+        if (this.pendingInterrupts === cleared) this.pendingInterrupts = known;
+      }
     }
 
     connect(input) {

@@ -1,7 +1,8 @@
 // IacCodeAgent against a scripted gateway on 127.0.0.1, with @ag-ui/client 1.0.0 and 0.0.59:
 // forwardedProps.iacCode from options, no client tools sent, a broken stream re-attached with
-// Last-Event-ID, connect() applied, getCapabilities(). (The gateway itself, with the real
-// kernel, is driven by the gateway's own test suite: crates/gateway/tests/it/js_client.rs.)
+// Last-Event-ID, connect() applied (and applied again on a thread that waits for an answer),
+// getCapabilities(). (The gateway itself, with the real kernel, is driven by the gateway's own
+// test suite: crates/gateway/tests/it/js_client.rs.)
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -171,6 +172,82 @@ for (const [name, agui, version] of CLIENTS) {
       const q = new URL(gw.requests[0].url, gw.url).searchParams;
       assert.equal(q.get("protocolVersion"), version ?? null);
       assert.equal(q.get("follow"), "true");
+    } finally {
+      await gw.close();
+    }
+  });
+
+  test(`${name}: connect() again on a thread that waits for an answer`, async () => {
+    // A reloaded page connects, and connects again (a second tab, a reconnect after sleep) while
+    // the thread still waits for the answer to a permission; then the answer is given elsewhere.
+    const interrupt = { id: "perm-1", reason: "tool_call", message: "Allow bash?" };
+    let answered = false;
+    let connects = 0;
+    const gw = await gateway({
+      "/": (req, res, body) => {
+        const send = sse(res);
+        send(1, started(version, body.threadId, body.runId));
+        send(2, { type: "RUN_FINISHED", threadId: body.threadId, runId: body.runId,
+          outcome: { type: "interrupt", interrupts: [interrupt] } });
+        res.end();
+      },
+      "/threads/t5/connect": (req, res) => {
+        connects += 1;
+        const send = sse(res);
+        send(null, started(version, "t5", `connect-${connects}`));
+        send(null, { type: "MESSAGES_SNAPSHOT", messages: [{ id: "u1", role: "user", content: "Run." }] });
+        send(null, { type: "RUN_FINISHED", threadId: "t5", runId: `connect-${connects}`,
+          outcome: answered ? { type: "success" } : { type: "interrupt", interrupts: [interrupt] } });
+        res.end();
+      },
+    });
+    try {
+      const agent = new IacCodeAgent({ url: gw.url, threadId: "t5" });
+      const pending = () => (agent.pendingInterrupts ?? []).map((i) => i.id);
+      // The agent's own run stopped at the interrupt: connecting does not need to answer it.
+      agent.addMessage({ id: "u1", role: "user", content: "Run." });
+      await agent.runAgent({});
+      assert.deepEqual(pending(), ["perm-1"]);
+      await agent.connectAgent({});
+      assert.deepEqual(pending(), ["perm-1"]);
+      await agent.connectAgent({});
+      assert.deepEqual(pending(), ["perm-1"]);
+      // Answered from another page: the next connect says the thread waits for nothing.
+      answered = true;
+      await agent.connectAgent({});
+      assert.deepEqual(pending(), []);
+      assert.equal(connects, 3);
+      assert.deepEqual(agent.messages.map((m) => m.id), ["u1"]);
+    } finally {
+      await gw.close();
+    }
+  });
+
+  test(`${name}: a connect that fails keeps the interrupts the agent knew`, async () => {
+    const interrupt = { id: "perm-2", reason: "tool_call", message: "Allow bash?" };
+    let up = true;
+    const gw = await gateway({
+      "/threads/t6/connect": (req, res) => {
+        if (!up) {
+          res.writeHead(503, { "content-type": "application/json" });
+          res.end(JSON.stringify({ error: { code: "UNAVAILABLE", message: "down" } }));
+          return;
+        }
+        const send = sse(res);
+        send(null, started(version, "t6", "connect-1"));
+        send(null, { type: "MESSAGES_SNAPSHOT", messages: [] });
+        send(null, { type: "RUN_FINISHED", threadId: "t6", runId: "connect-1",
+          outcome: { type: "interrupt", interrupts: [interrupt] } });
+        res.end();
+      },
+    });
+    try {
+      const agent = new IacCodeAgent({ url: gw.url, threadId: "t6" });
+      await agent.connectAgent({});
+      assert.deepEqual(agent.pendingInterrupts.map((i) => i.id), ["perm-2"]);
+      up = false;
+      await assert.rejects(agent.connectAgent({}), /UNAVAILABLE/);
+      assert.deepEqual(agent.pendingInterrupts.map((i) => i.id), ["perm-2"]);
     } finally {
       await gw.close();
     }

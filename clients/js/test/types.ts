@@ -17,6 +17,8 @@ const agent = new IacCodeAgent({
 });
 const caps: Promise<IacCodeCapabilities> = agent.getCapabilities();
 const route: string = agent.route("threads");
+const connected: Promise<agui.RunAgentResult> = agent.connectAgent({}, { onRunFinishedEvent: () => {} });
+void connected;
 const Made: typeof IacCodeAgent = makeIacCodeAgent(agui);
 const base: agui.HttpAgent = new Made({ url: "http://127.0.0.1:8000/" });
 const runner = new IacCodeAgentRunner({ url: "http://127.0.0.1:8000/", protocolVersion: "1.0" });

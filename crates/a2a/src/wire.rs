@@ -182,6 +182,14 @@ pub struct TurnMetadata<'a> {
     pub iac_code_api_key: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thinking: Option<Thinking<'a>>,
+    /// A session handoff's fence, as the client gave it (a later kernel reads its `owner`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_fence: Option<&'a serde_json::Map<String, Value>>,
+    /// A guidance input's identity and digest (a later kernel applies each guidance once).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guidance_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_digest: Option<&'a str>,
 }
 
 impl std::fmt::Debug for TurnMetadata<'_> {

@@ -241,6 +241,9 @@ pub mod msg {
         MODEL_BOUND = "iacCode.model must be at most 256 bytes, without control characters.";
         CHANNEL_BOUND = "iacCode.channel must be at most 256 bytes, without control characters.";
         PIPELINE_BOUND = "iacCode.pipelineName must be at most 256 bytes, without control characters.";
+        EXECUTION_FENCE = "iacCode.executionFence must be a JSON object of at most 16 KiB.";
+        GUIDANCE_ID = "iacCode.guidanceId must be a string of 1 to 256 bytes, without control characters.";
+        INPUT_DIGEST = "iacCode.inputDigest must be a string of 1 to 256 bytes, without control characters.";
         INVOCATION_CONTROL = "iacCode.rosInvocationId must not contain control characters.";
         CANCEL_FIELDS = "threadId and rosInvocationId are required.";
         ID_INVOCATION = "rosInvocationId must be at most 256 bytes, without control characters.";

@@ -96,6 +96,9 @@ impl<'a> Turn<'a> {
                 effort: trimmed(&t.effort),
                 budget: t.budget,
             }),
+            execution_fence: iac.execution_fence.as_ref(),
+            guidance_id: iac.guidance_id.as_deref(),
+            input_digest: iac.input_digest.as_deref(),
         }
     }
 }
@@ -132,6 +135,9 @@ mod tests {
                 security_token: None,
                 region_id: None,
             }),
+            execution_fence: None,
+            guidance_id: None,
+            input_digest: None,
         }
     }
 
@@ -157,6 +163,31 @@ mod tests {
         assert!(
             !debug.contains("sec") && !debug.contains("\"k\""),
             "{debug}"
+        );
+    }
+
+    /// A later iac-code's handoff fence and guidance identity go on as upstream names them,
+    /// the fence as given.
+    #[test]
+    fn the_handoff_fence_and_guidance_identity_are_passed_on() {
+        let mut iac = iac();
+        let fence =
+            json!({"version": "session-handoff-v1", "owner": {"sandboxId": "sb", "runId": "r"}});
+        iac.execution_fence = fence.as_object().cloned();
+        iac.guidance_id = Some("g-1".into());
+        iac.input_digest = Some("abc".into());
+        let turn = Turn {
+            iac: &iac,
+            lang: Lang::En,
+            cwd: "/w",
+            context_id: "ctx",
+        };
+        let m = serde_json::to_value(turn.message("m1".into(), vec![], Some("T"))).unwrap();
+        let meta = &m["metadata"]["iac_code"];
+        assert_eq!(meta["execution_fence"], fence);
+        assert_eq!(
+            (&meta["guidance_id"], &meta["input_digest"]),
+            (&json!("g-1"), &json!("abc"))
         );
     }
 }

@@ -96,6 +96,16 @@ pub struct IacCode {
     pub active_guidance: bool,
     #[serde(default, alias = "alibaba_cloud", deserialize_with = "object")]
     pub alibaba_cloud: Option<AlibabaCloud>,
+    /// The kernel's session-handoff fence (its `owner` is read there when the fence is on),
+    /// passed on as given in `metadata.iac_code.execution_fence`; never stored.
+    #[serde(skip)]
+    pub execution_fence: Option<Map<String, Value>>,
+    /// A guidance input's identity and its digest, passed on as `guidance_id` and
+    /// `input_digest` (the kernel applies a guidance once per id); never stored.
+    #[serde(skip)]
+    pub guidance_id: Option<String>,
+    #[serde(skip)]
+    pub input_digest: Option<String>,
 }
 
 impl IacCode {
@@ -187,9 +197,58 @@ pub fn parse(forwarded_props: Option<&Value>) -> Result<IacCode, ApiError> {
     if version.as_i64() != Some(1) {
         return Err(bad());
     }
-    let iac = IacCode::deserialize(Value::Object(obj)).map_err(|_| bad())?;
+    // The kernel's identities of a handoff and a guidance, taken out to be refused by name
+    // once the rest is well-formed (a malformed extension stays `INVALID_PROPS`).
+    let mut passed_on = [None, None, None];
+    for (at, (camel, snake)) in PASSED_ON.iter().enumerate() {
+        passed_on[at] = match (obj.shift_remove(*camel), obj.shift_remove(*snake)) {
+            (None, None) => None,
+            (Some(v), None) | (None, Some(v)) => Some(v),
+            (Some(_), Some(_)) => return Err(bad()),
+        };
+    }
+    let mut iac = IacCode::deserialize(Value::Object(obj)).map_err(|_| bad())?;
     bound_strings(&iac)?;
+    let [fence, guidance, digest] = passed_on;
+    iac.execution_fence = execution_fence(fence)?;
+    iac.guidance_id = passed_on_id(guidance, msg::GUIDANCE_ID)?;
+    iac.input_digest = passed_on_id(digest, msg::INPUT_DIGEST)?;
     Ok(iac)
+}
+
+/// The fields passed on to the kernel as they are, in both spellings.
+const PASSED_ON: [(&str, &str); 3] = [
+    ("executionFence", "execution_fence"),
+    ("guidanceId", "guidance_id"),
+    ("inputDigest", "input_digest"),
+];
+
+/// The most `executionFence` may hold, as compact JSON: a fence names a few ids (its owner's
+/// sandbox, activation, run and leases); this leaves room and keeps every message to the
+/// kernel small.
+pub const MAX_FENCE_BYTES: usize = 16 * 1024;
+
+/// `executionFence`: a JSON object (null: none) of at most [`MAX_FENCE_BYTES`].
+fn execution_fence(v: Option<Value>) -> Result<Option<Map<String, Value>>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m))
+            if serde_json::to_vec(&m).is_ok_and(|b| b.len() <= MAX_FENCE_BYTES) =>
+        {
+            Ok(Some(m))
+        }
+        Some(_) => Err(ApiError::new(Code::InvalidInput, msg::EXECUTION_FENCE)),
+    }
+}
+
+/// `guidanceId`, `inputDigest`: a string (null: none) of 1 to 256 bytes without control
+/// characters (upstream asks for a non-empty string; the gateway bounds every id it passes on).
+fn passed_on_id(v: Option<Value>, refusal: &'static str) -> Result<Option<String>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if !s.is_empty() && super::is_bounded(&s) => Ok(Some(s)),
+        Some(_) => Err(ApiError::new(Code::InvalidInput, refusal)),
+    }
 }
 
 /// The bounds of a well-formed extension's strings, in the order of its fields (the first
@@ -280,6 +339,57 @@ mod tests {
         let e = p(json!({"rosInvocationId": "inv\n1"})).unwrap_err();
         assert_eq!(e.message, msg::INVOCATION_CONTROL);
         let e = p(json!({"rosInvocationId": "x".repeat(257)})).unwrap_err();
+        assert_eq!(e.message, msg::INVALID_PROPS);
+    }
+
+    /// The fields of a later iac-code (a handoff's fence, a guidance's identity): typed as
+    /// upstream types them, bounded, each refusal naming its field, null as absent, snake_case
+    /// too, and a malformed extension still `INVALID_PROPS`.
+    #[test]
+    fn the_handoff_and_guidance_fields_are_typed_bounded_and_named() {
+        let fence = json!({"version": "session-handoff-v1", "owner": {"sandboxId": "sb-1",
+            "activationId": "a-1", "runId": "r-1", "leaseId": "l-1", "identityKind": "slot"}});
+        let v =
+            p(json!({"executionFence": fence, "guidanceId": "g-1", "inputDigest": "d".repeat(64)}))
+                .unwrap();
+        assert_eq!(v.execution_fence, fence.as_object().cloned());
+        assert_eq!(v.guidance_id.as_deref(), Some("g-1"));
+        assert_eq!(v.input_digest, Some("d".repeat(64)));
+        let v = p(json!({"execution_fence": {}, "guidance_id": "g", "input_digest": "x"})).unwrap();
+        assert_eq!(v.execution_fence, Some(Map::new()));
+        assert_eq!(
+            (v.guidance_id.unwrap(), v.input_digest.unwrap()),
+            ("g".into(), "x".into())
+        );
+        let v =
+            p(json!({"executionFence": null, "guidanceId": null, "inputDigest": null})).unwrap();
+        assert_eq!(
+            (v.execution_fence, v.guidance_id, v.input_digest),
+            (None, None, None)
+        );
+        let big = json!({"owner": {"sandboxId": "s".repeat(MAX_FENCE_BYTES)}});
+        for (field, bad, refusal) in [
+            ("executionFence", json!("fence"), msg::EXECUTION_FENCE),
+            ("executionFence", json!([1]), msg::EXECUTION_FENCE),
+            ("executionFence", big, msg::EXECUTION_FENCE),
+            ("guidanceId", json!(""), msg::GUIDANCE_ID),
+            ("guidanceId", json!(5), msg::GUIDANCE_ID),
+            ("guidanceId", json!("x".repeat(257)), msg::GUIDANCE_ID),
+            ("guidance_id", json!("a\nb"), msg::GUIDANCE_ID),
+            ("inputDigest", json!(""), msg::INPUT_DIGEST),
+            ("inputDigest", json!({"sha256": "x"}), msg::INPUT_DIGEST),
+        ] {
+            let e = p(json!({ field: bad })).unwrap_err();
+            assert_eq!(
+                (e.code, &*e.message),
+                (Code::InvalidInput, refusal),
+                "{field}"
+            );
+            let e = p(json!({ field: bad, "unknown": 1 })).unwrap_err();
+            assert_eq!(e.message, msg::INVALID_PROPS, "{field}");
+        }
+        // Both spellings of one field: malformed.
+        let e = p(json!({"guidanceId": "g", "guidance_id": "g"})).unwrap_err();
         assert_eq!(e.message, msg::INVALID_PROPS);
     }
 

@@ -1,8 +1,9 @@
 //! The console (`--console`): off unless asked; its page served with its policy while every
 //! request it makes needs the token; and a person's path through it in headless Chromium
 //! (`console/e2e/drive.mjs`, Debian's Chromium through puppeteer-core) against the real kernel:
-//! sign in, send a turn, answer its permission interrupt with a click, the raw frames and their
-//! export, a reload that finds the thread and its history. Screenshots go to
+//! sign in, send a turn, answer its permission interrupt with a click, the run's session once in
+//! the thread's header (no chat line), the raw frames and their export, a reload that finds the
+//! thread and its history. Screenshots go to
 //! `<target>/tmp/console-artifacts/` (CI keeps them; never the repository).
 
 use std::path::PathBuf;
@@ -173,6 +174,17 @@ async fn a_person_chats_answers_an_interrupt_and_comes_back_in_the_console() {
     )
     .await;
     assert!(report["frames"].as_u64() > Some(5), "{report}");
+    // The session (`iac-code.session.v1`, several a run) is the thread's: no chat line, its ids
+    // once in the thread's header (the driver counts them in the chat column), each event a frame.
+    let session = &report["session"];
+    assert_eq!(session["lines"], json!([]), "{report}");
+    assert!(
+        session["header"]
+            .as_str()
+            .is_some_and(|h| h.contains("execution ")),
+        "{report}"
+    );
+    assert!(session["frames"].as_u64() >= Some(4), "{report}");
     // No `/metrics` on the main listener: no link to one.
     assert_eq!(report["metricsLink"], Value::Null, "{report}");
 }

@@ -878,6 +878,9 @@ async fn reference_state_files_load_and_work() {
         ekeys,
         [
             "executionId",
+            // The task kept once the execution ended (iac-code's adapter after 0.16.0 writes
+            // it; 0.16.0 ignores it).
+            "lastTaskId",
             "pending",
             "pipelineOpenSteps",
             "pipelineSequence",
@@ -887,6 +890,8 @@ async fn reference_state_files_load_and_work() {
         ]
     );
     assert_eq!(v["runDigests"]["r1"].as_str().unwrap().len(), 64);
+    assert_eq!(v["execution"]["lastTaskId"], "task-9");
+    assert_eq!(v["execution"]["taskId"], Value::Null);
     assert!(ThreadDoc::from_json(text.as_bytes(), "t9").is_ok());
     use std::os::unix::fs::PermissionsExt;
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;

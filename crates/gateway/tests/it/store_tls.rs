@@ -153,9 +153,13 @@ async fn the_binary_opens_verified_tls_from_its_flag_variable_and_yaml() {
         assert_valid_run(&r, &thread, "r1");
         assert!(r.raw.contains("over TLS"), "{way}: {}", gw.log());
         assert!(encrypted(&pg, "bin") >= 1, "{way}: no encrypted connection");
-        let sql = format!("SELECT count(*) FROM agui_threads WHERE thread_id = '{thread}'");
-        let doc = pg.psql("bin", &sql);
-        assert_eq!(doc, "1", "{way}: the thread is in the database");
+        // The thread is in the database, its ended execution's task kept as the last (what the
+        // kernel's session handoff reads, in PostgreSQL as in files).
+        let sql = format!(
+            "SELECT doc::json->'execution'->>'lastTaskId' FROM agui_threads \
+             WHERE thread_id = '{thread}'"
+        );
+        assert_eq!(pg.psql("bin", &sql), format!("task-{i}"), "{way}");
     }
 
     // verify-ca without its CA: status 1 and the reason, before anything is opened.

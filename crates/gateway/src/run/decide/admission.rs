@@ -211,7 +211,15 @@ fn admit(
                 }
                 d.terminal_execution_ids
                     .insert(d.execution.execution_id.clone());
+                // The ended execution's task (an orphan's, cancelled before the turn) is the
+                // thread's last.
+                let last = d
+                    .execution
+                    .task_id
+                    .take()
+                    .or(d.execution.last_task_id.take());
                 d.execution = Execution::new(new_id(), ask.ros_invocation_id);
+                d.execution.last_task_id = last;
             }
         }
     }
@@ -340,7 +348,10 @@ mod tests {
         assert!(doc.is_terminal(&old));
         assert_eq!(doc.execution.execution_id, "exec-1");
         assert!(doc.execution.task_id.is_none());
-        // An ended execution leaves nothing to cancel.
+        // The orphan's task is the thread's last (its execution ended here).
+        assert_eq!(doc.execution.last_task_id.as_deref(), Some("task-1"));
+        // An ended execution leaves nothing to cancel, and its task stays the last through the
+        // rotation.
         prev.end_execution();
         let d = decide(
             Some(&prev),
@@ -350,6 +361,8 @@ mod tests {
             &mut ids(),
         );
         assert_eq!(d.verdict.unwrap().orphan, None);
+        let doc = d.doc.unwrap();
+        assert_eq!(doc.execution.last_task_id.as_deref(), Some("task-1"));
     }
 
     #[test]

@@ -67,6 +67,13 @@ pub struct Execution {
     pub execution_id: String,
     pub ros_invocation_id: String,
     pub task_id: Option<String>,
+    /// The task of the thread's latest execution that ended with one: kept when `task_id`
+    /// becomes null, never cleared, carried over to the next execution. The kernel's session
+    /// handoff finds a thread's task by `taskId`, else this. Written once known (iac-code's
+    /// adapter after 0.16.0 writes null before; absent reads the same), so a document of 0.16.0,
+    /// which ignores it, is written back as it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_task_id: Option<String>,
     pub pipeline_sequence: u64,
     pub pipeline_open_steps: BTreeSet<String>,
     pub text_snapshot_digests: BTreeSet<String>,
@@ -220,6 +227,7 @@ impl Execution {
             execution_id: execution_id.into(),
             ros_invocation_id: ros_invocation_id.into(),
             task_id: None,
+            last_task_id: None,
             pipeline_sequence: 0,
             pipeline_open_steps: BTreeSet::new(),
             text_snapshot_digests: BTreeSet::new(),
@@ -283,7 +291,9 @@ impl ThreadDoc {
     pub fn end_execution(&mut self) {
         self.terminal_execution_ids
             .insert(self.execution.execution_id.clone());
-        self.execution.task_id = None;
+        if let Some(task) = self.execution.task_id.take() {
+            self.execution.last_task_id = Some(task);
+        }
         self.execution.pending.clear();
         let ended = &self.execution.execution_id;
         self.delivering.retain(|d| d.execution_id != *ended);
@@ -410,6 +420,35 @@ mod tests {
         assert!(ThreadDoc::from_json(&serde_json::to_vec(&v).unwrap(), "thread-s3").is_err());
         doc.end_execution();
         assert!(doc.delivering.is_empty());
+    }
+
+    /// `execution.lastTaskId`: the task kept when an execution ends, written once known (a
+    /// document of 0.16.0 stays as it was), read back, and lenient on what only the kernel's
+    /// handoff reads.
+    #[test]
+    fn the_last_task_is_kept_when_an_execution_ends() {
+        let bytes = reference("S03_after_interrupt.thread-s3.json");
+        let mut doc = ThreadDoc::from_json(&bytes, "thread-s3").unwrap();
+        assert_eq!(doc.execution.last_task_id, None);
+        let task = doc.execution.task_id.clone().unwrap();
+        doc.end_execution();
+        assert_eq!(doc.execution.task_id, None);
+        assert_eq!(doc.execution.last_task_id.as_deref(), Some(task.as_str()));
+        let text = doc.to_json();
+        let v: Value = serde_json::from_slice(&text).unwrap();
+        assert_eq!(v["execution"]["lastTaskId"], json!(task));
+        assert_eq!(v["execution"]["taskId"], Value::Null);
+        assert_eq!(ThreadDoc::from_json(&text, "thread-s3").unwrap(), doc);
+        // An execution that ends without a task keeps the last one.
+        doc.end_execution();
+        assert_eq!(doc.execution.last_task_id.as_deref(), Some(task.as_str()));
+        // Upstream's null, and anything that is no task id, read as none.
+        for odd in [Value::Null, json!(5), json!("")] {
+            let mut v = v.clone();
+            v["execution"]["lastTaskId"] = odd;
+            let back = ThreadDoc::from_json(&serde_json::to_vec(&v).unwrap(), "thread-s3").unwrap();
+            assert_eq!(back.execution.last_task_id, None);
+        }
     }
 
     fn refusal(v: &Value) -> String {

@@ -172,6 +172,7 @@ struct ExecutionShape {
     execution_id: Found<String>,
     ros_invocation_id: Found<String>,
     task_id: Found<Option<String>>,
+    last_task_id: Found<Option<String>>,
     pipeline_sequence: Found<Option<Sequence>>,
     pipeline_open_steps: Found<Option<Vec<String>>>,
     text_snapshot_digests: Found<Option<Vec<String>>>,
@@ -361,6 +362,12 @@ impl ExecutionShape {
         let execution_id = self.execution_id.text("executionId")?;
         let ros_invocation_id = self.ros_invocation_id.text("rosInvocationId")?;
         let task_id = self.task_id.optional("taskId")?;
+        // Only the kernel's handoff reads it, as iac-code's adapter does (no type check there):
+        // anything but a task id is none, never an unreadable thread.
+        let last_task_id = match self.last_task_id {
+            Found::Is(Some(t)) if !t.is_empty() => Some(t),
+            _ => None,
+        };
         let pipeline_sequence = self
             .pipeline_sequence
             .optional("pipelineSequence")?
@@ -400,6 +407,7 @@ impl ExecutionShape {
             execution_id,
             ros_invocation_id,
             task_id,
+            last_task_id,
             pipeline_sequence,
             pipeline_open_steps,
             text_snapshot_digests,
