@@ -161,10 +161,34 @@ pub async fn newest_messages(rt: &Runtime, thread_id: &str) -> Result<Vec<Value>
             tracing::warn!(thread_id, error = %e, "reading the transcript failed");
             ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
         })?;
-    Ok(newest_within(
+    Ok(distinct_ids(newest_within(
         page.entries.into_iter().map(|e| e.message).collect(),
         STATE_BYTES,
-    ))
+    )))
+}
+
+/// Messages whose ids are all distinct: a transcript written before a resumed run's text had an
+/// id of its own holds two messages under one id, which a client's snapshot would merge into
+/// one; the later is listed as `<id>-2` (the first free of `-2`, `-3`, …), as a run names them
+/// now (pure).
+fn distinct_ids(mut messages: Vec<Value>) -> Vec<Value> {
+    let id_of = |m: &Value| m.get("id").and_then(Value::as_str).map(str::to_owned);
+    let mut taken: std::collections::HashSet<String> = messages.iter().filter_map(id_of).collect();
+    let mut listed = std::collections::HashSet::new();
+    for m in &mut messages {
+        let Some(id) = id_of(m) else { continue };
+        if listed.insert(id.clone()) {
+            continue;
+        }
+        let new = (2u64..)
+            .map(|n| format!("{id}-{n}"))
+            .find(|c| !taken.contains(c))
+            .expect("a free id");
+        taken.insert(new.clone());
+        listed.insert(new.clone());
+        m["id"] = json!(new);
+    }
+    messages
 }
 
 /// The newest of `messages` (oldest first) whose JSON fits in `max` bytes in all.
@@ -223,6 +247,34 @@ pub async fn messages(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_lists_every_message_under_an_id_of_its_own() {
+        let m = |id: &str, text: &str| json!({"id": id, "role": "assistant", "content": text});
+        let old = vec![
+            m("t-message", "Let me run"),
+            json!({"id": "tool-result-1", "role": "tool", "toolCallId": "1", "content": "ok"}),
+            m("t-message", "Done."),
+            m("t-message-2", "A message of that name already"),
+            m("t-message", "Again."),
+            json!({"role": "user", "content": "no id"}),
+        ];
+        let ids: Vec<Value> = distinct_ids(old).iter().map(|m| m["id"].clone()).collect();
+        assert_eq!(
+            ids,
+            [
+                json!("t-message"),
+                json!("tool-result-1"),
+                json!("t-message-3"),
+                json!("t-message-2"),
+                json!("t-message-4"),
+                Value::Null
+            ]
+        );
+        // Distinct already: as it was.
+        let fine = vec![m("a", "x"), m("b", "y")];
+        assert_eq!(distinct_ids(fine.clone()), fine);
+    }
 
     #[test]
     fn list_queries() {

@@ -37,6 +37,15 @@ pub struct Mapper {
     text_digests: BTreeSet<String>,
     /// Message ids already seen in this run (replay trimming applies to the first sight).
     seen_messages: HashSet<String>,
+    /// Durable: the ids of every text and reasoning message this execution's runs have started.
+    /// A span the kernel opens again under an id already used (its task's one text message id,
+    /// after an interrupt's resume or a span closed earlier in the run) is sent under a new id
+    /// derived from it, so that every message of a thread has its own id.
+    used_ids: BTreeSet<String>,
+    /// The id each open span is sent under: kernel text message id → sent id.
+    text_ids: HashMap<String, String>,
+    /// The same for reasoning messages: the reasoning's own id → sent id.
+    reasoning_ids: HashMap<String, String>,
     /// Pipeline state.
     pub(crate) pipe: pipeline::PipelineState,
     /// Random id source for generated ids (injected for determinism in tests).
@@ -131,6 +140,9 @@ impl Mapper {
             accumulated: HashMap::new(),
             text_digests,
             seen_messages: HashSet::new(),
+            used_ids: BTreeSet::new(),
+            text_ids: HashMap::new(),
+            reasoning_ids: HashMap::new(),
             pipe: pipeline::PipelineState::new(thread_id),
             gen,
         }
@@ -247,10 +259,11 @@ impl Mapper {
         }
         if !self.open_tools.contains(id) {
             self.open_tools.insert(id.to_owned());
+            let parent = self.current_text.as_ref().map(|c| self.sent_text_id(c));
             out.push(Event::ToolCallStart {
                 tool_call_id: id.to_owned(),
                 tool_call_name: name.to_owned(),
-                parent_message_id: self.current_text.clone(),
+                parent_message_id: parent,
             });
         }
         if let Some(delta) = args {
@@ -290,26 +303,51 @@ impl Mapper {
 
     pub(crate) fn reasoning(&mut self, id: &str, text: &str, out: &mut Vec<Event>) {
         if self.open_reasoning.insert(id.to_owned()) {
+            let sent = self.new_message_id(id);
+            self.reasoning_ids.insert(id.to_owned(), sent.clone());
             out.push(Event::ReasoningStart {
-                message_id: id.to_owned(),
+                message_id: sent.clone(),
             });
-            out.push(Event::ReasoningMessageStart {
-                message_id: id.to_owned(),
-            });
+            out.push(Event::ReasoningMessageStart { message_id: sent });
         }
         out.push(Event::ReasoningMessageContent {
-            message_id: id.to_owned(),
+            message_id: self.reasoning_ids[id].clone(),
             delta: text.to_owned(),
         });
     }
 
     fn close_reasoning(&mut self, out: &mut Vec<Event>) {
         for id in std::mem::take(&mut self.open_reasoning) {
+            let sent = self.reasoning_ids.remove(&id).unwrap_or(id);
             out.push(Event::ReasoningMessageEnd {
-                message_id: id.clone(),
+                message_id: sent.clone(),
             });
-            out.push(Event::ReasoningEnd { message_id: id });
+            out.push(Event::ReasoningEnd { message_id: sent });
         }
+    }
+
+    /// The id a message the kernel calls `id` starts under: `id` itself the first time in its
+    /// execution, then `<id>-2`, `<id>-3`, … (the first free one), recorded as used. The same
+    /// document and events give the same ids, so a replay or a re-attach sees what the client
+    /// saw.
+    fn new_message_id(&mut self, id: &str) -> String {
+        let sent = if self.used_ids.contains(id) {
+            (2u64..)
+                .map(|n| format!("{id}-{n}"))
+                .find(|c| !self.used_ids.contains(c))
+                .expect("a free id")
+        } else {
+            id.to_owned()
+        };
+        self.used_ids.insert(sent.clone());
+        sent
+    }
+
+    /// The id an open text message is sent under (its own until it is opened).
+    fn sent_text_id(&self, id: &str) -> String {
+        self.text_ids
+            .get(id)
+            .map_or_else(|| id.to_owned(), Clone::clone)
     }
 
     fn map_status_text(
@@ -371,23 +409,21 @@ impl Mapper {
     }
 
     /// The per-delta hot path of status text: when `text` continues the message being streamed
-    /// (it is the current one, open, nothing else to close), records it and returns true; the
-    /// caller then emits exactly one `TEXT_MESSAGE_CONTENT {id, text}`, as
-    /// [`Mapper::status_text`] would have. Otherwise changes nothing and returns false.
-    pub fn continue_text(&mut self, id: &str, text: &str) -> bool {
+    /// (it is the current one, open, nothing else to close), records it and returns the id the
+    /// message is sent under; the caller then emits exactly one `TEXT_MESSAGE_CONTENT {that id,
+    /// text}`, as [`Mapper::status_text`] would have. Otherwise changes nothing: `None`.
+    pub fn continue_text(&mut self, id: &str, text: &str) -> Option<&str> {
         if text.is_empty()
             || !self.open_reasoning.is_empty()
             || self.current_text.as_deref() != Some(id)
             || !self.open_text.contains(id)
         {
-            return false;
+            return None;
         }
-        let Some(acc) = self.accumulated.get_mut(id) else {
-            return false;
-        };
+        let acc = self.accumulated.get_mut(id)?;
         acc.push_str(text);
         self.text_emitted = true;
-        true
+        self.text_ids.get(id).map(String::as_str)
     }
 
     /// Emits agent text. `exclusive`: status text (closes the current message when another
@@ -438,14 +474,15 @@ impl Mapper {
                 if let Some(cur) = self.current_text.take() {
                     if self.open_text.remove(&cur) {
                         self.finalise_digest(&cur);
-                        out.push(Event::TextMessageEnd { message_id: cur });
+                        let sent = self.text_ids.remove(&cur).unwrap_or(cur);
+                        out.push(Event::TextMessageEnd { message_id: sent });
                     }
                 }
             }
             self.open_text.insert(id.to_owned());
-            out.push(Event::TextMessageStart {
-                message_id: id.to_owned(),
-            });
+            let sent = self.new_message_id(id);
+            self.text_ids.insert(id.to_owned(), sent.clone());
+            out.push(Event::TextMessageStart { message_id: sent });
         }
         if (exclusive || self.current_text.is_none()) && self.current_text.as_deref() != Some(id) {
             self.current_text = Some(id.to_owned());
@@ -458,7 +495,7 @@ impl Mapper {
         }
         self.text_emitted = true;
         out.push(Event::TextMessageContent {
-            message_id: id.to_owned(),
+            message_id: self.sent_text_id(id),
             delta: text.to_owned(),
         });
     }
@@ -494,7 +531,8 @@ impl Mapper {
         }
         for id in std::mem::take(&mut self.open_text) {
             self.finalise_digest(&id);
-            out.push(Event::TextMessageEnd { message_id: id });
+            let sent = self.text_ids.remove(&id).unwrap_or(id);
+            out.push(Event::TextMessageEnd { message_id: sent });
         }
         self.current_text = None;
         for key in std::mem::take(&mut self.pipe.run_open_steps) {
@@ -537,15 +575,23 @@ impl Mapper {
     }
 
     /// Takes over what a thread's document knows of its execution: the digests of the texts
-    /// already shown, and the pipeline's open steps and position.
+    /// already shown, the ids of the messages already started, and the pipeline's open steps
+    /// and position.
     pub fn restore(
         &mut self,
         text_digests: BTreeSet<String>,
+        message_ids: BTreeSet<String>,
         open_steps: BTreeSet<String>,
         seq: u64,
     ) {
         self.text_digests = text_digests;
+        self.used_ids = message_ids;
         self.set_pipeline_state(open_steps, seq);
+    }
+
+    /// Durable: the ids of the messages this execution's runs started.
+    pub fn message_ids(&self) -> &BTreeSet<String> {
+        &self.used_ids
     }
 
     /// Durable: the digests of the message texts finalised so far.

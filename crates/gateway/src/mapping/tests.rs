@@ -734,8 +734,8 @@ mod fast_path {
                 let item = a2a::ItemView::new(&v["result"]).obj.clone();
                 generic.map_item(&item, &mut a);
                 // As the driver does: a continuation is encoded straight from the frame.
-                if quick.continue_text(&d.message_id, &d.text) {
-                    b.push(Event::TextMessageContent { message_id: d.message_id, delta: d.text });
+                if let Some(sent) = quick.continue_text(&d.message_id, &d.text) {
+                    b.push(Event::TextMessageContent { message_id: sent.to_owned(), delta: d.text });
                 } else {
                     quick.status_text(Some(d.message_id), &d.text, false, &mut b);
                 }
@@ -756,4 +756,142 @@ mod fast_path {
             prop_assert_eq!(enc(&a), enc(&b));
         }
     }
+}
+
+/// The ids a run's events carry, in order: `START:<id>`, `CONTENT:<id>`, `END:<id>`, the tool
+/// call's parent, the reasoning's start.
+fn span_ids(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::TextMessageStart { message_id } => Some(format!("START:{message_id}")),
+            Event::TextMessageContent { message_id, .. } => Some(format!("CONTENT:{message_id}")),
+            Event::TextMessageEnd { message_id } => Some(format!("END:{message_id}")),
+            Event::ToolCallStart {
+                parent_message_id, ..
+            } => Some(format!(
+                "TOOL:{}",
+                parent_message_id.as_deref().unwrap_or("-")
+            )),
+            Event::ReasoningStart { message_id } => Some(format!("REASONING:{message_id}")),
+            Event::ReasoningMessageContent { message_id, .. } => {
+                Some(format!("THINK:{message_id}"))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A text message the kernel names again after an interrupt's resume (its task's one text id)
+/// is a new message: the resumed run's mapper, given the ids the execution used, starts it
+/// under `<id>-2`, its tool calls' parent and its deltas (the fast path's too) under that id;
+/// a third run under `<id>-3`. The same document gives the same ids (a replay sees them).
+#[test]
+fn a_text_message_named_again_after_a_resume_gets_an_id_of_its_own() {
+    let mut first = mapper();
+    let mut out = Vec::new();
+    first.map_item(&text("Let me run", "task-1-message", json!({})), &mut out);
+    first.map_item(
+        &status(
+            "TASK_STATE_WORKING",
+            json!({"tool":{"status":"started","toolUseId":"tu1","name":"bash"}}),
+        ),
+        &mut out,
+    );
+    first.close_all(&mut out);
+    assert_eq!(
+        span_ids(&out),
+        [
+            "START:task-1-message",
+            "CONTENT:task-1-message",
+            "TOOL:task-1-message",
+            "END:task-1-message"
+        ]
+    );
+    let used = first.message_ids().clone();
+    assert_eq!(used, BTreeSet::from(["task-1-message".to_owned()]));
+
+    let resumed = |used: &BTreeSet<String>| {
+        let mut m = mapper();
+        m.restore(
+            first.text_digests().clone(),
+            used.clone(),
+            BTreeSet::new(),
+            0,
+        );
+        m
+    };
+    let mut second = resumed(&used);
+    let mut out = Vec::new();
+    second.map_item(&text("Done.", "task-1-message", json!({})), &mut out);
+    // A delta of the fast path continues the message under the id it was sent under.
+    assert_eq!(
+        second.continue_text("task-1-message", " Really."),
+        Some("task-1-message-2")
+    );
+    second.close_all(&mut out);
+    assert_eq!(
+        span_ids(&out),
+        [
+            "START:task-1-message-2",
+            "CONTENT:task-1-message-2",
+            "END:task-1-message-2"
+        ]
+    );
+    assert_balanced(&out);
+    // Again from the same document: the same ids.
+    let mut again = resumed(&used);
+    let mut out2 = Vec::new();
+    again.map_item(&text("Done.", "task-1-message", json!({})), &mut out2);
+    again.close_all(&mut out2);
+    assert_eq!(span_ids(&out2)[0], "START:task-1-message-2");
+    // A third run of the execution.
+    let mut third = resumed(second.message_ids());
+    let mut out = Vec::new();
+    third.map_item(&text("And now.", "task-1-message", json!({})), &mut out);
+    third.close_all(&mut out);
+    assert_eq!(span_ids(&out)[0], "START:task-1-message-3");
+}
+
+/// Within one run, a message closed and named again (status text switching between ids), and a
+/// reasoning opened again under the same text message, start under new ids; every span still
+/// balances.
+#[test]
+fn a_span_opened_again_in_one_run_gets_a_new_id() {
+    let mut m = mapper();
+    let mut out = Vec::new();
+    let think = |t: &str| {
+        status(
+            "TASK_STATE_WORKING",
+            json!({"thinking":{"type":"raw_thinking","text":t}}),
+        )
+    };
+    m.map_item(&text("a", "A", json!({})), &mut out);
+    m.map_item(&think("first"), &mut out);
+    m.map_item(&text("b", "A", json!({})), &mut out);
+    m.map_item(&think("second"), &mut out);
+    m.map_item(&text("c", "B", json!({})), &mut out);
+    m.map_item(&text("d", "A", json!({})), &mut out);
+    m.close_all(&mut out);
+    assert_balanced(&out);
+    let ids = span_ids(&out);
+    assert_eq!(
+        ids,
+        [
+            "START:A",
+            "CONTENT:A",
+            "REASONING:reasoning-A",
+            "THINK:reasoning-A",
+            "CONTENT:A",
+            "REASONING:reasoning-A-2",
+            "THINK:reasoning-A-2",
+            "END:A",
+            "START:B",
+            "CONTENT:B",
+            "END:B",
+            "START:A-2",
+            "CONTENT:A-2",
+            "END:A-2",
+        ]
+    );
 }

@@ -164,7 +164,12 @@ impl ThreadHold {
             .as_ref()
             .map(|d| d.thread_id.clone());
         let _ = self
-            .end_run(&thread_id.unwrap_or_default(), last, None)
+            .end_run(
+                &thread_id.unwrap_or_default(),
+                last,
+                None,
+                &Default::default(),
+            )
             .await;
         self.free(&run_id).await;
     }
@@ -179,6 +184,7 @@ impl ThreadHold {
         thread_id: &str,
         last: LastRun,
         transcript: Option<TranscriptAppend>,
+        message_ids: &std::collections::BTreeSet<String>,
     ) -> Result<(), StoreError> {
         let mut st = self.slot.lock().await;
         if st.hold() != self.hold {
@@ -201,6 +207,11 @@ impl ThreadHold {
                 |d| {
                     if ended {
                         d.end_execution();
+                    } else if d.is_current(&self.execution_id) && !d.is_terminal(&self.execution_id)
+                    {
+                        // The execution goes on (it waits for answers): its next run starts
+                        // none of the messages this one started again.
+                        d.execution.message_ids.clone_from(message_ids);
                     }
                     if d.active_run
                         .as_ref()

@@ -32,6 +32,7 @@ impl output::Ending for RunEnd<'_> {
         &'a self,
         (outcome, code): (RunOutcome, Option<Code>),
         transcript: Option<TranscriptAppend>,
+        message_ids: &'a std::collections::BTreeSet<String>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let envelope = &self.adm.req.envelope;
@@ -49,7 +50,9 @@ impl output::Ending for RunEnd<'_> {
                 ended_at: rfc3339_ms(self.rt.now_ms()),
             };
             let thread_id = &envelope.thread_id;
-            self.hold.end_run(thread_id, last, transcript).await
+            self.hold
+                .end_run(thread_id, last, transcript, message_ids)
+                .await
         })
     }
 }

@@ -338,7 +338,8 @@ impl Driver {
                 ended_at: rfc3339_ms(self.rt.now_ms()),
             };
             let thread_id = &self.adm.req.envelope.thread_id;
-            let _ = self.hold.end_run(thread_id, last, None).await;
+            let ids = self.out.mapper().message_ids().clone();
+            let _ = self.hold.end_run(thread_id, last, None, &ids).await;
         }
         self.hold.free(&self.adm.req.envelope.run_id).await;
     }
@@ -394,6 +395,7 @@ impl Driver {
         let task = if doc.is_current(&self.adm.execution_id) {
             self.out.mapper().restore(
                 doc.execution.text_snapshot_digests.clone(),
+                doc.execution.message_ids.clone(),
                 doc.execution.pipeline_open_steps.clone(),
                 doc.execution.pipeline_sequence,
             );

@@ -37,10 +37,13 @@ pub(super) struct Keep {
 /// What a run's end writes before its terminal event (the driver's: the thread's document and
 /// the transcript; a guidance run's, the transcript alone). The transcript append's outcome.
 pub(super) trait Ending: Sync {
+    /// `message_ids`: the ids of the messages the run's execution has started so far (kept
+    /// while it goes on, so that its next run starts none of them again).
     fn write<'a>(
         &'a self,
         outcome: (RunOutcome, Option<Code>),
         transcript: Option<TranscriptAppend>,
+        message_ids: &'a std::collections::BTreeSet<String>,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
@@ -133,12 +136,12 @@ impl Output {
     /// A text delta of the kernel's fast path: the message being streamed goes on with one
     /// event encoded straight from the frame; anything else is status text.
     pub(super) async fn text_delta(&mut self, message_id: String, text: &str) -> Flow {
-        if self.mapper.continue_text(&message_id, text) {
+        if let Some(sent) = self.mapper.continue_text(&message_id, text) {
             if !self.sink.ended() {
-                self.recorder.text(&message_id, text);
+                self.recorder.text(sent, text);
             }
             if !self.sink.is_gone() {
-                self.sink.emit_text_content(&message_id, text).await?;
+                self.sink.emit_text_content(sent, text).await?;
             }
             return Ok(());
         }
@@ -225,7 +228,8 @@ impl Output {
             _ => None,
         };
         let kept = add.is_some();
-        if let (Err(e), true) = (ending.write(self.outcome, add).await, kept) {
+        let ids = self.mapper.message_ids();
+        if let (Err(e), true) = (ending.write(self.outcome, add, ids).await, kept) {
             if let Some(keep) = &self.keep {
                 keep.metrics.transcript_write_failed();
             }

@@ -268,6 +268,7 @@ impl Driver {
         self.out.mapper().finalise_all_digests();
         let expires_at = self.expires_at();
         let digests = self.out.mapper().text_digests().clone();
+        let message_ids = self.out.mapper().message_ids().clone();
         let steps = self.out.mapper().durable_open_steps().clone();
         let seq = self.out.mapper().pipeline_sequence();
         self.commit(msg::INTERRUPT_NOT_COMMITTED, |d| {
@@ -285,6 +286,7 @@ impl Driver {
                 }
             }
             d.execution.text_snapshot_digests = digests;
+            d.execution.message_ids = message_ids;
             d.execution.pipeline_open_steps = steps;
             d.execution.pipeline_sequence = d.execution.pipeline_sequence.max(seq);
         })

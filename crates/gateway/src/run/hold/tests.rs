@@ -239,7 +239,8 @@ async fn a_runs_end_is_written_before_the_thread_is_free() {
     let run_id = active().await.expect("the run holds the thread");
     let mut ended = last(RunOutcome::Success);
     ended.run_id = run_id.clone();
-    assert!(h.end_run("thread-1", ended, None).await.is_ok());
+    let ids = Default::default();
+    assert!(h.end_run("thread-1", ended, None, &ids).await.is_ok());
     let doc = store.stored("thread-1").unwrap();
     assert_eq!(doc.last_run.as_ref().unwrap().run_id, run_id);
     assert!(doc.active_run.is_none() && doc.is_terminal("exec-0"));

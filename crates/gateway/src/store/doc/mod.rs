@@ -77,6 +77,11 @@ pub struct Execution {
     pub pipeline_sequence: u64,
     pub pipeline_open_steps: BTreeSet<String>,
     pub text_snapshot_digests: BTreeSet<String>,
+    /// The ids of the text and reasoning messages this execution's runs started (a gateway
+    /// addition the reference ignores; written while there are any): a later run of the
+    /// execution starts its messages under new ids.
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    pub message_ids: BTreeSet<String>,
     /// Pending interrupts in insertion order (an object keyed by interrupt id on disk).
     #[serde(serialize_with = "in_order")]
     pub pending: Vec<(String, PendingEntry)>,
@@ -231,6 +236,7 @@ impl Execution {
             pipeline_sequence: 0,
             pipeline_open_steps: BTreeSet::new(),
             text_snapshot_digests: BTreeSet::new(),
+            message_ids: BTreeSet::new(),
             pending: Vec::new(),
         }
     }
@@ -295,6 +301,8 @@ impl ThreadDoc {
             self.execution.last_task_id = Some(task);
         }
         self.execution.pending.clear();
+        // No run of it follows.
+        self.execution.message_ids.clear();
         let ended = &self.execution.execution_id;
         self.delivering.retain(|d| d.execution_id != *ended);
     }

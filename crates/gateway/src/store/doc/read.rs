@@ -176,6 +176,7 @@ struct ExecutionShape {
     pipeline_sequence: Found<Option<Sequence>>,
     pipeline_open_steps: Found<Option<Vec<String>>>,
     text_snapshot_digests: Found<Option<Vec<String>>>,
+    message_ids: Found<Option<Vec<String>>>,
     /// Read as an object in its own order; each entry is checked on its own.
     pending: Found<Option<Map<String, Value>>>,
 }
@@ -377,6 +378,7 @@ impl ExecutionShape {
         })?;
         let text_snapshot_digests =
             strings(self.text_snapshot_digests, "textSnapshotDigests", is_digest)?;
+        let message_ids = strings(self.message_ids, "messageIds", |s| !s.is_empty())?;
         let pending = self
             .pending
             .optional("pending")?
@@ -411,6 +413,7 @@ impl ExecutionShape {
             pipeline_sequence,
             pipeline_open_steps,
             text_snapshot_digests,
+            message_ids,
             pending,
         })
     }

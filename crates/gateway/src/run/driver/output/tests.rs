@@ -22,6 +22,7 @@ impl Ending for Ends {
         &'a self,
         (outcome, _): (RunOutcome, Option<Code>),
         transcript: Option<TranscriptAppend>,
+        _: &'a std::collections::BTreeSet<String>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         assert!(transcript.is_none(), "no messages are kept here");
         self.0.lock().unwrap().push(outcome);
