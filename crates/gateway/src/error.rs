@@ -65,6 +65,8 @@ pub enum Code {
     UserMismatch,
     ThreadIdTaken,
     ThreadExecutionOpen,
+    ExecutionIdentityChanged,
+    ExecutionFailed,
 }
 
 impl Code {
@@ -114,6 +116,9 @@ impl Code {
             Code::BodyTimeout => ("BODY_TIMEOUT", StatusCode::REQUEST_TIMEOUT),
             Code::UserMismatch => ("USER_MISMATCH", StatusCode::FORBIDDEN),
             Code::ThreadIdTaken => ("THREAD_ID_TAKEN", StatusCode::CONFLICT),
+            Code::ExecutionIdentityChanged => ("EXECUTION_IDENTITY_CHANGED", StatusCode::CONFLICT),
+            // An observed task that failed (the observer's `RUN_ERROR`, as upstream names it).
+            Code::ExecutionFailed => ("EXECUTION_FAILED", StatusCode::BAD_GATEWAY),
         }
     }
 
@@ -241,6 +246,11 @@ pub mod msg {
         MODEL_BOUND = "iacCode.model must be at most 256 bytes, without control characters.";
         CHANNEL_BOUND = "iacCode.channel must be at most 256 bytes, without control characters.";
         PIPELINE_BOUND = "iacCode.pipelineName must be at most 256 bytes, without control characters.";
+        OBSERVE_TOO_LARGE = "The subscription request body is too large.";
+        OBSERVE_INVALID_JSON = "The subscription request body is not valid JSON.";
+        OBSERVE_FIELDS = "The subscription request must be {threadId, runId, rosInvocationId, afterSequence?}: three non-empty strings and a non-negative integer.";
+        OBSERVED_IDENTITY_CHANGED = "The observed execution no longer matches: the execution, its invocation or the run is not the thread's.";
+        OBSERVED_EXECUTION_FAILED = "The observed execution failed.";
         EXECUTION_FENCE = "iacCode.executionFence must be a JSON object of at most 16 KiB.";
         GUIDANCE_ID = "iacCode.guidanceId must be a string of 1 to 256 bytes, without control characters.";
         INPUT_DIGEST = "iacCode.inputDigest must be a string of 1 to 256 bytes, without control characters.";
@@ -355,7 +365,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 35);
+        assert_eq!(names.len(), 37);
         assert_eq!(Code::from_wire("thread_busy"), None);
         assert_eq!(Code::from_wire(""), None);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);

@@ -24,6 +24,7 @@ pub mod kernel;
 pub mod latch;
 pub mod limits;
 pub mod mapping;
+pub mod observe;
 pub mod paths;
 pub mod request_body;
 pub mod run;

@@ -15,6 +15,7 @@ use super::{Caller, Denied};
 /// The routes that name a thread, as the audit names them.
 pub const RUN_ROUTE: &str = "POST /";
 pub const CANCEL_ROUTE: &str = "POST /extensions/iac-code/v1/executions/{executionId}/cancel";
+pub const OBSERVE_ROUTE: &str = "POST /extensions/iac-code/v1/executions/{executionId}/subscribe";
 pub const THREAD_ROUTE: &str = "GET /threads/{threadId}";
 pub const EVENTS_ROUTE: &str = "GET /threads/{threadId}/runs/{runId}/events";
 pub const LIST_ROUTE: &str = "GET /threads";

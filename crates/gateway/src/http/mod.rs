@@ -13,12 +13,16 @@
 
 mod cancel_route;
 mod ids;
+mod observe_route;
 mod relay;
 mod rules;
 mod threads;
 
 use relay::{cluster_hello, get_held_elsewhere, held_elsewhere, to_holder, Outgoing};
-use rules::{BodyRules, AGENTS_STATE_RULES, CANCEL_RULES, PATCH_RULES, RUN_RULES, THREAD_METHODS};
+use rules::{
+    BodyRules, AGENTS_STATE_RULES, CANCEL_RULES, OBSERVE_RULES, PATCH_RULES, RUN_RULES,
+    THREAD_METHODS,
+};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -83,6 +87,10 @@ fn routes(state: AppState, listener: Served) -> Router {
         .route(
             "/extensions/iac-code/v1/executions/{execution_id}/cancel",
             any(cancel_route::cancel_route),
+        )
+        .route(
+            "/extensions/iac-code/v1/executions/{execution_id}/subscribe",
+            any(observe_route::observe_route),
         )
         .route("/threads", any(threads::list_route))
         .route("/agents/state", any(threads::agents_state_route))

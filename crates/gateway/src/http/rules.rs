@@ -52,6 +52,16 @@ pub(super) const AGENTS_STATE_RULES: BodyRules = BodyRules {
     not_object: msg::STATE_REQUEST_FIELDS,
 };
 
+pub(super) const OBSERVE_RULES: BodyRules = BodyRules {
+    route: crate::auth::access::OBSERVE_ROUTE,
+    method: Method::POST,
+    allow: "POST",
+    limit: CANCEL_BODY_LIMIT,
+    too_large: msg::OBSERVE_TOO_LARGE,
+    invalid_json: msg::OBSERVE_INVALID_JSON,
+    not_object: msg::OBSERVE_FIELDS,
+};
+
 pub(super) const CANCEL_RULES: BodyRules = BodyRules {
     route: CANCEL_ROUTE,
     method: Method::POST,

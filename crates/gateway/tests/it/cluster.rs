@@ -1140,6 +1140,73 @@ async fn cancel_and_events_reach_the_holder() {
     assert_eq!(text, r.raw, "the same events, byte for byte");
 }
 
+/// The observer extension asked at the instance that does not hold the thread: forwarded to the
+/// holder, whose kernel runs the task; the stream comes back whole through the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_asked_at_another_instance_is_served_by_the_holder() {
+    let Pair {
+        pg,
+        ws,
+        ka,
+        kb,
+        a,
+        b,
+    } = pair("observefwd", &[]).await;
+    turn(&ka, "t1", "task-1", "working", vec![Item::Stall]);
+    let url = a.url();
+    let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
+    let run = tokio::spawn(async move { post(&url, &b1, &[]).await });
+    let start = Instant::now();
+    let exec = loop {
+        let doc = row(&pg, "observefwd", "t1").2;
+        if doc["execution"]["taskId"] == "task-1" {
+            break doc["execution"]["executionId"].as_str().unwrap().to_owned();
+        }
+        assert!(start.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let c = ctx("t1");
+    ka.on(
+        "GetTask",
+        Reply::Json(
+            200,
+            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
+        ),
+    );
+    ka.on(
+        "SubscribeToTask",
+        Reply::Sse(vec![
+            Item::Result(items::text("task-1", &c, "observed", "m-1", json!({}))),
+            Item::Result(items::status(
+                "task-1",
+                &c,
+                "TASK_STATE_COMPLETED",
+                json!({}),
+            )),
+        ]),
+    );
+    let seen = post(
+        &format!(
+            "{}extensions/iac-code/v1/executions/{exec}/subscribe",
+            b.url()
+        ),
+        &json!({"threadId": "t1", "runId": "r1", "rosInvocationId": "inv-1"}),
+        &[],
+    )
+    .await;
+    assert_valid_run(&seen, "t1", "r1");
+    assert_eq!(seen.last()["outcome"]["type"], "success", "{}", seen.raw);
+    assert!(seen.raw.contains("observed"));
+    assert_eq!(
+        ka.calls("SubscribeToTask").len(),
+        1,
+        "A's kernel followed it"
+    );
+    assert!(kb.calls("GetTask").is_empty() && kb.calls("SubscribeToTask").is_empty());
+    assert!(ka.calls("CancelTask").is_empty());
+    run.abort();
+}
+
 /// The database goes away for longer than the lease: the holder's lease lapses (noticed before
 /// another instance could take over), its run in flight ends with RUN_ERROR and its kernel task
 /// is cancelled; once the database is back the instance serves again.

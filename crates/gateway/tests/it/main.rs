@@ -26,6 +26,7 @@ mod image;
 mod js_client;
 mod limits;
 mod load;
+mod observe;
 mod package;
 mod pool_real;
 mod probes;
