@@ -7,6 +7,8 @@
 //   * a stream without exactly one terminal event as its last event,
 //   * events whose threadId/runId differ from the request,
 //   * RUN_ERROR where success was expected (and the wrong outcome in general),
+//   * messages of the agent that share an id or have none, and a list of messages not the one a
+//     step names (see "messages" below),
 //   * a RUN_STARTED that declares a protocol version to a 0.0.x client, or none to a 1.0 client
 //     (the 1.0 client sends "protocolVersion": "1.0"; the gateway answers in its dialect).
 //
@@ -22,6 +24,15 @@
 // A connect step is a reloaded page: a new agent reads GET /threads/{id}/connect through the
 // client's own pipeline (verifier, MESSAGES_SNAPSHOT applied) and must end with the messages and
 // pending interrupts the live agent has.
+// After every step the agent's messages (the live agent's, or the connected one's for a connect
+// step) must each have an id of their own, none empty. A step may also name the conversation's
+// messages, in order: "messages": ["user: Run.*", "assistant+tools: I will run a command.", "tool",
+// "assistant: Done.*"] — each entry a role ("assistant+tools" for an assistant message with tool
+// calls, "assistant" for one without), optionally followed by ": " and its text (exact, or a
+// prefix when it ends with "*"). Activity messages (the gateway's records of interrupts, answers,
+// errors and pipeline snapshots, which a reloaded page has and a live agent may not) are not part
+// of that list. The report lists each step's messages in that notation (an activity as
+// "activity: <activityType>").
 // Prints a JSON report on stdout; exit status 0 only when every check passed.
 
 import { randomUUID } from "node:crypto";
@@ -121,6 +132,39 @@ class Connecting extends HttpAgent {
   }
 }
 
+/// A message's role in the notation of a step's "messages", and its text.
+const roleOf = (m) => (m.role === "assistant" && (m.toolCalls ?? []).length > 0 ? "assistant+tools" : m.role);
+const textOf = (m) => (typeof m.content === "string" ? m.content : m.content === undefined ? "" : JSON.stringify(m.content));
+
+/// A message in that notation ("role: text", "role" when it has no text).
+function describe(m) {
+  if (m.role === "activity") return `activity: ${m.activityType}`;
+  return textOf(m) ? `${roleOf(m)}: ${textOf(m)}` : roleOf(m);
+}
+
+/// Every message has an id of its own; and the conversation is the step's "messages" when it
+/// names one.
+function checkMessages(where, step, messages) {
+  const seen = new Set();
+  for (const m of messages) {
+    if (typeof m.id !== "string" || m.id === "") problems.push(`${where}: a ${m.role} message without an id: ${JSON.stringify(m)}`);
+    else if (seen.has(m.id)) problems.push(`${where}: messages share the id ${m.id}: ${JSON.stringify(messages.filter((x) => x.id === m.id).map(describe))}`);
+    seen.add(m.id);
+  }
+  if (step.messages === undefined) return;
+  const conversation = messages.filter((m) => m.role !== "activity");
+  const matches = (m, want) => {
+    const cut = want.indexOf(": ");
+    if (roleOf(m) !== (cut < 0 ? want : want.slice(0, cut))) return false;
+    if (cut < 0) return true;
+    const text = want.slice(cut + 2);
+    return text.endsWith("*") ? textOf(m).startsWith(text.slice(0, -1)) : textOf(m) === text;
+  };
+  if (conversation.length !== step.messages.length || !conversation.every((m, i) => matches(m, step.messages[i]))) {
+    problems.push(`${where}: messages are ${JSON.stringify(conversation.map(describe))}, expected ${JSON.stringify(step.messages)}`);
+  }
+}
+
 function same(where, what, a, b) {
   const sa = JSON.stringify(a);
   const sb = JSON.stringify(b);
@@ -159,7 +203,8 @@ async function connectStep(step) {
   const ids = (a) => (a.pendingInterrupts ?? []).map((i) => i.id).sort();
   if (plan.client === "1") same(where, "pending interrupts", ids(agent), ids(fresh));
   if (step.expect === "interrupt" && (last?.outcome?.interrupts ?? []).length === 0) problems.push(`${where}: no interrupts`);
-  report.steps.push({ expect: step.expect, outcome, types, error: null });
+  checkMessages(where, step, fresh.messages);
+  report.steps.push({ expect: step.expect, outcome, types, error: null, messages: fresh.messages.map(describe) });
 }
 
 let index = 0;
@@ -213,7 +258,9 @@ for (const step of plan.steps) {
     if ((agent.pendingInterrupts ?? []).length === 0) problems.push(`step ${step.index}: client did not record the interrupts`);
   }
   if (step.cancel && cancelResult?.status !== "cancelled") problems.push(`step ${step.index}: cancel answered ${JSON.stringify(cancelResult)}`);
-  report.steps.push({ expect: step.expect, outcome, types: events.map((e) => e.type), error: error ? String(error) : null });
+  checkMessages(`step ${step.index}`, step, agent.messages);
+  report.steps.push({ expect: step.expect, outcome, types: events.map((e) => e.type), error: error ? String(error) : null,
+    messages: agent.messages.map(describe) });
 }
 
 report.ok = problems.length === 0;

@@ -1,9 +1,11 @@
 //! AG-UI client conformance: `@ag-ui/client` 1.0.0, 0.0.59 and 0.0.58 (Node, `conformance/run.mjs`)
 //! consume the gateway's streams, against the real kernel and the fake kernel. The runner fails on
 //! any client error or `[ag-ui]` warning, on a stream without exactly one terminal event, on
-//! foreign thread/run ids, on a protocol version declared to the wrong client, and on unexpected
-//! outcomes. Each client gets its own expectations: the 1.0 client declares 1.0 and is told a
-//! cancellation as the `cancelled` outcome; 0.0.x clients get `RUN_ERROR CANCELLED`.
+//! foreign thread/run ids, on a protocol version declared to the wrong client, on unexpected
+//! outcomes, on messages of the client's agent (live or reloaded) that share an id, and on a
+//! conversation that is not the one a step names (`"messages"`). Each client gets its own
+//! expectations: the 1.0 client declares 1.0 and is told a cancellation as the `cancelled`
+//! outcome; 0.0.x clients get `RUN_ERROR CANCELLED`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -85,6 +87,30 @@ pub fn plan(client: &str, url: &str, thread: &str, cwd: &str, steps: Value) -> V
            "steps": steps})
 }
 
+/// A step's `"messages"`: the conversation's messages in order, in run.mjs's notation (role,
+/// `assistant+tools` for an assistant message with tool calls, then `: ` and its text, a prefix
+/// when it ends with `*`).
+fn messages(parts: &[&[&str]]) -> Value {
+    json!(parts.concat())
+}
+
+/// `scenario:bash` up to its permission interrupt: the text and its tool call are one message.
+const RUN: [&str; 2] = [
+    "user: Run. scenario:bash",
+    "assistant+tools: I will run a command.",
+];
+/// `scenario:bash2` up to its interrupts: one message with the text and both tool calls.
+const TWO: [&str; 2] = [
+    "user: Two. scenario:bash2",
+    "assistant+tools: I will run two commands.",
+];
+const WRITE: [&str; 2] = [
+    "user: Write. scenario:write",
+    "assistant+tools: I will write a file.",
+];
+/// After the resume: the tool's result, then the answer as a message of its own.
+const ANSWER: [&str; 2] = ["tool", "assistant: Done. The tool returned: *"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_clients_consume_real_kernel_streams() {
     let env = KernelEnv::new().await;
@@ -114,13 +140,18 @@ async fn official_clients_consume_real_kernel_streams() {
                 &s.url,
                 &t("allow"),
                 &cwd(&t("allow")),
+                // Every span of text its own message, live and reloaded: the answer after a
+                // resume is not appended to the text before the tool call (the kernel names both
+                // `<taskId>-message`).
                 json!([
-                {"message": "Run. scenario:bash", "expect": "interrupt"},
-                {"connect": true, "expect": "interrupt"},
-                {"resume": "allow_once", "expect": "success"},
-                {"message": "Two. scenario:bash2", "expect": "interrupt"},
-                {"resume": "allow_once", "expect": "interrupt"},
-                {"resume": "allow_once", "expect": "success"}]),
+                {"message": "Run. scenario:bash", "expect": "interrupt", "messages": messages(&[&RUN])},
+                {"connect": true, "expect": "interrupt", "messages": messages(&[&RUN])},
+                {"resume": "allow_once", "expect": "success", "messages": messages(&[&RUN, &ANSWER])},
+                {"connect": true, "expect": "success", "messages": messages(&[&RUN, &ANSWER])},
+                {"message": "Two. scenario:bash2", "expect": "interrupt", "messages": messages(&[&RUN, &ANSWER, &TWO])},
+                {"resume": "allow_once", "expect": "interrupt", "messages": messages(&[&RUN, &ANSWER, &TWO])},
+                {"resume": "allow_once", "expect": "success", "messages": messages(&[&RUN, &ANSWER, &TWO, &["tool"], &ANSWER])},
+                {"connect": true, "expect": "success", "messages": messages(&[&RUN, &ANSWER, &TWO, &["tool"], &ANSWER])}]),
             ),
             plan(
                 client,
@@ -129,9 +160,10 @@ async fn official_clients_consume_real_kernel_streams() {
                 &cwd(&t("deny")),
                 json!([
                 {"message": "Run. scenario:bash", "expect": "interrupt"},
-                {"resume": "deny", "expect": "success"},
+                {"resume": "deny", "expect": "success", "messages": messages(&[&RUN, &ANSWER])},
                 {"message": "Write. scenario:write", "expect": "interrupt"},
-                {"resume": "cancelled", "expect": "success"}]),
+                {"resume": "cancelled", "expect": "success", "messages": messages(&[&RUN, &ANSWER, &WRITE, &ANSWER])},
+                {"connect": true, "expect": "success", "messages": messages(&[&RUN, &ANSWER, &WRITE, &ANSWER])}]),
             ),
             plan(
                 client,
@@ -377,5 +409,120 @@ async fn runner_fails_on_a_snapshot_that_differs() {
         );
         let problems = report["problems"].to_string();
         assert!(problems.contains("texts differ"), "{problems}");
+    }
+}
+
+/// The runner fails when a later run starts its text under an id the thread already has (what the
+/// gateway did with the kernel's `<taskId>-message` after a resume): the client appends it to the
+/// earlier message, so the step's `"messages"` differ, and a snapshot listing both under one id
+/// gives the reloaded agent two messages of one id. The same server naming the second text
+/// `m1-2` passes, for every client.
+#[tokio::test]
+async fn runner_fails_on_a_repeated_message_id() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    // Each thread's messages as the server sent them: its snapshot on connect.
+    let transcripts: Arc<Mutex<HashMap<String, Vec<Value>>>> = Arc::default();
+    let sse = |events: Vec<Value>| {
+        let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let started = |t: &Value, r: &Value, declared: bool| {
+        let mut e = json!({"type":"RUN_STARTED","timestamp":1,"threadId":t,"runId":r});
+        if declared {
+            e["protocolVersion"] = json!("1.0");
+        }
+        e
+    };
+    let posted = transcripts.clone();
+    let connected = transcripts;
+    let app = axum::Router::new()
+        .route(
+            "/",
+            axum_post(move |body: axum::body::Bytes| {
+                let posted = posted.clone();
+                async move {
+                    let v: Value = serde_json::from_slice(&body).unwrap();
+                    let (t, r) = (v["threadId"].clone(), v["runId"].clone());
+                    let thread = t.as_str().unwrap().to_owned();
+                    let mut all = posted.lock().unwrap();
+                    let transcript = all.entry(thread.clone()).or_default();
+                    transcript.push(v["messages"].as_array().unwrap().last().unwrap().clone());
+                    let (id, text) = match transcript.len() {
+                        1 => ("m1", "first"),
+                        _ if thread.starts_with("repeat") => ("m1", "second"),
+                        _ => ("m1-2", "second"),
+                    };
+                    transcript.push(json!({"id": id, "role": "assistant", "content": text}));
+                    sse(vec![
+                        started(&t, &r, v.get("protocolVersion").is_some()),
+                        json!({"type":"TEXT_MESSAGE_START","timestamp":2,"messageId":id,"role":"assistant"}),
+                        json!({"type":"TEXT_MESSAGE_CONTENT","timestamp":3,"messageId":id,"delta":text}),
+                        json!({"type":"TEXT_MESSAGE_END","timestamp":4,"messageId":id}),
+                        json!({"type":"RUN_FINISHED","timestamp":5,"threadId":t,"runId":r}),
+                    ])
+                }
+            }),
+        )
+        .route(
+            "/threads/{thread}/connect",
+            axum::routing::get(
+                move |axum::extract::Path(thread): axum::extract::Path<String>,
+                      axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>| {
+                    let messages = connected.lock().unwrap()[&thread].clone();
+                    async move {
+                        let t = json!(thread);
+                        sse(vec![
+                            started(&t, &json!("c"), q.contains_key("protocolVersion")),
+                            json!({"type":"MESSAGES_SNAPSHOT","timestamp":2,"messages":messages}),
+                            json!({"type":"RUN_FINISHED","timestamp":3,"threadId":t,"runId":"c"}),
+                        ])
+                    }
+                },
+            ),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let both = [
+        "user: x",
+        "assistant: first",
+        "user: y",
+        "assistant: second",
+    ];
+    let steps = json!([
+        {"message": "x", "expect": "success", "messages": ["user: x", "assistant: first"]},
+        {"message": "y", "expect": "success", "messages": both},
+        {"connect": true, "expect": "success", "messages": both}]);
+    for client in CLIENTS {
+        let thread = format!("distinct-{client}");
+        let (ok, report) = runner(plan(client, &url, &thread, "/tmp", steps.clone())).await;
+        assert!(ok, "client {client}: {report:#}");
+
+        let thread = format!("repeat-{client}");
+        let (ok, report) = runner(plan(client, &url, &thread, "/tmp", steps.clone())).await;
+        assert!(
+            !ok,
+            "client {client} accepted a repeated message id: {report:#}"
+        );
+        let problems: Vec<String> = serde_json::from_value(report["problems"].clone()).unwrap();
+        // The live agent appended the second text to the first message.
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("step 1: messages are")
+                    && p.contains(r#""assistant: firstsecond""#)),
+            "client {client}: {problems:#?}"
+        );
+        // The reloaded agent has both messages under one id.
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with("step 2 (connect): messages share the id m1")),
+            "client {client}: {problems:#?}"
+        );
     }
 }
