@@ -924,3 +924,84 @@ async fn detached_runs_reattach_or_expire_through_the_real_kernel() {
     }
     assert!(dropped.elapsed() >= Duration::from_secs(3));
 }
+
+/// The state files stay the reference's: iac-code 0.16.0's own adapter (`iac-code agui`, from
+/// the kernel's venv) loads the documents this gateway wrote, its additions
+/// (`execution.lastTaskId`, `execution.messageIds`, `lastRun`, …) included: a thread waiting at a
+/// permission, with its task and pending interrupt, and one whose execution ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_adapter_reads_the_state_files_this_gateway_writes() {
+    let env = KernelEnv::new().await;
+    let s = server(&env, managed(&env).await).await;
+    let waiting = post(
+        &s.url,
+        &body(
+            "py1",
+            "r1",
+            "Run it. scenario:bash",
+            &ws(&env, "py1"),
+            json!({}),
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        waiting.last()["outcome"]["type"],
+        "interrupt",
+        "{}",
+        waiting.raw
+    );
+    let done = post(
+        &s.url,
+        &body(
+            "py2",
+            "r1",
+            "Say hello. scenario:text",
+            &ws(&env, "py2"),
+            json!({}),
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(done.last()["outcome"]["type"], "success", "{}", done.raw);
+    let py1 = s.thread_doc("py1");
+    let py2 = s.thread_doc("py2");
+    assert!(py1["execution"]["messageIds"].is_array(), "{py1}");
+    assert!(py2["execution"]["lastTaskId"].is_string(), "{py2}");
+    let script = r#"
+import json, sys
+from iac_code.agui.adapter import AguiA2AAdapter
+adapter = AguiA2AAdapter(a2a_url="http://127.0.0.1:9/", state_dir=sys.argv[1])
+out = {}
+for thread in sys.argv[2:]:
+    b = adapter._load_thread(thread)
+    out[thread] = {"executionId": b.execution_id, "taskId": b.task_id,
+                   "pending": sorted(b.pending), "runs": sorted(b.run_digests)}
+print(json.dumps(out))
+"#;
+    let python = testkit::real_kernel::kernel_bin_dir().join("python");
+    let out = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .arg(s.state_dir())
+        .args(["py1", "py2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pending = interrupt_ids(&waiting);
+    assert_eq!(
+        read["py1"],
+        json!({"executionId": py1["execution"]["executionId"], "taskId": py1["execution"]["taskId"],
+               "pending": pending, "runs": ["r1"]})
+    );
+    assert_eq!(
+        read["py2"],
+        json!({"executionId": py2["execution"]["executionId"], "taskId": null, "pending": [],
+               "runs": ["r1"]})
+    );
+}
