@@ -9,11 +9,11 @@ use tokio::sync::watch;
 use crate::clock::{Clock, SystemClock};
 use crate::config::{urls, Config, Env};
 use crate::http::{self, AppState};
-use crate::kernel::{ChildSpec, Kernel, Launch, Pool};
 use crate::run::Runtime;
 use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::{admin, Metrics};
+use kernel::{ChildSpec, Kernel, Launch, Pool};
 
 /// Options for building a runtime (tests inject the store, clock and kernel).
 pub struct Options {
@@ -75,7 +75,7 @@ pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
 /// environment may give it.
 fn managed_kernel(cfg: &Config, env: &Env, observer: Arc<dyn a2a::Observer>) -> Arc<Kernel> {
     let exe = std::env::current_exe().ok();
-    let mut launch = Launch::new(crate::kernel::launch::resolve_program(
+    let mut launch = Launch::new(kernel::launch::resolve_program(
         &cfg.a2a_command,
         exe.as_deref(),
     ));

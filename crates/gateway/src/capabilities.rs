@@ -4,45 +4,13 @@
 //! name); the rest from what the gateway serves and how it is configured. Ours are under
 //! `custom.iacCode`.
 
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
 use serde_json::{json, Value};
 
 use crate::run::Runtime;
 
-/// How long a kernel's card is kept, and how long it is waited for.
-const CARD_FOR: Duration = Duration::from_secs(60);
-const CARD_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The kernel's Agent Card, as last read.
-#[derive(Default)]
-pub struct CardCache(Mutex<Option<(Instant, Value)>>);
-
-impl CardCache {
-    async fn card(&self, rt: &Runtime) -> Value {
-        if let Some((at, card)) = &*self.0.lock().unwrap_or_else(|e| e.into_inner()) {
-            if at.elapsed() < CARD_FOR {
-                return card.clone();
-            }
-        }
-        let Some(client) = rt.kernels().any_client() else {
-            return Value::Null;
-        };
-        match client.agent_card(CARD_TIMEOUT).await {
-            Ok(card) if card.is_object() => {
-                *self.0.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some((Instant::now(), card.clone()));
-                card
-            }
-            Ok(_) | Err(_) => Value::Null,
-        }
-    }
-}
-
 /// The answer.
 pub async fn answer(rt: &Runtime) -> Value {
-    let card = rt.card_cache().card(rt).await;
+    let card = rt.card_cache().card(rt.kernels()).await;
     describe(rt, &card)
 }
 

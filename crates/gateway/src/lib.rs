@@ -20,7 +20,6 @@ pub mod history;
 pub mod hosts;
 pub mod http;
 pub mod i18n;
-pub mod kernel;
 pub mod latch;
 pub mod limits;
 pub mod mapping;

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use iac_code_agui::kernel::{launch, Launch};
+use kernel::{launch, Launch};
 
 use crate::fake_llm::FakeLlm;
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 use super::layers::Counted;
 use super::urls;
 use super::LogFormat;
-use crate::kernel::environment;
 use crate::store::pg_tls;
+use kernel::environment;
 
 pub(super) const PORT: &str = "--port must be between 1 and 65535.";
 pub(super) const INTERRUPT_TTL: &str = "--interrupt-ttl must be a non-negative integer.";

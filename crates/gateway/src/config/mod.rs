@@ -132,11 +132,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// The environment snapshot taken at start-up, shared by whatever reads variables later.
-pub type Env = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
-
-/// Environment lookup (injected so tests never mutate the process environment).
-pub type EnvFn<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub use kernel::environment::{Env, EnvFn};
 
 // The options: YAML key, the kind of its value (which YAML type it takes, how its flag is read)
 // and the message for a value not of that kind. Flags and variables are in `cli`; defaults and

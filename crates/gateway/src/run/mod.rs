@@ -27,11 +27,11 @@ use std::sync::Arc;
 use crate::auth::Caller;
 use crate::clock::Clock;
 use crate::config::{Config, Env};
-use crate::kernel::Pool;
 use crate::limits::Limits;
 use crate::shutdown::{Activity, Shutdown};
 use crate::store::ThreadStore;
 use crate::telemetry::Metrics;
+use kernel::Pool;
 
 pub use decide::admission::context_id;
 pub use driver::spawn_run;
@@ -63,7 +63,7 @@ pub struct Runtime {
     /// The signed forwards taken lately (each counts once).
     forwards_seen: crate::forward::Seen,
     /// The kernel's Agent Card, for `/capabilities`.
-    card_cache: crate::capabilities::CardCache,
+    card_cache: kernel::CardCache,
     /// The TLS client of forwards to `https://` holders (made at the first).
     forward_tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
 }
@@ -195,7 +195,7 @@ impl Runtime {
             auth,
             peers: crate::forward::Peers::default(),
             forwards_seen: crate::forward::Seen::default(),
-            card_cache: crate::capabilities::CardCache::default(),
+            card_cache: kernel::CardCache::default(),
             forward_tls: std::sync::OnceLock::new(),
         };
         rt.touch();
@@ -212,7 +212,7 @@ impl Runtime {
     }
 
     /// The kernel's Agent Card, as last read.
-    pub fn card_cache(&self) -> &crate::capabilities::CardCache {
+    pub fn card_cache(&self) -> &kernel::CardCache {
         &self.card_cache
     }
 

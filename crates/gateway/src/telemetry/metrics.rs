@@ -178,13 +178,18 @@ pub trait KernelGauges: Send + Sync + std::fmt::Debug + 'static {
     }
 }
 
-/// One kernel of a pool, at a scrape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotGauges {
-    pub up: bool,
-    pub restarts: u64,
-    /// Runs bound to it.
-    pub active: u64,
+pub use kernel::SlotGauges;
+
+impl KernelGauges for kernel::Pool {
+    fn up(&self) -> bool {
+        kernel::Pool::up(self)
+    }
+    fn restarts(&self) -> u64 {
+        kernel::Pool::restarts(self)
+    }
+    fn slots(&self) -> Vec<SlotGauges> {
+        self.slot_gauges()
+    }
 }
 
 /// Encodes one family of the pool's kernels, labelled by slot only.

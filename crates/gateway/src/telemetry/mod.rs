@@ -43,7 +43,7 @@ pub struct Telemetry {
 }
 
 /// The crates whose spans become trace spans (at info and above).
-const TRACED: [&str; 2] = ["iac_code_agui", "a2a"];
+const TRACED: [&str; 3] = ["iac_code_agui", "kernel", "a2a"];
 
 /// Installs the global log subscriber: the format and writer of `cfg`, the level of
 /// `IAC_CODE_AGUI_LOG` (an `EnvFilter` directive) or `--debug`, and the trace exporter when the
@@ -52,7 +52,11 @@ pub fn init(cfg: &Config, env: &Env, metrics: Arc<Metrics>) -> Telemetry {
     let level = if cfg.debug { "debug" } else { "info" };
     let filter = env("IAC_CODE_AGUI_LOG")
         .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::new(format!("iac_code_agui={level},a2a={level},warn")));
+        .unwrap_or_else(|| {
+            EnvFilter::new(format!(
+                "iac_code_agui={level},kernel={level},a2a={level},warn"
+            ))
+        });
     use std::io::IsTerminal as _;
     // Colours for a terminal only: a file or a log collector gets plain text.
     let (writer, ansi) = if cfg.log_stdout {

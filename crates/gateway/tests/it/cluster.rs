@@ -69,7 +69,10 @@ impl Instance {
             .arg(dir.path().join("state"))
             .args(args)
             .envs(env.iter().cloned())
-            .env("IAC_CODE_AGUI_LOG", "iac_code_agui=debug,a2a=info,warn")
+            .env(
+                "IAC_CODE_AGUI_LOG",
+                "iac_code_agui=debug,kernel=debug,a2a=info,warn",
+            )
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

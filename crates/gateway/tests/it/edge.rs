@@ -518,7 +518,7 @@ async fn with_a_token_the_token_is_the_check() {
 /// token: without the kernel's pid.
 #[tokio::test]
 async fn health_for_a_foreign_host_hides_the_kernels_process() {
-    use iac_code_agui::kernel::{ChildSpec, Kernel, Launch};
+    use kernel::{ChildSpec, Kernel, Launch};
     let dir = tempfile::tempdir().unwrap();
     let stub = dir.path().join("kernel-that-never-answers.sh");
     std::fs::write(&stub, "#!/bin/sh\nexec sleep 30\n").unwrap();

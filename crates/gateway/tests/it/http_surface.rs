@@ -1382,7 +1382,7 @@ async fn a_workspace_asking_for_an_expansion_is_refused_and_leaks_nothing() {
 /// only an authenticated caller when a token is configured.
 #[tokio::test]
 async fn health_shows_the_kernels_process_to_callers_only() {
-    use iac_code_agui::kernel::{ChildSpec, Kernel, Launch};
+    use kernel::{ChildSpec, Kernel, Launch};
     let spec = |program: &str| ChildSpec {
         launch: Launch::new(program),
         ready_timeout: Duration::from_secs(60),

@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use iac_code_agui::kernel::Kernel;
+use kernel::Kernel;
 use serde_json::{json, Value};
 use testkit::fake_llm::Plan;
 use testkit::real_kernel::{KernelEnv, KernelProcess};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use a2a::TaskState;
 
 use crate::error::{msg, Code};
-use crate::kernel::{Bound, Kernel};
+use kernel::{Bound, Kernel};
 
 use super::end::{End, Flow};
 use super::output::Output;

@@ -12,11 +12,11 @@ use super::*;
 use crate::clock::SystemClock;
 use crate::config::{Config, Env};
 use crate::i18n::Lang;
-use crate::kernel::{Kernel, Pool};
 use crate::run::admit::{admit, RunRequest};
 use crate::store::FileStore;
 use crate::telemetry::{Metrics, RunOutcome};
 use crate::validate::{content, envelope, props};
+use kernel::{Kernel, Pool};
 
 struct Harness {
     rt: Arc<Runtime>,

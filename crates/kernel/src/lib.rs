@@ -1,11 +1,13 @@
-//! The execution kernel: an external loopback URL, or a managed `iac-code a2a` child that the
+//! The execution kernels: an external loopback URL, or a managed `iac-code a2a` child that the
 //! gateway starts (`launch`, with the `environment` it may have), watches, restarts and stops
 //! (`supervisor`), its output in the gateway's log (`output`). Where a thread's run goes among
-//! several kernels is decided in `place` (pure) and applied by the `pool`.
+//! several kernels is decided in `place` (pure) and applied by the `pool`; `card` keeps the
+//! kernel's Agent Card.
 //!
 //! Runs ask for a [`a2a::Client`] here; there is none while a managed kernel starts or restarts,
 //! and a run waits (bounded) for it to be ready.
 
+mod card;
 pub mod environment;
 pub mod launch;
 mod output;
@@ -20,8 +22,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+pub use card::CardCache;
 pub use launch::Launch;
-pub use pool::{Bound, Pool, Unplaced};
+pub use pool::{Bound, Pool, SlotGauges, Unplaced};
 pub use supervisor::ChildSpec;
 
 /// How long an external kernel's `/health` may take to answer a probe.
@@ -315,8 +318,10 @@ impl Kernel {
     }
 }
 
-impl crate::telemetry::KernelGauges for Kernel {
-    fn up(&self) -> bool {
+impl Kernel {
+    /// Whether the kernel answers: a managed one is ready, an external one answered its last
+    /// probe.
+    pub fn up(&self) -> bool {
         match self.state() {
             KernelState::Ready => true,
             KernelState::External => self.external_up.load(Ordering::Relaxed),
@@ -324,7 +329,8 @@ impl crate::telemetry::KernelGauges for Kernel {
         }
     }
 
-    fn restarts(&self) -> u64 {
+    /// How often the managed kernel was restarted.
+    pub fn restarts(&self) -> u64 {
         self.restarts.load(Ordering::Relaxed)
     }
 }

@@ -10,7 +10,11 @@
 
 use std::collections::BTreeSet;
 
-use crate::config::EnvFn;
+/// The environment snapshot taken at start-up, shared by whatever reads variables later.
+pub type Env = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Environment lookup (injected so tests never mutate the process environment).
+pub type EnvFn<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 /// The gateway's own variables: never the kernel's.
 pub const GATEWAY_PREFIX: &str = "IAC_CODE_AGUI_";

@@ -60,7 +60,7 @@ impl Launch {
     pub fn inherit(
         &mut self,
         names: impl IntoIterator<Item = String>,
-        env: crate::config::EnvFn<'_>,
+        env: crate::environment::EnvFn<'_>,
         passthrough: &[String],
     ) -> &mut Launch {
         self.envs(environment::of(names, env, passthrough))

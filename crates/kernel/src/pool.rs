@@ -13,7 +13,15 @@ use sha2::{Digest, Sha256};
 
 use super::place::{self, Ask, Placement, SlotView};
 use super::{Kernel, KernelState};
-use crate::telemetry::{KernelGauges, SlotGauges};
+
+/// One kernel of a pool, at a scrape of the metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotGauges {
+    pub up: bool,
+    pub restarts: u64,
+    /// Runs bound to it.
+    pub active: u64,
+}
 
 /// How often each of several external kernels is probed: one is dead after
 /// [`super::DEAD_AFTER_PROBES`] failures in a row: 4 to 6 s after it stopped accepting
@@ -266,17 +274,21 @@ fn key_of(slot: usize, k: &Kernel) -> String {
     }
 }
 
-impl crate::telemetry::KernelGauges for Pool {
+/// What the metrics read of the pool at each scrape.
+impl Pool {
     /// Some kernel takes runs.
-    fn up(&self) -> bool {
+    pub fn up(&self) -> bool {
         self.slots.iter().any(|k| k.up())
     }
 
-    fn restarts(&self) -> u64 {
+    /// Restarts of its managed kernels, all told.
+    pub fn restarts(&self) -> u64 {
         self.slots.iter().map(|k| k.restarts()).sum()
     }
 
-    fn slots(&self) -> Vec<SlotGauges> {
+    /// Each kernel of a pool of several, in slot order; none with one kernel (its figures are
+    /// the pool's).
+    pub fn slot_gauges(&self) -> Vec<SlotGauges> {
         if self.slots.len() == 1 {
             return Vec::new();
         }
@@ -409,8 +421,7 @@ mod tests {
         let b = pool.bind(&new_thread(), wait).await.unwrap();
         let c = pool.bind(&new_thread(), wait).await.unwrap();
         assert_eq!((slot(&a), slot(&b), slot(&c)), (Some(0), Some(1), Some(0)));
-        let active =
-            |p: &Pool| -> Vec<u64> { KernelGauges::slots(p).iter().map(|g| g.active).collect() };
+        let active = |p: &Pool| -> Vec<u64> { p.slot_gauges().iter().map(|g| g.active).collect() };
         assert_eq!(active(&pool), [2, 1]);
         assert!(a.record.as_deref().is_some_and(|k| k.starts_with("url:")));
         assert_ne!(a.record, b.record);
