@@ -7,12 +7,13 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::clock::{Clock, SystemClock};
-use crate::config::{urls, Config, Env};
+use crate::config::{Config, Env};
 use crate::http::{self, AppState};
 use crate::run::Runtime;
 use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::{admin, Metrics};
+use crate::urls;
 use kernel::{ChildSpec, Kernel, Launch, Pool};
 
 /// Options for building a runtime (tests inject the store, clock and kernel).

@@ -22,12 +22,6 @@
 
 use axum::http::{header, HeaderMap, Uri};
 
-/// Whether a request may be served as far as its host goes: always with authentication
-/// configured (the credential is the check), else when it names an allowed host.
-pub fn allowed(cfg: &crate::config::Config, uri: &Uri, headers: &HeaderMap) -> bool {
-    cfg.has_auth() || cfg.allowed_hosts.allows(uri, headers)
-}
-
 /// The message of an invalid `--allowed-host` entry.
 pub const INVALID: &str = "--allowed-host must be a host name (such as agui.example.com, or \
                            .example.com for a domain and its subdomains), an IP address or *.";
@@ -129,7 +123,7 @@ impl AllowedHosts {
         if let Some(Named::Name(n)) = parse(bind_host.trim()) {
             out.add_name(n);
         }
-        if let Some(u) = crate::config::urls::parse(advertise_url) {
+        if let Some(u) = crate::urls::parse(advertise_url) {
             if let Some(url::Host::Domain(d)) = u.host() {
                 out.add_name(normal(d));
             }

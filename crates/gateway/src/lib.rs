@@ -35,5 +35,6 @@ pub mod thread_edit;
 pub mod threads_api;
 pub mod tls;
 pub mod transcript;
+pub mod urls;
 pub mod validate;
 pub mod write_deadline;

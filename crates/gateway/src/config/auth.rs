@@ -110,8 +110,8 @@ fn check_jwks_url(j: &str) -> Result<(), String> {
     {
         return Ok(());
     }
-    match super::urls::parse(j) {
-        Some(u) if super::urls::is_loopback(&u) => Ok(()),
+    match crate::urls::parse(j) {
+        Some(u) if crate::urls::is_loopback(&u) => Ok(()),
         _ => Err(
             "--auth-jwks must be an https:// URL (http:// only on a loopback address) or a \
                   file's path."

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use super::layers::Counted;
-use super::urls;
 use super::LogFormat;
 use crate::store::pg_tls;
+use crate::urls;
 use kernel::environment;
 
 pub(super) const PORT: &str = "--port must be between 1 and 65535.";

@@ -17,7 +17,6 @@ mod check;
 mod cli;
 mod layers;
 mod machine;
-pub mod urls;
 
 pub use caps::Caps;
 pub use check::a2a_url as validate_a2a_url;
@@ -29,6 +28,7 @@ use crate::cors::Origins;
 use crate::hosts::AllowedHosts;
 use crate::i18n::Lang;
 use crate::paths;
+use crate::urls;
 
 /// The validated configuration. Its `Debug` shows no secret.
 #[derive(Clone)]

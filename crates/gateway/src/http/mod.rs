@@ -42,7 +42,6 @@ use crate::canonical;
 use crate::config::Served;
 use crate::error::{msg, ApiError, Code};
 use crate::forward;
-use crate::hosts;
 use crate::i18n::Lang;
 use crate::request_body;
 use crate::run::admit::{self, RunRequest};
@@ -170,11 +169,17 @@ async fn host_check(
     next: axum::middleware::Next,
 ) -> Response {
     let probe = matches!(req.uri().path(), "/health" | "/live" | "/ready");
-    if probe || hosts::allowed(s.rt.cfg(), req.uri(), req.headers()) {
+    if probe || host_allowed(s.rt.cfg(), req.uri(), req.headers()) {
         return next.run(req).await;
     }
     let hl = header_lang(&s.rt, req.headers());
     ApiError::new(Code::HostNotAllowed, msg::HOST_NOT_ALLOWED).into_response_in(hl)
+}
+
+/// Whether a request may be served as far as its host goes: always with authentication
+/// configured (the credential is the check), else when it names an allowed host.
+fn host_allowed(cfg: &crate::config::Config, uri: &axum::http::Uri, headers: &HeaderMap) -> bool {
+    cfg.has_auth() || cfg.allowed_hosts.allows(uri, headers)
 }
 
 /// A JSON answer (an error, a thread's state, a cancellation, `/health`) is about one moment and
@@ -304,7 +309,7 @@ async fn health(State(s): State<AppState>, req: Request) -> Response {
             .authenticate(h)
             .await
             .is_ok_and(|c| c.is_operator());
-    crate::health::answer(&s.rt, operator && hosts::allowed(cfg, req.uri(), h))
+    crate::health::answer(&s.rt, operator && host_allowed(cfg, req.uri(), h))
 }
 
 async fn live(req: Request) -> Response {

@@ -2,40 +2,19 @@
 //! ([`decide::admission`](super::decide::admission)), make the new document durable, and only
 //! then answer, so an admitted run id, binding or rotation survives a crash before the stream.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::auth::access;
-use crate::auth::Caller;
 use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
-use crate::i18n::Lang;
 use crate::limits::GuidanceSlot;
 use crate::store::{RunMark, ThreadDoc};
-use crate::validate::{Envelope, IacCode, RunMode, UserMessage};
+use crate::validate::RunMode;
 
 use super::decide::admission::{self, Ask};
 pub use super::decide::admission::{Mode, Orphan};
+pub use super::request::{NotAdmitted, RunRequest};
 use super::{ActiveRun, Holder, RunControl, Runtime, Slot};
-
-/// A request that passed validation.
-#[derive(Debug)]
-pub struct RunRequest {
-    pub envelope: Envelope,
-    pub iac: IacCode,
-    /// The resolved workspace.
-    pub cwd: PathBuf,
-    /// The workspace does not exist yet: it is created once the thread's decision would admit
-    /// the request (`run::prepare`), never for a refused one.
-    pub create_cwd: bool,
-    /// Digest of the request body (idempotency of run ids).
-    pub digest: String,
-    /// The latest user message (new turns and guidance).
-    pub user_message: Option<UserMessage>,
-    pub lang: Lang,
-    /// Who sent it (its user, if any, owns the thread it starts and reaches only its own).
-    pub caller: Caller,
-}
 
 /// An admitted run.
 pub struct Admitted {
@@ -64,21 +43,6 @@ fn state_unavailable(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE)
 }
 
-/// Why a request was not admitted here.
-#[derive(Debug)]
-pub enum NotAdmitted {
-    /// Refused: the JSON error to answer.
-    Refused(ApiError),
-    /// Another live instance holds the thread: the request goes there.
-    HeldElsewhere(crate::store::Peer),
-}
-
-impl From<ApiError> for NotAdmitted {
-    fn from(e: ApiError) -> NotAdmitted {
-        NotAdmitted::Refused(e)
-    }
-}
-
 /// Admits a validated request, or says why not. Its costly part (images to decode, a workspace
 /// to create) is done first, once a trial of the decision says the thread would admit it
 /// ([`super::prepare`]); the admission itself is in a span of its own, timed.
@@ -105,7 +69,14 @@ pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
         },
         _ => None,
     };
-    let req = super::prepare::costly_part(rt, req).await?;
+    // A request refused for its thread (busy, a used run id, another binding…) costs no decode
+    // and leaves no directory: the trial first.
+    let req = if super::prepare::is_costly(&req) {
+        trial(rt, &req).await?;
+        super::prepare::costly_part(rt, req).await?
+    } else {
+        req
+    };
     let started = std::time::Instant::now();
     let admitted = admit_now(rt, req, guidance)
         .instrument(tracing::info_span!("agui.admission"))

@@ -1,6 +1,6 @@
 //! The costly part of a request, between validation and admission: its images decoded and its
-//! workspace created. Both wait until a trial of the admission decision ([`admit::trial`]) says
-//! the thread would admit the request, so one refused for its thread (busy, a used run id,
+//! workspace created. Both wait until a trial of the admission decision (`admit::trial`, which
+//! admission runs first) says the thread would admit the request, so one refused for its thread (busy, a used run id,
 //! another binding, a resume with nothing to resume) costs no decode and leaves no directory.
 //! Decoding runs on the blocking pool under the [`DecodeGate`], which bounds how many images are
 //! decoded at once across requests (`--max-image-decodes`).
@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use crate::error::{msg, ApiError, Code};
 use crate::validate::cwd;
 
-use super::admit::{self, NotAdmitted, RunRequest};
+use super::request::RunRequest;
 use super::Runtime;
 
 /// Bounds the image decodes running at once; counts them (running now, and in all).
@@ -70,7 +70,7 @@ impl DecodeGate {
 }
 
 /// Whether `req` has a costly part.
-fn is_costly(req: &RunRequest) -> bool {
+pub fn is_costly(req: &RunRequest) -> bool {
     req.create_cwd
         || req
             .user_message
@@ -78,13 +78,9 @@ fn is_costly(req: &RunRequest) -> bool {
             .is_some_and(|m| m.images_to_decode() > 0)
 }
 
-/// The request with its images decoded and its workspace created, once the trial says the thread
-/// would admit it; a request without either goes to admission as it is (no trial).
-pub async fn costly_part(rt: &Runtime, mut req: RunRequest) -> Result<RunRequest, NotAdmitted> {
-    if !is_costly(&req) {
-        return Ok(req);
-    }
-    admit::trial(rt, &req).await?;
+/// The request with its images decoded and its workspace created (admission calls it once the
+/// trial says the thread would admit the request).
+pub async fn costly_part(rt: &Runtime, mut req: RunRequest) -> Result<RunRequest, ApiError> {
     if let Some(mut message) = req.user_message.take() {
         let images = message.images_to_decode();
         if images > 0 {

@@ -1,16 +1,54 @@
-//! The kernel messages of a run: the user's turn, guidance, and answers, each carrying the
-//! request's turn settings (`metadata.iac_code`).
+//! A run's request: as validation leaves it ([`RunRequest`]), why one is not admitted
+//! ([`NotAdmitted`]), and its kernel messages: the user's turn, guidance, and answers, each
+//! carrying the request's turn settings (`metadata.iac_code`).
 //!
 //! This is the one place secrets of a request (LLM key and headers, Alibaba Cloud credentials)
 //! go anywhere: into the message to the kernel.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use a2a::{Message, MessageMetadata, Part, Role, Thinking, TurnMetadata};
 
+use crate::auth::Caller;
+use crate::error::ApiError;
 use crate::i18n::Lang;
 use crate::validate::props::CandidatePresentation;
-use crate::validate::{IacCode, RunMode};
+use crate::validate::{Envelope, IacCode, RunMode, UserMessage};
+
+/// A request that passed validation.
+#[derive(Debug)]
+pub struct RunRequest {
+    pub envelope: Envelope,
+    pub iac: IacCode,
+    /// The resolved workspace.
+    pub cwd: PathBuf,
+    /// The workspace does not exist yet: it is created once the thread's decision would admit
+    /// the request (`run::prepare`), never for a refused one.
+    pub create_cwd: bool,
+    /// Digest of the request body (idempotency of run ids).
+    pub digest: String,
+    /// The latest user message (new turns and guidance).
+    pub user_message: Option<UserMessage>,
+    pub lang: Lang,
+    /// Who sent it (its user, if any, owns the thread it starts and reaches only its own).
+    pub caller: Caller,
+}
+
+/// Why a request was not admitted here.
+#[derive(Debug)]
+pub enum NotAdmitted {
+    /// Refused: the JSON error to answer.
+    Refused(ApiError),
+    /// Another live instance holds the thread: the request goes there.
+    HeldElsewhere(crate::store::Peer),
+}
+
+impl From<ApiError> for NotAdmitted {
+    fn from(e: ApiError) -> NotAdmitted {
+        NotAdmitted::Refused(e)
+    }
+}
 
 /// What every message of a run shares.
 #[derive(Debug, Clone, Copy)]

@@ -1163,7 +1163,7 @@ mod journal_tests {
             .len()
         };
         assert_eq!(on_disk(&s), 3, "the waiting lines are in the file");
-        let summary = crate::store::transcript_file::last_summary(&file).unwrap();
+        let summary = crate::store::transcript_file::summary::last_summary(&file).unwrap();
         assert_eq!(summary.thread.title.as_deref(), Some("Renamed"));
         s.flush_blocking().unwrap();
         // As a run's release saves its thread before the next run ends.
@@ -1174,7 +1174,7 @@ mod journal_tests {
         assert_eq!(on_disk(&s), 3, "the new lines wait");
         s.flush_blocking().unwrap();
         assert_eq!(on_disk(&s), 5);
-        let summary = crate::store::transcript_file::last_summary(&file).unwrap();
+        let summary = crate::store::transcript_file::summary::last_summary(&file).unwrap();
         assert_eq!(summary.thread.title.as_deref(), Some("Renamed"));
     }
 

@@ -13,7 +13,7 @@ use std::sync::{Mutex, OnceLock};
 
 use super::list_order::Ordered;
 use super::listing::{ListPage, ListQuery, ThreadPatch, ThreadSummary};
-use super::transcript_file::last_summary;
+use super::transcript_file::summary::last_summary;
 use super::{file_stem, ThreadDoc};
 
 #[derive(Default)]
@@ -174,7 +174,7 @@ fn scan(dir: &Path) -> Vec<ThreadSummary> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::transcript_file::Header;
+    use super::super::transcript_file::summary::Header;
     use super::*;
 
     fn q(user: Option<&str>) -> ListQuery {

@@ -135,7 +135,7 @@ pub struct ListPage {
 }
 
 /// The page `q` asks for out of every summary, by a scan: the definition that the file store's
-/// ordered sets ([`super::list_order`]) are tested against.
+/// ordered sets (`list_order`) are tested against.
 #[cfg(test)]
 pub fn select<'a>(all: impl Iterator<Item = &'a ThreadSummary>, q: &ListQuery) -> ListPage {
     let key = |s: &ThreadSummary| (s.position().at, s.thread_id.clone());

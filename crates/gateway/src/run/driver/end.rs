@@ -13,12 +13,24 @@ use super::super::admit::{Admitted, Mode};
 use super::super::hold::{ThreadHold, Unsaved};
 use super::super::sink::Disconnected;
 use super::super::Runtime;
-use super::output;
 use crate::clock::rfc3339_ms;
 use crate::store::{BoxFuture, LastRun, StoreError, TranscriptAppend};
 use crate::telemetry::RunOutcome;
 
-/// What a run's end writes before its terminal event (its [`output::Ending`]): the thread's
+/// What a run's end writes before its terminal event (the driver's: the thread's document and
+/// the transcript; a guidance run's, the transcript alone). The transcript append's outcome.
+pub(super) trait Ending: Sync {
+    /// `message_ids`: the ids of the messages the run's execution has started so far (kept
+    /// while it goes on, so that its next run starts none of them again).
+    fn write<'a>(
+        &'a self,
+        outcome: (RunOutcome, Option<Code>),
+        transcript: Option<TranscriptAppend>,
+        message_ids: &'a std::collections::BTreeSet<String>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+}
+
+/// What a run's end writes before its terminal event (its [`Ending`]): the thread's
 /// document as the run leaves it with the run's messages (one durable write where the store
 /// can), or a guidance run's messages alone (it does not hold the thread).
 pub(super) struct RunEnd<'a> {
@@ -27,7 +39,7 @@ pub(super) struct RunEnd<'a> {
     pub(super) adm: &'a Admitted,
 }
 
-impl output::Ending for RunEnd<'_> {
+impl Ending for RunEnd<'_> {
     fn write<'a>(
         &'a self,
         (outcome, code): (RunOutcome, Option<Code>),

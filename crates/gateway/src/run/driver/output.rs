@@ -20,11 +20,11 @@ use crate::error::{msg, Code};
 use crate::i18n::{self, Lang};
 use crate::mapping::Mapper;
 use crate::run::sink::{GoneSignal, Sink};
-use crate::store::{BoxFuture, StoreError, TranscriptAppend};
+use crate::store::TranscriptAppend;
 use crate::telemetry::RunOutcome;
 use crate::transcript::Recorder;
 
-use super::end::{is_cancelled_outcome, Flow};
+use super::end::{is_cancelled_outcome, Ending, Flow};
 
 /// How a run's messages are kept (its [`Ending`] writes them).
 pub(super) struct Keep {
@@ -32,19 +32,6 @@ pub(super) struct Keep {
     pub limit: usize,
     pub clock: Arc<dyn Clock>,
     pub metrics: Arc<crate::telemetry::Metrics>,
-}
-
-/// What a run's end writes before its terminal event (the driver's: the thread's document and
-/// the transcript; a guidance run's, the transcript alone). The transcript append's outcome.
-pub(super) trait Ending: Sync {
-    /// `message_ids`: the ids of the messages the run's execution has started so far (kept
-    /// while it goes on, so that its next run starts none of them again).
-    fn write<'a>(
-        &'a self,
-        outcome: (RunOutcome, Option<Code>),
-        transcript: Option<TranscriptAppend>,
-        message_ids: &'a std::collections::BTreeSet<String>,
-    ) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
 /// The events of one run.

@@ -21,11 +21,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use std::sync::Arc;
 
@@ -39,16 +39,19 @@ use super::{file_stem, StoreError, TranscriptAppend};
 use crate::transcript::{self, Entry, Page};
 
 mod rewrite;
+pub(super) mod summary;
 mod waiting;
 
 use rewrite::compact;
 pub(super) use rewrite::replay;
+use summary::Header;
+use summary::{committed, is_summary, summary_line, Committed};
 pub(super) use waiting::{append_waiting, write_waiting};
 use waiting::{write_waiting_locked, PendingLines};
 
 /// The largest transcript file read (the limit and the bound on each message keep a thread's far
 /// below it).
-const MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
+pub(super) const MAX_FILE_BYTES: u64 = 256 * 1024 * 1024;
 
 /// A file is compacted before it grows past this, and a compaction keeps no more than this of
 /// the newest entries (far more than the limit's messages take at their usual size; small in
@@ -58,42 +61,6 @@ const BUDGET_BYTES: u64 = if cfg!(test) {
 } else {
     MAX_FILE_BYTES / 2
 };
-
-/// The end of a file read to find its last summary line (a summary is far below it).
-const TAIL_BYTES: u64 = 16 * 1024;
-
-/// A summary line: the thread for the list, and what of the file is committed (absent in the
-/// files of the version that wrote the summary as the first line only).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct Header {
-    pub thread: ThreadSummary,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    last: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    from: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    lines: Option<u64>,
-}
-
-impl Header {
-    #[cfg(test)]
-    pub(super) fn of(thread: ThreadSummary) -> Header {
-        Header {
-            thread,
-            last: None,
-            from: None,
-            lines: None,
-        }
-    }
-}
-
-/// What a file's last summary line commits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Committed {
-    pub last: u64,
-    pub from: u64,
-    pub lines: u64,
-}
 
 /// Serialises appends per thread (striped: a fixed number of locks, whatever the threads), and
 /// the making of files; holds the lines waiting for the journal's checkpoint.
@@ -138,10 +105,6 @@ fn name(thread_id: &str) -> Result<String, StoreError> {
     file_stem(thread_id)
         .map(|s| format!("{s}.jsonl"))
         .ok_or_else(|| StoreError::Invalid("empty thread id".into()))
-}
-
-fn is_summary(line: &[u8]) -> bool {
-    line.starts_with(br#"{"thread":"#)
 }
 
 /// A file's committed entries, oldest first, and its last summary line.
@@ -231,49 +194,6 @@ pub(super) fn read_page(
     ))
 }
 
-/// The last line of `file` (of `size` bytes), when it is whole and within the tail read.
-fn last_line(file: &File, size: u64) -> Option<Vec<u8>> {
-    let n = size.min(TAIL_BYTES);
-    let mut buf = vec![0; n as usize];
-    file.read_exact_at(&mut buf, size - n).ok()?;
-    if buf.pop() != Some(b'\n') {
-        return None;
-    }
-    match buf.iter().rposition(|b| *b == b'\n') {
-        Some(nl) => Some(buf.split_off(nl + 1)),
-        None if n == size => Some(buf),
-        None => None,
-    }
-}
-
-/// The summary a transcript file ends with: its last summary line (the list's, at a restart).
-pub(super) fn last_summary(path: &Path) -> Option<Header> {
-    let file = fs::open_private(path).ok()?;
-    let size = file.metadata().ok()?.len();
-    if let Some(line) = last_line(&file, size).filter(|l| is_summary(l)) {
-        if let Ok(h) = serde_json::from_slice(&line) {
-            return Some(h);
-        }
-    }
-    // A torn end, or a file of the version that wrote its summary first: the whole file.
-    match fs::read_private(path, MAX_FILE_BYTES).ok()? {
-        Loaded::Bytes(b) => parse("", &b).1,
-        _ => None,
-    }
-}
-
-/// What the file's last line commits, when it is a summary line of this format, and that summary.
-fn committed(file: &File, size: u64) -> Option<(Committed, ThreadSummary)> {
-    let line = last_line(file, size).filter(|l| is_summary(l))?;
-    let h: Header = serde_json::from_slice(&line).ok()?;
-    let c = Committed {
-        last: h.last?,
-        from: h.from?,
-        lines: h.lines?,
-    };
-    Some((c, h.thread))
-}
-
 /// A thread's transcript, open for appending (and reading its tail), and its size; `None` when
 /// there is none and `create` is `None`. An existing file is opened without `O_CREAT`: an open
 /// that may create takes the directory's lock exclusively (concurrent appends to different
@@ -315,22 +235,10 @@ fn cap(kept: u64) -> u64 {
     kept + kept / 2 + 64
 }
 
-fn line_of<T: Serialize>(out: &mut Vec<u8>, v: &T) -> Result<(), StoreError> {
+pub(super) fn line_of<T: Serialize>(out: &mut Vec<u8>, v: &T) -> Result<(), StoreError> {
     serde_json::to_writer(&mut *out, v).map_err(|e| StoreError::Invalid(e.to_string()))?;
     out.push(b'\n');
     Ok(())
-}
-
-fn summary_line(out: &mut Vec<u8>, thread: ThreadSummary, c: Committed) -> Result<(), StoreError> {
-    line_of(
-        out,
-        &Header {
-            thread,
-            last: Some(c.last),
-            from: Some(c.from),
-            lines: Some(c.lines),
-        },
-    )
 }
 
 /// Where a write is made durable: by the journal's group commit, or here.
@@ -599,6 +507,7 @@ pub(super) fn remove(
 
 #[cfg(test)]
 mod tests {
+    use super::summary::last_summary;
     use super::*;
     use serde_json::json;
 

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::clock::SystemClock;
 use crate::run::replay::RunEvents;
+use crate::store::{BoxFuture, StoreError};
 use crate::telemetry::Metrics;
 
 /// An ending that remembers how the run ended, each time it is asked to write it.
