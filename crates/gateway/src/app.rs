@@ -6,9 +6,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::api::{self, AppState};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Env};
-use crate::http::{self, AppState};
 use crate::run::Runtime;
 use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
@@ -40,7 +40,7 @@ impl Options {
             store: None,
             clock: None,
             kernel: None,
-            heartbeat: http::HEARTBEAT,
+            heartbeat: api::HEARTBEAT,
             channel_capacity: 64,
             metrics: None,
             auth: None,
@@ -259,8 +259,8 @@ pub async fn serve_with_admin(
     // metrics are served. A managed one is watched anyway.
     rt.kernels().probe_external(admin.is_some());
     let admin_task = admin.map(|l| {
-        let app = http::admin_routes(state.clone());
-        let router = admin::router(rt.metrics().clone(), Some(rt.clone()), app);
+        let app = api::admin_routes(state.clone());
+        let router = api::plain_405(admin::router(rt.metrics().clone(), Some(rt.clone()), app));
         let stall = rt.cfg().client_stall_timeout;
         // Not capped: an operator's probe and scrape still answer when the public listener is
         // full.
@@ -306,7 +306,7 @@ pub async fn serve_with_admin(
             }
         });
     }
-    let app = http::router(state);
+    let app = api::router(state);
     let rt2 = rt.clone();
     let stall = rt.cfg().client_stall_timeout;
     let graceful = async move {

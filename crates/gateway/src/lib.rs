@@ -4,6 +4,7 @@
 //! `iacCode`, cwd, content) → `run` (admission, per-thread state machine, `store`) → `a2a` client →
 //! `mapping` (pure: kernel item → AG-UI events, span balancing) → SSE encoder.
 
+pub mod api;
 pub mod app;
 pub mod auth;
 pub mod canonical;
@@ -18,7 +19,6 @@ pub mod forward;
 pub mod health;
 pub mod history;
 pub mod hosts;
-pub mod http;
 pub mod i18n;
 pub mod latch;
 pub mod limits;

@@ -474,7 +474,7 @@ pub(crate) fn in_memory_gateway() -> (
             .a2a("http://127.0.0.1:9/", None)
             .start(),
     );
-    let app = iac_code_agui::http::router(server.state.clone());
+    let app = iac_code_agui::api::router(server.state.clone());
     (rt, server, app)
 }
 

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use iac_code_agui::http::CANCEL_BODY_LIMIT;
+use iac_code_agui::api::CANCEL_BODY_LIMIT;
 use proptest::prelude::*;
 
 use crate::fuzz::fuzz;

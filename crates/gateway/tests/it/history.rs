@@ -605,7 +605,7 @@ async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
         .await
         .unwrap();
     assert_eq!(r.status(), 405);
-    assert_eq!(r.headers()["allow"], "GET, PATCH, DELETE");
+    assert_eq!(r.headers()["allow"], "GET, HEAD, PATCH, DELETE");
 
     // Deleting: refused while the kernel task waits for answers, and while a run holds it.
     let (status, e) = send(Method::DELETE, &url("t-e2"), &a, None).await;

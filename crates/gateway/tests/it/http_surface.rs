@@ -1438,3 +1438,88 @@ async fn health_shows_the_kernels_process_to_callers_only() {
     assert!(!anyone.to_string().contains("secret-install-path"));
     failed.stop().await;
 }
+
+/// Every route answers a method it does not serve with 405 before anything else (no token
+/// asked): the text `Method Not Allowed`, `text/plain; charset=utf-8`, and `Allow` naming what it
+/// serves; a route that serves GET serves HEAD too. On the main and the admin listener.
+#[tokio::test]
+async fn every_route_names_its_methods_in_a_405() {
+    let s = Builder::new()
+        .auth("s3cret")
+        .a2a("http://127.0.0.1:9/", None)
+        .console()
+        .admin()
+        .start()
+        .await;
+    let admin = s.admin_url.clone().expect("an admin listener");
+    let (get, post) = ("GET, HEAD", "POST");
+    let routes: [(&str, &str, &[&str]); 15] = [
+        ("health", get, &["POST", "DELETE"]),
+        ("live", get, &["POST", "PUT"]),
+        ("ready", get, &["POST"]),
+        ("", post, &["GET", "HEAD", "PUT", "DELETE"]),
+        (
+            "extensions/iac-code/v1/executions/e1/cancel",
+            post,
+            &["GET", "PATCH"],
+        ),
+        (
+            "extensions/iac-code/v1/executions/e1/subscribe",
+            post,
+            &["GET"],
+        ),
+        ("threads", get, &["POST", "DELETE"]),
+        ("agents/state", post, &["GET", "PUT"]),
+        ("threads/t1", "GET, HEAD, PATCH, DELETE", &["POST", "PUT"]),
+        ("capabilities", get, &["POST"]),
+        ("threads/t1/messages", get, &["POST"]),
+        ("threads/t1/connect", get, &["POST", "DELETE"]),
+        ("threads/t1/runs/r1/events", get, &["POST"]),
+        ("console/", get, &["POST"]),
+        ("console/app.js", get, &["DELETE"]),
+    ];
+    let c = client();
+    for (path, allow, refused) in routes {
+        for method in refused {
+            let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+            let r = c
+                .request(m, format!("{}{path}", s.url))
+                .send()
+                .await
+                .unwrap();
+            let what = format!("{method} /{path}");
+            assert_eq!(r.status(), 405, "{what}");
+            assert_eq!(r.headers()["allow"], allow, "{what}");
+            assert_eq!(
+                r.headers()["content-type"],
+                "text/plain; charset=utf-8",
+                "{what}"
+            );
+            // A HEAD's answer has the head alone.
+            let body = if *method == "HEAD" {
+                ""
+            } else {
+                "Method Not Allowed"
+            };
+            assert_eq!(r.text().await.unwrap(), body, "{what}");
+        }
+    }
+    // The admin listener's own routes, the same way.
+    for path in ["metrics", "health", "live", "ready"] {
+        let r = c.post(format!("{admin}{path}")).send().await.unwrap();
+        assert_eq!(r.status(), 405, "{path}");
+        assert_eq!(r.headers()["allow"], get, "{path}");
+        assert_eq!(r.text().await.unwrap(), "Method Not Allowed", "{path}");
+    }
+    // HEAD of a GET route is its GET without the body (the token still asked).
+    let r = c.head(format!("{}threads", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .head(format!("{}threads", s.url))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.unwrap().is_empty());
+}

@@ -411,8 +411,8 @@ async fn both_routes_take_the_token_and_answer_clear_errors() {
     };
     let tok = || vec![("authorization", "Bearer tok".to_owned())];
     for (url, allow) in [
-        (format!("{}threads/t1", s.url), "GET, PATCH, DELETE"),
-        (events_url(&s, "t1", "r1"), "GET"),
+        (format!("{}threads/t1", s.url), "GET, HEAD, PATCH, DELETE"),
+        (events_url(&s, "t1", "r1"), "GET, HEAD"),
     ] {
         let (status, v) = get(url.clone(), vec![]).await;
         assert_eq!(

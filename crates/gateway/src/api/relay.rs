@@ -2,7 +2,18 @@
 //! (`forward`), marked as this instance's forward; and the question an instance answers before
 //! anything is forwarded to it (`/cluster/v1/hello`).
 
-use super::*;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::{not_found, plain, AppState};
+use crate::auth::access;
+use crate::auth::Caller;
+use crate::error::{msg, ApiError, Code};
+use crate::forward;
+use crate::i18n::Lang;
+use crate::run::{Holder, Runtime};
 use crate::store::Peer;
 
 /// A request as it goes to the thread's holder.
@@ -109,27 +120,6 @@ pub(super) async fn theirs(
     }
 }
 
-/// [`held_elsewhere`] for the GET routes (no body): another user's thread is not found.
-pub(super) async fn get_held_elsewhere(
-    rt: &Runtime,
-    thread_id: &str,
-    headers: &HeaderMap,
-    path: String,
-    caller: &Caller,
-    route: &'static str,
-    lang: Lang,
-) -> Option<Response> {
-    let out = Outgoing {
-        method: Method::GET,
-        path: &path,
-        headers,
-        body: Bytes::new(),
-        caller,
-    };
-    let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
-    held_elsewhere(rt, thread_id, out, route, missing, lang).await
-}
-
 /// `GET /cluster/v1/hello?nonce=…`: with a cluster secret and a shared store, this instance
 /// proves it knows the secret (`forward::hello_answer`) to one about to forward to it; else 404.
 pub(super) async fn cluster_hello(State(s): State<AppState>, req: Request) -> Response {
@@ -140,17 +130,17 @@ pub(super) async fn cluster_hello(State(s): State<AppState>, req: Request) -> Re
         return not_found().await;
     };
     if req.method() != Method::GET {
-        return method_not_allowed("GET");
+        let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET"));
+        return r;
     }
-    let nonce = req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("nonce="))
-        .unwrap_or("");
+    let query = req.uri().query().unwrap_or("");
+    let nonce = url::form_urlencoded::parse(query.as_bytes())
+        .find_map(|(k, v)| (k == "nonce").then(|| v.into_owned()))
+        .unwrap_or_default();
     let url = &s.rt.cfg().advertise_url;
-    match forward::hello_answer(secret.as_bytes(), &me, url, nonce) {
+    match forward::hello_answer(secret.as_bytes(), &me, url, &nonce) {
         Some(v) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],

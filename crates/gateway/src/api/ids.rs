@@ -68,6 +68,22 @@ fn ids_of(pattern: &str, path: &str) -> Vec<String> {
         .collect()
 }
 
+/// An execution's id from the path: an empty one (`…/executions//cancel`) names no route, and is
+/// answered as one, before anything else.
+pub(super) struct ExecutionId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for ExecutionId {
+    type Rejection = axum::response::Response;
+
+    async fn from_request_parts(parts: &mut Parts, s: &S) -> Result<Self, Self::Rejection> {
+        let Ok(PathIds(id)) = PathIds::<String>::from_request_parts(parts, s).await;
+        if id.is_empty() {
+            return Err(super::not_found().await);
+        }
+        Ok(ExecutionId(id))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,57 @@
+//! The cancellation extension's route: `POST /extensions/iac-code/v1/executions/{id}/cancel`
+//! (its body checked like a run's, its ids bounded before any store or forward sees them; the
+//! cancellation itself: `run::cancel`).
+
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, Uri};
+use serde_json::{json, Value};
+
+use super::extract::{path_and_query, Authed, JsonBody};
+use super::ids::ExecutionId;
+use super::relay::{held_elsewhere, Outgoing};
+use super::rules::CancelRoute;
+use super::{json_ok, Answer, AppState, Refusal};
+use crate::auth::access::CANCEL_ROUTE;
+use crate::error::{msg, ApiError, Code};
+use crate::run::cancel;
+use crate::telemetry::{observer, otel};
+
+pub(super) async fn cancel(
+    State(s): State<AppState>,
+    ExecutionId(execution_id): ExecutionId,
+    uri: Uri,
+    trace: HeaderMap,
+    Authed { hl, caller, .. }: Authed<CancelRoute>,
+    JsonBody { raw, obj, .. }: JsonBody<CancelRoute>,
+) -> Answer {
+    let rt = &s.rt;
+    let field = |k: &str| obj.get(k).and_then(Value::as_str).filter(|s| !s.is_empty());
+    let (Some(thread_id), Some(ros)) = (field("threadId"), field("rosInvocationId")) else {
+        return Err(ApiError::new(Code::InvalidInput, msg::CANCEL_FIELDS).into_response_in(hl));
+    };
+    cancel::check_ids(&execution_id, thread_id, ros).or_answer(hl)?;
+    let path = path_and_query(&uri);
+    let out = Outgoing {
+        method: Method::POST,
+        path: &path,
+        headers: &trace,
+        body: raw,
+        caller: &caller,
+    };
+    let missing = cancel::not_found();
+    if let Some(r) = held_elsewhere(rt, thread_id, out, CANCEL_ROUTE, missing, hl).await {
+        return Ok(r);
+    }
+    let cancelled = observer::with_incoming(
+        otel::client_headers(&trace),
+        cancel::cancel(rt, &caller, &execution_id, thread_id, ros),
+    );
+    let span = tracing::info_span!("agui.cancel", otel.kind = "server", thread_id, execution_id = %execution_id);
+    otel::continue_trace(&span, &trace);
+    let outcome = tracing::Instrument::instrument(cancelled, span)
+        .await
+        .or_answer(hl)?;
+    Ok(json_ok(
+        &json!({"executionId": execution_id, "status": outcome.as_str()}),
+    ))
+}
