@@ -193,7 +193,12 @@ pub fn build(opts: Options) -> AppState {
     metrics.watch_kernel(kernels.clone());
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
     let refresh = opts.cfg.jwt.jwks_refresh;
-    let mut rt = Runtime::new(
+    let auth = opts
+        .auth
+        .unwrap_or_else(|| Arc::new(crate::auth::Auth::unread(&opts.cfg)));
+    // The key set is read again on its timer for as long as the gateway serves.
+    auth.spawn_refresh(refresh);
+    let rt = Runtime::new(
         opts.cfg,
         store,
         kernels,
@@ -202,11 +207,6 @@ pub fn build(opts: Options) -> AppState {
         opts.channel_capacity,
         metrics,
     );
-    if let Some(auth) = opts.auth {
-        rt.set_auth(auth);
-    }
-    // The key set is read again on its timer for as long as the runtime lives.
-    rt.auth().spawn_refresh(refresh);
     let rt = Arc::new(rt);
     // Interrupts already waiting in the store count before their threads are loaded.
     let counting = rt.clone();
@@ -214,6 +214,9 @@ pub fn build(opts: Options) -> AppState {
     AppState {
         rt,
         heartbeat: opts.heartbeat,
+        auth,
+        forwarding: Default::default(),
+        card: Default::default(),
     }
 }
 

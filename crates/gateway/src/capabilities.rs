@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use crate::run::Runtime;
 
 /// The answer.
-pub async fn answer(rt: &Runtime) -> Value {
-    let card = rt.card_cache().card(rt.kernels()).await;
+pub async fn answer(rt: &Runtime, cache: &kernel::CardCache) -> Value {
+    let card = cache.card(rt.kernels()).await;
     describe(rt, &card)
 }
 

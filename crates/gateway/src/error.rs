@@ -394,49 +394,6 @@ mod tests {
         assert_eq!(Code::ThreadBusy.retry_after(), None);
     }
 
-    /// README.md's error table (the table under its `| Code | HTTP status |` header): one row per
-    /// code with the status of [`Code::row`], and no row for a code that does not exist.
-    #[test]
-    fn readme_lists_every_code_with_its_status() {
-        let readme = include_str!("../../../README.md");
-        let table = readme
-            .split_once("\n| Code | HTTP status |")
-            .map(|(_, t)| t)
-            .expect("README.md has the error table");
-        let rows: Vec<(&str, &str)> = table
-            .lines()
-            .skip(2)
-            .take_while(|l| l.starts_with('|'))
-            .map(|l| {
-                let mut cells = l.split(" | ");
-                let name = cells.next().unwrap_or_default();
-                let name = name.trim_start_matches("| `").trim_end_matches('`');
-                (name, cells.next().unwrap_or_default())
-            })
-            .collect();
-        for &code in all() {
-            let found: Vec<_> = rows.iter().filter(|(n, _)| *n == code.as_str()).collect();
-            assert_eq!(
-                found.len(),
-                1,
-                "{} must have exactly one row in README.md's error table",
-                code.as_str()
-            );
-            assert_eq!(
-                found[0].1,
-                code.status().as_u16().to_string(),
-                "README.md gives {} another status",
-                code.as_str()
-            );
-        }
-        for (name, _) in &rows {
-            assert!(
-                Code::from_wire(name).is_some(),
-                "README.md lists unknown code {name}"
-            );
-        }
-    }
-
     #[test]
     fn every_gateway_text_is_in_the_catalogue() {
         for m in msg::ALL {

@@ -172,7 +172,7 @@ fn main() {
             let root = state.rt.cfg().default_workspace_root();
             tracing::info!(root = %root.display(), "workspaces: under the default root (IAC_CODE_AGUI_ALLOWED_CWDS sets others)");
         }
-        if !state.rt.auth().required() {
+        if !state.auth.required() {
             // No token, no key set: whoever reaches the listener may use every route.
             let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
             if loopback {
@@ -181,7 +181,7 @@ fn main() {
                 tracing::warn!(%addr, "authentication is off (no IAC_CODE_AGUI_AUTH_TOKEN, no --auth-jwks) on a non-loopback address (--allow-unauthenticated): anyone who reaches it may use the gateway and every thread");
             }
         } else {
-            let how = state.rt.auth().describe();
+            let how = state.auth.describe();
             tracing::info!(%addr, "authentication: {how}; a caller with a user reaches only that user's threads");
         }
         let code = match app::serve_with_admin(listener, admin, state, signals).await {

@@ -39,7 +39,7 @@ pub(super) async fn cancel(
         caller: &caller,
     };
     let missing = cancel::not_found();
-    if let Some(r) = held_elsewhere(rt, thread_id, out, CANCEL_ROUTE, missing, hl).await {
+    if let Some(r) = held_elsewhere(&s, thread_id, out, CANCEL_ROUTE, missing, hl).await {
         return Ok(r);
     }
     let cancelled = observer::with_incoming(

@@ -11,5 +11,5 @@ pub(super) async fn capabilities(
     State(s): State<AppState>,
     _: Authed<CapabilitiesRoute>,
 ) -> Response {
-    json_ok(&crate::capabilities::answer(&s.rt).await)
+    json_ok(&crate::capabilities::answer(&s.rt, &s.card).await)
 }

@@ -41,7 +41,7 @@ impl<R: Route> FromRequestParts<AppState> for Authed<R> {
         let hl = header_lang(&s.rt, &parts.headers);
         let path = path_and_query(&parts.uri);
         let (caller, signed) =
-            authenticate(&s.rt, &parts.method, &path, &parts.headers, R::NAME, hl).await?;
+            authenticate(s, &parts.method, &path, &parts.headers, R::NAME, hl).await?;
         if let Some(digest) = signed {
             parts.extensions.insert(SignedBody(digest));
         }
@@ -122,7 +122,7 @@ pub(super) async fn json_body(
 /// with the body digest a forward's signature covers (the route checks the body against it).
 #[allow(clippy::result_large_err)]
 pub(super) async fn authenticate(
-    rt: &Runtime,
+    s: &AppState,
     method: &Method,
     path: &str,
     headers: &HeaderMap,
@@ -130,11 +130,12 @@ pub(super) async fn authenticate(
     hl: Lang,
 ) -> Result<(Caller, Option<String>), Response> {
     // Forwarded by another instance: authenticated there.
-    if let Some(f) = rt.with_trust(|t| forward::forwarded(method, path, headers, t)) {
+    let rt = &s.rt;
+    if let Some(f) = s.with_trust(|t| forward::forwarded(method, path, headers, t)) {
         // A signed forward counts once: one sent again is no forward (and no client either).
         let fresh = f.signature.as_ref().is_none_or(|(sig, time)| {
-            let now = rt.with_trust(|t| t.now);
-            rt.forwards_seen().first(sig, *time, now)
+            let now = s.with_trust(|t| t.now);
+            s.forwarding.seen.first(sig, *time, now)
         });
         if !fresh {
             tracing::warn!("a signed forward was sent again: refused");
@@ -142,7 +143,7 @@ pub(super) async fn authenticate(
         }
         return Ok((f.caller, f.body_sha256));
     }
-    match rt.auth().authenticate(headers).await {
+    match s.auth.authenticate(headers).await {
         Ok(caller) => Ok((caller, None)),
         Err(denied) => {
             access::record(rt.metrics(), route, Refused::Auth(denied), None, None);

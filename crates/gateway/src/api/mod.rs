@@ -47,11 +47,35 @@ pub const RUN_BODY_LIMIT: usize = 12 * 1024 * 1024;
 pub const CANCEL_BODY_LIMIT: usize = 64 * 1024;
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
 
-/// Shared handler state.
+/// Shared handler state: the run core, and what the HTTP face keeps of its own.
 #[derive(Clone)]
 pub struct AppState {
     pub rt: Arc<Runtime>,
     pub heartbeat: Duration,
+    /// How callers authenticate.
+    pub auth: Arc<crate::auth::Auth>,
+    /// Forwards to the instance that holds a thread.
+    pub forwarding: Arc<crate::forward::Forwarding>,
+    /// The kernel's Agent Card, for `/capabilities`.
+    pub card: Arc<kernel::CardCache>,
+}
+
+impl AppState {
+    /// What this instance trusts in a forwarded request, now.
+    pub fn with_trust<R>(&self, f: impl FnOnce(crate::forward::Trust<'_>) -> R) -> R {
+        let store = self.rt.threads().store();
+        let (key, me) = (store.forward_key(), store.instance_id());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        f(crate::forward::Trust {
+            secret: self.rt.cfg().cluster_secret.as_deref().map(str::as_bytes),
+            key: key.as_deref(),
+            me: me.as_deref(),
+            now,
+            auth_required: self.auth.required(),
+        })
+    }
 }
 
 /// A handler's answer: a refusal is an answer too, so that `?` ends a handler.
@@ -132,7 +156,7 @@ fn routes(state: AppState, listener: Served) -> Router {
     // The console's routes exist only when it is asked for: otherwise its paths are 404.
     let router = match state.rt.cfg().console == listener {
         true => router.merge(console::routes(
-            state.rt.auth().required(),
+            state.auth.required(),
             listener == Served::Admin,
         )),
         false => router,

@@ -33,7 +33,7 @@ pub(super) async fn observe(
     };
     let missing = ApiError::new(Code::ExecutionNotFound, msg::EXECUTION_NOT_FOUND);
     let thread_id = observation.thread_id.clone();
-    if let Some(r) = held_elsewhere(rt, &thread_id, out, OBSERVE_ROUTE, missing, hl).await {
+    if let Some(r) = held_elsewhere(&s, &thread_id, out, OBSERVE_ROUTE, missing, hl).await {
         return Ok(r);
     }
     let rx = crate::observe::observe(rt, &caller, &execution_id, observation, hl)

@@ -29,13 +29,14 @@ pub(super) struct Outgoing<'a> {
 /// Answers with what the instance holding the thread answers (a forwarded request is never
 /// forwarded again: two instances that disagree about a holder answer 503).
 pub(super) async fn to_holder(
-    rt: &Runtime,
+    s: &AppState,
     holder: &Peer,
     out: Outgoing<'_>,
     lang: Lang,
 ) -> Response {
     let unreachable = || ApiError::new(Code::StateUnavailable, msg::HOLDER_UNREACHABLE);
-    let forwarded = rt.with_trust(|t| forward::is_forwarded(&out.method, out.path, out.headers, t));
+    let rt = &s.rt;
+    let forwarded = s.with_trust(|t| forward::is_forwarded(&out.method, out.path, out.headers, t));
     if forwarded || holder.url.is_empty() {
         return unreachable().into_response_in(lang);
     }
@@ -44,7 +45,7 @@ pub(super) async fn to_holder(
     let mark = match rt.cfg().cluster_secret.as_deref() {
         Some(secret) => forward::Mark::Signed {
             secret: secret.as_bytes(),
-            peers: rt.peers(),
+            peers: &s.forwarding.peers,
         },
         None => forward::Mark::Key(key.as_deref().unwrap_or_default()),
     };
@@ -52,7 +53,7 @@ pub(super) async fn to_holder(
         me: &me,
         caller: out.caller,
         mark,
-        tls: rt.forward_tls(),
+        tls: s.forwarding.tls(rt.cfg().cluster_ca.as_deref()),
     };
     match forward::forward(holder, out.method, out.path, out.headers, out.body, &hop).await {
         Ok(r) => r,
@@ -67,7 +68,7 @@ pub(super) async fn to_holder(
 /// With a shared store, a request for a thread another live instance holds goes there (`None`:
 /// it is served here).
 pub(super) async fn held_elsewhere(
-    rt: &Runtime,
+    s: &AppState,
     thread_id: &str,
     out: Outgoing<'_>,
     route: &'static str,
@@ -78,14 +79,15 @@ pub(super) async fn held_elsewhere(
     // meanwhile) is refused by `to_holder`, never served from what this instance has. A mark a
     // client sent itself is no mark (it lacks the cluster's key): such a request is forwarded
     // as any other.
+    let rt = &s.rt;
     if !rt.threads().store().shared() {
         return None;
     }
     match rt.threads().holder(thread_id).await {
         Ok(Holder::Here { .. }) => None,
         Ok(Holder::Elsewhere(peer)) => Some(
-            match theirs(rt, out.caller, thread_id, route, missing, lang).await {
-                Ok(()) => to_holder(rt, &peer, out, lang).await,
+            match theirs(&s.rt, out.caller, thread_id, route, missing, lang).await {
+                Ok(()) => to_holder(s, &peer, out, lang).await,
                 Err(r) => r,
             },
         ),

@@ -71,7 +71,7 @@ async fn run_request(
         let hl = header_lang(&rt, req.headers());
         let path = path_and_query(req.uri());
         let (caller, signed) =
-            authenticate(&rt, req.method(), &path, req.headers(), RUN_ROUTE, hl).await?;
+            authenticate(&s, req.method(), &path, req.headers(), RUN_ROUTE, hl).await?;
         let mut req = req;
         if let Some(digest) = signed {
             super::extract::sign(&mut req, digest);
@@ -148,7 +148,7 @@ async fn run_request(
                 body,
                 caller: &who,
             };
-            to_holder(&rt, &peer, out, lang).await
+            to_holder(&s, &peer, out, lang).await
         }
     }
 }

@@ -29,6 +29,30 @@ mod trust;
 pub use peer::{hello_answer, Peers};
 pub use trust::{body_digest, forwarded, is_forwarded, signed_mark, At, Forwarded, Seen, Trust};
 
+/// What an instance keeps of forwarding for as long as it serves: the peers proven to share the
+/// cluster secret, the signed forwards taken lately (each counts once), and the TLS client of
+/// forwards to `https://` holders (made at the first).
+#[derive(Default)]
+pub struct Forwarding {
+    pub peers: Peers,
+    pub seen: Seen,
+    tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
+}
+
+impl Forwarding {
+    /// The TLS client of forwards to `https://` holders: trusting `cluster_ca`, else the system's
+    /// and Mozilla's roots (`None` when `cluster_ca` cannot be read: logged).
+    pub fn tls(&self, cluster_ca: Option<&std::path::Path>) -> Option<Arc<rustls::ClientConfig>> {
+        self.tls
+            .get_or_init(|| {
+                crate::tls::client(cluster_ca, "--cluster-ca")
+                    .inspect_err(|e| tracing::error!(error = %e, "no TLS client for forwards"))
+                    .ok()
+            })
+            .clone()
+    }
+}
+
 use crate::auth::Caller;
 use crate::store::Peer;
 

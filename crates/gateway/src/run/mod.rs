@@ -56,16 +56,6 @@ pub struct Runtime {
     limits: Arc<Limits>,
     /// Bounds the image decodes running at once (`--max-image-decodes`).
     decode_gate: Arc<prepare::DecodeGate>,
-    /// How callers authenticate.
-    auth: Arc<crate::auth::Auth>,
-    /// The instances that proved they share the cluster secret (forwarding).
-    peers: crate::forward::Peers,
-    /// The signed forwards taken lately (each counts once).
-    forwards_seen: crate::forward::Seen,
-    /// The kernel's Agent Card, for `/capabilities`.
-    card_cache: kernel::CardCache,
-    /// The TLS client of forwards to `https://` holders (made at the first).
-    forward_tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
 }
 
 /// `(threadId, runId)` → the run's replay buffer; and the news of each buffered run's start, for
@@ -175,7 +165,6 @@ impl Runtime {
     ) -> Runtime {
         let cfg_caps = cfg.caps;
         let decode_gate = Arc::new(prepare::DecodeGate::new(cfg.max_image_decodes));
-        let auth = Arc::new(crate::auth::Auth::unread(&cfg));
         let rt = Runtime {
             cfg: Arc::new(cfg),
             threads: Arc::new(Threads::new(
@@ -192,11 +181,6 @@ impl Runtime {
             limits: Arc::new(Limits::new(&cfg_caps, metrics.clone())),
             metrics,
             decode_gate,
-            auth,
-            peers: crate::forward::Peers::default(),
-            forwards_seen: crate::forward::Seen::default(),
-            card_cache: kernel::CardCache::default(),
-            forward_tls: std::sync::OnceLock::new(),
         };
         rt.touch();
         rt
@@ -204,60 +188,6 @@ impl Runtime {
 
     pub fn cfg(&self) -> &Config {
         &self.cfg
-    }
-
-    /// How callers authenticate.
-    pub fn auth(&self) -> &crate::auth::Auth {
-        &self.auth
-    }
-
-    /// The kernel's Agent Card, as last read.
-    pub fn card_cache(&self) -> &kernel::CardCache {
-        &self.card_cache
-    }
-
-    /// The signed forwards taken lately.
-    pub fn forwards_seen(&self) -> &crate::forward::Seen {
-        &self.forwards_seen
-    }
-
-    /// The peers proven to share the cluster secret.
-    pub fn peers(&self) -> &crate::forward::Peers {
-        &self.peers
-    }
-
-    /// The TLS client of forwards to `https://` holders: trusting `--cluster-ca`, else the
-    /// system's and Mozilla's roots (`None` when `--cluster-ca` cannot be read: logged).
-    pub fn forward_tls(&self) -> Option<Arc<rustls::ClientConfig>> {
-        self.forward_tls
-            .get_or_init(|| {
-                crate::tls::client(self.cfg.cluster_ca.as_deref(), "--cluster-ca")
-                    .inspect_err(|e| tracing::error!(error = %e, "no TLS client for forwards"))
-                    .ok()
-            })
-            .clone()
-    }
-
-    /// What this instance trusts in a forwarded request, now.
-    pub fn with_trust<R>(&self, f: impl FnOnce(crate::forward::Trust<'_>) -> R) -> R {
-        let store = self.threads.store();
-        let (key, me) = (store.forward_key(), store.instance_id());
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        f(crate::forward::Trust {
-            secret: self.cfg.cluster_secret.as_deref().map(str::as_bytes),
-            key: key.as_deref(),
-            me: me.as_deref(),
-            now,
-            auth_required: self.auth.required(),
-        })
-    }
-
-    /// Replaces the authentication [`Runtime::new`] made (its key set not read yet) with one
-    /// opened already.
-    pub fn set_auth(&mut self, auth: Arc<crate::auth::Auth>) {
-        self.auth = auth;
     }
 
     pub fn threads(&self) -> &Threads {

@@ -21,15 +21,7 @@ pub(in crate::api) async fn connect(
     checked(&thread_id, hl)?;
     let q = crate::connect::connect_query(&headers, uri.query()).or_answer(hl)?;
     let path = path_and_query(&uri);
-    let elsewhere = get_held_elsewhere(
-        &s.rt,
-        &thread_id,
-        &headers,
-        &path,
-        &caller,
-        CONNECT_ROUTE,
-        hl,
-    );
+    let elsewhere = get_held_elsewhere(&s, &thread_id, &headers, &path, &caller, CONNECT_ROUTE, hl);
     if let Some(r) = elsewhere.await {
         return Ok(r);
     }

@@ -25,15 +25,7 @@ pub(in crate::api) async fn events(
         return Err(ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl));
     };
     let path = path_and_query(&uri);
-    let elsewhere = get_held_elsewhere(
-        &s.rt,
-        &thread_id,
-        &headers,
-        &path,
-        &caller,
-        EVENTS_ROUTE,
-        hl,
-    );
+    let elsewhere = get_held_elsewhere(&s, &thread_id, &headers, &path, &caller, EVENTS_ROUTE, hl);
     if let Some(r) = elsewhere.await {
         return Ok(r);
     }

@@ -14,10 +14,10 @@ use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 
 use super::relay::{held_elsewhere, Outgoing};
+use super::AppState;
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::i18n::Lang;
-use crate::run::Runtime;
 
 /// A thread id within the bound of ids, or the route's refusal.
 #[allow(clippy::result_large_err)]
@@ -27,7 +27,7 @@ fn checked(thread_id: &str, hl: Lang) -> Result<(), Response> {
 
 /// [`held_elsewhere`] for the GET routes (no body): another user's thread is not found.
 async fn get_held_elsewhere(
-    rt: &Runtime,
+    s: &AppState,
     thread_id: &str,
     headers: &HeaderMap,
     path: &str,
@@ -43,5 +43,5 @@ async fn get_held_elsewhere(
         caller,
     };
     let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
-    held_elsewhere(rt, thread_id, out, route, missing, lang).await
+    held_elsewhere(s, thread_id, out, route, missing, lang).await
 }

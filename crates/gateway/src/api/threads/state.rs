@@ -24,15 +24,7 @@ pub(in crate::api) async fn get(
 ) -> Answer {
     checked(&thread_id, hl)?;
     let path = path_and_query(&uri);
-    let elsewhere = get_held_elsewhere(
-        &s.rt,
-        &thread_id,
-        &headers,
-        &path,
-        &caller,
-        THREAD_ROUTE,
-        hl,
-    );
+    let elsewhere = get_held_elsewhere(&s, &thread_id, &headers, &path, &caller, THREAD_ROUTE, hl);
     if let Some(r) = elsewhere.await {
         return Ok(r);
     }
@@ -61,7 +53,7 @@ pub(in crate::api) async fn patch(
         caller: &caller,
     };
     let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
-    if let Some(r) = held_elsewhere(&s.rt, &thread_id, out, PATCH_ROUTE, missing, hl).await {
+    if let Some(r) = held_elsewhere(&s, &thread_id, out, PATCH_ROUTE, missing, hl).await {
         return Ok(r);
     }
     let v = crate::thread_edit::patch(&s.rt, &caller, &thread_id, patch)
@@ -88,7 +80,7 @@ pub(in crate::api) async fn delete(
         caller: &caller,
     };
     let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
-    if let Some(r) = held_elsewhere(&s.rt, &thread_id, out, DELETE_ROUTE, missing, hl).await {
+    if let Some(r) = held_elsewhere(&s, &thread_id, out, DELETE_ROUTE, missing, hl).await {
         return Ok(r);
     }
     let v = crate::thread_edit::delete(&s.rt, &caller, &thread_id)
