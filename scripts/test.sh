@@ -12,6 +12,9 @@ echo "== fmt"
 cargo fmt --all -- --check
 echo "== clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== the book (docs/: mdBook, installed once into the cache; its links are checked by the tests)"
+book=$(bash scripts/book.sh "$cache/book")
+echo "   $book"
 echo "== kernel venv"
 IAC_CODE_AGUI_KERNEL_BIN=$(bash scripts/kernel-venv.sh)
 export IAC_CODE_AGUI_KERNEL_BIN

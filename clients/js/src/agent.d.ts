@@ -7,7 +7,7 @@ import type {
   RunAgentResult,
 } from "@ag-ui/client";
 
-/** What the gateway reads from `forwardedProps.iacCode` (see the gateway's README). */
+/** What the gateway reads from `forwardedProps.iacCode` (see the gateway's book, docs/src/guide/front-ends.md). */
 export interface IacCodeProps {
   /** The run's workspace: an absolute path within the gateway's allowed roots. */
   cwd?: string;

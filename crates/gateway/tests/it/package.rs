@@ -274,24 +274,3 @@ fn the_service_unit_verifies_and_is_hardened() {
         assert!(body.lines().any(|l| l == line), "{line}");
     }
 }
-
-#[test]
-fn the_environment_file_names_only_variables_the_gateway_or_kernel_reads() {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/systemd/iac-code-agui.env"),
-    )
-    .unwrap();
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
-            .unwrap();
-    let names: Vec<&str> = text
-        .lines()
-        .map(|l| l.trim_start_matches('#'))
-        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
-        .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
-        .collect();
-    assert!(names.len() >= 10, "{names:?}");
-    for n in names {
-        assert!(readme.contains(n), "{n} is not documented");
-    }
-}
