@@ -12,7 +12,7 @@ use crate::config::{Config, Env};
 use crate::run::Runtime;
 use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
-use crate::telemetry::{admin, Metrics};
+use crate::telemetry::Metrics;
 use crate::urls;
 use kernel::{ChildSpec, Kernel, Launch, Pool};
 
@@ -262,8 +262,7 @@ pub async fn serve_with_admin(
     // metrics are served. A managed one is watched anyway.
     rt.kernels().probe_external(admin.is_some());
     let admin_task = admin.map(|l| {
-        let app = api::admin_routes(state.clone());
-        let router = api::plain_405(admin::router(rt.metrics().clone(), Some(rt.clone()), app));
+        let router = api::admin::router(state.clone());
         let stall = rt.cfg().client_stall_timeout;
         // Not capped: an operator's probe and scrape still answer when the public listener is
         // full.

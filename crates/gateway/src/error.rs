@@ -15,7 +15,8 @@ use crate::i18n::{self, Lang};
 /// leave, short enough that a client waiting on it loses little.
 pub const RETRY_AFTER_SECS: u32 = 5;
 
-/// Every error code the gateway emits. README.md lists each in its error table (a test checks).
+/// Every error code the gateway emits. The book lists each in its errors page
+/// (`docs/src/reference/errors.md`; a test checks).
 /// Its serde name is its wire name (a thread document records the code a run ended with).
 #[derive(
     Debug,

@@ -7,6 +7,7 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod bounded;
 pub mod canonical;
 pub mod capabilities;
 pub mod clock;

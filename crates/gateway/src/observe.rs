@@ -32,6 +32,7 @@ use tokio::sync::mpsc;
 
 use crate::auth::access::OBSERVE_ROUTE;
 use crate::auth::Caller;
+use crate::bounded::is_bounded;
 use crate::error::{msg, ApiError, Code};
 use crate::i18n::{self, Lang};
 use crate::limits::RunSlot;
@@ -40,7 +41,6 @@ use crate::run::sink::{Sink, Stop};
 use crate::run::Runtime;
 use crate::store::ThreadDoc;
 use crate::threads_api::read_theirs;
-use crate::validate::is_bounded;
 
 /// How long the kernel may take to show the task before the stream starts.
 const GET_TASK_WAIT: Duration = Duration::from_secs(30);

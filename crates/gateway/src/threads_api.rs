@@ -151,7 +151,7 @@ pub async fn events(
     })
     .await?;
     // A run id beyond the ids' bound is one no run has (a thread's ids are bounded alike).
-    if !crate::validate::is_bounded(run_id) {
+    if !crate::bounded::is_bounded(run_id) {
         return Err(ApiError::new(Code::RunNotFound, msg::RUN_NOT_FOUND));
     }
     let Some(events) = rt.replays().get(caller, thread_id, run_id) else {

@@ -13,8 +13,8 @@ use axum::routing::get;
 use axum::Router;
 use prometheus_client::encoding::prometheus_text;
 
-use super::Metrics;
-use crate::run::Runtime;
+use super::{admin_routes, plain_405, AppState};
+use crate::telemetry::Metrics;
 
 /// OpenMetrics 1.0 text, what Prometheus asks for first.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -45,27 +45,26 @@ async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, "Not Found").into_response()
 }
 
-/// The admin router; with `rt`, the probes too.
-pub fn router(metrics: Arc<Metrics>, rt: Option<Arc<Runtime>>, app: Option<Router>) -> Router {
-    let mut router = Router::new().route("/metrics", get(scrape));
-    if let Some(rt) = rt {
-        let ready = rt.clone();
-        router = router
-            .route(
-                "/health",
-                get(move || async move { crate::health::answer(&rt, false) }),
-            )
-            .route("/live", get(|| async { crate::health::live() }))
-            .route(
-                "/ready",
-                get(move || async move { crate::health::ready(&ready).await }),
-            );
-    }
-    // With the console here (`--console admin`), every other path is the gateway's.
-    match app {
+/// The admin listener's router: `/metrics`, the probes, and with the console here
+/// (`--console admin`) every other path the gateway's.
+pub fn router(state: AppState) -> Router {
+    let (rt, metrics) = (state.rt.clone(), state.rt.metrics().clone());
+    let ready = rt.clone();
+    let router = Router::new()
+        .route("/metrics", get(scrape))
+        .route(
+            "/health",
+            get(move || async move { crate::health::answer(&rt, false) }),
+        )
+        .route("/live", get(|| async { crate::health::live() }))
+        .route(
+            "/ready",
+            get(move || async move { crate::health::ready(&ready).await }),
+        );
+    plain_405(match admin_routes(state) {
         Some(app) => router.fallback_service(app).with_state(metrics),
         None => router.fallback(not_found).with_state(metrics),
-    }
+    })
 }
 
 #[cfg(test)]

@@ -94,7 +94,7 @@ mod tests {
         assert_eq!(decoded("a+b"), "a+b");
         assert_eq!(decoded("%E4%BD%A0"), "你");
         assert_eq!(decoded("%FF"), NOBODYS);
-        assert!(!crate::validate::is_bounded(NOBODYS));
+        assert!(!crate::bounded::is_bounded(NOBODYS));
         assert!(crate::run::hold::check_thread_id(NOBODYS).is_err());
         let pattern = "/threads/{thread_id}/runs/{run_id}/events";
         let pair = <(String, String)>::from_ids(ids_of(pattern, "/threads/t%201/runs/%FF/events"));

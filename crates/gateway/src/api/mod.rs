@@ -14,6 +14,7 @@
 //! response is the JSON envelope `{"error":{"code","message"}}` in the negotiated language; a
 //! 413 and a 408 close the connection.
 
+pub mod admin;
 mod cancel;
 mod capabilities;
 mod console;
@@ -100,7 +101,7 @@ pub fn router(state: AppState) -> Router {
 
 /// What the admin listener serves besides its own routes when the console is there: the
 /// gateway's routes (the console calls them on its own origin) and the console.
-pub fn admin_routes(state: AppState) -> Option<Router> {
+fn admin_routes(state: AppState) -> Option<Router> {
     (state.rt.cfg().console == Served::Admin).then(|| routes(state, Served::Admin))
 }
 

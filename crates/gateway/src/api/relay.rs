@@ -112,7 +112,7 @@ pub(super) async fn theirs(
     missing: ApiError,
     lang: Lang,
 ) -> Result<(), Response> {
-    match access::may_touch(rt, caller, thread_id).await {
+    match crate::run::hold::may_touch(rt.threads(), caller, thread_id).await {
         Ok(true) => Ok(()),
         Ok(false) => {
             access::not_theirs(rt.metrics(), route, caller, thread_id);

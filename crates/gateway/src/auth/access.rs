@@ -36,29 +36,6 @@ pub fn run_user(caller: &Caller, given: Option<&str>) -> Result<Option<String>, 
     }
 }
 
-/// Whether `caller` may touch `thread_id` as the store has it now, without changing anything
-/// (`Ok(false)`: another user's; a thread that does not exist is `Ok(true)`, there is nothing to
-/// hide). A caller without a user touches every thread, and nothing is read for it. A thread's
-/// owner never changes once set (a thread without one can only become its bound user's), so a
-/// check made before a change holds for it.
-pub async fn may_touch(
-    rt: &crate::run::Runtime,
-    caller: &Caller,
-    thread_id: &str,
-) -> Result<bool, ApiError> {
-    if caller.user.is_none() {
-        return Ok(true);
-    }
-    let read = crate::run::hold::read_thread(rt.threads(), thread_id, |_, doc| {
-        caller.may_touch(doc.owner_or_user())
-    })
-    .await;
-    match read {
-        Err(e) if e.code == Code::ThreadNotFound => Ok(true),
-        other => other,
-    }
-}
-
 /// Why access was refused: an authentication's [`Denied`], or an authenticated caller's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {

@@ -1,6 +1,6 @@
 //! Who is calling, and which threads they may touch.
 //!
-//! Three ways to authenticate, chosen by configuration (README "Authentication"):
+//! Three ways to authenticate, chosen by configuration (the book's "Authentication"):
 //! - none: no token and no key set, only on loopback (one user, whoever reaches the listener);
 //! - the service token (`IAC_CODE_AGUI_AUTH_TOKEN`): one trusted caller, typically the app's
 //!   server (the CopilotKit runtime), which may act for an end user by naming them in
@@ -196,7 +196,7 @@ impl Auth {
             Some(v) => Some(
                 v.to_str()
                     .ok()
-                    .filter(|u| !u.is_empty() && crate::validate::is_bounded(u))
+                    .filter(|u| !u.is_empty() && crate::bounded::is_bounded(u))
                     .ok_or(Denied::BadUserHeader)?,
             ),
         };

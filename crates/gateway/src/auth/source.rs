@@ -4,7 +4,7 @@
 //! a key rotation needs no restart. A read that fails keeps the set as it was (a rotation
 //! half-written or an identity provider down is not a lock-out); the failure is logged.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -18,50 +18,7 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where a key set is read from (shown without what a URL may carry of credentials).
-#[derive(Clone, PartialEq, Eq)]
-pub enum Origin {
-    File(PathBuf),
-    Url(String),
-}
-
-impl Origin {
-    /// `http://…` or `https://…` is a URL; anything else a file's path.
-    pub fn parse(s: &str) -> Origin {
-        let lower = s.get(..8).unwrap_or(s).to_ascii_lowercase();
-        if lower.starts_with("http://") || lower.starts_with("https://") {
-            Origin::Url(s.to_owned())
-        } else {
-            Origin::File(PathBuf::from(s))
-        }
-    }
-}
-
-impl std::fmt::Display for Origin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Origin::File(p) => write!(f, "{}", p.display()),
-            // A URL's user and password, and its query, may carry a key of the identity
-            // provider's: not shown.
-            Origin::Url(u) => match url::Url::parse(u) {
-                Ok(mut url) => {
-                    let _ = url.set_password(None);
-                    let _ = url.set_username("");
-                    url.set_query(None);
-                    url.set_fragment(None);
-                    f.write_str(url.as_str())
-                }
-                Err(_) => f.write_str("(a key set URL that does not parse)"),
-            },
-        }
-    }
-}
-
-impl std::fmt::Debug for Origin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Origin({self})")
-    }
-}
+pub use crate::config::auth::Origin;
 
 /// A key set and where it is read from.
 #[derive(Debug)]
@@ -246,6 +203,7 @@ async fn fetch(client: &reqwest::Client, url: &str) -> Result<KeySet, String> {
 mod tests {
     use super::*;
     use crate::auth::jwt::tests_support::{claims, ec, ed, rules, set_json, sign};
+    use std::path::PathBuf;
 
     async fn file_source(dir: &Path, set: String, min: Duration) -> (PathBuf, KeySource) {
         let path = dir.join("jwks.json");

@@ -1,8 +1,9 @@
-//! How callers prove who they are (README "Authentication"): the service token
+//! How callers prove who they are (the book's "Authentication"): the service token
 //! (`IAC_CODE_AGUI_AUTH_TOKEN`, read with the other tokens) and, with `--auth-jwks`, JWTs from an
 //! identity provider: its key set (a file, or an `http(s)://` URL), the issuer and audience a
 //! token must name, the claim that names its user, and how often the key set is read again.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::layers::{Layers, Number, Opt, Text};
@@ -23,10 +24,7 @@ pub struct JwtConfig {
 impl std::fmt::Debug for JwtConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // A key set URL's query may hold a key of the identity provider's: not shown.
-        let jwks = self
-            .jwks
-            .as_deref()
-            .map(|j| crate::auth::source::Origin::parse(j).to_string());
+        let jwks = self.jwks.as_deref().map(|j| Origin::parse(j).to_string());
         f.debug_struct("JwtConfig")
             .field("jwks", &jwks)
             .field("issuer", &self.issuer)
@@ -117,6 +115,52 @@ fn check_jwks_url(j: &str) -> Result<(), String> {
                   file's path."
                 .into(),
         ),
+    }
+}
+
+/// Where a key set is read from (`--auth-jwks`; shown without what a URL may carry of
+/// credentials).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Origin {
+    File(PathBuf),
+    Url(String),
+}
+
+impl Origin {
+    /// `http://…` or `https://…` is a URL; anything else a file's path.
+    pub fn parse(s: &str) -> Origin {
+        let lower = s.get(..8).unwrap_or(s).to_ascii_lowercase();
+        if lower.starts_with("http://") || lower.starts_with("https://") {
+            Origin::Url(s.to_owned())
+        } else {
+            Origin::File(PathBuf::from(s))
+        }
+    }
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::File(p) => write!(f, "{}", p.display()),
+            // A URL's user and password, and its query, may carry a key of the identity
+            // provider's: not shown.
+            Origin::Url(u) => match url::Url::parse(u) {
+                Ok(mut url) => {
+                    let _ = url.set_password(None);
+                    let _ = url.set_username("");
+                    url.set_query(None);
+                    url.set_fragment(None);
+                    f.write_str(url.as_str())
+                }
+                Err(_) => f.write_str("(a key set URL that does not parse)"),
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Origin({self})")
     }
 }
 

@@ -9,7 +9,7 @@ use super::layers::{Integer, Layers, Opt};
 /// semaphore counts).
 pub const MOST: i64 = 1_000_000;
 
-/// The bounds (see README "Configuration").
+/// The bounds (see the book's "Bounds").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Caps {
     /// Open client connections on the main listener; beyond, new ones wait in the accept queue.

@@ -7,7 +7,7 @@ use clap::Parser;
 #[command(name = "iac-code-agui", version, about, long_about = None)]
 pub struct Cli {
     /// YAML configuration file (keys: host, port, a2a_url, debug, log_stdout, state_dir,
-    /// idle_shutdown, auth_token, a2a_token, interrupt_ttl, a2a_command, shutdown_timeout,
+    /// idle_shutdown, auth_token, a2a_token, cluster_secret, interrupt_ttl, a2a_command, shutdown_timeout,
     /// kernel_idle_timeout, client_stall_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
     /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,

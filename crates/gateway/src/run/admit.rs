@@ -54,7 +54,7 @@ pub async fn admit(rt: &Runtime, req: RunRequest) -> Result<Admitted, NotAdmitte
     let guidance = match mode_of(&req) {
         // Whose the thread is first: a stranger neither takes nor learns of its places.
         Mode::Guidance
-            if !crate::auth::access::may_touch(rt, &req.caller, &req.envelope.thread_id)
+            if !super::hold::may_touch(rt.threads(), &req.caller, &req.envelope.thread_id)
                 .await? =>
         {
             strangers_refused(rt, &req);

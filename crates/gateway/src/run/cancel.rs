@@ -39,13 +39,13 @@ fn state_unavailable() -> ApiError {
 
 /// The ids of a cancellation, checked before anything (a store, a forward) sees them: an
 /// execution id no execution can have is not found; a thread or invocation id beyond the bound
-/// of ids (see [`crate::validate::is_bounded`]) is invalid input.
+/// of ids (see [`crate::bounded::is_bounded`]) is invalid input.
 pub fn check_ids(
     execution_id: &str,
     thread_id: &str,
     ros_invocation_id: &str,
 ) -> Result<(), ApiError> {
-    use crate::validate::is_bounded;
+    use crate::bounded::is_bounded;
     if !is_bounded(execution_id) {
         return Err(not_found());
     }
@@ -69,7 +69,7 @@ pub async fn cancel(
     let threads = rt.threads();
     // Another user's thread is, to this caller, one that does not exist: checked before the
     // claim, which may take a thread over (a write); nothing expires, nothing is cancelled.
-    if !access::may_touch(rt, caller, thread_id).await? {
+    if !super::hold::may_touch(threads, caller, thread_id).await? {
         access::not_theirs(rt.metrics(), CANCEL_ROUTE, caller, thread_id);
         return Err(not_found());
     }

@@ -14,6 +14,7 @@
 
 use std::sync::Arc;
 
+use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::store::{LastRun, StoreError, ThreadDoc, TranscriptAppend};
 
@@ -254,19 +255,42 @@ impl ThreadHold {
     }
 }
 
-/// Reads a thread that must exist: `read` sees its state and document under the thread's lock.
-/// A thread without a document is `THREAD_NOT_FOUND`; a store that cannot be read,
-/// `STATE_UNAVAILABLE`.
 /// A thread id no thread can have (beyond the bound of ids) names no thread: not found, before
 /// the registry or a store sees it.
 pub fn check_thread_id(thread_id: &str) -> Result<(), ApiError> {
-    if crate::validate::is_bounded(thread_id) {
+    if crate::bounded::is_bounded(thread_id) {
         Ok(())
     } else {
         Err(ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND))
     }
 }
 
+/// Whether `caller` may touch `thread_id` as the store has it now, without changing anything
+/// (`Ok(false)`: another user's; a thread that does not exist is `Ok(true)`, there is nothing to
+/// hide). A caller without a user touches every thread, and nothing is read for it. A thread's
+/// owner never changes once set (a thread without one can only become its bound user's), so a
+/// check made before a change holds for it.
+pub async fn may_touch(
+    threads: &Threads,
+    caller: &Caller,
+    thread_id: &str,
+) -> Result<bool, ApiError> {
+    if caller.user.is_none() {
+        return Ok(true);
+    }
+    let read = read_thread(threads, thread_id, |_, doc| {
+        caller.may_touch(doc.owner_or_user())
+    })
+    .await;
+    match read {
+        Err(e) if e.code == Code::ThreadNotFound => Ok(true),
+        other => other,
+    }
+}
+
+/// Reads a thread that must exist: `read` sees its state and document under the thread's lock.
+/// A thread without a document is `THREAD_NOT_FOUND`; a store that cannot be read,
+/// `STATE_UNAVAILABLE`.
 pub async fn read_thread<R>(
     threads: &Threads,
     thread_id: &str,

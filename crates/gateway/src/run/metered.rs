@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tracing::Instrument as _;
 
-use super::{Admission, BoxFuture, Decide, StoreError, ThreadDoc, ThreadStore};
+use crate::store::{Admission, BoxFuture, Decide, StoreError, ThreadDoc, ThreadStore};
 use crate::telemetry::Metrics;
 
 /// A store whose writes are measured: `save` and `admit` here, the rest the store's.
@@ -53,7 +53,7 @@ impl Metered {
     pub fn save_ending(
         &self,
         doc: &ThreadDoc,
-        transcript: Option<super::TranscriptAppend>,
+        transcript: Option<crate::store::TranscriptAppend>,
     ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)> {
         let span = tracing::info_span!("agui.state_save");
         let save = span.in_scope(|| self.inner.save_ending(doc, transcript));

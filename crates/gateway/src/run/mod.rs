@@ -16,7 +16,9 @@ pub mod cancel;
 pub mod decide;
 mod driver;
 pub mod hold;
+mod metered;
 pub mod prepare;
+pub mod record;
 pub mod replay;
 mod request;
 pub mod sink;
@@ -168,7 +170,7 @@ impl Runtime {
         let rt = Runtime {
             cfg: Arc::new(cfg),
             threads: Arc::new(Threads::new(
-                crate::store::Metered::new(store, metrics.clone()),
+                metered::Metered::new(store, metrics.clone()),
                 metrics.clone(),
             )),
             kernels,

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use agui::{Event, Interrupt, Outcome};
 use serde_json::{json, Map, Value};
 
-use super::{INTERRUPT, INTERRUPT_RESPONSE, MAX_PAYLOAD_BYTES, MAX_TEXT_BYTES, RUN_ERROR};
+use crate::transcript::{
+    INTERRUPT, INTERRUPT_RESPONSE, MAX_PAYLOAD_BYTES, MAX_TEXT_BYTES, RUN_ERROR,
+};
 use crate::validate::envelope::ResumeEntry;
 
 /// The messages of a run, in the order they began.

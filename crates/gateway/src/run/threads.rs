@@ -8,8 +8,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use super::metered::Metered;
 use crate::latch::Latch;
-use crate::store::{Admission, Claim, Decide, Metered, Peer, StoreError, ThreadDoc};
+use crate::store::{Admission, Claim, Decide, Peer, StoreError, ThreadDoc};
 use crate::telemetry::{InterruptEvent, Metrics};
 
 /// Controls of an active run, shared with the cancellation extension.

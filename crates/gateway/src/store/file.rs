@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use super::fs::{self, DirSync};
 use super::journal::Journal;
 use super::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
-use crate::validate::content::is_reserved_windows_name;
+use crate::paths::is_reserved_windows_name;
 
 /// Largest accepted state file: the bound of a document (a thread document is small; this only
 /// guards against garbage).

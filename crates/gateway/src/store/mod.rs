@@ -9,7 +9,6 @@
 //! - `fs`: filesystem primitives both build on.
 //! - `pg`: the PostgreSQL store several instances share (`--state-url`): held threads, fenced
 //!   writes, heartbeats.
-//! - `metered`: the store as the run core sees it: saves timed and counted.
 //! - `listing`: a user's threads, listed; `file_index` is the file store's list, and
 //!   `transcript_file` its transcripts (`transcript_file::waiting`: their lines waiting for the
 //!   journal's checkpoint).
@@ -22,7 +21,6 @@ mod fs;
 mod journal;
 mod list_order;
 pub mod listing;
-mod metered;
 mod pg;
 mod transcript_file;
 
@@ -31,10 +29,9 @@ use std::pin::Pin;
 
 pub use doc::{
     project_input as doc_project_input, AppliedDigest, Execution, LastRun, PendingEntry, RunMark,
-    ThreadDoc, MAX_DOC_BYTES, MAX_EXECUTION_MARKS, MAX_RUN_DIGESTS, PENDING_ALLOW_LIST,
+    RunOutcome, ThreadDoc, MAX_DOC_BYTES, MAX_EXECUTION_MARKS, MAX_RUN_DIGESTS, PENDING_ALLOW_LIST,
 };
 pub use file::{file_stem, FileStore};
-pub use metered::Metered;
 pub(crate) use pg::tls as pg_tls;
 pub use pg::{Lapse, Lease, PgStore};
 

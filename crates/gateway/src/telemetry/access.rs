@@ -19,14 +19,24 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use super::Metrics;
 
-/// The route of a request, as a label: the matched route's pattern, or `other`.
+/// The route of a request, as a label: the matched route's pattern (one of the gateway's, a
+/// bounded set), or `other` (an unknown path, the console's files).
 fn route_label(req: &Request) -> &'static str {
-    const ROUTES: [&str; 5] = [
+    const ROUTES: [&str; 14] = [
         "/",
         "/health",
+        "/live",
+        "/ready",
         "/extensions/iac-code/v1/executions/{execution_id}/cancel",
+        "/extensions/iac-code/v1/executions/{execution_id}/subscribe",
+        "/threads",
         "/threads/{thread_id}",
         "/threads/{thread_id}/runs/{run_id}/events",
+        "/threads/{thread_id}/messages",
+        "/threads/{thread_id}/connect",
+        "/agents/state",
+        "/capabilities",
+        "/cluster/v1/hello",
     ];
     req.extensions()
         .get::<MatchedPath>()

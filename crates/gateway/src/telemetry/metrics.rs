@@ -18,30 +18,7 @@ use prometheus_client::registry::Registry;
 
 use crate::error::Code;
 
-/// How a run ended, as `agui_runs_finished_total{outcome}` tells it (and a thread document
-/// records it: its serde name is the label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunOutcome {
-    Success,
-    Interrupt,
-    Error,
-    Cancelled,
-    /// The client went away (or, with a detach grace, nobody re-attached in time).
-    Disconnected,
-}
-
-impl RunOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunOutcome::Success => "success",
-            RunOutcome::Interrupt => "interrupt",
-            RunOutcome::Error => "error",
-            RunOutcome::Cancelled => "cancelled",
-            RunOutcome::Disconnected => "disconnected",
-        }
-    }
-}
+pub use crate::store::RunOutcome;
 
 /// What happened to an interrupt (`agui_interrupts_total{event}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

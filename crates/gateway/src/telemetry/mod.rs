@@ -1,7 +1,7 @@
 //! Operability: what an operator sees of the gateway.
 //!
 //! - `metrics`: the Prometheus families (`prometheus-client`), counted with atomics on the hot
-//!   path; `admin`: the listener that serves them (`--metrics-listen`), and nothing else.
+//!   path (the admin listener that serves them is `api::admin`).
 //! - `access`: one log line per request and the HTTP counters.
 //! - `logs`: JSON log lines (`--log-format json`); text is tracing-subscriber's own format.
 //! - `otel`: OpenTelemetry traces over OTLP/HTTP, configured by the standard `OTEL_*` variables;
@@ -11,7 +11,6 @@
 //! the binary, inside the tokio runtime.
 
 pub mod access;
-pub mod admin;
 pub mod logs;
 pub mod metrics;
 pub mod observer;

@@ -2,7 +2,6 @@
 //! a client that comes back (a reload, a restart, another device) gets the conversation from the
 //! gateway instead of keeping it itself.
 //!
-//! - `record`: the messages of one run, built from the events it sends (pure).
 //! - the stores keep them (`store::ThreadStore::append_transcript`, `read_transcript`): each
 //!   entry numbered per thread (`seq`, from 1, never reused), at most `--transcript-limit` per
 //!   thread (the oldest go first).
@@ -11,14 +10,11 @@
 //! `reasoning`, `activity`). Interrupts, the answers to them and a run's error are `activity`
 //! messages of their own types ([`INTERRUPT`], [`INTERRUPT_RESPONSE`], [`RUN_ERROR`]), which
 //! every AG-UI client accepts and none sends back to an agent. Images a user sent are not kept
-//! (a text part names each), and no text is kept beyond [`MAX_TEXT_BYTES`] a message.
-
-pub mod record;
+//! (a text part names each), and no text is kept beyond [`MAX_TEXT_BYTES`] a message. A run's
+//! messages are built from the events it sends by `run::record`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-pub use record::Recorder;
 
 /// `--transcript-limit`'s default: messages kept per thread.
 pub const DEFAULT_LIMIT: usize = 1000;

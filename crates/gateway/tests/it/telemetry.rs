@@ -803,6 +803,10 @@ async fn json_logs_carry_the_run_ids_and_one_access_line_per_request() {
         .await
         .unwrap();
     let health_len = h.bytes().await.unwrap().len();
+    // Every route of the gateway is named by its pattern (an unknown path is `other`).
+    for path in ["ready", "threads/t9/messages", "nowhere"] {
+        let _ = client().get(format!("{}{path}", gw.url())).send().await;
+    }
     let log = gw.stop();
     let lines: Vec<Value> = log
         .lines()
@@ -849,7 +853,19 @@ async fn json_logs_carry_the_run_ids_and_one_access_line_per_request() {
     assert_eq!(runs[0]["status"], 200);
     assert_eq!(runs[0]["bytes"], r.raw.len() as u64);
     assert_eq!(runs[0]["complete"], true);
-    let health = access.last().unwrap();
+    let named: Vec<&Value> = access[access.len() - 3..]
+        .iter()
+        .map(|a| &a["route"])
+        .collect();
+    assert_eq!(
+        named,
+        [
+            &json!("/ready"),
+            &json!("/threads/{thread_id}/messages"),
+            &json!("other")
+        ]
+    );
+    let health = access[access.len() - 4];
     assert_eq!(
         (&health["route"], &health["method"]),
         (&json!("/health"), &json!("GET"))

@@ -6,7 +6,7 @@
 //! has ended, every later ending is ignored. Phases send their other events through
 //! [`Output::emit`] and [`Output::map`].
 //!
-//! It also records what the run says (`transcript::Recorder`), and before the terminal event is
+//! It also records what the run says (`run::record::Recorder`), and before the terminal event is
 //! sent (or when the client left for good) has the run's end written, once, through an
 //! [`Ending`]: the thread's document as the run leaves it and the run's messages, in one durable
 //! write where the store can.
@@ -19,10 +19,10 @@ use crate::clock::{rfc3339_ms, Clock};
 use crate::error::{msg, Code};
 use crate::i18n::{self, Lang};
 use crate::mapping::Mapper;
+use crate::run::record::Recorder;
 use crate::run::sink::{GoneSignal, Sink};
 use crate::store::TranscriptAppend;
 use crate::telemetry::RunOutcome;
-use crate::transcript::Recorder;
 
 use super::end::{is_cancelled_outcome, Ending, Flow};
 

@@ -61,7 +61,7 @@ async fn held(waiting: bool) -> (Arc<Memory>, Arc<Threads>, ThreadHold) {
     store.docs.lock().unwrap().insert("thread-1".into(), doc);
     let metrics = Arc::new(Metrics::new());
     let threads = Arc::new(Threads::new(
-        crate::store::Metered::new(store.clone(), metrics.clone()),
+        crate::run::metered::Metered::new(store.clone(), metrics.clone()),
         metrics,
     ));
     let slot = threads.slot("thread-1");

@@ -17,7 +17,6 @@ use serde_json::{Map, Value};
 
 use super::StoreError;
 use crate::error::Code;
-use crate::telemetry::RunOutcome;
 
 /// Fields of a kernel input that are kept (secrets and unknown keys are dropped).
 pub const PENDING_ALLOW_LIST: &[&str] = &[
@@ -103,6 +102,31 @@ pub struct RunMark {
     pub run_id: String,
     /// RFC 3339, when the run was admitted.
     pub since: String,
+}
+
+/// How a run ended, as a thread document records it (`lastRun.outcome`) and the metrics count
+/// it (`agui_runs_finished_total{outcome}`: its serde name is the label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunOutcome {
+    Success,
+    Interrupt,
+    Error,
+    Cancelled,
+    /// The client went away (or, with a detach grace, nobody re-attached in time).
+    Disconnected,
+}
+
+impl RunOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Success => "success",
+            RunOutcome::Interrupt => "interrupt",
+            RunOutcome::Error => "error",
+            RunOutcome::Cancelled => "cancelled",
+            RunOutcome::Disconnected => "disconnected",
+        }
+    }
 }
 
 /// A value of a closed set as a document holds it: one this gateway names, or one it does not
