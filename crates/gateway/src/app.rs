@@ -220,16 +220,6 @@ pub fn build(opts: Options) -> AppState {
     }
 }
 
-/// Serves until `shutdown` resolves (or idle shutdown triggers), then drains open streams within
-/// the shutdown timeout and stops the managed kernel.
-pub async fn serve(
-    listener: TcpListener,
-    state: AppState,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    serve_with_admin(listener, None, state, shutdown).await
-}
-
 /// A listener's TLS, when configured: its pair read (an error stops the start) and watched.
 fn listener_tls(
     pair: Option<&crate::config::TlsPair>,

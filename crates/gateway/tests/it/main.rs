@@ -24,6 +24,7 @@ mod identity_real;
 mod ids;
 mod image;
 mod js_client;
+mod layout;
 mod limits;
 mod load;
 mod observe;

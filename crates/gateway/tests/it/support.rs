@@ -1,5 +1,4 @@
 //! `TestServer`: the gateway on 127.0.0.1:0 with a temp state dir, in front of a fake or real kernel.
-#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -206,10 +205,6 @@ impl Builder {
     /// `--kernel-idle-timeout` (for a kernel given with [`Builder::a2a`]).
     pub fn kernel_idle(mut self, d: Duration) -> Self {
         self.kernel_idle = Some(d);
-        self
-    }
-    pub fn channel_capacity(mut self, n: usize) -> Self {
-        self.channel_capacity = n;
         self
     }
 
