@@ -57,7 +57,7 @@ pub fn digest_bytes(input: &[u8]) -> Result<String, CanonError> {
 /// Canonical JSON of a `serde_json::Value` (tool arguments, resume answers).
 pub fn canonical_value(v: &Value) -> String {
     let mut out = Vec::new();
-    write_value(v, &mut out);
+    write_node(&node_of(v), &mut out);
     String::from_utf8(out).expect("canonical JSON is UTF-8")
 }
 
@@ -66,46 +66,19 @@ pub fn digest_value(v: &Value) -> String {
     sha256_hex(canonical_value(v).as_bytes())
 }
 
-fn write_value(v: &Value, out: &mut Vec<u8>) {
+/// A value as the one writer takes it: numbers in their canonical text, keys sorted.
+fn node_of(v: &Value) -> Node {
     match v {
-        Value::Null => out.extend_from_slice(b"null"),
-        Value::Bool(true) => out.extend_from_slice(b"true"),
-        Value::Bool(false) => out.extend_from_slice(b"false"),
-        Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                out.extend_from_slice(i.to_string().as_bytes());
-            } else if let Some(u) = n.as_u64() {
-                out.extend_from_slice(u.to_string().as_bytes());
-            } else {
-                let f = n.as_f64().unwrap_or(f64::NAN);
-                out.extend_from_slice(python_float_repr(f).as_bytes());
-            }
-        }
-        Value::String(s) => write_str(s, out),
-        Value::Array(a) => {
-            out.push(b'[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_value(x, out);
-            }
-            out.push(b']');
-        }
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push(b'{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_str(k, out);
-                out.push(b':');
-                write_value(&m[k], out);
-            }
-            out.push(b'}');
-        }
+        Value::Null => Node::Null,
+        Value::Bool(b) => Node::Bool(*b),
+        Value::Number(n) => Node::Num(match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.to_string(),
+            (None, Some(u)) => u.to_string(),
+            (None, None) => python_float_repr(n.as_f64().unwrap_or(f64::NAN)),
+        }),
+        Value::String(s) => Node::Str(s.clone()),
+        Value::Array(a) => Node::Arr(a.iter().map(node_of).collect()),
+        Value::Object(m) => Node::Obj(m.iter().map(|(k, v)| (k.clone(), node_of(v))).collect()),
     }
 }
 
@@ -521,6 +494,16 @@ mod golden {
                 super::digest_bytes(raw.as_bytes()).unwrap(),
                 v["sha256"].as_str().unwrap()
             );
+            // A parsed value is written as its own text would be (one writer; serde's reading
+            // of a number, `-0` or a huge integer, is its own).
+            if let Ok(parsed) = serde_json::from_str::<serde_json::Value>(raw) {
+                let text = serde_json::to_vec(&parsed).unwrap();
+                assert_eq!(
+                    super::canonical_value(&parsed).as_bytes(),
+                    super::canonical_bytes(&text).unwrap(),
+                    "value: {raw}"
+                );
+            }
         }
     }
 }

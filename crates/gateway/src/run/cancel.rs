@@ -14,7 +14,8 @@ use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 
 /// Result of a cancellation request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum CancelOutcome {
     Cancelled,
     AlreadyTerminal,
@@ -22,10 +23,7 @@ pub enum CancelOutcome {
 
 impl CancelOutcome {
     pub fn as_str(self) -> &'static str {
-        match self {
-            CancelOutcome::Cancelled => "cancelled",
-            CancelOutcome::AlreadyTerminal => "already_terminal",
-        }
+        self.into()
     }
 }
 

@@ -20,8 +20,9 @@ use crate::error::Code;
 
 pub use crate::store::RunOutcome;
 
-/// What happened to an interrupt (`agui_interrupts_total{event}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What happened to an interrupt (`agui_interrupts_total{event}`: its name in snake case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum InterruptEvent {
     /// Announced to a client, pending.
     Created = 0,
@@ -33,10 +34,9 @@ pub enum InterruptEvent {
     Cancelled = 3,
 }
 
-const INTERRUPT_EVENTS: [&str; 4] = ["created", "resolved", "expired", "cancelled"];
-
 /// Why trace spans were lost (`agui_trace_spans_dropped_total{reason}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum DropReason {
     /// The export queue was full (the exporter is down or slow).
     QueueFull = 0,
@@ -44,10 +44,9 @@ pub enum DropReason {
     ExportFailed = 1,
 }
 
-const DROP_REASONS: [&str; 2] = ["queue_full", "export_failed"];
-
 /// A bound on concurrent work that was reached (`agui_limit_reached_total{limit}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Limit {
     /// The accept loop waited for a connection to close (`--max-connections`).
     Connections = 0,
@@ -62,18 +61,24 @@ pub enum Limit {
     Guidance = 4,
 }
 
-const LIMITS: [&str; 5] = [
-    "connections",
-    "runs",
-    "detached_runs",
-    "readers",
-    "guidance",
-];
-
 impl Limit {
     pub fn as_str(self) -> &'static str {
-        LIMITS[self as usize]
+        self.into()
     }
+}
+
+/// One counter of `family` per value of `E`, in the order of its values (its index is the
+/// value's discriminant).
+fn per_value<E, L, const N: usize>(
+    family: &Family<L, Counter>,
+    label: impl Fn(&'static str) -> L,
+) -> [Counter; N]
+where
+    E: strum::VariantArray + Copy + Into<&'static str>,
+    L: Clone + std::hash::Hash + Eq,
+{
+    assert_eq!(E::VARIANTS.len(), N, "a counter for each value");
+    std::array::from_fn(|i| family.get_or_create_owned(&label(E::VARIANTS[i].into())))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -312,8 +317,8 @@ impl Metrics {
             "Interrupts by what happened to them (created, resolved, expired, cancelled)",
             interrupt_family.clone(),
         );
-        let interrupts = INTERRUPT_EVENTS
-            .map(|event| interrupt_family.get_or_create_owned(&EventLabel { event }));
+        let interrupts =
+            per_value::<InterruptEvent, _, 4>(&interrupt_family, |event| EventLabel { event });
         let events_family = Family::<TypeLabel, Counter>::default();
         r.register(
             "agui_events_sent",
@@ -378,7 +383,7 @@ impl Metrics {
             dropped_family.clone(),
         );
         let spans_dropped =
-            DROP_REASONS.map(|reason| dropped_family.get_or_create_owned(&ReasonLabel { reason }));
+            per_value::<DropReason, _, 2>(&dropped_family, |reason| ReasonLabel { reason });
         let limit_family = Family::<LimitLabel, Counter>::default();
         r.register(
             "agui_limit_reached",
@@ -386,8 +391,7 @@ impl Metrics {
              (a run cancelled instead of detached), readers, guidance (refused)",
             limit_family.clone(),
         );
-        let limits_reached =
-            LIMITS.map(|limit| limit_family.get_or_create_owned(&LimitLabel { limit }));
+        let limits_reached = per_value::<Limit, _, 5>(&limit_family, |limit| LimitLabel { limit });
         let auth_refusals = Family::<ReasonLabel, Counter>::default();
         r.register(
             "agui_auth_refusals",
@@ -541,6 +545,27 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The labels the families are made with: each value's name in snake case, in its order.
+    #[test]
+    fn each_labelled_value_has_its_name() {
+        let m = Metrics::new();
+        m.interrupts(InterruptEvent::Expired, 1);
+        m.spans_dropped(DropReason::ExportFailed, 2);
+        m.limit_reached(Limit::DetachedRuns);
+        let text = m.encode_prometheus_text();
+        for line in [
+            "agui_interrupts_total{event=\"expired\"} 1",
+            "agui_interrupts_total{event=\"created\"} 0",
+            "agui_trace_spans_dropped_total{reason=\"export_failed\"} 2",
+            "agui_trace_spans_dropped_total{reason=\"queue_full\"} 0",
+            "agui_limit_reached_total{limit=\"detached_runs\"} 1",
+            "agui_limit_reached_total{limit=\"guidance\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        assert_eq!(RunOutcome::Disconnected.as_str(), "disconnected");
+    }
 
     #[derive(Debug)]
     struct Down;

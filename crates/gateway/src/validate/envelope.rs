@@ -14,7 +14,8 @@ use serde_json::{Map, Value};
 use crate::error::{msg, ApiError, Code};
 
 /// A resume entry's status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum ResumeStatus {
     Resolved,
     Cancelled,
@@ -22,10 +23,7 @@ pub enum ResumeStatus {
 
 impl ResumeStatus {
     pub fn as_str(self) -> &'static str {
-        match self {
-            ResumeStatus::Resolved => "resolved",
-            ResumeStatus::Cancelled => "cancelled",
-        }
+        self.into()
     }
 }
 

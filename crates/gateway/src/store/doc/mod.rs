@@ -106,8 +106,19 @@ pub struct RunMark {
 
 /// How a run ended, as a thread document records it (`lastRun.outcome`) and the metrics count
 /// it (`agui_runs_finished_total{outcome}`: its serde name is the label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    strum::IntoStaticStr,
+)]
 #[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
 pub enum RunOutcome {
     Success,
     Interrupt,
@@ -119,13 +130,7 @@ pub enum RunOutcome {
 
 impl RunOutcome {
     pub fn as_str(self) -> &'static str {
-        match self {
-            RunOutcome::Success => "success",
-            RunOutcome::Interrupt => "interrupt",
-            RunOutcome::Error => "error",
-            RunOutcome::Cancelled => "cancelled",
-            RunOutcome::Disconnected => "disconnected",
-        }
+        self.into()
     }
 }
 
