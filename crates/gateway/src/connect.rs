@@ -163,7 +163,7 @@ pub async fn connect(
     // Listening before looking: a run that starts meanwhile is not missed.
     let starts = q.follow.then(|| rt.replays().starts());
     let (active, pending) = read_theirs(rt, CONNECT_ROUTE, caller, thread_id, |st, doc| {
-        let active = st.active.as_ref().map(|a| a.run_id.clone());
+        let active = st.active().map(|a| a.run_id.clone());
         let pending: Vec<agui::Interrupt> = doc
             .execution
             .pending

@@ -90,14 +90,14 @@ pub async fn delete(rt: &Runtime, caller: &Caller, thread_id: &str) -> Result<Va
     let slot = threads.slot(thread_id);
     let mut st = threads.lock(&slot, thread_id).await.map_err(unavailable)?;
     let missing = || ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
-    let Some(doc) = st.doc.as_ref() else {
+    let Some(doc) = st.doc() else {
         return Err(missing());
     };
     if !caller.may_touch(doc.owner_or_user()) {
         access::not_theirs(rt.metrics(), DELETE_ROUTE, caller, thread_id);
         return Err(missing());
     }
-    if st.active.is_some() {
+    if st.active().is_some() {
         return Err(ApiError::new(Code::ThreadBusy, msg::THREAD_BUSY));
     }
     let open = ApiError::new(Code::ThreadExecutionOpen, msg::EXECUTION_OPEN);
@@ -106,15 +106,12 @@ pub async fn delete(rt: &Runtime, caller: &Caller, thread_id: &str) -> Result<Va
     }
     // A shared store deletes only a row no run or task holds open (another instance's view).
     if !threads
-        .store()
-        .delete_thread(thread_id)
+        .delete(&mut st, thread_id)
         .await
         .map_err(unavailable)?
     {
         return Err(open);
     }
-    st.doc = None;
-    threads.store().forget(thread_id);
     rt.replays().forget_thread(thread_id);
     tracing::info!(thread_id, user = caller.user.as_deref(), "thread deleted");
     Ok(json!({"threadId": thread_id, "deleted": true}))

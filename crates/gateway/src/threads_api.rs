@@ -244,7 +244,7 @@ fn describe(
     // A run recorded as holding the thread that no run of this process holds was lost with the
     // process that ran it (a restart or a crash): its kernel task is cancelled before the next
     // turn, as always.
-    let last = match (&doc.active_run, &st.active) {
+    let last = match (&doc.active_run, st.active()) {
         (Some(lost), None) => json!({"runId": lost.run_id, "outcome": "lost", "since": lost.since}),
         // As stored: runId, outcome, endedAt and the code of an error.
         _ => json!(doc.last_run),
@@ -269,7 +269,7 @@ fn describe(
 /// while its client takes the terminal event: from that write on it is the last run, not the
 /// active one, as the thread list has it.
 fn running<'a>(st: &'a ThreadState, doc: &ThreadDoc) -> Option<&'a crate::run::ActiveRun> {
-    st.active.as_ref().filter(|a| {
+    st.active().filter(|a| {
         doc.active_run
             .as_ref()
             .is_some_and(|mark| mark.run_id == a.run_id)
@@ -337,12 +337,12 @@ mod tests {
         use crate::store::{Execution, LastRun, RunMark};
         let mut doc = ThreadDoc::new("t", "ctx", "/w", None, Execution::new("e", "inv"));
         let mut st = ThreadState::default();
-        st.active = Some(ActiveRun {
+        st.set_active(Some(ActiveRun {
             run_id: "r2".into(),
             since_ms: 0,
             execution_id: "e".into(),
             control: Arc::new(RunControl::default()),
-        });
+        }));
         // Admitted: the document names it.
         doc.active_run = Some(RunMark {
             run_id: "r2".into(),
@@ -361,7 +361,7 @@ mod tests {
         doc.active_run = None;
         assert!(running(&st, &doc).is_none());
         // Nothing holds the thread.
-        st.active = None;
+        st.set_active(None);
         doc.active_run = Some(RunMark {
             run_id: "r3".into(),
             since: "2026-12-04T00:00:02.000Z".into(),

@@ -136,8 +136,8 @@ pub async fn trial(rt: &Runtime, req: &RunRequest) -> Result<(), ApiError> {
     let cwd = req.cwd.to_string_lossy();
     let ask = ask_of(req, &mode, &cwd);
     let decision = admission::decide(
-        st.doc.as_ref(),
-        st.active.is_some(),
+        st.doc(),
+        st.active().is_some(),
         &ask,
         rt.now_ms(),
         &mut String::new,
@@ -220,18 +220,14 @@ async fn admit_now(
     let admission = verdict?;
     let control = Arc::new(RunControl::default());
     let hold = st.hold();
-    let owner = st
-        .doc
-        .as_ref()
-        .and_then(|d| d.owner_or_user())
-        .map(str::to_owned);
+    let owner = st.doc().and_then(|d| d.owner_or_user()).map(str::to_owned);
     if admission.holds_thread {
-        st.active = Some(ActiveRun {
+        st.set_active(Some(ActiveRun {
             since_ms: rt.now_ms(),
             run_id: req.envelope.run_id.clone(),
             execution_id: admission.execution_id.clone(),
             control: control.clone(),
-        });
+        }));
     }
     drop(st);
     rt.touch();

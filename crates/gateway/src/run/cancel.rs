@@ -86,11 +86,10 @@ pub async fn cancel(
             ));
         }
         let control = st
-            .active
-            .as_ref()
+            .active()
             .filter(|a| a.execution_id == execution_id)
             .map(|a| a.control.clone());
-        let Some(doc) = &st.doc else {
+        let Some(doc) = st.doc() else {
             return Err(not_found());
         };
         // Another user's thread is, to this caller, one that does not exist: nothing expires,
@@ -110,7 +109,7 @@ pub async fn cancel(
                 rt.cancel_task_later(expired.kernel.as_deref(), expired.task);
             }
         }
-        let doc = st.doc.as_ref().ok_or_else(not_found)?;
+        let doc = st.doc().ok_or_else(not_found)?;
         if doc.is_terminal(execution_id) {
             return Ok(CancelOutcome::AlreadyTerminal);
         }

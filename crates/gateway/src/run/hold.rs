@@ -58,7 +58,7 @@ impl ThreadHold {
 
     /// The thread's document (in memory: the run holds the thread).
     pub async fn doc(&self) -> Option<ThreadDoc> {
-        self.slot.lock().await.doc.clone()
+        self.slot.lock().await.doc().cloned()
     }
 
     /// Whether the run's execution waits for answers.
@@ -76,10 +76,7 @@ impl ThreadHold {
             // Admitted in an earlier hold of this instance: the thread moved on without it.
             return Err(Unsaved::NotHeld);
         }
-        let current = st
-            .doc
-            .as_ref()
-            .is_some_and(|d| d.is_current(&self.execution_id));
+        let current = st.doc().is_some_and(|d| d.is_current(&self.execution_id));
         if !current {
             return Err(Unsaved::Failed);
         }
@@ -138,7 +135,7 @@ impl ThreadHold {
             .lock(&self.slot, thread_id)
             .await
             .map_err(|_| Unsaved::Failed)?;
-        let live = st.doc.as_ref().is_some_and(|d| {
+        let live = st.doc().is_some_and(|d| {
             d.is_current(&self.execution_id) && !d.is_terminal(&self.execution_id)
         });
         if !live {
@@ -157,13 +154,7 @@ impl ThreadHold {
     #[cfg(test)]
     pub async fn release(&self, last: LastRun) {
         let run_id = last.run_id.clone();
-        let thread_id = self
-            .slot
-            .lock()
-            .await
-            .doc
-            .as_ref()
-            .map(|d| d.thread_id.clone());
+        let thread_id = self.slot.lock().await.doc().map(|d| d.thread_id.clone());
         let _ = self
             .end_run(
                 &thread_id.unwrap_or_default(),
@@ -196,7 +187,7 @@ impl ThreadHold {
                 None => Ok(()),
             };
         }
-        let ended = st.doc.as_ref().is_some_and(|d| {
+        let ended = st.doc().is_some_and(|d| {
             d.is_current(&self.execution_id)
                 && !d.is_waiting()
                 && !d.is_terminal(&self.execution_id)
@@ -240,18 +231,14 @@ impl ThreadHold {
     /// [`ThreadHold::end_run`]).
     pub async fn free(&self, run_id: &str) {
         let mut st = self.slot.lock().await;
-        if st.hold() == self.hold && st.active.as_ref().is_some_and(|a| a.run_id == run_id) {
-            st.active = None;
+        if st.hold() == self.hold && st.active().is_some_and(|a| a.run_id == run_id) {
+            st.set_active(None);
         }
     }
 
     /// Within the run's hold, and the execution is the thread's current one.
     fn is_current(&self, st: &ThreadState) -> bool {
-        st.hold() == self.hold
-            && st
-                .doc
-                .as_ref()
-                .is_some_and(|d| d.is_current(&self.execution_id))
+        st.hold() == self.hold && st.doc().is_some_and(|d| d.is_current(&self.execution_id))
     }
 }
 
@@ -303,8 +290,7 @@ pub async fn read_thread<R>(
         .await
         .map_err(|_| ApiError::new(Code::StateUnavailable, msg::STATE_UNAVAILABLE))?;
     let doc = st
-        .doc
-        .as_ref()
+        .doc()
         .ok_or_else(|| ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND))?;
     Ok(read(&st, doc))
 }

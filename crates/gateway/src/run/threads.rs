@@ -58,8 +58,8 @@ pub enum Holder {
 #[derive(Debug, Default)]
 pub struct ThreadState {
     /// `None`: no binding yet (or not loaded).
-    pub doc: Option<ThreadDoc>,
-    pub active: Option<ActiveRun>,
+    doc: Option<ThreadDoc>,
+    active: Option<ActiveRun>,
     loaded: bool,
     /// Bumped whenever this instance's hold on the thread ends or begins anew (another instance
     /// took it, or this one took it over): a run admitted in an earlier hold writes nothing.
@@ -70,6 +70,21 @@ impl ThreadState {
     /// The hold a run admitted now belongs to.
     pub fn hold(&self) -> u64 {
         self.hold
+    }
+
+    /// The thread's document as this instance has it (`None`: no binding yet).
+    pub fn doc(&self) -> Option<&ThreadDoc> {
+        self.doc.as_ref()
+    }
+
+    /// The run of this instance that holds the thread.
+    pub fn active(&self) -> Option<&ActiveRun> {
+        self.active.as_ref()
+    }
+
+    /// A run takes the thread (admission), or lets it go (`None`).
+    pub(crate) fn set_active(&mut self, run: Option<ActiveRun>) {
+        self.active = run;
     }
 }
 
@@ -432,6 +447,17 @@ impl Threads {
 
     /// Makes `next` the thread's document: durable first, then in memory, so a failed save
     /// changes nothing.
+    /// Deletes the thread from the store (see `ThreadStore::delete_thread`) and forgets it here:
+    /// whether there was one to delete.
+    pub async fn delete(&self, st: &mut ThreadState, thread_id: &str) -> Result<bool, StoreError> {
+        if !self.store.delete_thread(thread_id).await? {
+            return Ok(false);
+        }
+        st.doc = None;
+        self.store.forget(thread_id);
+        Ok(true)
+    }
+
     pub async fn store_doc(&self, st: &mut ThreadState, next: ThreadDoc) -> Result<(), StoreError> {
         self.store.save(&next).await?;
         self.account(st.doc.as_ref(), &next);

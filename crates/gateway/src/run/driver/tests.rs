@@ -238,7 +238,7 @@ async fn a_client_that_goes_away_cancels_the_task_once_known() {
     let slot = h.rt.threads().slot("t1");
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        if slot.lock().await.active.is_none() {
+        if slot.lock().await.active().is_none() {
             break;
         }
         assert!(

@@ -67,12 +67,12 @@ async fn held(waiting: bool) -> (Arc<Memory>, Arc<Threads>, ThreadHold) {
     let slot = threads.slot("thread-1");
     let hold = {
         let mut st = threads.lock(&slot, "thread-1").await.unwrap();
-        st.active = Some(ActiveRun {
+        st.set_active(Some(ActiveRun {
             run_id: "run-1".into(),
             since_ms: 0,
             execution_id: "exec-0".into(),
             control: Arc::new(RunControl::default()),
-        });
+        }));
         st.hold()
     };
     let h = ThreadHold::new(threads.clone(), slot, hold, "exec-0".into());
@@ -203,7 +203,7 @@ async fn release_records_the_run_and_ends_an_execution_that_waits_for_nothing() 
     );
     assert!(doc.is_terminal("exec-0"));
     let slot = threads.slot("thread-1");
-    assert!(slot.lock().await.active.is_none(), "the thread is free");
+    assert!(slot.lock().await.active().is_none(), "the thread is free");
 }
 
 #[tokio::test]
@@ -235,7 +235,7 @@ async fn reading_a_thread_that_does_not_exist_is_not_found() {
 async fn a_runs_end_is_written_before_the_thread_is_free() {
     let (store, threads, h) = held(false).await;
     let slot = threads.slot("thread-1");
-    let active = || async { slot.lock().await.active.as_ref().map(|a| a.run_id.clone()) };
+    let active = || async { slot.lock().await.active().map(|a| a.run_id.clone()) };
     let run_id = active().await.expect("the run holds the thread");
     let mut ended = last(RunOutcome::Success);
     ended.run_id = run_id.clone();
