@@ -21,7 +21,6 @@ pub mod health;
 pub mod history;
 pub mod hosts;
 pub mod i18n;
-pub mod latch;
 pub mod limits;
 pub mod mapping;
 pub mod observe;

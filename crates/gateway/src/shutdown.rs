@@ -7,25 +7,25 @@
 
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
-use crate::latch::Latch;
+use tokio_util::sync::CancellationToken;
 
 /// The drain signal. Set once, never cleared.
 #[derive(Debug, Default)]
-pub struct Shutdown(Latch);
+pub struct Shutdown(CancellationToken);
 
 impl Shutdown {
     /// Starts draining; every waiter wakes.
     pub fn begin(&self) {
-        self.0.set();
+        self.0.cancel();
     }
 
     pub fn is_draining(&self) -> bool {
-        self.0.is_set()
+        self.0.is_cancelled()
     }
 
-    /// Resolves once draining has begun (see [`Latch::wait`]).
+    /// Resolves once draining has begun (at once when it has).
     pub async fn drained(&self) {
-        self.0.wait().await
+        self.0.cancelled().await
     }
 }
 

@@ -26,7 +26,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 
 use super::replay::{Attached, RunEvents};
-use crate::latch::Latch;
+use tokio_util::sync::CancellationToken;
 use crate::telemetry::Metrics;
 
 /// Bytes of frames a stopping run keeps for its client beyond the channel (the spans it closes
@@ -50,9 +50,9 @@ pub trait Stop: Send + Sync {
     fn wait(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
-impl Stop for Latch {
+impl Stop for CancellationToken {
     fn wait(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(Latch::wait(self))
+        Box::pin(self.cancelled())
     }
 }
 
@@ -461,12 +461,12 @@ mod tests {
 
     const STALL: Duration = Duration::from_secs(5);
 
-    /// A sink of `capacity` frames with the stall timeout [`STALL`], stopped by the latch.
+    /// A sink of `capacity` frames with the stall timeout [`STALL`], stopped by the token.
     fn sink(
         capacity: usize,
         replay: Option<Arc<RunEvents>>,
-    ) -> (Sink, mpsc::Receiver<Bytes>, Arc<Latch>) {
-        let stop = Arc::new(Latch::default());
+    ) -> (Sink, mpsc::Receiver<Bytes>, Arc<CancellationToken>) {
+        let stop = Arc::new(CancellationToken::new());
         let (sink, rx) = Sink::new(
             capacity,
             STALL,
@@ -548,7 +548,7 @@ mod tests {
         let stopper = stop.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            stopper.set();
+            stopper.cancel();
         });
         s.emit_text_content("m", "b").await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_secs(1));
@@ -573,7 +573,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_client_too_far_behind_a_stopping_run_is_cut_off() {
         let (mut s, mut rx, stop) = sink(1, None);
-        stop.set();
+        stop.cancel();
         let delta = "x".repeat(1024);
         for _ in 0..(BACKLOG_BYTES / 1024 + 8) {
             s.emit_text_content("m", &delta).await.unwrap();
@@ -592,7 +592,7 @@ mod tests {
             STALL + Duration::from_secs(1),
         ] {
             let (mut s, mut rx, stop) = sink(1, None);
-            stop.set();
+            stop.cancel();
             s.emit_text_content("m", "a").await.unwrap();
             s.emit_text_content("m", "b").await.unwrap();
             drop(s);

@@ -8,30 +8,31 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use tokio_util::sync::CancellationToken;
+
 use super::metered::Metered;
-use crate::latch::Latch;
 use crate::store::{Admission, Claim, Decide, Peer, StoreError, ThreadDoc};
 use crate::telemetry::{InterruptEvent, Metrics};
 
 /// Controls of an active run, shared with the cancellation extension.
 #[derive(Debug, Default)]
 pub struct RunControl {
-    cancel: Latch,
+    cancel: CancellationToken,
 }
 
 impl RunControl {
     /// Asks the run to stop and cancel its task (as soon as the kernel names it).
     pub fn request_cancel(&self) {
-        self.cancel.set();
+        self.cancel.cancel();
     }
 
     pub fn is_cancel_requested(&self) -> bool {
-        self.cancel.is_set()
+        self.cancel.is_cancelled()
     }
 
-    /// Resolves once cancellation is requested (see [`Latch::wait`]).
+    /// Resolves once cancellation is requested (at once when it was).
     pub async fn cancelled(&self) {
-        self.cancel.wait().await
+        self.cancel.cancelled().await
     }
 }
 

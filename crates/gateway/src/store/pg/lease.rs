@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::latch::Latch;
+use tokio_util::sync::CancellationToken;
 
 /// The lapse of a lease, as the runs of its time see it.
 #[derive(Debug, Default)]
 pub struct Lapse {
-    latch: Latch,
+    token: CancellationToken,
     /// Noticed only after the whole TTL had passed (the process was stopped, say): another
     /// instance may hold its threads by now, so nothing may be done in their name (their kernel
     /// tasks are not cancelled). A lapse noticed in time (the database unreachable) leaves no
@@ -25,11 +25,11 @@ pub struct Lapse {
 
 impl Lapse {
     pub async fn wait(&self) {
-        self.latch.wait().await
+        self.token.cancelled().await
     }
 
     pub fn is_set(&self) -> bool {
-        self.latch.is_set()
+        self.token.is_cancelled()
     }
 
     pub fn is_late(&self) -> bool {
@@ -118,12 +118,12 @@ impl Lease {
     /// whether this call did.
     pub fn check(&self) -> bool {
         let l = self.lapsed.lock().unwrap_or_else(|e| e.into_inner());
-        // Under the lock: a renewal that lands meanwhile replaces the latch only once it holds.
+        // Under the lock: a renewal that lands meanwhile replaces the lapse only once it holds.
         if l.is_set() || self.holds() {
             return false;
         }
         l.late.store(self.is_late(), Ordering::SeqCst);
-        l.latch.set();
+        l.token.cancel();
         true
     }
 

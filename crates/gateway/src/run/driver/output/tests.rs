@@ -35,7 +35,7 @@ fn output(dialect: Dialect, replay: Option<Arc<RunEvents>>) -> (Output, mpsc::Re
     let (sink, rx) = Sink::new(
         64,
         Duration::from_secs(60),
-        Arc::new(crate::latch::Latch::default()),
+        Arc::new(tokio_util::sync::CancellationToken::new()),
         Arc::new(SystemClock),
         replay,
         Arc::new(Metrics::new()),
