@@ -9,6 +9,9 @@
 //! (`CUSTOM.value`, interrupt `metadata`, `ACTIVITY_SNAPSHOT.content`) are kept.
 #![forbid(unsafe_code)]
 
+mod code;
+pub use code::Code;
+
 use serde::Serialize;
 use serde_json::Value;
 

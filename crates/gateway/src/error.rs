@@ -15,141 +15,70 @@ use crate::i18n::{self, Lang};
 /// leave, short enough that a client waiting on it loses little.
 pub const RETRY_AFTER_SECS: u32 = 5;
 
-/// Every error code the gateway emits. The book lists each in its errors page
-/// (`docs/src/reference/errors.md`; a test checks).
-/// Its serde name is its wire name (a thread document records the code a run ended with).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    strum::VariantArray,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Code {
-    Unauthorized,
-    UnsupportedMediaType,
-    RequestTooLarge,
-    InvalidJson,
-    InvalidInput,
-    DuplicateRunId,
-    RunIdConflict,
-    ThreadBusy,
-    ThreadBindingConflict,
-    ResumeRequired,
-    ExecutionLost,
-    StateUnavailable,
-    ExecutionNotFound,
-    IncompleteResume,
-    UnknownInterrupt,
-    ResumePayloadInvalid,
-    ResumeAlreadyApplied,
-    ExecutionExpired,
-    SessionBackupNotReady,
-    StatePersistenceFailed,
-    A2aUnavailable,
-    A2aProtocolError,
-    A2aExecutionFailed,
-    Cancelled,
-    ThreadNotFound,
-    RunNotFound,
-    RunEventsGone,
-    TooManyRuns,
-    TooManyReaders,
-    TooManyGuidanceRuns,
-    HostNotAllowed,
-    BodyTimeout,
-    UserMismatch,
-    ThreadIdTaken,
-    ThreadExecutionOpen,
-    ExecutionIdentityChanged,
-    ExecutionFailed,
+pub use agui::Code;
+
+/// The HTTP face of a code: the status of a refusal answered before the SSE stream, and when a
+/// client should ask again.
+pub trait Status {
+    /// The HTTP status used when this error is answered before the SSE stream. Codes that only
+    /// occur inside a stream (`RUN_ERROR`) carry the status they would have if a future path
+    /// answered them over HTTP. A match, so a code without its row does not compile.
+    fn status(self) -> StatusCode;
+    /// Seconds a client should wait before it asks again (`Retry-After`): the refusals at a
+    /// bound on concurrent work, which a slot freeing up lifts.
+    fn retry_after(self) -> Option<u32>;
 }
 
-impl Code {
-    /// The contract: code → wire name → HTTP status when it is answered before the SSE stream.
-    /// Codes that only occur inside a stream (`RUN_ERROR`) carry the status they would have if a
-    /// future path answered them over HTTP. A match, so a code without its row does not compile.
-    const fn row(self) -> (&'static str, StatusCode) {
+impl Status for Code {
+    fn status(self) -> StatusCode {
         match self {
-            Code::Unauthorized => ("UNAUTHORIZED", StatusCode::UNAUTHORIZED),
-            Code::UnsupportedMediaType => {
-                ("UNSUPPORTED_MEDIA_TYPE", StatusCode::UNSUPPORTED_MEDIA_TYPE)
-            }
-            Code::RequestTooLarge => ("REQUEST_TOO_LARGE", StatusCode::PAYLOAD_TOO_LARGE),
-            Code::InvalidJson => ("INVALID_JSON", StatusCode::BAD_REQUEST),
-            Code::InvalidInput => ("INVALID_INPUT", StatusCode::BAD_REQUEST),
-            Code::DuplicateRunId => ("DUPLICATE_RUN_ID", StatusCode::CONFLICT),
-            Code::RunIdConflict => ("RUN_ID_CONFLICT", StatusCode::CONFLICT),
-            Code::ThreadBusy => ("THREAD_BUSY", StatusCode::CONFLICT),
-            Code::ThreadExecutionOpen => ("THREAD_EXECUTION_OPEN", StatusCode::CONFLICT),
-            Code::ThreadBindingConflict => ("THREAD_BINDING_CONFLICT", StatusCode::CONFLICT),
-            Code::ResumeRequired => ("RESUME_REQUIRED", StatusCode::CONFLICT),
-            Code::ExecutionLost => ("EXECUTION_LOST", StatusCode::CONFLICT),
-            Code::StateUnavailable => ("STATE_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE),
-            Code::ExecutionNotFound => ("EXECUTION_NOT_FOUND", StatusCode::NOT_FOUND),
-            Code::IncompleteResume => ("INCOMPLETE_RESUME", StatusCode::CONFLICT),
-            Code::UnknownInterrupt => ("UNKNOWN_INTERRUPT", StatusCode::CONFLICT),
-            Code::ResumePayloadInvalid => ("RESUME_PAYLOAD_INVALID", StatusCode::BAD_REQUEST),
-            Code::ResumeAlreadyApplied => ("RESUME_ALREADY_APPLIED", StatusCode::CONFLICT),
-            Code::ExecutionExpired => ("EXECUTION_EXPIRED", StatusCode::CONFLICT),
-            Code::SessionBackupNotReady => {
-                ("SESSION_BACKUP_NOT_READY", StatusCode::SERVICE_UNAVAILABLE)
-            }
-            Code::StatePersistenceFailed => {
-                ("STATE_PERSISTENCE_FAILED", StatusCode::SERVICE_UNAVAILABLE)
-            }
-            Code::A2aUnavailable => ("A2A_UNAVAILABLE", StatusCode::SERVICE_UNAVAILABLE),
-            Code::A2aProtocolError => ("A2A_PROTOCOL_ERROR", StatusCode::BAD_GATEWAY),
-            Code::A2aExecutionFailed => ("A2A_EXECUTION_FAILED", StatusCode::BAD_GATEWAY),
-            Code::Cancelled => ("CANCELLED", StatusCode::CONFLICT),
-            Code::ThreadNotFound => ("THREAD_NOT_FOUND", StatusCode::NOT_FOUND),
-            Code::RunNotFound => ("RUN_NOT_FOUND", StatusCode::NOT_FOUND),
-            Code::RunEventsGone => ("RUN_EVENTS_GONE", StatusCode::GONE),
-            Code::TooManyRuns => ("TOO_MANY_RUNS", StatusCode::SERVICE_UNAVAILABLE),
-            Code::TooManyReaders => ("TOO_MANY_READERS", StatusCode::TOO_MANY_REQUESTS),
-            Code::TooManyGuidanceRuns => ("TOO_MANY_GUIDANCE_RUNS", StatusCode::TOO_MANY_REQUESTS),
-            Code::HostNotAllowed => ("HOST_NOT_ALLOWED", StatusCode::MISDIRECTED_REQUEST),
-            Code::BodyTimeout => ("BODY_TIMEOUT", StatusCode::REQUEST_TIMEOUT),
-            Code::UserMismatch => ("USER_MISMATCH", StatusCode::FORBIDDEN),
-            Code::ThreadIdTaken => ("THREAD_ID_TAKEN", StatusCode::CONFLICT),
-            Code::ExecutionIdentityChanged => ("EXECUTION_IDENTITY_CHANGED", StatusCode::CONFLICT),
-            // An observed task that failed (the observer's `RUN_ERROR`, as upstream names it).
-            Code::ExecutionFailed => ("EXECUTION_FAILED", StatusCode::BAD_GATEWAY),
+            Code::Unauthorized => StatusCode::UNAUTHORIZED,
+            Code::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Code::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Code::InvalidJson => StatusCode::BAD_REQUEST,
+            Code::InvalidInput => StatusCode::BAD_REQUEST,
+            Code::DuplicateRunId => StatusCode::CONFLICT,
+            Code::RunIdConflict => StatusCode::CONFLICT,
+            Code::ThreadBusy => StatusCode::CONFLICT,
+            Code::ThreadExecutionOpen => StatusCode::CONFLICT,
+            Code::ThreadBindingConflict => StatusCode::CONFLICT,
+            Code::ResumeRequired => StatusCode::CONFLICT,
+            Code::ExecutionLost => StatusCode::CONFLICT,
+            Code::StateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::ExecutionNotFound => StatusCode::NOT_FOUND,
+            Code::IncompleteResume => StatusCode::CONFLICT,
+            Code::UnknownInterrupt => StatusCode::CONFLICT,
+            Code::ResumePayloadInvalid => StatusCode::BAD_REQUEST,
+            Code::ResumeAlreadyApplied => StatusCode::CONFLICT,
+            Code::ExecutionExpired => StatusCode::CONFLICT,
+            Code::SessionBackupNotReady => StatusCode::SERVICE_UNAVAILABLE,
+            Code::StatePersistenceFailed => StatusCode::SERVICE_UNAVAILABLE,
+            Code::A2aUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::A2aProtocolError => StatusCode::BAD_GATEWAY,
+            Code::A2aExecutionFailed => StatusCode::BAD_GATEWAY,
+            Code::Cancelled => StatusCode::CONFLICT,
+            Code::ThreadNotFound => StatusCode::NOT_FOUND,
+            Code::RunNotFound => StatusCode::NOT_FOUND,
+            Code::RunEventsGone => StatusCode::GONE,
+            Code::TooManyRuns => StatusCode::SERVICE_UNAVAILABLE,
+            Code::TooManyReaders => StatusCode::TOO_MANY_REQUESTS,
+            Code::TooManyGuidanceRuns => StatusCode::TOO_MANY_REQUESTS,
+            Code::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
+            Code::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Code::UserMismatch => StatusCode::FORBIDDEN,
+            Code::ThreadIdTaken => StatusCode::CONFLICT,
+            Code::ExecutionIdentityChanged => StatusCode::CONFLICT,
+            Code::ExecutionFailed => StatusCode::BAD_GATEWAY,
         }
     }
 
-    /// The wire name (`THREAD_BUSY`, …).
-    pub const fn as_str(self) -> &'static str {
-        self.row().0
-    }
-
-    /// The HTTP status used when this error is answered before the SSE stream.
-    pub const fn status(self) -> StatusCode {
-        self.row().1
-    }
-
-    /// Seconds a client should wait before it asks again (`Retry-After`): the refusals at a
-    /// bound on concurrent work, which a slot freeing up lifts.
-    pub const fn retry_after(self) -> Option<u32> {
+    fn retry_after(self) -> Option<u32> {
         match self {
             Code::TooManyRuns | Code::TooManyReaders | Code::TooManyGuidanceRuns => {
                 Some(RETRY_AFTER_SECS)
             }
             _ => None,
         }
-    }
-
-    /// The code of a wire name (`THREAD_BUSY` → [`Code::ThreadBusy`]), as stored or received.
-    pub fn from_wire(name: &str) -> Option<Code> {
-        <Code as strum::VariantArray>::VARIANTS
-            .iter()
-            .copied()
-            .find(|c| c.as_str() == name)
     }
 }
 
@@ -349,26 +278,17 @@ mod tests {
     }
 
     #[test]
-    fn names_are_unique_and_round_trip() {
+    fn every_code_has_an_error_status() {
         let mut names = std::collections::HashSet::new();
         for &code in all() {
             let name = code.as_str();
             assert!(names.insert(name), "duplicate {name}");
-            assert_eq!(Code::from_wire(name), Some(code));
-            assert_eq!(serde_json::to_value(code).ok(), Some(name.into()));
-            assert!(
-                name.bytes()
-                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'),
-                "{name}"
-            );
             assert!(
                 code.status().is_client_error() || code.status().is_server_error(),
                 "{name}"
             );
         }
         assert_eq!(names.len(), 37);
-        assert_eq!(Code::from_wire("thread_busy"), None);
-        assert_eq!(Code::from_wire(""), None);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);
         assert_eq!(Code::StateUnavailable.status().as_u16(), 503);
         assert_eq!(Code::ExecutionNotFound.status().as_u16(), 404);

@@ -98,7 +98,7 @@ mod tests {
         assert_eq!(run_user(&user("a"), Some("a")), Ok(Some("a".into())));
         let e = run_user(&user("a"), Some("b")).unwrap_err();
         assert_eq!(e.code, Code::UserMismatch);
-        assert_eq!(e.code.status().as_u16(), 403);
+        assert_eq!(crate::error::Status::status(e.code).as_u16(), 403);
         // Without a user, the request names whom it likes (as before).
         assert_eq!(run_user(&Caller::OPEN, Some("b")), Ok(Some("b".into())));
         assert_eq!(run_user(&Caller::OPEN, None), Ok(None));

@@ -26,8 +26,8 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 
 use super::replay::{Attached, RunEvents};
-use tokio_util::sync::CancellationToken;
 use crate::telemetry::Metrics;
+use tokio_util::sync::CancellationToken;
 
 /// Bytes of frames a stopping run keeps for its client beyond the channel (the spans it closes
 /// and its terminal event fit many times); a client further behind than this is cut off.
