@@ -7,13 +7,13 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::{self, AppState};
-use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Env};
 use crate::run::Runtime;
 use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::Metrics;
 use crate::urls;
+use clock::{Clock, SystemClock};
 use kernel::{ChildSpec, Kernel, Launch, Pool};
 
 /// Options for building a runtime (tests inject the store, clock and kernel).
@@ -227,8 +227,7 @@ fn listener_tls(
     let Some(pair) = pair else {
         return Ok(None);
     };
-    let reloading =
-        crate::tls::Reloading::load(&pair.cert, &pair.key).map_err(std::io::Error::other)?;
+    let reloading = tls::Reloading::load(&pair.cert, &pair.key).map_err(std::io::Error::other)?;
     reloading.spawn_watch();
     reloading
         .acceptor()

@@ -124,7 +124,7 @@ fn main() {
         }
         // A certificate that cannot be served stops the start, naming the file.
         for pair in [&cfg.tls, &cfg.metrics_tls].into_iter().flatten() {
-            if let Err(e) = iac_code_agui::tls::Reloading::load(&pair.cert, &pair.key) {
+            if let Err(e) = tls::Reloading::load(&pair.cert, &pair.key) {
                 eprintln!("{e}");
                 return 1;
             }

@@ -90,7 +90,7 @@ pub struct ConnectionCap {
 /// returns once all are gone. A connection whose writes make no progress for `stall` is closed.
 /// With `cap`, no more than `cap.max` connections are open at once (see the module's comment).
 /// With `tls`, each connection first completes a TLS handshake within
-/// [`crate::tls::HANDSHAKE_TIMEOUT`], on its own task (a slow handshake holds its connection's
+/// [`tls::HANDSHAKE_TIMEOUT`], on its own task (a slow handshake holds its connection's
 /// slot, never the accept loop).
 pub async fn serve(
     listener: TcpListener,
@@ -160,8 +160,7 @@ pub async fn serve(
         let (acceptor, builder) = (acceptor.clone(), builder.clone());
         let watcher = shutdown.watcher();
         tokio::spawn(async move {
-            let handshake =
-                tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, acceptor.accept(io));
+            let handshake = tokio::time::timeout(tls::HANDSHAKE_TIMEOUT, acceptor.accept(io));
             let stream = match handshake.await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {

@@ -20,7 +20,6 @@ use tokio::sync::mpsc;
 
 use crate::auth::access::{self, EVENTS_ROUTE, THREAD_ROUTE};
 use crate::auth::Caller;
-use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
 use crate::mapping::interrupt;
 use crate::run::hold::read_thread;
@@ -28,6 +27,7 @@ use crate::run::replay::{Attached, Batch, RunEvents};
 use crate::run::{sink, Runtime, ThreadState};
 use crate::store::ThreadDoc;
 use crate::telemetry::Limit;
+use clock::rfc3339_ms;
 
 /// A `Last-Event-ID` or `after` that is not an event id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -45,7 +45,7 @@ impl Forwarding {
     pub fn tls(&self, cluster_ca: Option<&std::path::Path>) -> Option<Arc<rustls::ClientConfig>> {
         self.tls
             .get_or_init(|| {
-                crate::tls::client(cluster_ca, "--cluster-ca")
+                tls::client(cluster_ca, "--cluster-ca")
                     .inspect_err(|e| tracing::error!(error = %e, "no TLS client for forwards"))
                     .ok()
             })

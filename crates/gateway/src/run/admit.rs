@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use crate::auth::access;
-use crate::clock::rfc3339_ms;
 use crate::error::{msg, ApiError, Code};
 use crate::limits::GuidanceSlot;
 use crate::store::{RunMark, ThreadDoc};
 use crate::validate::RunMode;
+use clock::rfc3339_ms;
 
 use super::decide::admission::{self, Ask};
 pub use super::decide::admission::{Mode, Orphan};

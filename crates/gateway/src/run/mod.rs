@@ -27,12 +27,12 @@ mod threads;
 use std::sync::Arc;
 
 use crate::auth::Caller;
-use crate::clock::Clock;
 use crate::config::{Config, Env};
 use crate::limits::Limits;
 use crate::shutdown::{Activity, Shutdown};
 use crate::store::ThreadStore;
 use crate::telemetry::Metrics;
+use clock::Clock;
 use kernel::Pool;
 
 pub use decide::admission::context_id;

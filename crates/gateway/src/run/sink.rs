@@ -146,7 +146,7 @@ pub struct Sink {
     /// Frames of a stopping run not yet in the channel, and their bytes; `None` once the client
     /// was cut off (it fell further behind than [`BACKLOG_BYTES`]).
     backlog: Option<(VecDeque<Bytes>, usize)>,
-    clock: Arc<dyn crate::clock::Clock>,
+    clock: Arc<dyn clock::Clock>,
     buf: Vec<u8>,
     /// The id of the last event sent.
     last_id: u64,
@@ -162,7 +162,7 @@ impl Sink {
         capacity: usize,
         stall: Duration,
         stop: Arc<dyn Stop>,
-        clock: Arc<dyn crate::clock::Clock>,
+        clock: Arc<dyn clock::Clock>,
         replay: Option<Arc<RunEvents>>,
         metrics: Arc<Metrics>,
     ) -> (Sink, mpsc::Receiver<Bytes>) {
@@ -471,7 +471,7 @@ mod tests {
             capacity,
             STALL,
             stop.clone(),
-            Arc::new(crate::clock::SystemClock),
+            Arc::new(clock::SystemClock),
             replay,
             Arc::new(Metrics::new()),
         );

@@ -291,7 +291,7 @@ impl FileStore {
             let Some(doc) = self.load_blocking(thread_id)? else {
                 return Ok(None);
             };
-            self.index.saved(&doc, &crate::clock::rfc3339_ms(now_ms()));
+            self.index.saved(&doc, &clock::rfc3339_ms(now_ms()));
         }
         let Some(summary) = self.index.patched(thread_id, patch) else {
             return Ok(None);
@@ -497,7 +497,7 @@ impl ThreadStore for FileStore {
                 .append_carrying(id.clone(), add, Some(bytes.clone()))
                 .await;
             // After the append's (its time is the run's end, this one's later).
-            store.index.saved(&doc, &crate::clock::rfc3339_ms(now_ms()));
+            store.index.saved(&doc, &clock::rfc3339_ms(now_ms()));
             // Not queued with the lines (none were), or the journal failed: saved on its own.
             let saved = match durable {
                 true => Ok(()),
@@ -580,7 +580,7 @@ impl ThreadStore for FileStore {
             Ok(b) => Arc::new(b),
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
-        self.index.saved(doc, &crate::clock::rfc3339_ms(now_ms()));
+        self.index.saved(doc, &clock::rfc3339_ms(now_ms()));
         self.save_bytes(doc.thread_id.clone(), bytes)
     }
 

@@ -13,8 +13,8 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::clock::rfc3339_ms;
-use crate::clock::{Clock, SystemClock};
+use clock::rfc3339_ms;
+use clock::{Clock, SystemClock};
 
 /// Keys the line itself sets; a field of the same name does not replace them.
 const RESERVED: [&str; 4] = ["timestamp", "level", "target", "message"];

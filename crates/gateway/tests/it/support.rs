@@ -4,9 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clock::Clock;
 use iac_code_agui::api::AppState;
 use iac_code_agui::app::{self, Options};
-use iac_code_agui::clock::Clock;
 use iac_code_agui::config::Env;
 use iac_code_agui::config::{Caps, Config};
 use iac_code_agui::store::{BoxFuture, StoreError, ThreadDoc, ThreadStore};

@@ -607,7 +607,7 @@ mod tests {
             required: vec![required("a"), required("n")],
             ..TaskView::default()
         };
-        let exp = crate::clock::rfc3339_ms(NOW);
+        let exp = clock::rfc3339_ms(NOW);
         let p = plan(&doc, &[allow("a")], more.clone(), Some(&exp)).unwrap();
         assert_eq!(p.pending.len(), 2);
         assert_eq!(p.pending[1].1.expires_at.as_deref(), Some(exp.as_str()));

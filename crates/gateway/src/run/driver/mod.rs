@@ -34,12 +34,12 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tracing::Instrument as _;
 
-use crate::clock::rfc3339_ms;
 use crate::error::{msg, Code};
 use crate::limits::RunSlot;
 use crate::mapping::{interrupt, Mapper};
 use crate::store::{Lapse, LastRun, ThreadDoc};
 use crate::telemetry::observer::with_incoming;
+use clock::rfc3339_ms;
 
 use super::admit::{Admitted, Mode};
 use super::hold::{ThreadHold, Unsaved};

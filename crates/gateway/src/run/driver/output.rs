@@ -15,7 +15,6 @@ use std::sync::Arc;
 
 use agui::{Dialect, Event, Outcome};
 
-use crate::clock::{rfc3339_ms, Clock};
 use crate::error::{msg, Code};
 use crate::i18n::{self, Lang};
 use crate::mapping::Mapper;
@@ -23,6 +22,7 @@ use crate::run::record::Recorder;
 use crate::run::sink::{GoneSignal, Sink};
 use crate::store::TranscriptAppend;
 use crate::telemetry::RunOutcome;
+use clock::{rfc3339_ms, Clock};
 
 use super::end::{is_cancelled_outcome, Ending, Flow};
 

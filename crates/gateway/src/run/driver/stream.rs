@@ -258,7 +258,7 @@ impl Driver {
         let ttl = self.rt.cfg().interrupt_ttl_secs;
         (ttl > 0).then(|| {
             let ms = i64::try_from(ttl).unwrap_or(i64::MAX).saturating_mul(1000);
-            crate::clock::rfc3339_ms(self.rt.now_ms().saturating_add(ms))
+            clock::rfc3339_ms(self.rt.now_ms().saturating_add(ms))
         })
     }
 

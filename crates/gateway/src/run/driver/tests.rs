@@ -9,13 +9,13 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::clock::SystemClock;
 use crate::config::{Config, Env};
 use crate::i18n::Lang;
 use crate::run::admit::{admit, RunRequest};
 use crate::store::FileStore;
 use crate::telemetry::{Metrics, RunOutcome};
 use crate::validate::{content, envelope, props};
+use clock::SystemClock;
 use kernel::{Kernel, Pool};
 
 struct Harness {

@@ -73,7 +73,7 @@ pub fn client_config(mode: Mode, ca_file: Option<&Path>) -> Result<rustls::Clien
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS to the state database: {e}"))?;
-    let roots = Arc::new(crate::tls::roots(ca_file, "--state-ca-file")?);
+    let roots = Arc::new(tls::roots(ca_file, "--state-ca-file")?);
     let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
         .build()
         .map_err(|e| format!("TLS to the state database: {e}"))?;

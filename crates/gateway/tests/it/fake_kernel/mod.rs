@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iac_code_agui::clock::OffsetClock;
+use clock::OffsetClock;
 use iac_code_agui::store::FileStore;
 
 use crate::support::FaultyStore;
