@@ -9,12 +9,12 @@ use tokio::sync::watch;
 use crate::api::{self, AppState};
 use crate::config::{Config, Env};
 use crate::run::Runtime;
-use crate::store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::Metrics;
 use crate::urls;
 use clock::{Clock, SystemClock};
 use kernel::{ChildSpec, Kernel, Launch, Pool};
+use store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
 
 /// Options for building a runtime (tests inject the store, clock and kernel).
 pub struct Options {

@@ -15,9 +15,12 @@ use crate::auth::access::{AGENTS_STATE_ROUTE, MESSAGES_ROUTE};
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::run::Runtime;
-use crate::store::listing::{self, Cursor, ListQuery};
 use crate::threads_api::read_theirs;
-use crate::transcript::{DEFAULT_PAGE, MAX_PAGE};
+use store::listing::{self, Cursor, ListQuery};
+
+/// The most messages one page of a transcript holds, and its default.
+const MAX_PAGE: usize = 200;
+const DEFAULT_PAGE: usize = 50;
 
 /// Where a page ends and how long it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

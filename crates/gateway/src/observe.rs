@@ -39,8 +39,8 @@ use crate::limits::RunSlot;
 use crate::mapping::{interrupt, Mapper};
 use crate::run::sink::{Sink, Stop};
 use crate::run::Runtime;
-use crate::store::ThreadDoc;
 use crate::threads_api::read_theirs;
+use store::ThreadDoc;
 
 /// How long the kernel may take to show the task before the stream starts.
 const GET_TASK_WAIT: Duration = Duration::from_secs(30);
@@ -454,7 +454,7 @@ impl Observer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Execution, PendingEntry};
+    use store::{Execution, PendingEntry};
 
     fn body(v: Value) -> Map<String, Value> {
         v.as_object().unwrap().clone()

@@ -139,17 +139,6 @@ pub fn resolve(p: &Path) -> io::Result<PathBuf> {
     Ok(result)
 }
 
-/// CON, PRN, AUX, NUL, COM1–9, LPT1–9.
-pub fn is_reserved_windows_name(upper: &str) -> bool {
-    if matches!(upper, "CON" | "PRN" | "AUX" | "NUL") {
-        return true;
-    }
-    let b = upper.as_bytes();
-    b.len() == 4
-        && (upper.starts_with("COM") || upper.starts_with("LPT"))
-        && (b'1'..=b'9').contains(&b[3])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,8 +14,8 @@ use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::run::hold::check_thread_id;
 use crate::run::Runtime;
-use crate::store::listing::{self, ThreadPatch, ThreadSummary};
 use crate::threads_api::read_theirs;
+use store::listing::{self, ThreadPatch, ThreadSummary};
 
 /// The largest `PATCH` body read.
 pub const PATCH_BODY_LIMIT: usize = 4 * 1024;

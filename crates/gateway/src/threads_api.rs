@@ -25,9 +25,9 @@ use crate::mapping::interrupt;
 use crate::run::hold::read_thread;
 use crate::run::replay::{Attached, Batch, RunEvents};
 use crate::run::{sink, Runtime, ThreadState};
-use crate::store::ThreadDoc;
 use crate::telemetry::Limit;
 use clock::rfc3339_ms;
+use store::ThreadDoc;
 
 /// A `Last-Event-ID` or `after` that is not an event id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,7 +334,7 @@ mod tests {
     #[test]
     fn a_run_whose_end_is_written_is_the_last_run_not_the_active_one() {
         use crate::run::{ActiveRun, RunControl};
-        use crate::store::{Execution, LastRun, RunMark};
+        use store::{Execution, LastRun, RunMark};
         let mut doc = ThreadDoc::new("t", "ctx", "/w", None, Execution::new("e", "inv"));
         let mut st = ThreadState::default();
         st.set_active(Some(ActiveRun {

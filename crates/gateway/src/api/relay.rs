@@ -14,7 +14,7 @@ use crate::error::{msg, ApiError, Code};
 use crate::forward;
 use crate::i18n::Lang;
 use crate::run::{Holder, Runtime};
-use crate::store::Peer;
+use store::Peer;
 
 /// A request as it goes to the thread's holder.
 pub(super) struct Outgoing<'a> {

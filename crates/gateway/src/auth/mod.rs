@@ -65,7 +65,7 @@ impl Caller {
     }
 
     /// Whether this caller may touch a thread owned by `owner` (see
-    /// [`crate::store::ThreadDoc::owner_or_user`]): a caller without a user (no authentication,
+    /// [`store::ThreadDoc::owner_or_user`]): a caller without a user (no authentication,
     /// the service token acting for nobody) any thread; a user only their own.
     pub fn may_touch(&self, owner: Option<&str>) -> bool {
         match &self.user {

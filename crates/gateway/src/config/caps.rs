@@ -44,7 +44,7 @@ impl Default for Caps {
             // Guidance is a person steering a running pipeline: one or two at a time.
             max_guidance_per_thread: 4,
             // A long conversation with its tool calls (each message within 64 KiB of text).
-            transcript_limit: crate::transcript::DEFAULT_LIMIT,
+            transcript_limit: 1000,
         }
     }
 }

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use super::layers::Counted;
 use super::LogFormat;
-use crate::store::pg_tls;
 use crate::urls;
 use kernel::environment;
+use store::pg_tls;
 
 pub(super) const PORT: &str = "--port must be between 1 and 65535.";
 pub(super) const INTERRUPT_TTL: &str = "--interrupt-ttl must be a non-negative integer.";

@@ -54,7 +54,7 @@ impl Forwarding {
 }
 
 use crate::auth::Caller;
-use crate::store::Peer;
+use store::Peer;
 
 /// The mark of a forwarded request (its value: the forwarding instance's id).
 pub const FORWARDED: &str = "x-iac-code-agui-forwarded-by";

@@ -20,7 +20,7 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use super::{send, Dest, Unreachable};
-use crate::store::Peer;
+use store::Peer;
 
 /// How long a proven peer is trusted without asking again.
 pub const PROVEN_FOR: Duration = Duration::from_secs(60);

@@ -5,7 +5,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::msg;
 use crate::i18n::{self, Lang};
-use crate::store::doc_project_input;
+use store::doc_project_input;
 
 /// A required input found in a kernel item.
 #[derive(Debug, Clone, PartialEq)]

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use crate::auth::access;
 use crate::error::{msg, ApiError, Code};
 use crate::limits::GuidanceSlot;
-use crate::store::{RunMark, ThreadDoc};
 use crate::validate::RunMode;
 use clock::rfc3339_ms;
+use store::{RunMark, ThreadDoc};
 
 use super::decide::admission::{self, Ask};
 pub use super::decide::admission::{Mode, Orphan};

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
-use crate::store::{LastRun, StoreError, ThreadDoc, TranscriptAppend};
+use store::{LastRun, StoreError, ThreadDoc, TranscriptAppend};
 
 use super::threads::{Slot, ThreadState, Threads};
 

@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use tracing::Instrument as _;
 
-use crate::store::{Admission, BoxFuture, Decide, StoreError, ThreadDoc, ThreadStore};
 use crate::telemetry::Metrics;
+use store::{Admission, BoxFuture, Decide, StoreError, ThreadDoc, ThreadStore};
 
 /// A store whose writes are measured: `save` and `admit` here, the rest the store's.
 #[derive(Clone)]
@@ -53,7 +53,7 @@ impl Metered {
     pub fn save_ending(
         &self,
         doc: &ThreadDoc,
-        transcript: Option<crate::store::TranscriptAppend>,
+        transcript: Option<store::TranscriptAppend>,
     ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)> {
         let span = tracing::info_span!("agui.state_save");
         let save = span.in_scope(|| self.inner.save_ending(doc, transcript));

@@ -30,10 +30,10 @@ use crate::auth::Caller;
 use crate::config::{Config, Env};
 use crate::limits::Limits;
 use crate::shutdown::{Activity, Shutdown};
-use crate::store::ThreadStore;
 use crate::telemetry::Metrics;
 use clock::Clock;
 use kernel::Pool;
+use store::ThreadStore;
 
 pub use decide::admission::context_id;
 pub use driver::spawn_run;

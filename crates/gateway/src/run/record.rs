@@ -5,17 +5,30 @@
 //! `content`, a tool call into its parent assistant message's `toolCalls`, a tool result into a
 //! `tool` message, a reasoning message into a `reasoning` one, an activity snapshot into an
 //! `activity` message. The user's message, the answers to interrupts, the interrupts a run ends
-//! with and its error are recorded too (see the module above).
+//! with and its error are recorded too: `activity` messages of their own types ([`INTERRUPT`],
+//! [`INTERRUPT_RESPONSE`], [`RUN_ERROR`]), which every AG-UI client accepts and none sends back
+//! to an agent. Images a user sent are not kept (a text part names each), and no text is kept
+//! beyond [`MAX_TEXT_BYTES`] a message. The stores keep what is recorded (`store::transcript`).
 
 use std::collections::HashMap;
 
 use agui::{Event, Interrupt, Outcome};
 use serde_json::{json, Map, Value};
 
-use crate::transcript::{
-    INTERRUPT, INTERRUPT_RESPONSE, MAX_PAYLOAD_BYTES, MAX_TEXT_BYTES, RUN_ERROR,
-};
 use crate::validate::envelope::ResumeEntry;
+
+/// Text kept of one message's content, a tool call's arguments or a tool result (the rest is
+/// cut at a character boundary).
+pub const MAX_TEXT_BYTES: usize = 64 * 1024;
+/// A resume answer's payload larger than this (as JSON) is not kept (its status is).
+pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024;
+
+/// The `activityType` of an interrupt a run ended with.
+pub const INTERRUPT: &str = "iac-code.interrupt";
+/// The `activityType` of the answer a client sent to an interrupt.
+pub const INTERRUPT_RESPONSE: &str = "iac-code.interrupt-response";
+/// The `activityType` of a run's error (its code and message, as the client saw them).
+pub const RUN_ERROR: &str = "iac-code.run-error";
 
 /// The messages of a run, in the order they began.
 #[derive(Debug, Default)]

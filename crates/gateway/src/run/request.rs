@@ -41,7 +41,7 @@ pub enum NotAdmitted {
     /// Refused: the JSON error to answer.
     Refused(ApiError),
     /// Another live instance holds the thread: the request goes there.
-    HeldElsewhere(crate::store::Peer),
+    HeldElsewhere(store::Peer),
 }
 
 impl From<ApiError> for NotAdmitted {

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use super::metered::Metered;
-use crate::store::{Admission, Claim, Decide, Peer, StoreError, ThreadDoc};
 use crate::telemetry::{InterruptEvent, Metrics};
+use store::{Admission, Claim, Decide, Peer, StoreError, ThreadDoc};
 
 /// Controls of an active run, shared with the cancellation extension.
 #[derive(Debug, Default)]
@@ -345,7 +345,7 @@ impl Threads {
     }
 
     /// Admits on the locked thread `st`: the store decides with `decide` and saves in one step
-    /// ([`crate::store::ThreadStore::admit`]); the thread's document in memory becomes the
+    /// ([`store::ThreadStore::admit`]); the thread's document in memory becomes the
     /// store's.
     pub async fn admit(
         &self,
@@ -489,7 +489,7 @@ impl Threads {
         &self,
         st: &mut ThreadState,
         change: impl FnOnce(&mut ThreadDoc),
-        transcript: Option<crate::store::TranscriptAppend>,
+        transcript: Option<store::TranscriptAppend>,
     ) -> Option<(Result<(), StoreError>, Result<(), StoreError>)> {
         let doc = st.doc.as_mut()?;
         let before = doc.clone();
@@ -515,7 +515,7 @@ impl Threads {
 mod tests {
     use super::*;
     use crate::run::decide::testing::doc_with_pending;
-    use crate::store::{AppliedDigest, BoxFuture, ThreadStore};
+    use store::{AppliedDigest, BoxFuture, ThreadStore};
 
     /// A store that remembers which threads it was told to forget.
     #[derive(Default)]

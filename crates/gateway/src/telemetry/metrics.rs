@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 
 use crate::error::Code;
 
-pub use crate::store::RunOutcome;
+pub use store::RunOutcome;
 
 /// What happened to an interrupt (`agui_interrupts_total{event}`: its name in snake case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]

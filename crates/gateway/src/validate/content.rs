@@ -245,7 +245,7 @@ pub fn is_safe_filename(name: &str) -> bool {
             c => c.to_ascii_uppercase(),
         })
         .collect();
-    !crate::paths::is_reserved_windows_name(&stem)
+    !store::is_reserved_windows_name(&stem)
 }
 
 #[cfg(test)]

@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use iac_code_agui::store::ThreadDoc;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
+use store::ThreadDoc;
 use testkit::fake_llm::Plan;
 use testkit::real_kernel::{KernelEnv, KernelProcess};
 

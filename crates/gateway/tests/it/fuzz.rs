@@ -13,11 +13,11 @@
 use std::time::{Duration, Instant};
 
 use iac_code_agui::canonical;
-use iac_code_agui::store::ThreadDoc;
 use iac_code_agui::validate::{content, envelope, props};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
+use store::ThreadDoc;
 
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use iac_code_agui::store::{BoxFuture, FileStore, StoreError, ThreadDoc, ThreadStore};
+use store::{BoxFuture, FileStore, StoreError, ThreadDoc, ThreadStore};
 
 use crate::support::FaultyStore;
 use serde_json::{json, Value};

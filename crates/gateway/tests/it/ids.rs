@@ -215,12 +215,12 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
         "0"
     );
     // A valid document padded past 64 MiB by a member the reader ignores.
-    let doc = iac_code_agui::store::ThreadDoc::new(
+    let doc = store::ThreadDoc::new(
         "t-big",
         "agui-0000",
         cwd.as_str(),
         None,
-        iac_code_agui::store::Execution::new("e1", "inv-1"),
+        store::Execution::new("e1", "inv-1"),
     );
     let text = String::from_utf8(doc.to_json()).unwrap();
     let head = text.trim_end().strip_suffix('}').unwrap();
@@ -228,7 +228,7 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
         "ids",
         &format!(
             "INSERT INTO agui_threads (thread_id, doc) VALUES ('t-big', '{head}, \"pad\": \"' || repeat('x', {}) || '\"}}')",
-            iac_code_agui::store::MAX_DOC_BYTES
+            store::MAX_DOC_BYTES
         ),
     );
     let c = reqwest::Client::builder().no_proxy().build().unwrap();

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use iac_code_agui::store::{PgStore, ThreadStore, TranscriptAppend};
 use serde_json::json;
+use store::{PgStore, ThreadStore, TranscriptAppend};
 use testkit::postgres::Cluster;
 
 fn add(run: &str) -> TranscriptAppend {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use iac_code_agui::store::PgStore;
+use store::PgStore;
 use testkit::postgres::Cluster;
 use testkit::tls::Ca;
 

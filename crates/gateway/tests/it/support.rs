@@ -9,9 +9,9 @@ use iac_code_agui::api::AppState;
 use iac_code_agui::app::{self, Options};
 use iac_code_agui::config::Env;
 use iac_code_agui::config::{Caps, Config};
-use iac_code_agui::store::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
 use kernel::{ChildSpec, Kernel, KernelState};
 use serde_json::{json, Value};
+use store::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
 use testkit::real_kernel::KernelEnv;
 use tokio::sync::oneshot;
 
@@ -370,7 +370,7 @@ impl TestServer {
         .join()
         .expect("flush thread")
         .expect("state checkpoint");
-        let stem = iac_code_agui::store::file_stem(thread).expect("stem");
+        let stem = store::file_stem(thread).expect("stem");
         self.state_dir()
             .join("threads")
             .join(format!("{stem}.json"))

@@ -13,8 +13,8 @@
 //! must be cancelled before the kernel accepts another turn in the context.
 
 use crate::error::{msg, ApiError, Code};
-use crate::store::{Execution, ThreadDoc};
 use crate::validate::ResumeEntry;
+use store::{Execution, ThreadDoc};
 
 use super::expiry::{expire_if_due, Expired};
 
@@ -280,7 +280,7 @@ mod tests {
     /// executions are bounded too.
     #[test]
     fn run_digests_stay_bounded_over_many_turns() {
-        use crate::store::{MAX_EXECUTION_MARKS, MAX_RUN_DIGESTS};
+        use store::{MAX_EXECUTION_MARKS, MAX_RUN_DIGESTS};
         let mut new_id = ids();
         let turn = Mode::NewTurn;
         let mut doc: Option<ThreadDoc> = None;

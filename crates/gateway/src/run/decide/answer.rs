@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 use crate::canonical;
 use crate::error::{msg, ApiError, Code};
 use crate::mapping::interrupt::{self, InterruptKind};
-use crate::store::PendingEntry;
 use crate::validate::{ResumeEntry, ResumeStatus};
+use store::PendingEntry;
 
 /// Why an answer is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -5,8 +5,8 @@
 //! remembered with their execution: every later answer to them gets `EXECUTION_EXPIRED`, never a
 //! vaguer "unknown" or "lost".
 
-use crate::store::ThreadDoc;
 use clock::parse_rfc3339_ms;
+use store::ThreadDoc;
 
 /// What expired.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,8 +13,8 @@
 
 use crate::error::{msg, ApiError, Code};
 use crate::mapping::interrupt::RequiredInput;
-use crate::store::{PendingEntry, ThreadDoc};
 use crate::validate::ResumeEntry;
+use store::{PendingEntry, ThreadDoc};
 
 use super::answer::{self, Answer};
 
@@ -310,10 +310,10 @@ fn then(
 mod tests {
     use super::*;
     use crate::run::decide::testing::{doc_with_pending, NOW};
-    use crate::store::AppliedDigest;
     use crate::validate::ResumeStatus;
     use proptest::prelude::*;
     use serde_json::{json, Value};
+    use store::AppliedDigest;
 
     fn allow(id: &str) -> ResumeEntry {
         ResumeEntry {

@@ -1,7 +1,7 @@
 //! Thread documents for the decisions' tests.
 
-use crate::store::{Execution, PendingEntry, ThreadDoc};
 use clock::rfc3339_ms;
+use store::{Execution, PendingEntry, ThreadDoc};
 
 /// The time the tests decide at.
 pub const NOW: i64 = 1_780_000_000_000;

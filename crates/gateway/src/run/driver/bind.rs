@@ -4,8 +4,8 @@
 //! and nothing is written.
 
 use crate::error::{msg, Code};
-use crate::store::ThreadDoc;
 use kernel::place::Ask;
+use store::ThreadDoc;
 
 use super::super::admit::Mode;
 use super::task::KERNEL_WAIT;

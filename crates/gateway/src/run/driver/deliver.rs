@@ -13,7 +13,7 @@ use a2a::{EventStream, Part, PermissionAnswer};
 use crate::error::{msg, Code};
 use crate::run::decide::answer::Answer;
 use crate::run::decide::resume::{Delivery, TaskStage};
-use crate::store::AppliedDigest;
+use store::AppliedDigest;
 
 use super::resume::task_view;
 use super::{Driver, End, Flow, Unsaved, CANCEL_WAIT};

@@ -13,9 +13,9 @@ use super::super::admit::{Admitted, Mode};
 use super::super::hold::{ThreadHold, Unsaved};
 use super::super::sink::Disconnected;
 use super::super::Runtime;
-use crate::store::{BoxFuture, LastRun, StoreError, TranscriptAppend};
 use crate::telemetry::RunOutcome;
 use clock::rfc3339_ms;
+use store::{BoxFuture, LastRun, StoreError, TranscriptAppend};
 
 /// What a run's end writes before its terminal event (the driver's: the thread's document and
 /// the transcript; a guidance run's, the transcript alone). The transcript append's outcome.

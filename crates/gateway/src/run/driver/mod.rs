@@ -37,9 +37,9 @@ use tracing::Instrument as _;
 use crate::error::{msg, Code};
 use crate::limits::RunSlot;
 use crate::mapping::{interrupt, Mapper};
-use crate::store::{Lapse, LastRun, ThreadDoc};
 use crate::telemetry::observer::with_incoming;
 use clock::rfc3339_ms;
+use store::{Lapse, LastRun, ThreadDoc};
 
 use super::admit::{Admitted, Mode};
 use super::hold::{ThreadHold, Unsaved};

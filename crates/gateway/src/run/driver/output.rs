@@ -20,9 +20,9 @@ use crate::i18n::{self, Lang};
 use crate::mapping::Mapper;
 use crate::run::record::Recorder;
 use crate::run::sink::{GoneSignal, Sink};
-use crate::store::TranscriptAppend;
 use crate::telemetry::RunOutcome;
 use clock::{rfc3339_ms, Clock};
+use store::TranscriptAppend;
 
 use super::end::{is_cancelled_outcome, Ending, Flow};
 

@@ -7,8 +7,8 @@ use std::borrow::Cow;
 use crate::error::{msg, Code};
 use crate::mapping::{self, interrupt};
 use crate::run::decide::resume::{self as plan, Then};
-use crate::store::AppliedDigest;
 use crate::validate::ResumeEntry;
+use store::AppliedDigest;
 
 use super::{Driver, End, Failure, Flow};
 

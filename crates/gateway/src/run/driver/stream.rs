@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use crate::error::{msg, Code};
 use crate::mapping::interrupt::{self, RequiredInput};
 use crate::mapping::{self, fast};
-use crate::store::PendingEntry;
+use store::PendingEntry;
 
 use super::{ending, Driver, End, Flow, CANCEL_WAIT};
 

@@ -12,11 +12,11 @@ use super::*;
 use crate::config::{Config, Env};
 use crate::i18n::Lang;
 use crate::run::admit::{admit, RunRequest};
-use crate::store::FileStore;
 use crate::telemetry::{Metrics, RunOutcome};
 use crate::validate::{content, envelope, props};
 use clock::SystemClock;
 use kernel::{Kernel, Pool};
+use store::FileStore;
 
 struct Harness {
     rt: Arc<Runtime>,
@@ -362,7 +362,7 @@ async fn a_run_waiting_on_its_client_is_stopped_by_a_cancel_a_lapse_or_the_drain
             .is_ok()
     }
     let h = harness().await;
-    let lease = crate::store::Lease::new(std::time::Duration::from_secs(15));
+    let lease = store::Lease::new(std::time::Duration::from_secs(15));
     let stop = RunStop {
         rt: h.rt.clone(),
         control: Arc::new(RunControl::default()),

@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use super::*;
 use crate::run::decide::testing::doc_with_pending;
 use crate::run::{ActiveRun, RunControl};
-use crate::store::{BoxFuture, ThreadStore};
 use crate::telemetry::{Metrics, RunOutcome};
+use store::{BoxFuture, ThreadStore};
 
 /// A store in memory; `fail` makes every save fail, `refuse` makes it answer "not held".
 #[derive(Default)]

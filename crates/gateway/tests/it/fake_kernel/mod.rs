@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clock::OffsetClock;
-use iac_code_agui::store::FileStore;
+use store::FileStore;
 
 use crate::support::FaultyStore;
 use serde_json::{json, Value};

@@ -10,9 +10,9 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::run::replay::RunEvents;
-use crate::store::{BoxFuture, StoreError};
 use crate::telemetry::Metrics;
 use clock::SystemClock;
+use store::{BoxFuture, StoreError};
 
 /// An ending that remembers how the run ended, each time it is asked to write it.
 #[derive(Default)]

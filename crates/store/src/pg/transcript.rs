@@ -6,8 +6,8 @@
 //! would show.
 
 use super::{bounded, unavailable, PgStore};
-use crate::store::{StoreError, TranscriptAppend};
 use crate::transcript::{self, Entry, Page};
+use crate::{StoreError, TranscriptAppend};
 
 const LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext('agui_transcript:' || $1))";
 /// The thread's row, kept from a concurrent `DELETE` until the append commits (the delete then
@@ -50,7 +50,7 @@ impl PgStore {
                 .await
                 .map_err(unavailable)?
                 .get(0);
-            if let Some(title) = crate::store::listing::title_of(&add.messages) {
+            if let Some(title) = crate::listing::title_of(&add.messages) {
                 let set = st(super::listing::TITLE).await.map_err(unavailable)?;
                 tx.execute(&set, &[&thread_id, &title])
                     .await

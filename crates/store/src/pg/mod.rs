@@ -490,7 +490,7 @@ impl ThreadStore for PgStore {
     fn append_transcript(
         &self,
         thread_id: &str,
-        add: crate::store::TranscriptAppend,
+        add: crate::TranscriptAppend,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move { store.append_transcript_now(id, add).await })
@@ -508,8 +508,8 @@ impl ThreadStore for PgStore {
 
     fn list_threads(
         &self,
-        q: crate::store::listing::ListQuery,
-    ) -> BoxFuture<'static, Result<crate::store::listing::ListPage, StoreError>> {
+        q: crate::listing::ListQuery,
+    ) -> BoxFuture<'static, Result<crate::listing::ListPage, StoreError>> {
         let store = self.clone();
         Box::pin(async move { store.list_threads_now(q).await })
     }
@@ -517,8 +517,8 @@ impl ThreadStore for PgStore {
     fn update_thread(
         &self,
         thread_id: &str,
-        patch: crate::store::listing::ThreadPatch,
-    ) -> BoxFuture<'static, Result<Option<crate::store::listing::ThreadSummary>, StoreError>> {
+        patch: crate::listing::ThreadPatch,
+    ) -> BoxFuture<'static, Result<Option<crate::listing::ThreadSummary>, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move { store.update_thread_now(id, patch).await })
     }

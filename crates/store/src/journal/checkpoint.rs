@@ -107,7 +107,7 @@ impl Journal {
 
     /// Moves to a new generation, writes every document held in memory to its file, makes the
     /// files durable and deletes the older generations. Returns whether anything was done.
-    pub(in crate::store) fn checkpoint(&self) -> std::io::Result<bool> {
+    pub(crate) fn checkpoint(&self) -> std::io::Result<bool> {
         let mut st = self.lock();
         while st.busy.checkpointing || st.busy.retiring {
             st = self.wait(st);

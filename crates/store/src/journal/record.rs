@@ -16,7 +16,7 @@ const HEADER: usize = 12;
 
 /// What a record holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::store) enum Kind {
+pub(crate) enum Kind {
     /// A thread's whole document.
     Doc,
     /// Lines appended to a thread's transcript.
@@ -32,11 +32,11 @@ pub(super) struct Record {
 }
 
 /// Encodes one record.
-pub(in crate::store) fn encode(thread_id: &str, doc: &[u8]) -> Vec<u8> {
+pub(crate) fn encode(thread_id: &str, doc: &[u8]) -> Vec<u8> {
     encode_kind(Kind::Doc, thread_id, doc)
 }
 
-pub(in crate::store) fn encode_kind(kind: Kind, thread_id: &str, doc: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_kind(kind: Kind, thread_id: &str, doc: &[u8]) -> Vec<u8> {
     let mut payload = Vec::with_capacity(4 + thread_id.len() + doc.len());
     payload.extend_from_slice(&(thread_id.len() as u32).to_le_bytes());
     payload.extend_from_slice(thread_id.as_bytes());

@@ -177,7 +177,7 @@ mod tests {
         use std::io::{BufRead, BufReader};
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("state");
-        crate::store::fs::ensure_dir(&root).unwrap();
+        crate::fs::ensure_dir(&root).unwrap();
         std::fs::write(root.join(LOCK_FILE), b"").unwrap();
         let mut other = Command::new("python3")
             .arg("-c")

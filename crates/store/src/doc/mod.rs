@@ -16,7 +16,7 @@ use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use super::StoreError;
-use crate::error::Code;
+use agui::Code;
 
 /// Fields of a kernel input that are kept (secrets and unknown keys are dropped).
 pub const PENDING_ALLOW_LIST: &[&str] = &[
@@ -382,7 +382,7 @@ mod tests {
 
     fn reference(name: &str) -> Vec<u8> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/data/reference-state")
+            .join("../gateway/tests/data/reference-state")
             .join(name);
         std::fs::read(path).unwrap()
     }

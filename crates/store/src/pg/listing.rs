@@ -5,8 +5,8 @@
 //! exact microsecond of its last row.
 
 use super::{bounded, unavailable, PgStore};
-use crate::store::listing::{self, ListPage, ListQuery, ThreadPatch, ThreadSummary};
-use crate::store::StoreError;
+use crate::listing::{self, ListPage, ListQuery, ThreadPatch, ThreadSummary};
+use crate::StoreError;
 
 const COLUMNS: &str = "thread_id, owner_user, title,
     to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),

@@ -1,38 +1,10 @@
-//! A thread's transcript: the AG-UI messages of its runs, as their clients saw them, kept so that
-//! a client that comes back (a reload, a restart, another device) gets the conversation from the
-//! gateway instead of keeping it itself.
-//!
-//! - the stores keep them (`store::ThreadStore::append_transcript`, `read_transcript`): each
-//!   entry numbered per thread (`seq`, from 1, never reused), at most `--transcript-limit` per
-//!   thread (the oldest go first).
-//!
-//! A message is an AG-UI `Message` (`user`, `assistant` with its tool calls, `tool`,
-//! `reasoning`, `activity`). Interrupts, the answers to them and a run's error are `activity`
-//! messages of their own types ([`INTERRUPT`], [`INTERRUPT_RESPONSE`], [`RUN_ERROR`]), which
-//! every AG-UI client accepts and none sends back to an agent. Images a user sent are not kept
-//! (a text part names each), and no text is kept beyond [`MAX_TEXT_BYTES`] a message. A run's
-//! messages are built from the events it sends by `run::record`.
+//! A thread's transcript as the stores keep it: the AG-UI messages of its runs, each numbered
+//! per thread (`seq`, from 1, never reused), at most `--transcript-limit` per thread (the
+//! oldest go first), read back a page at a time. What a run records is the engine's
+//! (`run::record`); here are only the entries and their pages.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-
-/// `--transcript-limit`'s default: messages kept per thread.
-pub const DEFAULT_LIMIT: usize = 1000;
-/// The most messages one page of a transcript holds (and its default).
-pub const MAX_PAGE: usize = 200;
-pub const DEFAULT_PAGE: usize = 50;
-/// Text kept of one message's content, a tool call's arguments or a tool result (the rest is
-/// cut at a character boundary).
-pub const MAX_TEXT_BYTES: usize = 64 * 1024;
-/// A resume answer's payload larger than this (as JSON) is not kept (its status is).
-pub const MAX_PAYLOAD_BYTES: usize = 16 * 1024;
-
-/// The `activityType` of an interrupt a run ended with.
-pub const INTERRUPT: &str = "iac-code.interrupt";
-/// The `activityType` of the answer a client sent to an interrupt.
-pub const INTERRUPT_RESPONSE: &str = "iac-code.interrupt-response";
-/// The `activityType` of a run's error (its code and message, as the client saw them).
-pub const RUN_ERROR: &str = "iac-code.run-error";
 
 /// One stored message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

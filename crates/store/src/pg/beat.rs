@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::sql::HEARTBEAT;
 use super::{bounded, unavailable, PgStore};
-use crate::store::StoreError;
+use crate::StoreError;
 
 impl PgStore {
     /// Renews this instance's heartbeat once.

@@ -17,7 +17,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use super::ThreadDoc;
-use crate::store::StoreError;
+use crate::StoreError;
 
 /// The largest document a store writes or reads.
 pub const MAX_DOC_BYTES: usize = 64 * 1024 * 1024;
@@ -109,7 +109,7 @@ fn prune_set<T: Ord + Clone>(set: &mut BTreeSet<T>, keep: impl Fn(&T) -> bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{AppliedDigest, Execution};
+    use crate::{AppliedDigest, Execution};
 
     fn doc() -> ThreadDoc {
         ThreadDoc::new("t", "agui-x", "/w", None, Execution::new("exec-now", "inv"))

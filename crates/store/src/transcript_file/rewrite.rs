@@ -15,7 +15,7 @@ use super::{Entry, BUDGET_BYTES};
 /// what that write kept (`from`) and the file's own summary when it has one (it is what the list
 /// showed last: a rename may have been written since). A record whose entries the file has
 /// changes nothing.
-pub(in crate::store) fn replay(
+pub(crate) fn replay(
     root: &Path,
     locks: &Locks,
     dir_sync: &DirSync,

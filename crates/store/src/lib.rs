@@ -22,6 +22,7 @@ mod journal;
 mod list_order;
 pub mod listing;
 mod pg;
+pub mod transcript;
 mod transcript_file;
 
 use std::future::Future;
@@ -31,8 +32,8 @@ pub use doc::{
     project_input as doc_project_input, AppliedDigest, Execution, LastRun, PendingEntry, RunMark,
     RunOutcome, ThreadDoc, MAX_DOC_BYTES, MAX_EXECUTION_MARKS, MAX_RUN_DIGESTS, PENDING_ALLOW_LIST,
 };
-pub use file::{file_stem, FileStore};
-pub(crate) use pg::tls as pg_tls;
+pub use file::{file_stem, is_reserved_windows_name, FileStore};
+pub use pg::tls as pg_tls;
 pub use pg::{Lapse, Lease, PgStore};
 
 /// What a run adds to its thread's transcript.

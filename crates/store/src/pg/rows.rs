@@ -2,7 +2,7 @@
 //! and read. A document found over it is refused by its length, which the server gives without
 //! sending the text.
 
-use crate::store::{StoreError, ThreadDoc, MAX_DOC_BYTES};
+use crate::{StoreError, ThreadDoc, MAX_DOC_BYTES};
 
 /// A thread's document within the bound `$2`, and its length.
 pub(super) const LOAD: &str =

@@ -225,10 +225,7 @@ pub(super) fn write_waiting_locked(
 /// Appends every file's waiting lines (the journal's checkpoint, before it deletes a
 /// generation); the files written, to be made durable even when another failed, and whether
 /// every one was written. A file that fails is tried again at the next checkpoint.
-pub(in crate::store) fn write_waiting(
-    root: &Path,
-    locks: &Locks,
-) -> (HashSet<PathBuf>, std::io::Result<()>) {
+pub(crate) fn write_waiting(root: &Path, locks: &Locks) -> (HashSet<PathBuf>, std::io::Result<()>) {
     let names = locks.pending.names();
     let mut failed = None;
     if !names.is_empty() {
@@ -261,7 +258,7 @@ pub(in crate::store) fn write_waiting(
 /// taken (never waited for here: the caller is an async task), `live` does not say the thread
 /// exists, the file is due for a compaction, too much waits already, or the journal is not in
 /// use.
-pub(in crate::store) fn append_waiting(
+pub(crate) fn append_waiting(
     locks: &Locks,
     durable: Durable<'_>,
     index: &Index,

@@ -19,7 +19,7 @@ const TAIL_BYTES: u64 = 16 * 1024;
 /// A summary line: the thread for the list, and what of the file is committed (absent in the
 /// files of the version that wrote the summary as the first line only).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(in crate::store) struct Header {
+pub(crate) struct Header {
     pub thread: ThreadSummary,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) last: Option<u64>,
@@ -31,7 +31,7 @@ pub(in crate::store) struct Header {
 
 impl Header {
     #[cfg(test)]
-    pub(in crate::store) fn of(thread: ThreadSummary) -> Header {
+    pub(crate) fn of(thread: ThreadSummary) -> Header {
         Header {
             thread,
             last: None,
@@ -43,7 +43,7 @@ impl Header {
 
 /// What a file's last summary line commits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::store) struct Committed {
+pub(crate) struct Committed {
     pub last: u64,
     pub from: u64,
     pub lines: u64,
@@ -69,7 +69,7 @@ fn last_line(file: &File, size: u64) -> Option<Vec<u8>> {
 }
 
 /// The summary a transcript file ends with: its last summary line (the list's, at a restart).
-pub(in crate::store) fn last_summary(path: &Path) -> Option<Header> {
+pub(crate) fn last_summary(path: &Path) -> Option<Header> {
     let file = fs::open_private(path).ok()?;
     let size = file.metadata().ok()?.len();
     if let Some(line) = last_line(&file, size).filter(|l| is_summary(l)) {

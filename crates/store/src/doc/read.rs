@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use super::{
     project_input, AppliedDigest, Execution, LastRun, PendingEntry, Recorded, RunMark, ThreadDoc,
 };
-use crate::store::StoreError;
+use crate::StoreError;
 
 /// Parses and validates a document for `thread_id`.
 pub(super) fn document(bytes: &[u8], thread_id: &str) -> Result<ThreadDoc, StoreError> {

@@ -13,7 +13,6 @@ use sha2::{Digest, Sha256};
 use super::fs::{self, DirSync};
 use super::journal::Journal;
 use super::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
-use crate::paths::is_reserved_windows_name;
 
 /// Largest accepted state file: the bound of a document (a thread document is small; this only
 /// guards against garbage).
@@ -623,10 +622,22 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// A name Windows reserves whatever its extension (CON, PRN, AUX, NUL, COM1–9, LPT1–9; `upper`:
+/// the stem, upper-cased): a thread file never takes one, nor does a file a user sends.
+pub fn is_reserved_windows_name(upper: &str) -> bool {
+    if matches!(upper, "CON" | "PRN" | "AUX" | "NUL") {
+        return true;
+    }
+    let b = upper.as_bytes();
+    b.len() == 4
+        && (upper.starts_with("COM") || upper.starts_with("LPT"))
+        && (b'1'..=b'9').contains(&b[3])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Execution, ThreadDoc};
+    use crate::{Execution, ThreadDoc};
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
@@ -756,7 +767,7 @@ mod tests {
 #[cfg(test)]
 mod journal_tests {
     use super::*;
-    use crate::store::ThreadDoc;
+    use crate::ThreadDoc;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
     use std::path::Path;
@@ -968,19 +979,19 @@ mod journal_tests {
         fs::create_dir(root.join("journal")).unwrap();
         let mut log = vec![];
         for d in [doc("a", Some("1")), doc("b", None), doc("a", Some("2"))] {
-            log.extend(crate::store::journal::encode(&d.thread_id, &d.to_json()));
+            log.extend(crate::journal::encode(&d.thread_id, &d.to_json()));
         }
         // A transcript record that cannot be applied (no summary): logged, the start goes on.
-        log.extend(crate::store::journal::encode_kind(
-            crate::store::journal::Kind::Transcript,
+        log.extend(crate::journal::encode_kind(
+            crate::journal::Kind::Transcript,
             "a",
             b"{\"seq\":1}\n",
         ));
-        let torn = crate::store::journal::encode("a", &doc("a", Some("3")).to_json());
+        let torn = crate::journal::encode("a", &doc("a", Some("3")).to_json());
         log.extend(&torn[..torn.len() / 2]);
         fs::write(root.join("journal/00000000000000000007.log"), &log).unwrap();
         // An older generation, replayed first.
-        let old = crate::store::journal::encode("b", &doc("b", Some("old")).to_json());
+        let old = crate::journal::encode("b", &doc("b", Some("old")).to_json());
         fs::write(root.join("journal/00000000000000000006.log"), old).unwrap();
         let s = FileStore::open(&root).unwrap();
         assert!(journal_logs(&root).is_empty());
@@ -991,7 +1002,7 @@ mod journal_tests {
         fs::create_dir_all(bad.join("journal")).unwrap();
         fs::write(
             bad.join("journal/00000000000000000001.log"),
-            crate::store::journal::encode("x", &doc("y", None).to_json()),
+            crate::journal::encode("x", &doc("y", None).to_json()),
         )
         .unwrap();
         assert!(matches!(FileStore::open(&bad), Err(StoreError::Invalid(_))));
@@ -1023,8 +1034,8 @@ mod journal_tests {
         assert!(root.join("transcripts/t.jsonl").exists(), "written at once");
     }
 
-    fn turn(run: &str, n: usize) -> crate::store::TranscriptAppend {
-        crate::store::TranscriptAppend {
+    fn turn(run: &str, n: usize) -> crate::TranscriptAppend {
+        crate::TranscriptAppend {
             run_id: run.into(),
             at: "2026-12-03T00:00:00.000Z".into(),
             messages: (0..n)
@@ -1035,7 +1046,7 @@ mod journal_tests {
     }
 
     fn seqs_of(s: &FileStore, thread: &str) -> Vec<u64> {
-        crate::store::transcript_file::read_all(&s.root, &s.transcript_locks, thread)
+        crate::transcript_file::read_all(&s.root, &s.transcript_locks, thread)
             .unwrap()
             .iter()
             .map(|e| e.seq)
@@ -1090,8 +1101,7 @@ mod journal_tests {
         assert_eq!(seqs_of(&l, "t0"), [1, 2, 3, 4]);
         // A checkpoint that wrote the files and stopped before it deleted the journal: the
         // replay of each record changes nothing, and cuts none of the older entries.
-        let (written, all) =
-            crate::store::transcript_file::write_waiting(&root, &s.transcript_locks);
+        let (written, all) = crate::transcript_file::write_waiting(&root, &s.transcript_locks);
         all.unwrap();
         assert_eq!(written.len(), 256);
         assert_eq!(seqs_of(&s, "t0"), [1, 2, 3], "read from the file alone");
@@ -1148,22 +1158,22 @@ mod journal_tests {
         s.append_transcript("t", turn("r2", 1)).await.unwrap();
         let file = root.join("transcripts/t.jsonl");
         assert!(!file.exists());
-        let patch = crate::store::listing::ThreadPatch {
+        let patch = crate::listing::ThreadPatch {
             title: Some("Renamed".into()),
             archived: None,
         };
         s.update_thread("t", patch).await.unwrap().unwrap();
         let on_disk = |s: &FileStore| {
-            crate::store::transcript_file::read_all(
+            crate::transcript_file::read_all(
                 &s.root,
-                &crate::store::transcript_file::Locks::default(),
+                &crate::transcript_file::Locks::default(),
                 "t",
             )
             .unwrap()
             .len()
         };
         assert_eq!(on_disk(&s), 3, "the waiting lines are in the file");
-        let summary = crate::store::transcript_file::summary::last_summary(&file).unwrap();
+        let summary = crate::transcript_file::summary::last_summary(&file).unwrap();
         assert_eq!(summary.thread.title.as_deref(), Some("Renamed"));
         s.flush_blocking().unwrap();
         // As a run's release saves its thread before the next run ends.
@@ -1174,7 +1184,7 @@ mod journal_tests {
         assert_eq!(on_disk(&s), 3, "the new lines wait");
         s.flush_blocking().unwrap();
         assert_eq!(on_disk(&s), 5);
-        let summary = crate::store::transcript_file::summary::last_summary(&file).unwrap();
+        let summary = crate::transcript_file::summary::last_summary(&file).unwrap();
         assert_eq!(summary.thread.title.as_deref(), Some("Renamed"));
     }
 
@@ -1257,7 +1267,7 @@ mod journal_tests {
         );
         s.append_transcript("t", turn("late", 1)).await.unwrap();
         assert!(!root.join("transcripts/t.jsonl").exists());
-        let q = crate::store::listing::ListQuery {
+        let q = crate::listing::ListQuery {
             user: None,
             archived: false,
             after: None,
@@ -1315,7 +1325,7 @@ mod journal_tests {
     /// past them waits its turn, and fails as unavailable after a bounded wait.
     #[tokio::test]
     async fn transcript_reads_at_once_are_bounded() {
-        use crate::store::transcript_file::{READERS, READ_WAIT};
+        use crate::transcript_file::{READERS, READ_WAIT};
         let dir = tempfile::tempdir().unwrap();
         let s = FileStore::open_with(dir.path().join("state"), false).unwrap();
         s.save(&doc("t", None)).await.unwrap();
