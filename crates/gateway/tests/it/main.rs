@@ -14,6 +14,7 @@ mod crash;
 mod docs;
 mod edge;
 mod fake_kernel;
+mod fixtures;
 mod fuzz;
 mod fuzz_body;
 mod fuzz_cwd;
