@@ -14,13 +14,13 @@ use crate::telemetry::Metrics;
 use crate::urls;
 use clock::{Clock, SystemClock};
 use kernel::{ChildSpec, Kernel, Launch, Pool};
-use store::{FileStore, PgStore, StoreError, ThreadStore, Unavailable};
+use store::{FileStore, PgStore, Store, StoreError, Unavailable};
 
 /// Options for building a runtime (tests inject the store, clock and kernel).
 pub struct Options {
     pub cfg: Config,
     pub env: Env,
-    pub store: Option<Arc<dyn ThreadStore>>,
+    pub store: Option<Store>,
     pub clock: Option<Arc<dyn Clock>>,
     pub kernel: Option<Arc<Kernel>>,
     pub heartbeat: Duration,
@@ -144,7 +144,7 @@ pub async fn bind(addr: &str) -> std::io::Result<TcpListener> {
 /// this instance registered and its heartbeat running), else the file store of `--state-dir`
 /// (temporary files of interrupted writes swept, the journal a previous process left replayed).
 /// The error says what could not be opened.
-pub async fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, String> {
+pub async fn open_store(cfg: &Config) -> Result<Store, String> {
     if let Some(url) = &cfg.state_url {
         let ca = cfg.state_ca_file.as_deref();
         let store = PgStore::open(url, ca, &cfg.advertise_url, cfg.lease_ttl).await?;
@@ -161,7 +161,7 @@ pub async fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, String> {
             advertise = %cfg.advertise_url,
             "thread state in PostgreSQL"
         );
-        return Ok(Arc::new(store));
+        return Ok(Store::pg(store));
     }
     open_file_store(cfg).map_err(|e| {
         format!(
@@ -172,8 +172,8 @@ pub async fn open_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, String> {
 }
 
 /// The file store of `--state-dir`.
-pub fn open_file_store(cfg: &Config) -> Result<Arc<dyn ThreadStore>, StoreError> {
-    Ok(Arc::new(FileStore::open(cfg.state_dir.clone())?))
+pub fn open_file_store(cfg: &Config) -> Result<Store, StoreError> {
+    Ok(Store::file(FileStore::open(cfg.state_dir.clone())?))
 }
 
 /// Builds the runtime and router state.
@@ -182,7 +182,7 @@ pub fn build(opts: Options) -> AppState {
         Some(s) => s,
         None => open_file_store(&opts.cfg).unwrap_or_else(|e| {
             tracing::error!(error = %e, "the state directory cannot be opened");
-            Arc::new(Unavailable(e.to_string()))
+            Store::documents_only(Arc::new(Unavailable(e.to_string())))
         }),
     };
     let metrics = opts.metrics.unwrap_or_default();
@@ -338,7 +338,7 @@ pub async fn serve_with_admin(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     rt.kernels().stop().await;
-    if let Err(e) = rt.threads().store().flush().await {
+    if let Err(e) = rt.threads().store().documents().flush().await {
         tracing::warn!(error = %e, "state journal checkpoint at shutdown failed");
     }
     rt.threads().store().release().await;

@@ -44,7 +44,8 @@ pub fn live() -> Response {
 pub async fn ready(rt: &Runtime) -> Response {
     let draining = rt.shutdown().is_draining();
     let (kernel, store) = tokio::join!(rt.kernels().ready(), async {
-        match tokio::time::timeout(STORE_CHECK, rt.threads().store().reachable()).await {
+        match tokio::time::timeout(STORE_CHECK, rt.threads().store().documents().reachable()).await
+        {
             Ok(r) => r,
             Err(_) => Err("the state store did not answer".to_owned()),
         }

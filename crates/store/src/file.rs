@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use super::fs::{self, DirSync};
 use super::journal::Journal;
-use super::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
+use super::{BoxFuture, Documents, History, StoreError, ThreadDoc};
 
 /// Largest accepted state file: the bound of a document (a thread document is small; this only
 /// guards against garbage).
@@ -278,7 +278,7 @@ impl FileStore {
         out
     }
 
-    /// [`ThreadStore::update_thread`] (blocking): a thread listed nowhere yet (it has not been
+    /// [`History::update_thread`] (blocking): a thread listed nowhere yet (it has not been
     /// saved or ended a run since this version runs) gets its summary from its document first.
     fn update_blocking(
         &self,
@@ -306,7 +306,7 @@ impl FileStore {
         Ok(Some(summary))
     }
 
-    /// [`ThreadStore::delete_thread`] (blocking). The journal is written out before, so that no
+    /// [`History::delete_thread`] (blocking). The journal is written out before, so that no
     /// record of the thread's document is left to bring it back at the next start, and after, so
     /// that neither is the record of a run that ended meanwhile (a guidance run, which does not
     /// hold the thread); a run that ends later finds the thread gone and keeps no transcript.
@@ -461,7 +461,58 @@ fn writable_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-impl ThreadStore for FileStore {
+impl Documents for FileStore {
+    fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || store.load_blocking(&id))
+                .await
+                .map_err(blocking_failed)?
+        })
+    }
+
+    fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
+        let bytes = match doc.to_stored() {
+            Ok(b) => Arc::new(b),
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
+        self.index.saved(doc, &clock::rfc3339_ms(now_ms()));
+        self.save_bytes(doc.thread_id.clone(), bytes)
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        let store = self.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || store.flush_blocking())
+                .await
+                .map_err(blocking_failed)?
+        })
+    }
+
+    fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
+        let root = self.root.clone();
+        Box::pin(async move {
+            // access(2) answers EROFS for a file system remounted read-only, which a stat would
+            // not tell; a disk that hangs is as good as gone.
+            let asked = tokio::task::spawn_blocking(move || writable_dir(&root));
+            match tokio::time::timeout(std::time::Duration::from_secs(2), asked).await {
+                Ok(Ok(r)) => r.map_err(|e| format!("the state directory cannot be written: {e}")),
+                Ok(Err(_)) | Err(_) => Err("the state directory did not answer".to_owned()),
+            }
+        })
+    }
+
+    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
+        let store = self.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || store.pending_interrupts_blocking())
+                .await
+                .unwrap_or_default()
+        })
+    }
+}
+
+impl History for FileStore {
     fn append_transcript(
         &self,
         thread_id: &str,
@@ -476,13 +527,13 @@ impl ThreadStore for FileStore {
         transcript: Option<super::TranscriptAppend>,
     ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)> {
         let Some(add) = transcript else {
-            let saved = self.save(doc);
+            let saved = Documents::save(self, doc);
             return Box::pin(async move { (saved.await, Ok(())) });
         };
         if self.journal.is_none() {
             // Each written and synced on its own.
             let appended = self.append_transcript(&doc.thread_id, add);
-            let saved = self.save(doc);
+            let saved = Documents::save(self, doc);
             return Box::pin(async move { (saved.await, appended.await) });
         }
         let bytes = match doc.to_stored() {
@@ -563,54 +614,6 @@ impl ThreadStore for FileStore {
             tokio::task::spawn_blocking(move || store.delete_blocking(&id))
                 .await
                 .map_err(blocking_failed)?
-        })
-    }
-    fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
-        let (store, id) = (self.clone(), thread_id.to_owned());
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || store.load_blocking(&id))
-                .await
-                .map_err(blocking_failed)?
-        })
-    }
-
-    fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
-        let bytes = match doc.to_stored() {
-            Ok(b) => Arc::new(b),
-            Err(e) => return Box::pin(std::future::ready(Err(e))),
-        };
-        self.index.saved(doc, &clock::rfc3339_ms(now_ms()));
-        self.save_bytes(doc.thread_id.clone(), bytes)
-    }
-
-    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
-        let store = self.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || store.flush_blocking())
-                .await
-                .map_err(blocking_failed)?
-        })
-    }
-
-    fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
-        let root = self.root.clone();
-        Box::pin(async move {
-            // access(2) answers EROFS for a file system remounted read-only, which a stat would
-            // not tell; a disk that hangs is as good as gone.
-            let asked = tokio::task::spawn_blocking(move || writable_dir(&root));
-            match tokio::time::timeout(std::time::Duration::from_secs(2), asked).await {
-                Ok(Ok(r)) => r.map_err(|e| format!("the state directory cannot be written: {e}")),
-                Ok(Err(_)) | Err(_) => Err("the state directory did not answer".to_owned()),
-            }
-        })
-    }
-
-    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
-        let store = self.clone();
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || store.pending_interrupts_blocking())
-                .await
-                .unwrap_or_default()
         })
     }
 }

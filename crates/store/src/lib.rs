@@ -3,6 +3,11 @@
 //! One small JSON document per thread (schemaVersion 1), interchangeable with the reference
 //! adapter's files in both directions: a state directory written by one works with the other.
 //!
+//! A store is three traits, each implemented only by a store that does it: [`Documents`]
+//! (every store), [`Ownership`] (a store several instances share: who holds a thread) and
+//! [`History`] (transcripts and the list of threads). [`Store`] holds what one opened, and says
+//! once what the absence of a part means.
+//!
 //! - `doc`: the document, its serialisation and its validation on load.
 //! - `file`: the file store (thread files in the reference layout).
 //! - `journal`: the write-ahead journal in front of the thread files (group commit).
@@ -18,23 +23,28 @@ mod doc;
 mod file;
 mod file_index;
 mod fs;
+mod handle;
 mod journal;
 mod list_order;
 pub mod listing;
 mod pg;
 pub mod transcript;
 mod transcript_file;
+mod unavailable;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 pub use doc::{
     project_input as doc_project_input, AppliedDigest, Execution, LastRun, PendingEntry, RunMark,
     RunOutcome, ThreadDoc, MAX_DOC_BYTES, MAX_EXECUTION_MARKS, MAX_RUN_DIGESTS, PENDING_ALLOW_LIST,
 };
 pub use file::{file_stem, is_reserved_windows_name, FileStore};
+pub use handle::Store;
 pub use pg::tls as pg_tls;
 pub use pg::{Lapse, Lease, PgStore};
+pub use unavailable::Unavailable;
 
 /// What a run adds to its thread's transcript.
 #[derive(Debug, Clone)]
@@ -117,9 +127,9 @@ pub enum Admission {
     Elsewhere(Peer),
 }
 
-/// Where thread documents live. Every operation is asynchronous and holds no runtime thread
-/// while the disk works.
-pub trait ThreadStore: Send + Sync + 'static {
+/// Thread documents: what every store keeps. Every operation is asynchronous and holds no
+/// runtime thread while the disk works.
+pub trait Documents: Send + Sync + 'static {
     /// Loads a thread; `Ok(None)` when it does not exist.
     fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>>;
     /// Replaces the thread's document; done when it is durable.
@@ -131,91 +141,57 @@ pub trait ThreadStore: Send + Sync + 'static {
     fn reachable(&self) -> BoxFuture<'static, Result<(), String>>;
     /// The threads with pending interrupts, and how many each: what the metrics count before
     /// those threads are loaded. A store that cannot tell cheaply knows none.
-    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
-        Box::pin(std::future::ready(Vec::new()))
-    }
-    /// Whether other instances share this store (then a thread's document is read from it at
-    /// each claim or admission, not kept from an earlier load).
-    fn shared(&self) -> bool {
-        false
-    }
+    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>>;
+}
+
+/// Who holds a thread: a store several instances share. A store without it is this process's
+/// alone, and this instance holds every thread (see [`Store`]).
+pub trait Ownership: Send + Sync + 'static {
     /// Claims a thread for this instance before a change that is no admission (a cancellation,
-    /// an expiry): taken over when its holder is dead. A store of one instance: always here.
-    fn claim(&self, _thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        Box::pin(std::future::ready(Ok(Claim::Here {
-            current: None,
-            took_over: false,
-        })))
-    }
+    /// an expiry): taken over when its holder is dead.
+    fn claim(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>>;
     /// Who holds a thread, without claiming it (where a request for it is served).
-    fn holder(&self, _thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        self.claim(_thread_id)
-    }
-    /// An admission in one step: the thread's document (`cached`: what this process has in
-    /// memory; a shared store reads its own under a lock other instances wait on), `decide`, and
-    /// the document it returns saved, before anything is answered. `held`: this instance's runs
-    /// hold the thread (meaningful only where this instance held it already).
+    fn holder(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>>;
+    /// An admission in one step: the thread's document read under a lock other instances wait
+    /// on, `decide`, and the document it returns saved, before anything is answered. `held`:
+    /// this instance's runs hold the thread (meaningful only where this instance held it
+    /// already).
     fn admit<'a>(
         &'a self,
-        _thread_id: &'a str,
-        cached: Option<ThreadDoc>,
+        thread_id: &'a str,
         held: bool,
         decide: Decide<'a>,
-    ) -> BoxFuture<'a, Result<Admission, StoreError>> {
-        Box::pin(async move {
-            match decide(cached.as_ref(), held) {
-                Some(next) => {
-                    self.save(&next).await?;
-                    Ok(Admission::Here {
-                        read: None,
-                        current: Some(next),
-                        took_over: false,
-                    })
-                }
-                None => Ok(Admission::Here {
-                    read: None,
-                    current: cached,
-                    took_over: false,
-                }),
-            }
-        })
-    }
-    /// The id of the live instance that holds a thread in a shared store, as the store says now
-    /// (`None`: no live instance does, or the store is this process's alone).
-    fn held_by(&self, _thread_id: &str) -> BoxFuture<'static, Result<Option<String>, StoreError>> {
-        Box::pin(std::future::ready(Ok(None)))
-    }
+    ) -> BoxFuture<'a, Result<Admission, StoreError>>;
+    /// The id of the live instance that holds a thread, as the store says now (`None`: no live
+    /// instance does).
+    fn held_by(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<String>, StoreError>>;
     /// Whether this instance holds the thread now (what it has in memory is current).
-    fn holds(&self, _thread_id: &str) -> bool {
-        true
-    }
-    /// This instance's lease on a shared store (`None`: a store of one instance needs none).
-    fn lease(&self) -> Option<std::sync::Arc<Lease>> {
-        None
-    }
-    /// This instance's id in a shared store.
-    fn instance_id(&self) -> Option<String> {
-        None
-    }
-    /// The key that makes a request forwarded between instances of a shared store count as
-    /// forwarded (`forward`): one per cluster, kept in the store, never sent to a client.
-    fn forward_key(&self) -> Option<String> {
-        None
-    }
+    fn holds(&self, thread_id: &str) -> bool;
+    /// This instance's lease on the store.
+    fn lease(&self) -> Arc<Lease>;
+    /// This instance's id in the store.
+    fn instance_id(&self) -> String;
+    /// The key that makes a request forwarded between instances count as forwarded
+    /// (`forward`): one per cluster, kept in the store, never sent to a client.
+    fn forward_key(&self) -> String;
     /// This process keeps nothing of the thread any more (its registry evicted it: no run, no
-    /// lock, nothing waiting): a store that remembers something per thread it holds (the
-    /// PostgreSQL store's epochs) drops it, and learns it again at the thread's next admission.
-    fn forget(&self, _thread_id: &str) {}
+    /// lock, nothing waiting): what the store remembers per thread it holds (epochs) goes, and
+    /// is learnt again at the thread's next admission.
+    fn forget(&self, thread_id: &str);
+    /// A clean stop: this instance's threads are given up at once (another instance takes them
+    /// over without waiting for the lease to run out); nothing is written after it.
+    fn release(&self) -> BoxFuture<'static, ()>;
+}
+
+/// A thread's history: its transcript and its place in the list of a user's threads.
+pub trait History: Send + Sync + 'static {
     /// Appends a run's messages to the thread's transcript, numbered after its newest, and
-    /// keeps the newest `limit` (the oldest go first); done when durable. A store that keeps no
-    /// transcript keeps nothing.
+    /// keeps the newest `limit` (the oldest go first); done when durable.
     fn append_transcript(
         &self,
-        _thread_id: &str,
-        _entries: TranscriptAppend,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
-        Box::pin(std::future::ready(Ok(())))
-    }
+        thread_id: &str,
+        entries: TranscriptAppend,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
     /// A run's end: its messages appended to the thread's transcript and the thread's document
     /// as the run leaves it, both durable when done (a store that can write both at once does:
     /// one sync, not two). The outcomes of the document's save and of the transcript's append.
@@ -223,77 +199,28 @@ pub trait ThreadStore: Send + Sync + 'static {
         &self,
         doc: &ThreadDoc,
         transcript: Option<TranscriptAppend>,
-    ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)> {
-        let appended = transcript.map(|t| self.append_transcript(&doc.thread_id, t));
-        let saved = self.save(doc);
-        Box::pin(async move {
-            let appended = match appended {
-                Some(a) => a.await,
-                None => Ok(()),
-            };
-            (saved.await, appended)
-        })
-    }
+    ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)>;
     /// A page of the thread's transcript: the newest `limit` entries before `before`.
     fn read_transcript(
         &self,
-        _thread_id: &str,
-        _before: Option<u64>,
-        _limit: usize,
-    ) -> BoxFuture<'static, Result<crate::transcript::Page, StoreError>> {
-        Box::pin(std::future::ready(Ok(crate::transcript::Page::default())))
-    }
-    /// A page of the list of threads (`GET /threads`), newest activity first. A store that
-    /// keeps no list lists nothing.
+        thread_id: &str,
+        before: Option<u64>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<transcript::Page, StoreError>>;
+    /// A page of the list of threads (`GET /threads`), newest activity first.
     fn list_threads(
         &self,
-        _query: listing::ListQuery,
-    ) -> BoxFuture<'static, Result<listing::ListPage, StoreError>> {
-        Box::pin(std::future::ready(Ok(listing::ListPage::default())))
-    }
+        query: listing::ListQuery,
+    ) -> BoxFuture<'static, Result<listing::ListPage, StoreError>>;
     /// Changes a thread's title or archived flag; its summary after, or `None` when the store
     /// has no such thread.
     fn update_thread(
         &self,
-        _thread_id: &str,
-        _patch: listing::ThreadPatch,
-    ) -> BoxFuture<'static, Result<Option<listing::ThreadSummary>, StoreError>> {
-        Box::pin(std::future::ready(Ok(None)))
-    }
+        thread_id: &str,
+        patch: listing::ThreadPatch,
+    ) -> BoxFuture<'static, Result<Option<listing::ThreadSummary>, StoreError>>;
     /// Deletes a thread: its document, transcript and summary, durably. The caller holds the
     /// thread's lock and has checked that no run and no kernel task is open on it; a shared
     /// store deletes only a row with none either. Whether there was one to delete.
-    fn delete_thread(&self, _thread_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
-        Box::pin(std::future::ready(Ok(false)))
-    }
-    /// A clean stop: a shared store gives this instance's threads up at once (another instance
-    /// takes them over without waiting for the lease to run out); nothing is written after it.
-    fn release(&self) -> BoxFuture<'static, ()> {
-        Box::pin(std::future::ready(()))
-    }
-}
-
-/// The store of a state directory that could not be opened: every load and save fails with the
-/// reason (clear 503s instead of a crash).
-pub struct Unavailable(pub String);
-
-impl Unavailable {
-    fn err(&self) -> StoreError {
-        StoreError::Io(std::io::Error::other(self.0.clone()))
-    }
-}
-
-impl ThreadStore for Unavailable {
-    fn load(&self, _: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
-        Box::pin(std::future::ready(Err(self.err())))
-    }
-    fn save(&self, _: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
-        Box::pin(std::future::ready(Err(self.err())))
-    }
-    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
-        Box::pin(std::future::ready(Ok(())))
-    }
-    fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
-        Box::pin(std::future::ready(Err(self.0.clone())))
-    }
+    fn delete_thread(&self, thread_id: &str) -> BoxFuture<'static, Result<bool, StoreError>>;
 }

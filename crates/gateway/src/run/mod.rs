@@ -33,7 +33,7 @@ use crate::shutdown::{Activity, Shutdown};
 use crate::telemetry::Metrics;
 use clock::Clock;
 use kernel::Pool;
-use store::ThreadStore;
+use store::Store;
 
 pub use decide::admission::context_id;
 pub use driver::spawn_run;
@@ -158,7 +158,7 @@ impl Replays {
 impl Runtime {
     pub fn new(
         cfg: Config,
-        store: Arc<dyn ThreadStore>,
+        store: Store,
         kernels: Arc<Pool>,
         clock: Arc<dyn Clock>,
         env: Env,
@@ -170,7 +170,7 @@ impl Runtime {
         let rt = Runtime {
             cfg: Arc::new(cfg),
             threads: Arc::new(Threads::new(
-                metered::Metered::new(store, metrics.clone()),
+                metered::metered(store, metrics.clone()),
                 metrics.clone(),
             )),
             kernels,

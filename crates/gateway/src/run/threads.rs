@@ -10,9 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use super::metered::Metered;
 use crate::telemetry::{InterruptEvent, Metrics};
-use store::{Admission, Claim, Decide, Peer, StoreError, ThreadDoc};
+use store::{Admission, Claim, Decide, Peer, Store, StoreError, ThreadDoc};
 
 /// Controls of an active run, shared with the cancellation extension.
 #[derive(Debug, Default)]
@@ -121,7 +120,7 @@ impl Slot {
 
 /// The registry.
 pub struct Threads {
-    store: Metered,
+    store: Store,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Soft cap of threads kept in memory.
     cap: usize,
@@ -184,7 +183,7 @@ pub(crate) fn interrupt_changes(before: Option<&ThreadDoc>, after: &ThreadDoc) -
 }
 
 impl Threads {
-    pub fn new(store: Metered, metrics: Arc<Metrics>) -> Threads {
+    pub fn new(store: Store, metrics: Arc<Metrics>) -> Threads {
         Threads {
             store,
             slots: Mutex::new(HashMap::new()),
@@ -204,7 +203,7 @@ impl Threads {
     /// Counts the interrupts pending in the store (once, at start-up; until it has, threads
     /// loaded meanwhile are set aside so that none is counted twice).
     pub async fn count_stored_interrupts(&self) {
-        let found = self.store.pending_interrupts().await;
+        let found = self.store.documents().pending_interrupts().await;
         let mut u = self.unloaded();
         let mut added = 0;
         for (thread, n) in found {
@@ -273,7 +272,7 @@ impl Threads {
         m.pending_changed(c.created as i64 - (c.resolved + c.expired + c.cleared) as i64);
     }
 
-    pub fn store(&self) -> &Metered {
+    pub fn store(&self) -> &Store {
         &self.store
     }
 
@@ -317,12 +316,12 @@ impl Threads {
     ) -> Result<Locked<'a>, StoreError> {
         let mut st = slot.lock().await;
         if st.loaded && self.store.shared() && !self.store.holds(thread_id) {
-            let doc = self.store.load(thread_id).await?;
+            let doc = self.store.documents().load(thread_id).await?;
             self.replace(&mut st, thread_id, doc);
             return Ok(st);
         }
         if !st.loaded {
-            st.doc = self.store.load(thread_id).await?;
+            st.doc = self.store.documents().load(thread_id).await?;
             st.loaded = true;
             let pending = st.doc.as_ref().map_or(0, |d| d.execution.pending.len());
             self.loaded(thread_id, pending);
@@ -345,7 +344,7 @@ impl Threads {
     }
 
     /// Admits on the locked thread `st`: the store decides with `decide` and saves in one step
-    /// ([`store::ThreadStore::admit`]); the thread's document in memory becomes the
+    /// ([`store::Ownership::admit`]); the thread's document in memory becomes the
     /// store's.
     pub async fn admit(
         &self,
@@ -408,7 +407,7 @@ impl Threads {
                 match current {
                     Some(doc) => self.replace(&mut st, thread_id, doc),
                     None if !st.loaded => {
-                        let doc = self.store.load(thread_id).await?;
+                        let doc = self.store.documents().load(thread_id).await?;
                         self.replace(&mut st, thread_id, doc);
                     }
                     None => {}
@@ -448,7 +447,7 @@ impl Threads {
 
     /// Makes `next` the thread's document: durable first, then in memory, so a failed save
     /// changes nothing.
-    /// Deletes the thread from the store (see `ThreadStore::delete_thread`) and forgets it here:
+    /// Deletes the thread from the store (see `History::delete_thread`) and forgets it here:
     /// whether there was one to delete.
     pub async fn delete(&self, st: &mut ThreadState, thread_id: &str) -> Result<bool, StoreError> {
         if !self.store.delete_thread(thread_id).await? {
@@ -460,7 +459,7 @@ impl Threads {
     }
 
     pub async fn store_doc(&self, st: &mut ThreadState, next: ThreadDoc) -> Result<(), StoreError> {
-        self.store.save(&next).await?;
+        self.store.documents().save(&next).await?;
         self.account(st.doc.as_ref(), &next);
         st.doc = Some(next);
         Ok(())
@@ -479,7 +478,7 @@ impl Threads {
         let before = doc.clone();
         change(doc);
         self.account(Some(&before), doc);
-        Some(self.store.save(doc).await)
+        Some(self.store.documents().save(doc).await)
     }
 
     /// [`Threads::record`] at a run's end: the run's messages appended to the transcript with
@@ -515,27 +514,48 @@ impl Threads {
 mod tests {
     use super::*;
     use crate::run::decide::testing::doc_with_pending;
-    use store::{AppliedDigest, BoxFuture, ThreadStore};
+    use store::{AppliedDigest, BoxFuture, Lease, Ownership};
 
-    /// A store that remembers which threads it was told to forget.
+    /// A shared store that remembers which threads it was told to forget (nothing else of it
+    /// is asked).
     #[derive(Default)]
     struct Forgetful(Mutex<Vec<String>>);
 
-    impl ThreadStore for Forgetful {
-        fn load(&self, _: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
-            Box::pin(async { Ok(None) })
+    impl Ownership for Forgetful {
+        fn claim(&self, _: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+            unimplemented!("not asked")
         }
-        fn save(&self, _: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
-            Box::pin(async { Ok(()) })
+        fn holder(&self, _: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+            unimplemented!("not asked")
         }
-        fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
-            Box::pin(async { Ok(()) })
+        fn admit<'a>(
+            &'a self,
+            _: &'a str,
+            _: bool,
+            _: Decide<'a>,
+        ) -> BoxFuture<'a, Result<Admission, StoreError>> {
+            unimplemented!("not asked")
         }
-        fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
-            Box::pin(async { Ok(()) })
+        fn held_by(&self, _: &str) -> BoxFuture<'static, Result<Option<String>, StoreError>> {
+            unimplemented!("not asked")
+        }
+        fn holds(&self, _: &str) -> bool {
+            true
+        }
+        fn lease(&self) -> Arc<Lease> {
+            Arc::new(Lease::new(std::time::Duration::from_secs(15)))
+        }
+        fn instance_id(&self) -> String {
+            "me".into()
+        }
+        fn forward_key(&self) -> String {
+            "key".into()
         }
         fn forget(&self, thread_id: &str) {
             self.0.lock().unwrap().push(thread_id.to_owned());
+        }
+        fn release(&self) -> BoxFuture<'static, ()> {
+            Box::pin(async {})
         }
     }
 
@@ -546,7 +566,12 @@ mod tests {
     fn evicted_threads_are_forgotten_by_the_store() {
         let store = Arc::new(Forgetful::default());
         let metrics = Arc::new(Metrics::new());
-        let mut threads = Threads::new(Metered::new(store.clone(), metrics.clone()), metrics);
+        let documents = Arc::new(store::Unavailable("not asked".into()));
+        let parts = Store::from_parts(documents, Some(store.clone()), None);
+        let mut threads = Threads::new(
+            super::super::metered::metered(parts, metrics.clone()),
+            metrics,
+        );
         threads.cap = 3;
         let kept = threads.slot("kept");
         threads.slot("a");

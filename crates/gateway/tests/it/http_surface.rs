@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use store::{BoxFuture, FileStore, StoreError, ThreadDoc, ThreadStore};
+use store::{BoxFuture, Documents, FileStore, StoreError, ThreadDoc};
 
 use crate::support::FaultyStore;
 use serde_json::{json, Value};
@@ -962,7 +962,7 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 /// A store whose every save takes 50 ms: a global lock would serialise 200 admissions (≥ 10 s).
 struct SlowStore(FileStore);
 
-impl ThreadStore for SlowStore {
+impl Documents for SlowStore {
     fn load(&self, t: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
         self.0.load(t)
     }
@@ -978,6 +978,9 @@ impl ThreadStore for SlowStore {
     }
     fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
         self.0.reachable()
+    }
+    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
+        self.0.pending_interrupts()
     }
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use store::{PgStore, ThreadStore, TranscriptAppend};
+use store::{History, PgStore, TranscriptAppend};
 use testkit::postgres::Cluster;
 
 fn add(run: &str) -> TranscriptAppend {

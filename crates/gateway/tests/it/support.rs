@@ -11,7 +11,7 @@ use iac_code_agui::config::Env;
 use iac_code_agui::config::{Caps, Config};
 use kernel::{ChildSpec, Kernel, KernelState};
 use serde_json::{json, Value};
-use store::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
+use store::{BoxFuture, Documents, Store, StoreError, ThreadDoc};
 use testkit::real_kernel::KernelEnv;
 use tokio::sync::oneshot;
 
@@ -24,7 +24,7 @@ pub struct Builder {
     pub a2a: Option<(String, Option<String>)>,
     pub console: iac_code_agui::config::Served,
     pub heartbeat: Duration,
-    pub store: Option<Arc<dyn ThreadStore>>,
+    pub store: Option<Store>,
     pub clock: Option<Arc<dyn Clock>>,
     pub ttl: Option<u64>,
     pub dir: Option<PathBuf>,
@@ -185,8 +185,9 @@ impl Builder {
         self.heartbeat = d;
         self
     }
-    pub fn store(mut self, s: Arc<dyn ThreadStore>) -> Self {
-        self.store = Some(s);
+    /// A store of documents only (no history, no other instance), as a test wraps one.
+    pub fn store(mut self, s: Arc<dyn Documents>) -> Self {
+        self.store = Some(Store::documents_only(s));
         self
     }
     pub fn clock(mut self, c: Arc<dyn Clock>) -> Self {
@@ -365,7 +366,7 @@ impl TestServer {
                 .enable_all()
                 .build()
                 .expect("runtime")
-                .block_on(store.flush())
+                .block_on(store.documents().flush())
         })
         .join()
         .expect("flush thread")
@@ -556,7 +557,7 @@ pub fn wait_health(port: u16, limit: Duration) -> Option<Duration> {
 
 /// A store that fails saves on demand (fault injection for the fail-closed paths).
 pub struct FaultyStore {
-    inner: Arc<dyn ThreadStore>,
+    inner: Arc<dyn Documents>,
     switch: FaultSwitch,
 }
 
@@ -594,7 +595,7 @@ impl FaultSwitch {
 }
 
 impl FaultyStore {
-    pub fn new(inner: impl ThreadStore) -> (FaultyStore, FaultSwitch) {
+    pub fn new(inner: impl Documents) -> (FaultyStore, FaultSwitch) {
         let switch = FaultSwitch::default();
         (
             FaultyStore {
@@ -606,7 +607,7 @@ impl FaultyStore {
     }
 }
 
-impl ThreadStore for FaultyStore {
+impl Documents for FaultyStore {
     fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
         self.inner.load(thread_id)
     }
@@ -623,6 +624,9 @@ impl ThreadStore for FaultyStore {
     }
     fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
         self.inner.reachable()
+    }
+    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
+        self.inner.pending_interrupts()
     }
 }
 

@@ -33,7 +33,9 @@ use tokio_postgres::NoTls;
 
 pub use lease::{Lapse, Lease};
 
-use super::{Admission, BoxFuture, Claim, Decide, Peer, StoreError, ThreadDoc, ThreadStore};
+use super::{
+    Admission, BoxFuture, Claim, Decide, Documents, History, Ownership, Peer, StoreError, ThreadDoc,
+};
 use rows::{columns, parse, LOAD, MAX_DOC};
 
 /// Every database operation is bounded: a database that is down or restarting gives a clear
@@ -441,7 +443,7 @@ impl PgStore {
     }
 }
 
-impl ThreadStore for PgStore {
+impl Documents for PgStore {
     fn load(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(bounded("load", async move {
@@ -468,10 +470,6 @@ impl ThreadStore for PgStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn shared(&self) -> bool {
-        true
-    }
-
     fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
         // What the heartbeat (every third of the lease's TTL) found: no query of its own, so a
         // probe costs the database nothing.
@@ -487,6 +485,82 @@ impl ThreadStore for PgStore {
         Box::pin(std::future::ready(r))
     }
 
+    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
+        // Not cheaply: the rows would all be read. The metrics learn them as threads load.
+        Box::pin(std::future::ready(Vec::new()))
+    }
+}
+
+impl Ownership for PgStore {
+    fn claim(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(bounded("claim", async move { store.do_claim(id).await }))
+    }
+
+    fn holder(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(bounded("holder", async move { store.do_holder(id).await }))
+    }
+
+    fn admit<'a>(
+        &'a self,
+        thread_id: &'a str,
+        held: bool,
+        decide: Decide<'a>,
+    ) -> BoxFuture<'a, Result<Admission, StoreError>> {
+        Box::pin(bounded("admission", self.do_admit(thread_id, held, decide)))
+    }
+
+    fn held_by(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<String>, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(bounded("holder", async move { store.do_held_by(id).await }))
+    }
+
+    fn holds(&self, thread_id: &str) -> bool {
+        self.inner.lease.holds() && self.epochs().contains_key(thread_id)
+    }
+
+    fn lease(&self) -> Arc<Lease> {
+        self.inner.lease.clone()
+    }
+
+    fn instance_id(&self) -> String {
+        self.inner.me.clone()
+    }
+
+    fn forward_key(&self) -> String {
+        self.inner.forward_key.clone()
+    }
+
+    fn forget(&self, thread_id: &str) {
+        // The row still names this instance: the next admission reads its epoch again.
+        self.epochs().remove(thread_id);
+    }
+
+    fn release(&self) -> BoxFuture<'static, ()> {
+        let store = self.clone();
+        Box::pin(async move {
+            // First: nothing is written after this, whatever the database says.
+            store.inner.lease.give_up();
+            let gone = bounded("release", async {
+                let c = store.inner.beats.get().await.map_err(unavailable)?;
+                c.execute(GONE, &[&store.inner.me])
+                    .await
+                    .map_err(unavailable)?;
+                Ok(())
+            })
+            .await;
+            match gone {
+                Ok(()) => tracing::info!("this instance's threads are given up"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the threads could not be given up: another instance takes them over once the lease runs out")
+                }
+            }
+        })
+    }
+}
+
+impl History for PgStore {
     fn append_transcript(
         &self,
         thread_id: &str,
@@ -494,6 +568,23 @@ impl ThreadStore for PgStore {
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move { store.append_transcript_now(id, add).await })
+    }
+
+    fn save_ending(
+        &self,
+        doc: &ThreadDoc,
+        transcript: Option<crate::TranscriptAppend>,
+    ) -> BoxFuture<'static, (Result<(), StoreError>, Result<(), StoreError>)> {
+        // Two statements of their own: the transcript's table is not the document's row.
+        let appended = transcript.map(|t| self.append_transcript(&doc.thread_id, t));
+        let saved = Documents::save(self, doc);
+        Box::pin(async move {
+            let appended = match appended {
+                Some(a) => a.await,
+                None => Ok(()),
+            };
+            (saved.await, appended)
+        })
     }
 
     fn read_transcript(
@@ -526,73 +617,5 @@ impl ThreadStore for PgStore {
     fn delete_thread(&self, thread_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move { store.delete_thread_now(id).await })
-    }
-
-    fn claim(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        let (store, id) = (self.clone(), thread_id.to_owned());
-        Box::pin(bounded("claim", async move { store.do_claim(id).await }))
-    }
-
-    fn holder(&self, thread_id: &str) -> BoxFuture<'static, Result<Claim, StoreError>> {
-        let (store, id) = (self.clone(), thread_id.to_owned());
-        Box::pin(bounded("holder", async move { store.do_holder(id).await }))
-    }
-
-    fn held_by(&self, thread_id: &str) -> BoxFuture<'static, Result<Option<String>, StoreError>> {
-        let (store, id) = (self.clone(), thread_id.to_owned());
-        Box::pin(bounded("holder", async move { store.do_held_by(id).await }))
-    }
-
-    fn holds(&self, thread_id: &str) -> bool {
-        self.inner.lease.holds() && self.epochs().contains_key(thread_id)
-    }
-
-    fn forget(&self, thread_id: &str) {
-        // The row still names this instance: the next admission reads its epoch again.
-        self.epochs().remove(thread_id);
-    }
-
-    fn admit<'a>(
-        &'a self,
-        thread_id: &'a str,
-        _cached: Option<ThreadDoc>,
-        held: bool,
-        decide: Decide<'a>,
-    ) -> BoxFuture<'a, Result<Admission, StoreError>> {
-        Box::pin(bounded("admission", self.do_admit(thread_id, held, decide)))
-    }
-
-    fn lease(&self) -> Option<Arc<Lease>> {
-        Some(self.inner.lease.clone())
-    }
-
-    fn instance_id(&self) -> Option<String> {
-        Some(self.inner.me.clone())
-    }
-
-    fn forward_key(&self) -> Option<String> {
-        Some(self.inner.forward_key.clone())
-    }
-
-    fn release(&self) -> BoxFuture<'static, ()> {
-        let store = self.clone();
-        Box::pin(async move {
-            // First: nothing is written after this, whatever the database says.
-            store.inner.lease.give_up();
-            let gone = bounded("release", async {
-                let c = store.inner.beats.get().await.map_err(unavailable)?;
-                c.execute(GONE, &[&store.inner.me])
-                    .await
-                    .map_err(unavailable)?;
-                Ok(())
-            })
-            .await;
-            match gone {
-                Ok(()) => tracing::info!("this instance's threads are given up"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the threads could not be given up: another instance takes them over once the lease runs out")
-                }
-            }
-        })
     }
 }

@@ -39,7 +39,7 @@ async fn harness_of(kernels: usize) -> Harness {
     }
     let dir = tempfile::tempdir().unwrap();
     let cfg = Config::for_state_dir(dir.path().join("state"), &|_| None);
-    let store = Arc::new(FileStore::open(dir.path().join("state")).unwrap());
+    let store = store::Store::file(FileStore::open(dir.path().join("state")).unwrap());
     let env: Env = Arc::new(|_| None);
     let slots = std::iter::once(&kernel)
         .chain(&more)
@@ -163,7 +163,14 @@ async fn a_turn_makes_its_ids_durable_and_finishes_once() {
     let ev = events(h.run(h.request("t1", "r1", None)).await).await;
     assert_eq!(terminals(&ev), ["RUN_FINISHED"]);
     assert_eq!(ev.last().unwrap()["outcome"]["type"], "success");
-    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    let doc =
+        h.rt.threads()
+            .store()
+            .documents()
+            .load("t1")
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(doc.session_id.as_deref(), Some("s1"));
     let last = doc.last_run.clone().unwrap();
     assert_eq!(
@@ -201,7 +208,14 @@ async fn an_interrupt_is_durable_before_the_run_ends_with_it() {
     let h = harness().await;
     let c = h.ctx("t1");
     interrupt(&h, &c).await;
-    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    let doc =
+        h.rt.threads()
+            .store()
+            .documents()
+            .load("t1")
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(doc.execution.pending.len(), 1);
     assert_eq!(doc.last_run.unwrap().outcome, RunOutcome::Interrupt.into());
     assert!(
@@ -247,7 +261,14 @@ async fn a_client_that_goes_away_cancels_the_task_once_known() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    let doc =
+        h.rt.threads()
+            .store()
+            .documents()
+            .load("t1")
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(
         doc.last_run.unwrap().outcome,
         RunOutcome::Disconnected.into()
@@ -342,7 +363,14 @@ async fn an_answer_is_delivered_once_and_recorded_before_the_run_goes_on() {
         answer.contains("allow_once") && answer.contains("tool-1"),
         "{answer}"
     );
-    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    let doc =
+        h.rt.threads()
+            .store()
+            .documents()
+            .load("t1")
+            .await
+            .unwrap()
+            .unwrap();
     assert!(doc.execution.pending.is_empty());
     assert!(
         doc.delivering.is_empty(),
@@ -413,7 +441,13 @@ async fn finished(h: &Harness, thread: &str, run: &str) {
 
 /// The kernel `thread` recorded.
 async fn key_of(h: &Harness, thread: &str) -> Option<String> {
-    let doc = h.rt.threads().store().load(thread).await.unwrap();
+    let doc =
+        h.rt.threads()
+            .store()
+            .documents()
+            .load(thread)
+            .await
+            .unwrap();
     doc.unwrap().kernel
 }
 
@@ -458,12 +492,12 @@ async fn threads_are_placed_on_a_kernel_and_stay_there() {
     assert_eq!((turns(k0), turns(k1)), (4, 1));
     // A thread with a session and no key (one kernel served it): on the first, though the
     // other has had fewer threads.
-    let mut legacy = store.load("t2").await.unwrap().unwrap();
+    let mut legacy = store.documents().load("t2").await.unwrap().unwrap();
     legacy.thread_id = "t3".into();
     legacy.context_id = h.ctx("t3");
     legacy.kernel = None;
     legacy.last_run = None;
-    store.save(&legacy).await.unwrap();
+    store.documents().save(&legacy).await.unwrap();
     script_turn(k0, &h.ctx("t3"), "task-5", "s2");
     script_turn(k1, &h.ctx("t3"), "task-6", "s2");
     finished(&h, "t3", "r5").await;
@@ -474,7 +508,15 @@ async fn threads_are_placed_on_a_kernel_and_stay_there() {
     script_turn(&one.kernel, &one.ctx("t1"), "task-1", "s1");
     let ev = events(one.run(one.request("t1", "r1", None)).await).await;
     assert_eq!(terminals(&ev), ["RUN_FINISHED"]);
-    let doc = one.rt.threads().store().load("t1").await.unwrap().unwrap();
+    let doc = one
+        .rt
+        .threads()
+        .store()
+        .documents()
+        .load("t1")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(doc.kernel, None);
 }
 
@@ -541,7 +583,14 @@ async fn a_cancellation_goes_to_the_threads_kernel() {
     script_turn(k0, &h.ctx("t0"), "task-0", "s0");
     finished(&h, "t0", "r0").await;
     interrupt_on(&h, k1, &h.ctx("t1")).await;
-    let doc = h.rt.threads().store().load("t1").await.unwrap().unwrap();
+    let doc =
+        h.rt.threads()
+            .store()
+            .documents()
+            .load("t1")
+            .await
+            .unwrap()
+            .unwrap();
     let exec = doc.execution.execution_id.clone();
     let caller = crate::auth::Caller::OPEN;
     crate::run::cancel::cancel(&h.rt, &caller, &exec, "t1", "inv-1")

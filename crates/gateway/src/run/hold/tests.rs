@@ -8,7 +8,7 @@ use super::*;
 use crate::run::decide::testing::doc_with_pending;
 use crate::run::{ActiveRun, RunControl};
 use crate::telemetry::{Metrics, RunOutcome};
-use store::{BoxFuture, ThreadStore};
+use store::{BoxFuture, Documents, Store};
 
 /// A store in memory; `fail` makes every save fail, `refuse` makes it answer "not held".
 #[derive(Default)]
@@ -25,7 +25,7 @@ impl Memory {
     }
 }
 
-impl ThreadStore for Memory {
+impl Documents for Memory {
     fn load(&self, id: &str) -> BoxFuture<'static, Result<Option<ThreadDoc>, StoreError>> {
         let doc = self.stored(id);
         Box::pin(async move { Ok(doc) })
@@ -51,6 +51,9 @@ impl ThreadStore for Memory {
     fn reachable(&self) -> BoxFuture<'static, Result<(), String>> {
         Box::pin(async { Ok(()) })
     }
+    fn pending_interrupts(&self) -> BoxFuture<'static, Vec<(String, usize)>> {
+        Box::pin(async { Vec::new() })
+    }
 }
 
 /// A thread `thread-1` on execution `exec-0` (pending `p1` when `waiting`), loaded, with a run
@@ -61,7 +64,7 @@ async fn held(waiting: bool) -> (Arc<Memory>, Arc<Threads>, ThreadHold) {
     store.docs.lock().unwrap().insert("thread-1".into(), doc);
     let metrics = Arc::new(Metrics::new());
     let threads = Arc::new(Threads::new(
-        crate::run::metered::Metered::new(store.clone(), metrics.clone()),
+        crate::run::metered::metered(Store::documents_only(store.clone()), metrics.clone()),
         metrics,
     ));
     let slot = threads.slot("thread-1");
