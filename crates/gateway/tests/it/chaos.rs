@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use testkit::chaos::{ChaosProxy, Fault, Match};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::real_kernel::{alive, KernelEnv, KernelProcess};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
@@ -239,18 +239,11 @@ async fn a_kernel_restart_mid_run_ends_it_and_the_new_kernel_serves_the_next_tur
     // busy machine could let the watchdog cancel the task at the old kernel first).
     let rig = rig_idle(Duration::from_secs(60)).await;
     let c = ctx("t1");
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            r(items::text("task-1", &c, "partial ", "m1", json!({}))),
-            Item::Stall,
-        ]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text("partial ", "m1")
+            .then(Item::Stall),
     );
     let url = rig.server.url.clone();
     let ws = rig.server.ws("w");
@@ -453,29 +446,17 @@ fn perm_input(thread: &str) -> Value {
 /// A first run that ends in the permission interrupt `perm-1`.
 async fn interrupted(rig: &Rig, thread: &str) {
     let c = ctx(thread);
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm_input(thread)}),
-            )),
-        ]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .input_required(json!({"input": perm_input(thread)})),
     );
     let (res, _) = run(&rig.server, thread, "r1").await;
     assert_eq!(res.last()["outcome"]["type"], "interrupt", "{}", res.raw);
 }
 
 fn task_reply(thread: &str, state: &str, meta: Value) -> Reply {
-    Reply::Json(200, items::bare_task("task-1", &ctx(thread), state, meta))
+    Reply::task("task-1", &ctx(thread), state, meta)
 }
 
 async fn resume(rig: &Rig, thread: &str, run_id: &str) -> RunResult {
@@ -506,10 +487,9 @@ async fn an_answer_the_kernel_already_had_is_settled_from_the_task() {
             json!({"input": perm_input("t1")}),
         ),
     );
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status("task-1", &c, "TASK_STATE_WORKING",
-            json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "recovered": true, "duplicate": true}})))]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "recovered": true, "duplicate": true}})),
     );
     // The stale projection still shows the answered permission: it is not raised again.
     rig.kernel.on(
@@ -539,10 +519,9 @@ async fn an_answer_the_kernel_already_had_is_settled_from_the_task() {
             json!({"input": perm_input("t2")}),
         ),
     );
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status("task-1", &c2, "TASK_STATE_WORKING",
-            json!({"permissionAck": {"schemaVersion": 1, "kind": "permission_ack", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "accepted": true}})))]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c2)
+            .working(json!({"permissionAck": {"schemaVersion": 1, "kind": "permission_ack", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "accepted": true}})),
     );
     for _ in 0..40 {
         rig.kernel
@@ -581,27 +560,18 @@ async fn a_stream_that_closes_while_its_task_works_is_followed() {
             json!({"input": perm_input("t1")}),
         ),
     );
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status("task-1", &c, "TASK_STATE_WORKING",
-                json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once"}}))),
-            r(items::text("task-1", &c, "Running ", "m2", json!({}))),
-        ]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once"}}))
+            .text("Running ", "m2"),
     );
     rig.kernel
         .on("GetTask", task_reply("t1", "TASK_STATE_WORKING", json!({})));
     rig.kernel.on(
         "SubscribeToTask",
-        Reply::Sse(vec![
-            r(items::text("task-1", &c, "done.", "m2", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &c)
+            .text("done.", "m2")
+            .input_required(json!({})),
     );
     let res = resume(&rig, "t1", "r2").await;
     assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);

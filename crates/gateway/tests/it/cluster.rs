@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::postgres::{Cluster, Stop};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
@@ -230,35 +230,12 @@ pub(crate) fn interrupting_turn(k: &FakeKernel, thread: &str, task: &str, input:
 /// The kernel's side of a resume: the task as it waits, then the answer's stream.
 pub(crate) fn accepting_resume(k: &FakeKernel, thread: &str, task: &str, input: &str) {
     let c = ctx(thread);
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                task,
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm(input, thread, task)}),
-            ),
-        ),
-    );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::status(
-                task,
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"inputReceived": {"kind": "permission", "inputId": input}}),
-            )),
-            Item::Result(items::text(task, &c, "Done.", "m-done", json!({}))),
-            Item::Result(items::status(
-                task,
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+    k.task_awaits_input(task, &c, json!({"input": perm(input, thread, task)}));
+    k.stream(
+        Stream::of(task, &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": input}}))
+            .text("Done.", "m-done")
+            .input_required(json!({})),
     );
 }
 
@@ -341,27 +318,11 @@ async fn a_thread_is_served_by_its_holder_whichever_instance_is_asked() {
     ka.on_context(
         "SendStreamingMessage",
         &ctx("t1"),
-        Reply::Sse(vec![
-            Item::Result(items::status(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Result(items::text(
-                "task-1",
-                &ctx("t1"),
-                "Again from A",
-                "m-2",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &ctx("t1"))
+            .working(json!({}))
+            .text("Again from A", "m-2")
+            .input_required(json!({}))
+            .reply(),
     );
     let r2 = post(
         &b.url(),
@@ -756,24 +717,12 @@ async fn a_postgres_restart_mid_run_fails_closed_and_the_pool_recovers() {
         let c = ctx(&thread);
         let task = format!("task-{round}");
         // The task id comes after the pause: its save falls in the outage.
-        k.on(
-            "SendStreamingMessage",
-            Reply::Sse(vec![
-                Item::Sleep(Duration::from_millis(1500)),
-                Item::Result(items::task(
-                    &task,
-                    &c,
-                    "TASK_STATE_SUBMITTED",
-                    json!({"iacCodeSessionId": "s"}),
-                )),
-                Item::Result(items::text(&task, &c, "hello", "m", json!({}))),
-                Item::Result(items::status(
-                    &task,
-                    &c,
-                    "TASK_STATE_INPUT_REQUIRED",
-                    json!({}),
-                )),
-            ]),
+        k.stream(
+            Stream::of(&task, &c)
+                .then(Item::Sleep(Duration::from_millis(1500)))
+                .submitted(json!({"iacCodeSessionId": "s"}))
+                .text("hello", "m")
+                .input_required(json!({})),
         );
         let url = a.url();
         let b1 = body(&thread, "r1", "go", &ws.cwd(&thread), json!({}));
@@ -812,22 +761,10 @@ async fn a_postgres_restart_mid_run_fails_closed_and_the_pool_recovers() {
         let deadline = Instant::now() + Duration::from_secs(20);
         let next = format!("after-{round}");
         loop {
-            k.on(
-                "SendStreamingMessage",
-                Reply::Sse(vec![
-                    Item::Result(items::task(
-                        "task-n",
-                        &ctx(&next),
-                        "TASK_STATE_SUBMITTED",
-                        json!({}),
-                    )),
-                    Item::Result(items::status(
-                        "task-n",
-                        &ctx(&next),
-                        "TASK_STATE_INPUT_REQUIRED",
-                        json!({}),
-                    )),
-                ]),
+            k.stream(
+                Stream::of("task-n", &ctx(&next))
+                    .submitted(json!({}))
+                    .input_required(json!({})),
             );
             let r = post(
                 &a.url(),
@@ -915,20 +852,10 @@ async fn two_instances_serve_two_hundred_concurrent_runs_each_without_leaks() {
             k.on_context(
                 "SendStreamingMessage",
                 &ctx(&t),
-                Reply::Sse(vec![
-                    Item::Result(items::status(
-                        &task,
-                        &ctx(&t),
-                        "TASK_STATE_WORKING",
-                        json!({}),
-                    )),
-                    Item::Result(items::status(
-                        &task,
-                        &ctx(&t),
-                        "TASK_STATE_INPUT_REQUIRED",
-                        json!({}),
-                    )),
-                ]),
+                Stream::of(&task, &ctx(&t))
+                    .working(json!({}))
+                    .input_required(json!({}))
+                    .reply(),
             );
             let (url, b) = (other.url(), body(&t, "r2", "again", &ws.cwd(&t), json!({})));
             tasks.push(tokio::spawn(async move { (t, post(&url, &b, &[]).await) }));
@@ -1022,17 +949,10 @@ async fn an_answer_on_its_way_when_its_holder_died_is_settled_not_sent_again() {
     assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
     // A's kernel takes the answer and says nothing yet; A dies in between.
     let c = ctx("t1");
-    ka.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "t1", "task-1")}),
-            ),
-        ),
+    ka.task_awaits_input(
+        "task-1",
+        &c,
+        json!({"input": perm("perm-1", "t1", "task-1")}),
     );
     ka.on("SendStreamingMessage", Reply::Sse(vec![Item::Stall]));
     let url = a.url();
@@ -1055,10 +975,7 @@ async fn an_answer_on_its_way_when_its_holder_died_is_settled_not_sent_again() {
     for _ in 0..2 {
         kb.on(
             "GetTask",
-            Reply::Json(
-                200,
-                items::bare_task("task-1", &c, "TASK_STATE_COMPLETED", json!({})),
-            ),
+            Reply::task("task-1", &c, "TASK_STATE_COMPLETED", json!({})),
         );
     }
     let r2 = post(
@@ -1169,24 +1086,10 @@ async fn an_observer_asked_at_another_instance_is_served_by_the_holder() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let c = ctx("t1");
-    ka.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
-        ),
-    );
+    ka.task_is_working("task-1", &c, json!({}));
     ka.on(
         "SubscribeToTask",
-        Reply::Sse(vec![
-            Item::Result(items::text("task-1", &c, "observed", "m-1", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &c).text("observed", "m-1").completed(),
     );
     let seen = post(
         &format!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, parse, post};
 
 use crate::support::{body, ctx, get_as, permission, Builder, TestServer};
@@ -25,19 +25,12 @@ fn script(k: &FakeKernel, thread: &str, task: &str, text: &str, pause: Duration,
     } else {
         items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))
     };
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                task,
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            Item::Result(items::text(task, &c, text, &format!("m-{task}"), json!({}))),
-            Item::Sleep(pause),
-            Item::Result(end),
-        ]),
+    k.stream(
+        Stream::of(task, &c)
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .text(text, &format!("m-{task}"))
+            .then(Item::Sleep(pause))
+            .then(Item::Result(end)),
     );
 }
 

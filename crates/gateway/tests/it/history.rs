@@ -6,7 +6,7 @@ use iac_code_agui::config::Caps;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Stream};
 use testkit::sse::{assert_valid_run, post};
 
 use crate::support::{
@@ -28,77 +28,38 @@ fn script_tool_then_interrupt(k: &FakeKernel, thread: &str) {
             json!({"tool": t}),
         ))
     };
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text("task-1", &c, "Looking.", "m1", json!({}))),
-            tool("input_complete", json!({"toolInput": {"path": "/tmp"}})),
-            tool("completed", json!({"result": "a.tf"})),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": permission(thread)}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text("Looking.", "m1")
+            .then(tool(
+                "input_complete",
+                json!({"toolInput": {"path": "/tmp"}}),
+            ))
+            .then(tool("completed", json!({"result": "a.tf"})))
+            .input_required(json!({"input": permission(thread)})),
     );
 }
 
 fn script_done(k: &FakeKernel, thread: &str, task: &str, text: &str) {
     let c = ctx(thread);
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                task,
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text(task, &c, text, &format!("m-{task}"), json!({}))),
-            Item::Result(items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))),
-        ]),
+    k.stream(
+        Stream::of(task, &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text(text, &format!("m-{task}"))
+            .completed(),
     );
 }
 
 /// The kernel's side of the answer: the task as it waits, the acknowledgement, a text, the end.
 fn script_resume(k: &FakeKernel, thread: &str) {
     let c = ctx(thread);
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": permission(thread)}),
-            ),
-        ),
-    );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}),
-            )),
-            Item::Result(items::text("task-1", &c, "Listed.", "m2", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.task_awaits_input("task-1", &c, json!({"input": permission(thread)}));
+    k.stream(
+        Stream::of("task-1", &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}))
+            .text("Listed.", "m2")
+            .completed(),
     );
 }
 
@@ -615,23 +576,11 @@ async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
         "{e}"
     );
     let c = ctx("t-e1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-9",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Sleep(Duration::from_millis(1500)),
-            Item::Result(items::status(
-                "task-9",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-9", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .then(Item::Sleep(Duration::from_millis(1500)))
+            .completed(),
     );
     let running = {
         let (u, b, h) = (

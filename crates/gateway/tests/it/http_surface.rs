@@ -8,7 +8,7 @@ use iac_code_agui::store::{BoxFuture, FileStore, StoreError, ThreadDoc, ThreadSt
 
 use crate::support::FaultyStore;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{self, post, post_raw};
 
 use crate::support::{body, ctx, get_as, resume_body, Builder, TestServer};
@@ -552,21 +552,11 @@ fn base64_of_len(decoded: usize) -> String {
 }
 
 fn done_stream(task: &str, thread: &str) -> Reply {
-    Reply::Sse(vec![
-        Item::Result(items::task(
-            task,
-            &ctx(thread),
-            "TASK_STATE_SUBMITTED",
-            json!({"iacCodeSessionId": "sess-1"}),
-        )),
-        Item::Result(items::text(task, &ctx(thread), "hello", "m1", json!({}))),
-        Item::Result(items::status(
-            task,
-            &ctx(thread),
-            "TASK_STATE_INPUT_REQUIRED",
-            json!({}),
-        )),
-    ])
+    Stream::of(task, &ctx(thread))
+        .submitted(json!({"iacCodeSessionId": "sess-1"}))
+        .text("hello", "m1")
+        .input_required(json!({}))
+        .reply()
 }
 
 #[tokio::test]
@@ -631,17 +621,10 @@ async fn idempotency_busy_binding_and_resume_rules() {
     assert_eq!(sess[0]["rosInvocationId"], "inv-NEW");
     assert_eq!(sess[0]["contextId"], ctx("t1"));
     // THREAD_BUSY while a run streams; DUPLICATE precedes BUSY.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-3",
-                &ctx("t1"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-3", &ctx("t1"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .then(Item::Stall),
     );
     let b3 = body("t1", "r3", "x", &ws, json!({"userId": "u1"}));
     let url = s.url.clone();
@@ -708,22 +691,10 @@ async fn resume_required_and_invocation_mismatch() {
     let ws = s.ws("w");
     let perm = json!({"schemaVersion":1,"kind":"permission","requestTaskId":"task-1","contextId":ctx("t1"),"inputId":"perm-1",
         "toolUseId":"tu1","toolName":"bash","prompt":"Run bash Allow once?","required":true});
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId":"sess-1"}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &ctx("t1"))
+            .submitted(json!({"iacCodeSessionId":"sess-1"}))
+            .input_required(json!({"input": perm})),
     );
     let r = post(&s.url, &body("t1", "r1", "x", &ws, json!({})), &[]).await;
     sse::assert_valid_run(&r, "t1", "r1");
@@ -1033,22 +1004,10 @@ async fn every_pre_sse_error_in_two_languages() {
     let auth = ("authorization", "Bearer tok");
     // A thread with a pending interrupt and an active run on another.
     let perm = json!({"kind":"permission","requestTaskId":"task-1","inputId":"perm-1","toolUseId":"tu1","required":true});
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &ctx("tp"),
-                "TASK_STATE_SUBMITTED",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &ctx("tp"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &ctx("tp"))
+            .submitted(json!({}))
+            .input_required(json!({"input": perm})),
     );
     assert_eq!(
         post(&s.url, &body("tp", "r1", "x", &ws, json!({})), &[auth])
@@ -1056,17 +1015,10 @@ async fn every_pre_sse_error_in_two_languages() {
             .last()["outcome"]["type"],
         "interrupt"
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-2",
-                &ctx("tb"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-2", &ctx("tb"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .then(Item::Stall),
     );
     let url = s.url.clone();
     let busy_body = body("tb", "r1", "x", &ws, json!({}));
@@ -1264,22 +1216,10 @@ async fn orphaned_execution_is_cancelled_before_a_new_turn() {
         .start()
         .await;
     let c = ctx("thread-s6b");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-new",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": orphan["iacCodeSessionId"]}),
-            )),
-            Item::Result(items::status(
-                "task-new",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-new", &c)
+            .submitted(json!({"iacCodeSessionId": orphan["iacCodeSessionId"]}))
+            .input_required(json!({})),
     );
     let r = post(
         &s.url,

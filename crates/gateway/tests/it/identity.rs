@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
@@ -15,39 +15,20 @@ use crate::support::{
 /// The next turn stops at a permission interrupt.
 fn script_interrupt(k: &FakeKernel, thread: &str) {
     let c = ctx(thread);
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": permission(thread)}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .input_required(json!({"input": permission(thread)})),
     );
 }
 
 /// The next turn completes.
 fn script_done(k: &FakeKernel, thread: &str, task: &str) {
     let c = ctx(thread);
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                task,
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))),
-        ]),
+    k.stream(
+        Stream::of(task, &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .completed(),
     );
 }
 

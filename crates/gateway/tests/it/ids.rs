@@ -4,7 +4,7 @@
 //! from PostgreSQL is refused by its length.
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::postgres::Cluster;
 use testkit::sse::{assert_valid_run, post};
 
@@ -80,21 +80,10 @@ fn done(k: &FakeKernel, thread: &str) {
     k.on_context(
         "SendStreamingMessage",
         &c,
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text("task-1", &c, "hello", "m1", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text("hello", "m1")
+            .input_required(json!({})),
     );
 }
 

@@ -7,15 +7,11 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use iac_code_agui::config::Caps;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::{body, ctx, metric, Builder, TestServer};
-
-fn r(v: Value) -> Item {
-    Item::Result(v)
-}
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
@@ -52,24 +48,19 @@ async fn health(url: &str, limit: Duration) -> Option<String> {
 
 /// A kernel turn for `thread` that starts its task and then stays open until the gateway goes.
 fn held(thread: &str, task: &str) -> Reply {
-    Reply::Sse(vec![
-        r(items::task(
-            task,
-            &ctx(thread),
-            "TASK_STATE_WORKING",
-            json!({"iacCodeSessionId": "s"}),
-        )),
-        Item::Stall,
-    ])
+    Stream::of(task, &ctx(thread))
+        .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+        .then(Item::Stall)
+        .reply()
 }
 
 /// A kernel turn for `thread` that completes at once.
 fn quick(thread: &str, task: &str) -> Reply {
     let c = ctx(thread);
-    Reply::Sse(vec![
-        r(items::task(task, &c, "TASK_STATE_WORKING", json!({}))),
-        r(items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))),
-    ])
+    Stream::of(task, &c)
+        .task("TASK_STATE_WORKING", json!({}))
+        .completed()
+        .reply()
 }
 
 /// Starts a run and reads its stream until its first event: the run is being served. The stream
@@ -349,15 +340,10 @@ async fn the_guidance_run_over_the_cap_is_refused() {
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The guidance message's own stream stays open: the guidance run goes on.
-    let open = Reply::Sse(vec![
-        r(items::status(
-            "task-1",
-            &c1,
-            "TASK_STATE_WORKING",
-            json!({}),
-        )),
-        Item::Stall,
-    ]);
+    let open = Stream::of("task-1", &c1)
+        .working(json!({}))
+        .then(Item::Stall)
+        .reply();
     k.on_context("SendStreamingMessage", &c1, open);
     let g1 = start(&s, &body("t1", "g1", "a", &s.ws("w"), guidance.clone())).await;
 
@@ -389,12 +375,7 @@ async fn the_guidance_run_over_the_cap_is_refused() {
     );
 
     drop(g1);
-    let done = Reply::Sse(vec![r(items::status(
-        "task-1",
-        &c1,
-        "TASK_STATE_WORKING",
-        json!({}),
-    ))]);
+    let done = Stream::of("task-1", &c1).working(json!({})).reply();
     k.on_context("SendStreamingMessage", &c1, done);
     let admitted = eventually(async || {
         let res = post(&s.url, &g2, &[]).await;

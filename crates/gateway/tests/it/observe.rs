@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post, post_raw, RunResult};
 
 use crate::support::{body, ctx, permission, Builder, TestServer};
@@ -58,24 +58,11 @@ async fn live_run() -> (
         .start()
         .await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text(
-                "task-1",
-                &c,
-                "Working on it",
-                "task-1-message",
-                json!({}),
-            )),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "sess-1"}))
+            .text("Working on it", "task-1-message")
+            .then(Item::Stall),
     );
     let (u, b) = (s.url.clone(), body("t1", "r1", "go", &s.ws("w"), json!({})));
     let run = tokio::spawn(async move {
@@ -109,41 +96,13 @@ async fn an_observer_follows_a_live_execution_to_its_interrupt_and_changes_nothi
     let (s, k, run, exec) = live_run().await;
     let c = ctx("t1");
     let before = std::fs::read(s.thread_file("t1")).unwrap();
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "sess-1"}),
-            ),
-        ),
-    );
+    k.task_is_working("task-1", &c, json!({"iacCodeSessionId": "sess-1"}));
     k.on(
         "SubscribeToTask",
-        Reply::Sse(vec![
-            Item::Result(items::text(
-                "task-1",
-                &c,
-                "Let me run",
-                "task-1-message",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"tool": {"status": "started", "toolUseId": "tu-1", "name": "bash"}}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": permission("t1")}),
-            )),
-        ]),
+        Stream::of("task-1", &c)
+            .text("Let me run", "task-1-message")
+            .working(json!({"tool": {"status": "started", "toolUseId": "tu-1", "name": "bash"}}))
+            .input_required(json!({"input": permission("t1")})),
     );
     let b =
         json!({"threadId": "t1", "runId": "r1", "rosInvocationId": "inv-1", "afterSequence": 0});
@@ -189,13 +148,7 @@ async fn an_observer_follows_a_live_execution_to_its_interrupt_and_changes_nothi
     assert_eq!(std::fs::read(s.thread_file("t1")).unwrap(), before);
     assert!(!run.is_finished());
     // An observer that leaves at once cancels nothing either.
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
-        ),
-    );
+    k.task_is_working("task-1", &c, json!({}));
     k.on("SubscribeToTask", Reply::Sse(vec![Item::Stall]));
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let mut resp = client
@@ -281,15 +234,7 @@ async fn observations_are_refused_before_the_stream_each_with_its_code() {
     // An execution whose task is not known: not found.
     let k2 = FakeKernel::start().await;
     let s2 = Builder::new().a2a(&k2.url(), None).start().await;
-    k2.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![Item::Result(items::status(
-            "task-9",
-            &ctx("t2"),
-            "TASK_STATE_COMPLETED",
-            json!({}),
-        ))]),
-    );
+    k2.stream(Stream::of("task-9", &ctx("t2")).completed());
     let done = post(
         &s2.url,
         &body("t2", "r1", "go", &s2.ws("w"), json!({})),
@@ -323,12 +268,7 @@ async fn observations_are_refused_before_the_stream_each_with_its_code() {
 async fn an_observation_ends_with_exactly_one_terminal_event() {
     let (s, k, run, exec) = live_run().await;
     let c = ctx("t1");
-    let working = || {
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
-        )
-    };
+    let working = || Reply::task("task-1", &c, "TASK_STATE_WORKING", json!({}));
     for (last, terminal, code) in [
         ("TASK_STATE_FAILED", "RUN_ERROR", Some("EXECUTION_FAILED")),
         ("TASK_STATE_COMPLETED", "RUN_FINISHED", None),
@@ -337,16 +277,9 @@ async fn an_observation_ends_with_exactly_one_terminal_event() {
         k.on("GetTask", working());
         k.on(
             "SubscribeToTask",
-            Reply::Sse(vec![
-                Item::Result(items::text(
-                    "task-1",
-                    &c,
-                    "text",
-                    "task-1-message",
-                    json!({}),
-                )),
-                Item::Result(items::status("task-1", &c, last, json!({}))),
-            ]),
+            Stream::of("task-1", &c)
+                .text("text", "task-1-message")
+                .status(last, json!({})),
         );
         let r = observe(&s, &exec, sub("t1", "r1", "inv-1"), "alice").await;
         assert_valid_run(&r, "t1", "r1");
@@ -370,10 +303,7 @@ async fn an_observation_ends_with_exactly_one_terminal_event() {
     let subscribed = k.calls("SubscribeToTask").len();
     k.on(
         "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_COMPLETED", json!({})),
-        ),
+        Reply::task("task-1", &c, "TASK_STATE_COMPLETED", json!({})),
     );
     let r = observe(&s, &exec, sub("t1", "r1", "inv-1"), "alice").await;
     assert_valid_run(&r, "t1", "r1");

@@ -500,17 +500,18 @@ async fn secrets_never_reach_debug_logs() {
 
 async fn secrets_never_reach_logs_or_spans(format: &str) {
     use serde_json::json;
-    use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+    use testkit::fake_kernel::{FakeKernel, Item, Stream};
     let k = FakeKernel::start().await;
     let otlp = testkit::otlp::OtlpReceiver::start().await;
     let c = iac_code_agui::run::context_id("t1");
     // The kernel echoes the request metadata (with secrets) in its first task event, like the real one.
-    k.on("SendStreamingMessage", Reply::Sse(vec![
-        Item::Result(json!({"task": {"id": "task-1", "contextId": c, "status": {"state": "TASK_STATE_SUBMITTED"},
-            "history": [{"role": "ROLE_USER", "parts": [{"text": "x"}], "metadata": {"iac_code": {"iac_code_api_key": "SECRET-KEY-1", "alibaba_cloud_access_key_secret": "SECRET-AK-3"}}}]}})),
-        Item::Result(items::text("task-1", &c, "hi", "m", json!({}))),
-        Item::Raw("data: {broken\r\n\r\n".into()),
-    ]));
+    k.stream(
+        Stream::of("task-1", &c)
+            .then(Item::Result(json!({"task": {"id": "task-1", "contextId": c, "status": {"state": "TASK_STATE_SUBMITTED"},
+            "history": [{"role": "ROLE_USER", "parts": [{"text": "x"}], "metadata": {"iac_code": {"iac_code_api_key": "SECRET-KEY-1", "alibaba_cloud_access_key_secret": "SECRET-AK-3"}}}]}})))
+            .text("hi", "m")
+            .then(Item::Raw("data: {broken\r\n\r\n".into())),
+    );
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().canonicalize().unwrap().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
@@ -613,7 +614,7 @@ fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_drains_open_streams() {
     use serde_json::json;
-    use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+    use testkit::fake_kernel::{FakeKernel, Item, Stream};
     let k = FakeKernel::start().await;
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().canonicalize().unwrap().join("ws");
@@ -642,35 +643,22 @@ async fn graceful_shutdown_drains_open_streams() {
     };
     // One paused execution (an interrupt) that must survive the shutdown.
     let ctx = iac_code_agui::run::context_id("paused");
-    k.on("SendStreamingMessage", Reply::Sse(vec![
-        Item::Result(items::task("task-p", &ctx, "TASK_STATE_SUBMITTED", json!({}))),
-        Item::Result(items::status("task-p", &ctx, "TASK_STATE_INPUT_REQUIRED",
-            json!({"input": {"kind": "permission", "inputId": "perm-1", "requestTaskId": "task-p", "required": true}}))),
-    ]));
+    k.stream(
+        Stream::of("task-p", &ctx)
+            .submitted(json!({}))
+            .input_required(json!({"input": {"kind": "permission", "inputId": "perm-1", "requestTaskId": "task-p", "required": true}})),
+    );
     let r = testkit::sse::post(&url, &body("paused"), &[]).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt");
     let mut streams = vec![];
     for i in 0..100 {
         let t = format!("s{i}");
         let c = iac_code_agui::run::context_id(&t);
-        k.on(
-            "SendStreamingMessage",
-            Reply::Sse(vec![
-                Item::Result(items::task(
-                    &format!("task-{i}"),
-                    &c,
-                    "TASK_STATE_WORKING",
-                    json!({}),
-                )),
-                Item::Result(items::text(
-                    &format!("task-{i}"),
-                    &c,
-                    "working",
-                    "m",
-                    json!({}),
-                )),
-                Item::Stall,
-            ]),
+        k.stream(
+            Stream::of(&format!("task-{i}"), &c)
+                .task("TASK_STATE_WORKING", json!({}))
+                .text("working", "m")
+                .then(Item::Stall),
         );
         let (url, b) = (url.clone(), body(&t));
         streams.push(tokio::spawn(async move {

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{body, ctx, Builder, TestServer};
@@ -32,34 +32,14 @@ fn turn(s: &TestServer, thread: &str, run: &str, version: Option<&str>) -> Value
 /// A rich turn of the fake kernel on `thread` that ends in `state`.
 fn script(thread: &str, state: &str) -> Reply {
     let c = ctx(thread);
-    Reply::Sse(vec![
-        r(items::task(
-            "task-1",
-            &c,
-            "TASK_STATE_SUBMITTED",
-            json!({"iacCodeSessionId": "sess"}),
-        )),
-        r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}),
-        )),
-        r(items::text("task-1", &c, "Hello", "m", json!({}))),
-        r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}),
-        )),
-        r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({"usage": {"inputTokens": 1.0, "outputTokens": 2.0, "totalTokens": 3.0}}),
-        )),
-        r(items::status("task-1", &c, state, json!({}))),
-    ])
+    Stream::of("task-1", &c)
+        .submitted(json!({"iacCodeSessionId": "sess"}))
+        .working(json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))
+        .text("Hello", "m")
+        .working(json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}))
+        .working(json!({"usage": {"inputTokens": 1.0, "outputTokens": 2.0, "totalTokens": 3.0}}))
+        .status(state, json!({}))
+        .reply()
 }
 
 /// The events without their timestamps and generated ids, for comparing two runs.
@@ -174,25 +154,20 @@ async fn a_cancellation_is_the_cancelled_outcome_for_1_0_and_run_error_before() 
 async fn the_cancellation_extension_ends_a_1_0_run_with_the_cancelled_outcome() {
     let (s, k) = setup().await;
     let c = ctx("x1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::text("task-1", &c, "tick", "m", json!({}))),
-            Item::Sleep(Duration::from_millis(800)),
-            // The kernel goes on without reporting the cancellation: the request decides.
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .text("tick", "m")
+            .then(Item::Sleep(Duration::from_millis(800)))
+            .then(
+                // The kernel goes on without reporting the cancellation: the request decides.
+                r(items::status(
+                    "task-1",
+                    &c,
+                    "TASK_STATE_COMPLETED",
+                    json!({}),
+                )),
+            ),
     );
     let url = s.url.clone();
     let b = turn(&s, "x1", "r1", Some("1.0"));

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, event_ids, parse, post, RunResult};
 
 use crate::support::{body, ctx, Builder, TestServer};
@@ -518,13 +518,14 @@ async fn the_thread_endpoint_reports_binding_interrupts_and_runs_and_a_restart()
         .start()
         .await;
     let c = ctx("p1");
-    k.on("SendStreamingMessage", Reply::Sse(vec![
-        r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({"iacCodeSessionId": "sess"}))),
-        r(items::status("task-1", &c, "TASK_STATE_INPUT_REQUIRED", json!({"input": {"schemaVersion": 1.0, "kind": "permission",
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess"}))
+            .input_required(json!({"input": {"schemaVersion": 1.0, "kind": "permission",
             "requestTaskId": "task-1", "contextId": c, "inputId": "perm-1", "toolUseId": "tu1", "toolName": "bash",
             "prompt": "Run bash Allow once?", "title": "Run bash", "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
-            "language": "en", "required": true}}))),
-    ]));
+            "language": "en", "required": true}})),
+    );
     let mut b = body(
         "p1",
         "r1",

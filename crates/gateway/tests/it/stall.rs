@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -133,17 +133,10 @@ async fn until_blocked(k: &FakeKernel) -> usize {
 /// A new turn on the thread is admitted and runs to its end.
 async fn next_turn_admitted(s: &TestServer, k: &FakeKernel) {
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            completed("t1"),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .then(completed("t1")),
     );
     let res = post(&s.url, &body("t1", "r2", "x", &s.ws("w"), json!({})), &[]).await;
     assert_eq!(res.status, 200, "{:?}", res.json);

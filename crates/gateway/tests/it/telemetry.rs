@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Stream};
 use testkit::otlp::{OtlpReceiver, Span};
 use testkit::prometheus::{promtool, Prometheus};
 use testkit::real_kernel::KernelEnv;
@@ -479,23 +479,11 @@ async fn a_run_is_one_span_tree_that_continues_the_clients_trace() {
     let rx = OtlpReceiver::start().await;
     let k = FakeKernel::start().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"session_id": "s-1"}),
-            )),
-            Item::Result(items::text("task-1", &c, "hello", "m1", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"session_id": "s-1"}))
+            .text("hello", "m1")
+            .completed(),
     );
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
@@ -601,39 +589,15 @@ async fn a_run_is_one_span_tree_that_continues_the_clients_trace() {
     // Tracing off: the client's headers reach the kernel unchanged (a traced kernel still joins
     // the client's trace), and a malformed one is not passed on.
     let k2 = FakeKernel::start().await;
-    k2.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-2",
-                &ctx("t2"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-2",
-                &ctx("t2"),
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k2.stream(
+        Stream::of("task-2", &ctx("t2"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .completed(),
     );
-    k2.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-3",
-                &ctx("t3"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-3",
-                &ctx("t3"),
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k2.stream(
+        Stream::of("task-3", &ctx("t3"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .completed(),
     );
     let off = gateway(&["--a2a-url", &k2.url()], &otel[3..]).await;
     let cwd = ws_path.join("b").display().to_string();
@@ -680,23 +644,11 @@ async fn an_exporter_in_trouble_never_slows_a_run() {
         let runs = 40;
         for i in 0..runs {
             let c = ctx(&format!("t{i}"));
-            k.on(
-                "SendStreamingMessage",
-                Reply::Sse(vec![
-                    Item::Result(items::task(
-                        &format!("task-{i}"),
-                        &c,
-                        "TASK_STATE_WORKING",
-                        json!({}),
-                    )),
-                    Item::Result(items::text(&format!("task-{i}"), &c, "hi", "m", json!({}))),
-                    Item::Result(items::status(
-                        &format!("task-{i}"),
-                        &c,
-                        "TASK_STATE_COMPLETED",
-                        json!({}),
-                    )),
-                ]),
+            k.stream(
+                Stream::of(&format!("task-{i}"), &c)
+                    .task("TASK_STATE_WORKING", json!({}))
+                    .text("hi", "m")
+                    .completed(),
             );
         }
         let ws = tempfile::tempdir().unwrap();
@@ -769,13 +721,11 @@ async fn an_exporter_in_trouble_never_slows_a_run() {
 async fn json_logs_carry_the_run_ids_and_one_access_line_per_request() {
     let k = FakeKernel::start().await;
     let c = ctx("j1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task("task-j", &c, "TASK_STATE_WORKING", json!({}))),
-            Item::Result(items::text("task-j", &c, "hello", "m1", json!({}))),
-            Item::Cut,
-        ]),
+    k.stream(
+        Stream::of("task-j", &c)
+            .task("TASK_STATE_WORKING", json!({}))
+            .text("hello", "m1")
+            .then(Item::Cut),
     );
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::tls::Ca;
 
 use crate::conformance::{plan, runner_with, CLIENTS};
@@ -47,29 +47,11 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
     let c = https_client(&ca);
 
     // A run over https.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            Item::Result(items::text(
-                "task-1",
-                &ctx("t1"),
-                "Hello over TLS",
-                "m1",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &ctx("t1"))
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .text("Hello over TLS", "m1")
+            .completed(),
     );
     let r = c
         .post(&https)
@@ -96,23 +78,11 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
     for client in CLIENTS {
         let thread = format!("tls-{client}");
         let cx = ctx(&thread);
-        k.on(
-            "SendStreamingMessage",
-            Reply::Sse(vec![
-                Item::Result(items::task(
-                    "task-2",
-                    &cx,
-                    "TASK_STATE_SUBMITTED",
-                    json!({"iacCodeSessionId": "s2"}),
-                )),
-                Item::Result(items::text("task-2", &cx, "Hi", "m2", json!({}))),
-                Item::Result(items::status(
-                    "task-2",
-                    &cx,
-                    "TASK_STATE_COMPLETED",
-                    json!({}),
-                )),
-            ]),
+        k.stream(
+            Stream::of("task-2", &cx)
+                .submitted(json!({"iacCodeSessionId": "s2"}))
+                .text("Hi", "m2")
+                .completed(),
         );
         let p = plan(
             client,

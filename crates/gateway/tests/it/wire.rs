@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -372,23 +372,11 @@ async fn an_event_stream_then_the_next_request_on_the_same_connection() {
     let k = FakeKernel::start().await;
     let s = Builder::new().a2a(&k.url(), None).start().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text("task-1", &c, "hello", "m1", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text("hello", "m1")
+            .completed(),
     );
     let mut conn = Conn::open(&s).await;
     let run = body("t1", "r1", "hi", &s.ws("w"), json!({})).to_string();

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Stream};
 use testkit::sse::{self, post};
 
 use crate::support::{body, ctx, free_port, metric, resume_body, wait_health, Builder};
@@ -40,17 +40,10 @@ async fn a_request_refused_by_its_thread_decodes_no_image_and_creates_no_workspa
     let s = Builder::new().a2a(&k.url(), None).start().await;
     let png = wide_png();
     // t1 held by a run that streams on.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-1", &ctx("t1"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .then(Item::Stall),
     );
     let (url, b1) = (
         s.url.clone(),
@@ -155,15 +148,7 @@ async fn a_request_refused_by_its_thread_decodes_no_image_and_creates_no_workspa
     assert_eq!(thread.status(), 404);
 
     // Admitted: decoded (scaled down to 2,000 px), the workspace created, the kernel gets both.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![Item::Result(items::task(
-            "task-2",
-            &ctx("t2"),
-            "TASK_STATE_COMPLETED",
-            json!({}),
-        ))]),
-    );
+    k.stream(Stream::of("task-2", &ctx("t2")).task("TASK_STATE_COMPLETED", json!({})));
     let good = with_image(body("t2", "r1", "x", &fresh("e"), json!({})), &png);
     let r = post(&s.url, &good, &[]).await;
     sse::assert_valid_run(&r, "t2", "r1");
@@ -218,15 +203,7 @@ async fn without_configured_roots_workspaces_live_in_the_state_dir() {
         );
         assert!(!outside.exists());
     }
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![Item::Result(items::task(
-            "task-1",
-            &ctx("t1"),
-            "TASK_STATE_COMPLETED",
-            json!({}),
-        ))]),
-    );
+    k.stream(Stream::of("task-1", &ctx("t1")).task("TASK_STATE_COMPLETED", json!({})));
     let ws = root.join("t1");
     let r = post(
         &url,

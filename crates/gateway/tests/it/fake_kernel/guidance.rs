@@ -9,23 +9,11 @@ async fn guidance_runs() {
     let (s, k) = setup().await;
     let c = ctx("t1");
     let pipeline = json!({"runMode": "pipeline"});
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            Item::Sleep(Duration::from_millis(1500)),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .then(Item::Sleep(Duration::from_millis(1500)))
+            .completed(),
     );
     let url = s.url.clone();
     let b = body("t1", "r1", "deploy", &s.ws("w"), pipeline.clone());
@@ -33,15 +21,7 @@ async fn guidance_runs() {
     k.wait_calls("SendStreamingMessage", 1, Duration::from_secs(5))
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({}),
-        ))]),
-    );
+    k.stream(Stream::of("task-1", &c).working(json!({})));
     let g = body(
         "t1",
         "g1",
@@ -114,22 +94,10 @@ async fn a_later_iac_codes_fence_and_guidance_identity_reach_the_kernel_and_are_
     };
     // A turn that stops at a permission, with the fence.
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "tu1", "t1")}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .input_required(json!({"input": perm("perm-1", "tu1", "t1")})),
     );
     let turn = body(
         "t1",
@@ -150,25 +118,9 @@ async fn a_later_iac_codes_fence_and_guidance_identity_reach_the_kernel_and_are_
     // Its answer, with all three (snake_case as well as camelCase is taken).
     k.on(
         "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "tu1", "t1")}),
-            ),
-        ),
+        get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_COMPLETED",
-            json!({}),
-        ))]),
-    );
+    k.stream(Stream::of("task-1", &c).completed());
     let mut resume = resume_body(
         "t1",
         "r2",

@@ -39,15 +39,7 @@ async fn permission_interrupt_and_resume() {
     // Invalid payload: RUN_ERROR, nothing sent, retryable.
     k.on(
         "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "tu1", "t1")}),
-            ),
-        ),
+        get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
     );
     let bad = resume_body(
         "t1",
@@ -84,15 +76,7 @@ async fn permission_interrupt_and_resume() {
     ] {
         k.on(
             "GetTask",
-            Reply::Json(
-                200,
-                items::bare_task(
-                    "task-1",
-                    &ctx("t1"),
-                    "TASK_STATE_INPUT_REQUIRED",
-                    json!({"input": perm("perm-1", "tu1", "t1")}),
-                ),
-            ),
+            get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
         );
         let run = format!("r-{code}-{}", entries.as_array().unwrap().len());
         let res = post(
@@ -108,45 +92,14 @@ async fn permission_interrupt_and_resume() {
     let c = ctx("t1");
     k.on(
         "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "tu1", "t1")}),
-            ),
-        ),
+        get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}),
-            )),
-            r(items::text(
-                "task-1",
-                &c,
-                "Let me run. Done",
-                "m-a",
-                json!({}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}))
+            .working(json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}))
+            .text("Let me run. Done", "m-a")
+            .input_required(json!({})),
     );
     let good = resume_body(
         "t1",
@@ -207,44 +160,11 @@ async fn question_with_options_and_free_text() {
     assert_eq!(i["message"], "Which region?\n- a: Hangzhou\n- b: Beijing");
     assert_eq!(i["responseSchema"]["oneOf"].as_array().unwrap().len(), 3);
     let c = ctx("t1");
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q}),
-            ),
-        ),
-    );
+    k.on("GetTask", get_task(json!({"input": q})));
     let res = post(&s.url, &resume_body("t1", "r2", &s.ws("w"), "inv-1", json!([{"interruptId": "q-1", "status": "resolved", "payload": {"selectedId": "a", "freeText": "x"}}])), &[]).await;
     assert_eq!(res.last()["code"], "RESUME_PAYLOAD_INVALID");
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q}),
-            ),
-        ),
-    );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
-    );
+    k.on("GetTask", get_task(json!({"input": q})));
+    k.stream(Stream::of("task-1", &c).working(json!({})).completed());
     let res = post(
         &s.url,
         &resume_body(
@@ -271,18 +191,7 @@ async fn question_cancelled_cancels_the_task() {
     let (s, k) = setup().await;
     let q = json!({"kind": "ask_user_question", "inputId": "q-2", "prompt": "Anything?", "required": true});
     interrupted(&s, &k, q.clone()).await;
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q}),
-            ),
-        ),
-    );
+    k.on("GetTask", get_task(json!({"input": q})));
     let res = post(
         &s.url,
         &resume_body(
@@ -393,22 +302,10 @@ async fn a_resume_delivers_every_answer_in_order() {
     let q = json!({"kind": "ask_user_question", "inputId": "q-1", "toolUseId": "tu-q", "prompt": "Region?", "required": true});
     let p = perm("perm-1", "tu1", "t1");
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q.clone(), "pendingPermissions": [p.clone()]}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .input_required(json!({"input": q.clone(), "pendingPermissions": [p.clone()]})),
     );
     let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
     assert_eq!(
@@ -423,30 +320,12 @@ async fn a_resume_delivers_every_answer_in_order() {
         get_task(json!({"input": q, "pendingPermissions": [p]})),
     );
     // Answer 1 (the permission): accepted, its stream ends; answer 2 (the question) completes.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ran"}}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .working(json!({}))
+            .working(json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ran"}})),
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
-    );
+    k.stream(Stream::of("task-1", &c).working(json!({})).completed());
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}},
                          {"interruptId": "q-1", "status": "resolved", "payload": {"freeText": "Hangzhou"}}]);
     let res = post(
@@ -491,37 +370,17 @@ async fn a_failed_answer_commit_stops_before_the_next_answer() {
     let q = json!({"kind": "ask_user_question", "inputId": "q-1", "prompt": "Region?", "required": true});
     let p = perm("perm-1", "tu1", "t1");
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q.clone(), "pendingPermissions": [p.clone()]}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .input_required(json!({"input": q.clone(), "pendingPermissions": [p.clone()]})),
     );
     post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
     k.on(
         "GetTask",
         get_task(json!({"input": q, "pendingPermissions": [p]})),
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({}),
-        ))]),
-    );
+    k.stream(Stream::of("task-1", &c).working(json!({})));
     // Saves of the resume: admission, preparation, the first answer's mark (on its way), its
     // commit (fails), and the save that ends the execution (fails too).
     switch.fail_saves(3, 2);
@@ -657,23 +516,11 @@ async fn newly_discovered_pending_interrupts_end_the_resume_with_all_of_them() {
 async fn sideband_permission_answers() {
     let (s, k) = setup().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipeline": {"eventId": "evt-3", "sequence": 3.0, "eventType": "candidate_started", "data": {}}}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .working(json!({"pipeline": {"eventId": "evt-3", "sequence": 3.0, "eventType": "candidate_started", "data": {}}}))
+            .working(json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]})),
     );
     let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
     assert_eq!(s.thread_doc("t1")["execution"]["pipelineSequence"], 3);
@@ -691,17 +538,10 @@ async fn sideband_permission_answers() {
     let both = json!([{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}},
                       {"interruptId": "p2", "status": "cancelled"}]);
     // Backup not ready on the first send: retryable, pending kept.
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
-            ),
-        ),
+    k.task_is_working(
+        "task-1",
+        &c,
+        json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
     );
     k.on("SendMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "x", "data": {"code": "SESSION_BACKUP_NOT_READY", "retryable": true}}})));
     let res = post(
@@ -718,17 +558,10 @@ async fn sideband_permission_answers() {
     );
     assert!(s.thread_doc("t1")["execution"]["pending"]["p1"].is_object());
     // Now both are accepted: two unary sends, then GetTask / SubscribeToTask follow-up.
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
-            ),
-        ),
+    k.task_is_working(
+        "task-1",
+        &c,
+        json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
     );
     k.on(
         "SendMessage",
@@ -744,13 +577,7 @@ async fn sideband_permission_answers() {
             json!({"message": {"messageId": "ack-2", "role": "ROLE_AGENT", "parts": []}}),
         ),
     );
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
-        ),
-    );
+    k.task_is_working("task-1", &c, json!({}));
     // Preparation finds no catch-up; after the sideband answers the deferred catch-up does.
     k.on(
         "pipeline-state",
@@ -760,16 +587,10 @@ async fn sideband_permission_answers() {
         "events": [{"eventId": "evt-5", "sequence": 5, "eventType": "candidate_completed", "data": {}}]})));
     k.on(
         "SubscribeToTask",
-        Reply::Sse(vec![
-            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            r(items::text("task-1", &c, "continuing", "m", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({}))
+            .text("continuing", "m")
+            .completed(),
     );
     let res = post(
         &s.url,
@@ -814,36 +635,13 @@ async fn sideband_permission_answers() {
 async fn sideband_answer_rejected_by_the_kernel() {
     let (s, k) = setup().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1")]}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .working(json!({"pendingPermissions": [perm_sb("p1")]})),
     );
     post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1")]}),
-            ),
-        ),
-    );
+    k.task_is_working("task-1", &c, json!({"pendingPermissions": [perm_sb("p1")]}));
     k.on("SendMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "input_response_mismatch: permission correlation does not match."}})));
     let entries =
         json!([{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
@@ -866,13 +664,7 @@ async fn sideband_answer_rejected_by_the_kernel() {
 async fn resume_task_identity_mismatch() {
     let (s, k) = setup().await;
     interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-9", &ctx("t1"), "TASK_STATE_INPUT_REQUIRED", json!({})),
-        ),
-    );
+    k.task_awaits_input("task-9", &ctx("t1"), json!({}));
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
     let res = post(
         &s.url,

@@ -8,21 +8,22 @@ use super::*;
 async fn full_turn_mapping_and_request_shape() {
     let (s, k) = setup().await;
     let c = ctx("t1");
-    k.on("SendStreamingMessage", Reply::Sse(vec![
-        r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({"iacCodeSessionId": "sess-1"}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))),
-        r(items::text("task-1", &c, "Hello ", "msg-a", json!({}))),
-        Item::Raw(": ping - 2026-11-29 19:00:00\r\n\r\n".into()),
-        r(items::text("task-1", &c, "world", "msg-a", json!({}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "read", "toolInput": {"path": "a", "b": 1}}}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": {"ok": true}}}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"usage": {"provider": "p", "model": "m", "inputTokens": 10.0, "outputTokens": 5.0, "totalTokens": 15.0}}))),
-        r(items::artifact("task-1", &c, json!({"artifactId": "a1", "name": "f.txt"}))),
-        r(json!({"statusUpdate": {"taskId": "task-1", "contextId": c, "status": {"state": "TASK_STATE_WORKING",
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .working(json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))
+            .text("Hello ", "msg-a")
+            .then(Item::Raw(": ping - 2026-11-29 19:00:00\r\n\r\n".into()))
+            .text("world", "msg-a")
+            .working(json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "read", "toolInput": {"path": "a", "b": 1}}}))
+            .working(json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": {"ok": true}}}))
+            .working(json!({"usage": {"provider": "p", "model": "m", "inputTokens": 10.0, "outputTokens": 5.0, "totalTokens": 15.0}}))
+            .artifact(json!({"artifactId": "a1", "name": "f.txt"}))
+            .then(Item::Result(json!({"statusUpdate": {"taskId": "task-1", "contextId": c, "status": {"state": "TASK_STATE_WORKING",
             "message": {"role": "ROLE_AGENT", "parts": [{"text": "Hello world"}], "messageId": "task-1-2"}},
-            "metadata": {"iac_code": {"assistantFinal": {"complete": true}}}}})),
-        r(items::status("task-1", &c, "TASK_STATE_INPUT_REQUIRED", json!({}))),
-    ]));
+            "metadata": {"iac_code": {"assistantFinal": {"complete": true}}}}})))
+            .input_required(json!({})),
+    );
     let b = body(
         "t1",
         "r1",
@@ -289,18 +290,11 @@ async fn heartbeat_after_silence() {
         .start()
         .await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({}))),
-            Item::Sleep(Duration::from_millis(1000)),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({}))
+            .then(Item::Sleep(Duration::from_millis(1000)))
+            .input_required(json!({})),
     );
     let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
     assert_valid_run(&res, "t1", "r1");
@@ -312,12 +306,10 @@ async fn heartbeat_after_silence() {
 async fn client_disconnect_cancels_the_task() {
     let (s, k) = setup().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({}))
+            .then(Item::Stall),
     );
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let resp = client
@@ -346,24 +338,12 @@ async fn client_disconnect_cancels_the_task() {
 async fn cancel_extension_during_a_run() {
     let (s, k) = setup().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::text("task-1", &c, "tick", "m", json!({}))),
-            Item::Sleep(Duration::from_millis(800)),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_CANCELED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .text("tick", "m")
+            .then(Item::Sleep(Duration::from_millis(800)))
+            .status("TASK_STATE_CANCELED", json!({})),
     );
     let url = s.url.clone();
     let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
