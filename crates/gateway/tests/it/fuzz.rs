@@ -19,6 +19,18 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
 
+/// Keys of the run input's own, which the fuzzed objects use as often as any other key.
+const WIRE_KEYS: &[&str] = &[
+    "threadId",
+    "runId",
+    "role",
+    "content",
+    "type",
+    "schemaVersion",
+    "cwd",
+    "source",
+];
+
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -41,16 +53,10 @@ fn json_value() -> impl Strategy<Value = Value> {
             prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
             prop::collection::vec(
                 (
+                    // Any key, or one of the wire's own (each as likely as the any).
                     prop_oneof![
-                        "\\PC{0,8}",
-                        Just("threadId".to_owned()),
-                        Just("runId".to_owned()),
-                        Just("role".to_owned()),
-                        Just("content".to_owned()),
-                        Just("type".to_owned()),
-                        Just("schemaVersion".to_owned()),
-                        Just("cwd".to_owned()),
-                        Just("source".to_owned()),
+                        1 => "\\PC{0,8}",
+                        WIRE_KEYS.len() as u32 => prop::sample::select(WIRE_KEYS).prop_map(str::to_owned),
                     ],
                     inner
                 ),
