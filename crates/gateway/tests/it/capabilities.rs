@@ -66,7 +66,7 @@ async fn the_capabilities_name_the_real_kernel_and_pass_the_official_schema() {
     let s = Builder::new()
         .dir(env.dir.path().canonicalize().unwrap())
         .kernel(kernel)
-        .detach_grace(Duration::from_secs(30))
+        .config(move |c| c.detach_grace = Duration::from_secs(30))
         .start()
         .await;
     let (status, caps) = get_as(&format!("{}capabilities", s.url), &[]).await;
@@ -92,7 +92,7 @@ async fn the_capabilities_name_the_real_kernel_and_pass_the_official_schema() {
 #[tokio::test]
 async fn the_capabilities_need_the_token_and_stand_without_a_card() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).auth("tok").start().await;
+    let s = Builder::for_fake(&k).auth("tok").start().await;
     let url = format!("{}capabilities", s.url);
     assert_eq!(get_as(&url, &[]).await.0, 401);
     let (status, caps) = get_as(&url, &[("authorization", "Bearer tok")]).await;

@@ -11,7 +11,7 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::real_kernel::{alive, KernelEnv, KernelProcess};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, ctx, Builder, TestServer};
+use crate::support::{body, ctx, post_turn, spawn_post, Builder, TestServer};
 
 /// The kernel watchdog of these tests (`--kernel-idle-timeout`).
 const IDLE: Duration = Duration::from_secs(1);
@@ -64,7 +64,7 @@ async fn rig_idle(idle: Duration) -> Rig {
     let proxy = ChaosProxy::start(&kernel.url()).await;
     let server = Builder::new()
         .a2a(&proxy.url(), Some("a2a-secret"))
-        .kernel_idle(idle)
+        .config(move |c| c.kernel_idle_timeout = idle)
         .start()
         .await;
     Rig {
@@ -76,12 +76,7 @@ async fn rig_idle(idle: Duration) -> Rig {
 
 async fn run(s: &TestServer, thread: &str, run_id: &str) -> (RunResult, Duration) {
     let t = Instant::now();
-    let res = post(
-        &s.url,
-        &body(thread, run_id, "x", &s.ws("w"), json!({})),
-        &[],
-    )
-    .await;
+    let res = post_turn(&s.url, thread, run_id, "x", &s.ws("w")).await;
     assert_valid_run(&res, thread, run_id);
     (res, t.elapsed())
 }
@@ -247,8 +242,7 @@ async fn a_kernel_restart_mid_run_ends_it_and_the_new_kernel_serves_the_next_tur
     );
     let url = rig.server.url.clone();
     let ws = rig.server.ws("w");
-    let pending =
-        tokio::spawn(async move { post(&url, &body("t1", "r1", "x", &ws, json!({})), &[]).await });
+    let pending = tokio::spawn(async move { post_turn(&url, "t1", "r1", "x", &ws).await });
     while rig.kernel.items_written() < 2 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -350,7 +344,7 @@ async fn real_kernel_cut_stall_and_restart() {
     let idle = Duration::from_secs(20);
     let s = Builder::in_env(&env)
         .a2a(&proxy.url(), Some(&kp.token))
-        .kernel_idle(idle)
+        .config(move |c| c.kernel_idle_timeout = idle)
         .start()
         .await;
     let w = env.ws().join("w");
@@ -412,9 +406,7 @@ async fn real_kernel_cut_stall_and_restart() {
     assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
 
     // Kernel restart (SIGKILL) mid-run: the run ends, and the new kernel serves the thread.
-    let url = s.url.clone();
-    let b = turn("r4", "Slow. scenario:slow");
-    let pending = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let pending = spawn_post(&s.url, turn("r4", "Slow. scenario:slow"));
     proxy
         .wait_calls("SendStreamingMessage", 4, Duration::from_secs(20))
         .await;

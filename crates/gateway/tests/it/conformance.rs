@@ -223,7 +223,7 @@ async fn official_clients_consume_real_kernel_streams() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_clients_consume_fake_kernel_streams() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     for client in CLIENTS {
         let thread = format!("rich-{client}");
         let c = ctx(&thread);

@@ -252,7 +252,7 @@ async fn a_body_that_trickles_in_runs_out_of_time() {
     let timeout = Duration::from_secs(1);
     let s = Builder::new()
         .a2a("http://127.0.0.1:9/", None)
-        .body_timeout(timeout)
+        .config(move |c| c.body_timeout = timeout)
         .start()
         .await;
     let mut tcp = connect(&s).await;
@@ -312,7 +312,7 @@ async fn an_unread_body_is_drained_within_bounds() {
     let s = Builder::new()
         .auth("tok")
         .a2a("http://127.0.0.1:9/", None)
-        .linger_timeout(linger)
+        .config(move |c| c.linger_timeout = linger)
         .start()
         .await;
     // 20 MiB announced, one byte sent: the 413 comes at once, the close after the linger.

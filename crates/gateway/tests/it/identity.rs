@@ -9,7 +9,8 @@ use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
-    bearer_for, body, ctx, get_as, jwks_file, metric, permission, resume_body, Builder, TestServer,
+    bearer_for, body, ctx, get_as, jwks_file, metric, permission, post_turn_as, resume_body,
+    Builder, TestServer,
 };
 
 /// The next turn stops at a permission interrupt.
@@ -37,9 +38,8 @@ fn script_done(k: &FakeKernel, thread: &str, task: &str) {
 async fn jwt_gateway(k: &FakeKernel) -> (TestServer, tempfile::TempDir) {
     let keys = tempfile::tempdir().unwrap();
     let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(30))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = Duration::from_secs(30))
         .jwks(&jwks, Duration::from_secs(300))
         .start()
         .await;
@@ -92,7 +92,7 @@ async fn a_stranger_learns_nothing(
     assert_eq!(code(&resume), code(&ghostly));
     assert_eq!(code(&resume).1, Some("EXECUTION_LOST"));
     // A new turn cannot take the id, and says nothing else about it.
-    let turn = post(&s.url, &body(t, "rb2", "hi", &ws, json!({})), b).await;
+    let turn = post_turn_as(&s.url, t, "rb2", "hi", &ws, b).await;
     assert_eq!(turn.status, 409);
     assert_eq!(turn.error_code(), Some("THREAD_ID_TAKEN"));
     // Cancelling A's execution: the missing execution's answer.
@@ -132,7 +132,7 @@ async fn two_users_with_jwts_reach_only_their_own_threads() {
     let a = [("authorization", alice.as_str())];
     let b = [("authorization", bob.as_str())];
     script_interrupt(&k, "t1");
-    let first = post(&s.url, &body("t1", "r1", "hi", &s.ws("t1"), json!({})), &a).await;
+    let first = post_turn_as(&s.url, "t1", "r1", "hi", &s.ws("t1"), &a).await;
     assert_valid_run(&first, "t1", "r1");
     assert_eq!(first.last()["outcome"]["type"], "interrupt");
     let exec = first.sessions()[0]["executionId"]
@@ -187,8 +187,7 @@ async fn jwt_refusals_are_specific_and_a_rotated_key_is_found() {
     let k = FakeKernel::start().await;
     let keys = tempfile::tempdir().unwrap();
     let jwks = jwks_file(keys.path(), &[ec(), rsa()]);
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .jwks(&jwks, Duration::from_millis(200))
         .start()
         .await;
@@ -342,16 +341,12 @@ async fn jwt_refusals_are_specific_and_a_rotated_key_is_found() {
 #[tokio::test]
 async fn the_service_token_acts_for_the_user_it_names() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .auth("svc-token")
-        .start()
-        .await;
+    let s = Builder::for_fake(&k).auth("svc-token").start().await;
     let svc = "Bearer svc-token";
     let a = [("authorization", svc), ("x-iac-code-user", "alice")];
     let b = [("authorization", svc), ("x-iac-code-user", "bob")];
     script_interrupt(&k, "t1");
-    let first = post(&s.url, &body("t1", "r1", "hi", &s.ws("t1"), json!({})), &a).await;
+    let first = post_turn_as(&s.url, "t1", "r1", "hi", &s.ws("t1"), &a).await;
     assert_valid_run(&first, "t1", "r1");
     let exec = first.sessions()[0]["executionId"]
         .as_str()
@@ -360,12 +355,8 @@ async fn the_service_token_acts_for_the_user_it_names() {
     assert_eq!(s.thread_doc("t1")["owner"], "alice");
     a_stranger_learns_nothing(&s, &k, &b, "t1", &exec).await;
     // The header without the token: refused before anything.
-    let r = post(
-        &s.url,
-        &body("t9", "r1", "hi", &s.ws("t9"), json!({})),
-        &[("x-iac-code-user", "alice")],
-    )
-    .await;
+    let as_alice = [("x-iac-code-user", "alice")];
+    let r = post_turn_as(&s.url, "t9", "r1", "hi", &s.ws("t9"), &as_alice).await;
     assert_eq!(r.status, 401);
     // The service itself (no user) reaches A's thread.
     assert_eq!(get(&format!("{}threads/t1", s.url), Some(svc)).await.0, 200);
@@ -406,12 +397,7 @@ async fn the_service_token_acts_for_the_user_it_names() {
     assert_eq!(as_carol("carol").await, 200);
     assert_eq!(as_carol("bob").await, 404);
     script_done(&k, "t3", "task-4");
-    let next = post(
-        &s.url,
-        &body("t3", "r2", "hi", &s.ws("t3"), json!({})),
-        &carol,
-    )
-    .await;
+    let next = post_turn_as(&s.url, "t3", "r2", "hi", &s.ws("t3"), &carol).await;
     assert_valid_run(&next, "t3", "r2");
     assert_eq!(s.thread_doc("t3")["owner"], "carol");
 }
@@ -428,17 +414,19 @@ async fn a_strangers_guidance_takes_no_place_of_the_owners() {
         max_guidance_per_thread: 1,
         ..Default::default()
     };
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .caps(caps)
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.caps = caps)
         .jwks(&jwks, Duration::from_secs(300))
         .start()
         .await;
     let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
     script_done(&k, "g1", "task-1");
-    let first = post(
+    let first = post_turn_as(
         &s.url,
-        &body("g1", "r1", "hi", &s.ws("g1"), json!({})),
+        "g1",
+        "r1",
+        "hi",
+        &s.ws("g1"),
         &[("authorization", alice.as_str())],
     )
     .await;
@@ -482,12 +470,7 @@ async fn a_thread_made_again_by_another_user_shares_no_runs_with_the_first() {
     let a = [("authorization", alice.as_str())];
     let http = reqwest::Client::new();
     script_done(&k, "x", "task-m");
-    let first = post(
-        &s.url,
-        &body("x", "mallorys-run", "hi", &s.ws("xm"), json!({})),
-        &m,
-    )
-    .await;
+    let first = post_turn_as(&s.url, "x", "mallorys-run", "hi", &s.ws("xm"), &m).await;
     assert_valid_run(&first, "x", "mallorys-run");
     // Mallory follows the thread, then deletes it.
     let r = http
@@ -507,12 +490,7 @@ async fn a_thread_made_again_by_another_user_shares_no_runs_with_the_first() {
     assert_eq!(deleted.status(), 200);
     // Alice makes a thread of the same id, and runs a turn on it.
     script_done(&k, "x", "task-a");
-    let hers = post(
-        &s.url,
-        &body("x", "alices-run", "mine", &s.ws("xa"), json!({})),
-        &a,
-    )
-    .await;
+    let hers = post_turn_as(&s.url, "x", "alices-run", "mine", &s.ws("xa"), &a).await;
     assert_valid_run(&hers, "x", "alices-run");
     let mut seen = String::new();
     let until = tokio::time::Instant::now() + Duration::from_millis(700);

@@ -9,7 +9,7 @@ use testkit::postgres::Cluster;
 use testkit::sse::{assert_valid_run, post};
 
 use crate::cluster::{Instance, Workspace};
-use crate::support::{body, ctx, metric, Builder};
+use crate::support::{body, ctx, metric, post_turn, Builder};
 
 /// The refusal of an id or short string in `field` (see `validate::is_bounded`).
 fn bound_message(field: &str) -> String {
@@ -93,7 +93,7 @@ fn done(k: &FakeKernel, thread: &str) {
 #[tokio::test]
 async fn each_id_over_the_bound_or_with_a_control_character_is_refused_naming_it() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     let ws = s.ws("w");
     let base = body("t-ok", "r-ok", "hi", &ws, json!({}));
     let mut tried = 0;
@@ -143,7 +143,7 @@ async fn each_id_over_the_bound_or_with_a_control_character_is_refused_naming_it
         ("a".repeat(11 << 20), "r1".to_owned()),
         ("t".into(), "r\u{0}".into()),
     ] {
-        let r = post(&s.url, &body(&thread, &run, "hi", &ws, json!({})), &[]).await;
+        let r = post_turn(&s.url, &thread, &run, "hi", &ws).await;
         assert_eq!(r.status, 400);
         assert_eq!(r.error_code(), Some("INVALID_INPUT"));
         tried += 1;
@@ -186,7 +186,7 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
         ("t".to_owned(), "r\u{0}".to_owned()),
         ("x".repeat(4096), "r1".to_owned()),
     ] {
-        let r = post(&i.url(), &body(&thread, &run, "hi", &cwd, json!({})), &[]).await;
+        let r = post_turn(&i.url(), &thread, &run, "hi", &cwd).await;
         assert_eq!(
             (r.status, r.error_code()),
             (400, Some("INVALID_INPUT")),
@@ -227,7 +227,7 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
         .await
         .unwrap();
     assert_eq!(r.status(), 503);
-    let r = post(&i.url(), &body("t-big", "r1", "hi", &cwd, json!({})), &[]).await;
+    let r = post_turn(&i.url(), "t-big", "r1", "hi", &cwd).await;
     assert_eq!(
         (r.status, r.error_code()),
         (503, Some("STATE_UNAVAILABLE")),

@@ -24,7 +24,7 @@ async fn the_js_client_runs_reattaches_and_connects_against_the_real_kernel() {
     let env = KernelEnv::new().await;
     let s = Builder::in_env(&env)
         .kernel(managed(&env).await)
-        .detach_grace(Duration::from_secs(30))
+        .config(move |c| c.detach_grace = Duration::from_secs(30))
         .auth("tok")
         .start()
         .await;

@@ -11,11 +11,7 @@ use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::{body, ctx, metric, Builder, TestServer};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
+use crate::support::{body, ctx, http_get, metric, post_json, post_turn, Builder, TestServer};
 
 fn caps(f: impl FnOnce(&mut Caps)) -> Caps {
     let mut c = Caps::default();
@@ -69,13 +65,7 @@ async fn start(
     s: &TestServer,
     b: &Value,
 ) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> {
-    let resp = client()
-        .post(&s.url)
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&s.url, &b, &[]).await;
     assert_eq!(resp.status(), 200, "admitted");
     let mut stream = Box::pin(resp.bytes_stream());
     stream.next().await.expect("a first event").unwrap();
@@ -102,7 +92,7 @@ async fn a_flood_of_idle_connections_over_the_cap_waits_and_health_still_answers
     const CAP: usize = 4;
     const FLOOD: usize = 200;
     let s = Builder::new()
-        .caps(caps(|c| c.max_connections = CAP))
+        .config(move |c| c.caps = caps(|c| c.max_connections = CAP))
         .admin()
         .start()
         .await;
@@ -158,9 +148,8 @@ async fn a_flood_of_idle_connections_over_the_cap_waits_and_health_still_answers
 #[tokio::test]
 async fn the_run_over_the_cap_is_refused_before_anything_is_touched() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .caps(caps(|c| c.max_runs = 2))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.caps = caps(|c| c.max_runs = 2))
         .start()
         .await;
     for t in ["t1", "t2"] {
@@ -211,13 +200,14 @@ async fn the_run_over_the_cap_is_refused_before_anything_is_touched() {
 #[tokio::test]
 async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(60))
-        .caps(caps(|c| {
-            c.max_detached_runs = 1;
-            c.max_runs = 2;
-        }))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = Duration::from_secs(60))
+        .config(move |c| {
+            c.caps = caps(|c| {
+                c.max_detached_runs = 1;
+                c.max_runs = 2;
+            })
+        })
         .start()
         .await;
     for t in ["t1", "t2", "t3"] {
@@ -234,14 +224,7 @@ async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
     let state = |t: &'static str| {
         let url = format!("{}threads/{t}", s.url);
         async move {
-            let text = client()
-                .get(url)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = http_get(url).await.text().await.unwrap();
             let v: Value = serde_json::from_str(&text).unwrap();
             v["activeRun"]["state"].as_str().map(str::to_owned)
         }
@@ -265,7 +248,7 @@ async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
     // The detached run goes on, and holds its place among the runs.
     assert_eq!(state("t1").await.as_deref(), Some("detached"));
     let _third = start(&s, &body("t3", "r3", "x", &s.ws("w"), json!({}))).await;
-    let res = post(&s.url, &body("t4", "r4", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t4", "r4", "x", &s.ws("w")).await;
     assert_eq!(res.error_code(), Some("TOO_MANY_RUNS"), "{}", res.raw);
     assert_eq!(
         k.calls("CancelTask").len(),
@@ -279,17 +262,16 @@ async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
 #[tokio::test]
 async fn the_reader_over_the_cap_is_refused() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(60))
-        .caps(caps(|c| c.max_readers_per_run = 2))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = Duration::from_secs(60))
+        .config(move |c| c.caps = caps(|c| c.max_readers_per_run = 2))
         .start()
         .await;
     k.on_context("SendStreamingMessage", &ctx("t1"), held("t1", "task-1"));
     let _run = start(&s, &body("t1", "r1", "x", &s.ws("w"), json!({}))).await;
     let events = format!("{}threads/t1/runs/r1/events?after=0", s.url);
     let read = || async {
-        let resp = client().get(&events).send().await.unwrap();
+        let resp = http_get(&events).await;
         let status = resp.status().as_u16();
         (status, resp)
     };
@@ -325,9 +307,8 @@ async fn the_reader_over_the_cap_is_refused() {
 #[tokio::test]
 async fn the_guidance_run_over_the_cap_is_refused() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .caps(caps(|c| c.max_guidance_per_thread = 1))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.caps = caps(|c| c.max_guidance_per_thread = 1))
         .start()
         .await;
     let c1 = ctx("t1");

@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post, post_raw, RunResult};
 
-use crate::support::{body, ctx, permission, Builder, TestServer};
+use crate::support::{
+    body, ctx, permission, post_resume, post_turn, spawn_post, Builder, TestServer,
+};
 
 const SVC: &str = "Bearer svc-token";
 
@@ -233,14 +235,9 @@ async fn observations_are_refused_before_the_stream_each_with_its_code() {
     run.abort();
     // An execution whose task is not known: not found.
     let k2 = FakeKernel::start().await;
-    let s2 = Builder::new().a2a(&k2.url(), None).start().await;
+    let s2 = Builder::for_fake(&k2).start().await;
     k2.stream(Stream::of("task-9", &ctx("t2")).completed());
-    let done = post(
-        &s2.url,
-        &body("t2", "r1", "go", &s2.ws("w"), json!({})),
-        &[],
-    )
-    .await;
+    let done = post_turn(&s2.url, "t2", "r1", "go", &s2.ws("w")).await;
     assert_valid_run(&done, "t2", "r1");
     let exec2 = done.sessions()[0]["executionId"]
         .as_str()
@@ -320,7 +317,7 @@ async fn an_observation_ends_with_exactly_one_terminal_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
     use crate::real_kernel::{answer, ws};
-    use crate::support::{managed, resume_body, server};
+    use crate::support::{managed, server};
     use testkit::real_kernel::KernelEnv;
 
     let env = KernelEnv::new().await;
@@ -332,11 +329,10 @@ async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
         "owner": {"sandboxId": "sb", "runId": "r", "identityKind": "legacy", "quotaLeaseId": "q"}},
         "guidanceId": "g-1", "inputDigest": "d-1"});
     let w = ws(&env, "o1");
-    let (u, b) = (
-        s.url.clone(),
+    let run = spawn_post(
+        &s.url,
         body("o1", "r1", "Steady. scenario:steady", &w, later),
     );
-    let run = tokio::spawn(async move { post(&u, &b, &[]).await });
     let start = std::time::Instant::now();
     let exec = loop {
         let doc = std::fs::read(s.thread_file("o1"))
@@ -351,11 +347,7 @@ async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
     let seen = anon(url(&s, &exec), sub("o1", "r1", "inv-1")).await;
     assert_valid_run(&seen, "o1", "r1");
     assert_eq!(seen.last()["outcome"]["type"], "success", "{}", seen.raw);
-    let text: String = seen
-        .of("TEXT_MESSAGE_CONTENT")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect();
+    let text = seen.text();
     assert!(text.contains("step23"), "{text}");
     let r = run.await.unwrap();
     assert_valid_run(&r, "o1", "r1");
@@ -369,12 +361,7 @@ async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
 
     // A turn stopped at a permission: the observer ends with the same interrupt.
     let w2 = ws(&env, "o2");
-    let r = post(
-        &s.url,
-        &body("o2", "r1", "Run it. scenario:bash", &w2, json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "o2", "r1", "Run it. scenario:bash", &w2).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
     let exec2 = r.sessions()[0]["executionId"].as_str().unwrap().to_owned();
     let seen = anon(url(&s, &exec2), sub("o2", "r1", "inv-1")).await;
@@ -385,12 +372,7 @@ async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
         r.last()["outcome"]["interrupts"][0]["id"]
     );
     // Answered: the tool ran once (the observer cancelled and delivered nothing).
-    let done = post(
-        &s.url,
-        &resume_body("o2", "r2", &w2, "inv-1", answer(&r, "allow_once")),
-        &[],
-    )
-    .await;
+    let done = post_resume(&s.url, "o2", "r2", &w2, "inv-1", answer(&r, "allow_once")).await;
     assert_eq!(done.last()["outcome"]["type"], "success", "{}", done.raw);
     let out = std::fs::read_to_string(std::path::Path::new(&w2).join("out.txt")).unwrap();
     assert_eq!(out, "agui-test\n");

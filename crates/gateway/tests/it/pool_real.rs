@@ -8,7 +8,7 @@ use testkit::real_kernel::{KernelEnv, KernelProcess};
 use testkit::sse::{assert_valid_run, post};
 
 use crate::real_kernel::{alive, answer, descendants, gateway_process, ws};
-use crate::support::{body, resume_body, Builder};
+use crate::support::{body, post_resume, post_turn, Builder};
 
 /// Every `.json` thread document under `dir`, as JSON.
 pub(crate) fn thread_docs(dir: &std::path::Path) -> Vec<Value> {
@@ -142,12 +142,7 @@ async fn a_dead_kernels_pending_interrupt_is_answered_through_another() {
     let health = pool_ready(port, 2).await;
     let url = format!("http://127.0.0.1:{port}/");
     let w = ws(&env, "d1");
-    let r1 = post(
-        &url,
-        &body("d1", "r1", "Run it. scenario:bash", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r1 = post_turn(&url, "d1", "r1", "Run it. scenario:bash", &w).await;
     assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
     // The first thread of an idle pool is on the first kernel.
     let pid = health["kernel"]["slots"][0]["pid"].as_u64().unwrap() as i32;
@@ -163,24 +158,14 @@ async fn a_dead_kernels_pending_interrupt_is_answered_through_another() {
         assert!(start.elapsed() < Duration::from_secs(10), "{v}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let r2 = post(
-        &url,
-        &resume_body("d1", "r2", &w, "inv-1", answer(&r1, "allow_once")),
-        &[],
-    )
-    .await;
+    let r2 = post_resume(&url, "d1", "r2", &w, "inv-1", answer(&r1, "allow_once")).await;
     assert_valid_run(&r2, "d1", "r2");
     assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
     let out = std::path::Path::new(&w).join("out.txt");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
     let health = pool_ready(port, 2).await;
     assert_eq!(health["kernel"]["slots"][0]["restarts"], 1);
-    let r3 = post(
-        &url,
-        &body("d1", "r3", "Hi. scenario:text", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r3 = post_turn(&url, "d1", "r3", "Hi. scenario:text", &w).await;
     assert_eq!(r3.last()["outcome"]["type"], "success", "{}", r3.raw);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
     signal(gw.id() as i32, libc::SIGTERM);

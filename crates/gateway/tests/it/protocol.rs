@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, ctx, Builder, TestServer};
+use crate::support::{body, client, ctx, http_get, post_json, spawn_post, Builder, TestServer};
 
 fn r(v: Value) -> Item {
     Item::Result(v)
@@ -16,7 +16,7 @@ fn r(v: Value) -> Item {
 
 async fn setup() -> (TestServer, FakeKernel) {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     (s, k)
 }
 
@@ -169,20 +169,10 @@ async fn the_cancellation_extension_ends_a_1_0_run_with_the_cancelled_outcome() 
                 )),
             ),
     );
-    let url = s.url.clone();
-    let b = turn(&s, "x1", "r1", Some("1.0"));
-    let run = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let run = spawn_post(&s.url, turn(&s, "x1", "r1", Some("1.0")));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let exec = s.thread_doc("x1")["execution"]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let c = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "x1", "rosInvocationId": "inv-1"}),
-        &[],
-    )
-    .await;
+    let exec = s.execution_id("x1");
+    let c = s.cancel(&exec, "x1", "inv-1").await;
     assert_eq!(c.json.unwrap()["status"], "cancelled");
     let res = run.await.unwrap();
     assert_valid_run(&res, "x1", "r1");
@@ -193,10 +183,6 @@ async fn the_cancellation_extension_ends_a_1_0_run_with_the_cancelled_outcome() 
         res.raw
     );
     assert_eq!(res.types()[res.types().len() - 2], "TEXT_MESSAGE_END");
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
 /// The CORS headers of an answer, by name.
@@ -215,8 +201,7 @@ fn cors_headers(r: &reqwest::Response) -> Vec<(String, String)> {
 async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
     const PAGE: &str = "http://127.0.0.1:5173";
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .auth("tok")
         .cors_origin(PAGE)
         .cors_origin("https://app.example.com")
@@ -265,25 +250,11 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
     // The actual request: authentication is unchanged, and its answer carries the CORS headers
     // of the allowed origin (the page can read the error).
     let b = body("c1", "r1", "hello", &s.ws("c1"), json!({}));
-    let r = client()
-        .post(&s.url)
-        .header("origin", PAGE)
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&s.url, &b, &[("origin", PAGE)]).await;
     assert_eq!(r.status(), 401);
     assert_eq!(r.headers()["access-control-allow-origin"], PAGE);
     assert_eq!(r.headers()["vary"], "Origin");
-    let r = client()
-        .post(&s.url)
-        .header("origin", "http://evil.test")
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&s.url, &b, &[("origin", "http://evil.test")]).await;
     assert_eq!(r.status(), 401);
     assert_eq!(cors_headers(&r), vary_only());
     // A stream to the allowed origin, and a stream to another origin (judged as before: it
@@ -294,15 +265,12 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
             script(thread, "TASK_STATE_COMPLETED"),
         );
         let b = body(thread, "r1", "hello", &s.ws(thread), json!({}));
-        let r = client()
-            .post(&s.url)
-            .header("origin", origin)
-            .header("authorization", "Bearer tok")
-            .header("content-type", "application/json")
-            .body(b.to_string())
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(
+            &s.url,
+            &b,
+            &[("origin", origin), ("authorization", "Bearer tok")],
+        )
+        .await;
         assert_eq!(r.status(), 200);
         let h = cors_headers(&r);
         if origin == PAGE {
@@ -331,11 +299,7 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
     );
     // An answer to a request without an origin varies by it too: a cache in front of the
     // gateway never hands it to a page.
-    let r = client()
-        .get(format!("{}health", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}health", s.url)).await;
     assert_eq!(cors_headers(&r), vary_only());
 }
 
@@ -354,17 +318,9 @@ async fn json_answers_are_not_stored_by_caches() {
             .get("cache-control")
             .map(|v| v.to_str().unwrap().to_owned())
     };
-    let health = client()
-        .get(format!("{}health", s.url))
-        .send()
-        .await
-        .unwrap();
+    let health = http_get(format!("{}health", s.url)).await;
     assert_eq!(no_store(&health).as_deref(), Some("no-store"));
-    let missing = client()
-        .get(format!("{}threads/nope", s.url))
-        .send()
-        .await
-        .unwrap();
+    let missing = http_get(format!("{}threads/nope", s.url)).await;
     assert_eq!(missing.status(), 404);
     assert_eq!(no_store(&missing).as_deref(), Some("no-store"));
     let bad = client()
@@ -378,20 +334,10 @@ async fn json_answers_are_not_stored_by_caches() {
     assert_eq!(no_store(&bad).as_deref(), Some("no-store"));
     k.on("SendStreamingMessage", script("j1", "TASK_STATE_COMPLETED"));
     let b = body("j1", "r1", "hello", &s.ws("j1"), json!({}));
-    let run = client()
-        .post(&s.url)
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let run = post_json(&s.url, &b, &[]).await;
     assert_eq!(no_store(&run).as_deref(), Some("no-cache"));
     assert!(run.text().await.unwrap().contains("RUN_FINISHED"));
-    let thread = client()
-        .get(format!("{}threads/j1", s.url))
-        .send()
-        .await
-        .unwrap();
+    let thread = http_get(format!("{}threads/j1", s.url)).await;
     assert_eq!(thread.status(), 200);
     assert_eq!(no_store(&thread).as_deref(), Some("no-store"));
 }
@@ -410,14 +356,7 @@ async fn without_configured_origins_no_cors_header_is_sent() {
     assert!(cors_headers(&r).is_empty());
     k.on("SendStreamingMessage", script("n1", "TASK_STATE_COMPLETED"));
     let b = body("n1", "r1", "hello", &s.ws("n1"), json!({}));
-    let r = client()
-        .post(&s.url)
-        .header("origin", "http://127.0.0.1:5173")
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&s.url, &b, &[("origin", "http://127.0.0.1:5173")]).await;
     assert_eq!(r.status(), 200);
     assert!(cors_headers(&r).is_empty());
 }

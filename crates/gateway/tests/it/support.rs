@@ -7,12 +7,13 @@ use std::time::Duration;
 use iac_code_agui::api::AppState;
 use iac_code_agui::app::{self, Options};
 use iac_code_agui::clock::Clock;
-use iac_code_agui::config::Env;
-use iac_code_agui::config::{Caps, Config};
+use iac_code_agui::config::{Config, Env};
 use iac_code_agui::store::{BoxFuture, StoreError, ThreadDoc, ThreadStore};
 use kernel::{ChildSpec, Kernel, KernelState};
 use serde_json::{json, Value};
+use testkit::fake_kernel::FakeKernel;
 use testkit::real_kernel::KernelEnv;
+use testkit::sse::{post, RunResult};
 use tokio::sync::oneshot;
 
 pub use testkit::free_port;
@@ -26,26 +27,23 @@ pub struct Builder {
     pub heartbeat: Duration,
     pub store: Option<Arc<dyn ThreadStore>>,
     pub clock: Option<Arc<dyn Clock>>,
-    pub ttl: Option<u64>,
     pub dir: Option<PathBuf>,
     pub channel_capacity: usize,
-    pub kernel_idle: Option<Duration>,
     pub cors: Vec<String>,
-    pub detach_grace: Option<Duration>,
-    pub replay_buffer: Option<usize>,
-    pub client_stall: Option<Duration>,
-    pub caps: Option<Caps>,
     /// Open the admin listener (`/metrics`, `/health`).
     pub admin: bool,
-    pub body_timeout: Option<Duration>,
-    pub linger_timeout: Option<Duration>,
     pub allowed_hosts: Vec<String>,
     /// Accept JWTs of `testkit::jwt`'s keys: the key set's file (written by `jwt`), and how
     /// often it is read again.
     pub jwks: Option<(PathBuf, Duration)>,
     /// Serve TLS with this certificate and key (PEM files).
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Changes to the configuration, made in order after the builder's own settings.
+    configure: Vec<ConfigHook>,
 }
+
+/// A change to the gateway's configuration ([`Builder::config`]).
+type ConfigHook = Box<dyn FnOnce(&mut Config) + Send>;
 
 pub struct TestServer {
     pub url: String,
@@ -69,26 +67,20 @@ impl Builder {
             heartbeat: Duration::from_secs(15),
             store: None,
             clock: None,
-            ttl: None,
             dir: None,
             channel_capacity: 64,
-            kernel_idle: None,
             cors: vec![],
-            detach_grace: None,
-            replay_buffer: None,
-            client_stall: None,
-            caps: None,
             admin: false,
-            body_timeout: None,
-            linger_timeout: None,
             allowed_hosts: vec![],
             jwks: None,
             tls: None,
+            configure: vec![],
         }
     }
-    /// The bounds on concurrent work (`--max-connections`, `--max-runs`, …).
-    pub fn caps(mut self, caps: Caps) -> Self {
-        self.caps = Some(caps);
+    /// Sets anything of the gateway's configuration the builder has no setting for (a bound, a
+    /// timeout, the replay buffer, …), as its command-line flag or variable would.
+    pub fn config(mut self, f: impl FnOnce(&mut Config) + Send + 'static) -> Self {
+        self.configure.push(Box::new(f));
         self
     }
     /// Opens the admin listener too (`--metrics-listen`).
@@ -96,34 +88,9 @@ impl Builder {
         self.admin = true;
         self
     }
-    /// How long a request body may take (`--body-timeout`).
-    pub fn body_timeout(mut self, d: Duration) -> Self {
-        self.body_timeout = Some(d);
-        self
-    }
-    /// How long a body left unread is drained (`--linger-timeout`).
-    pub fn linger_timeout(mut self, d: Duration) -> Self {
-        self.linger_timeout = Some(d);
-        self
-    }
     /// A host requests without a token may name (`--allowed-host`).
     pub fn allowed_host(mut self, name: &str) -> Self {
         self.allowed_hosts.push(name.into());
-        self
-    }
-    /// Runs go on without a client for `grace` (`--detach-grace`).
-    pub fn detach_grace(mut self, grace: Duration) -> Self {
-        self.detach_grace = Some(grace);
-        self
-    }
-    /// How long a client may read nothing (`--client-stall-timeout`).
-    pub fn client_stall(mut self, d: Duration) -> Self {
-        self.client_stall = Some(d);
-        self
-    }
-    /// The replay buffer of a run, in bytes (`--replay-buffer`).
-    pub fn replay_buffer(mut self, bytes: usize) -> Self {
-        self.replay_buffer = Some(bytes);
         self
     }
     /// Allows pages of `origin` to call the gateway (`--cors-origin`).
@@ -146,6 +113,10 @@ impl Builder {
     pub fn jwks(mut self, jwks: &std::path::Path, refresh: Duration) -> Self {
         self.jwks = Some((jwks.to_owned(), refresh));
         self
+    }
+    /// A gateway in front of the fake kernel `k` (without an A2A token).
+    pub fn for_fake(k: &FakeKernel) -> Builder {
+        Builder::new().a2a(&k.url(), None)
     }
     /// A gateway of the real kernel's environment `env`: its state under the test's directory,
     /// its workspaces the allowed roots.
@@ -193,18 +164,9 @@ impl Builder {
         self.clock = Some(c);
         self
     }
-    pub fn ttl(mut self, secs: u64) -> Self {
-        self.ttl = Some(secs);
-        self
-    }
     /// Reuse a directory (state in `<dir>/state`, workspaces in `<dir>/ws`): restarts.
     pub fn dir(mut self, d: PathBuf) -> Self {
         self.dir = Some(d);
-        self
-    }
-    /// `--kernel-idle-timeout` (for a kernel given with [`Builder::a2a`]).
-    pub fn kernel_idle(mut self, d: Duration) -> Self {
-        self.kernel_idle = Some(d);
         self
     }
 
@@ -268,29 +230,8 @@ impl Builder {
             cfg.a2a_token = token.clone();
         }
         cfg.console = self.console;
-        if let Some(d) = self.kernel_idle {
-            cfg.kernel_idle_timeout = d;
-        }
-        if let Some(t) = self.ttl {
-            cfg.interrupt_ttl_secs = t;
-        }
-        if let Some(g) = self.detach_grace {
-            cfg.detach_grace = g;
-        }
-        if let Some(b) = self.replay_buffer {
-            cfg.replay_buffer_bytes = b;
-        }
-        if let Some(d) = self.client_stall {
-            cfg.client_stall_timeout = d;
-        }
-        if let Some(c) = self.caps {
-            cfg.caps = c;
-        }
-        if let Some(d) = self.body_timeout {
-            cfg.body_timeout = d;
-        }
-        if let Some(d) = self.linger_timeout {
-            cfg.linger_timeout = d;
+        for f in self.configure {
+            f(&mut cfg);
         }
         cfg.allowed_hosts = iac_code_agui::hosts::AllowedHosts::new(
             &self.allowed_hosts,
@@ -385,6 +326,18 @@ impl TestServer {
             self.url
         )
     }
+    /// The id of `thread`'s current execution, from its state file.
+    pub fn execution_id(&self, thread: &str) -> String {
+        self.thread_doc(thread)["execution"]["executionId"]
+            .as_str()
+            .expect("an execution")
+            .to_owned()
+    }
+    /// Asks the cancellation extension to cancel `exec` of `thread` (`rosInvocationId` `ros`).
+    pub async fn cancel(&self, exec: &str, thread: &str, ros: &str) -> RunResult {
+        let b = json!({"threadId": thread, "rosInvocationId": ros});
+        post(&self.cancel_url(exec), &b, &[]).await
+    }
     /// Stops the server (graceful) and waits for it; the state dir stays.
     pub async fn stop(mut self) -> PathBuf {
         if let Some(tx) = self.stop.take() {
@@ -408,6 +361,16 @@ impl Drop for TestServer {
     }
 }
 
+/// A fake kernel and a gateway in front of it that sends it the A2A token `a2a-secret`.
+pub async fn fake_gateway() -> (TestServer, FakeKernel) {
+    let k = FakeKernel::start().await;
+    let s = Builder::new()
+        .a2a(&k.url(), Some("a2a-secret"))
+        .start()
+        .await;
+    (s, k)
+}
+
 /// A minimal valid RunAgentInput.
 pub fn body(thread: &str, run: &str, msg: &str, cwd: &str, props: Value) -> Value {
     let mut iac = json!({"schemaVersion": 1, "rosInvocationId": "inv-1", "cwd": cwd});
@@ -424,6 +387,41 @@ pub fn body(thread: &str, run: &str, msg: &str, cwd: &str, props: Value) -> Valu
 pub fn resume_body(thread: &str, run: &str, cwd: &str, ros: &str, entries: Value) -> Value {
     json!({"threadId": thread, "runId": run, "state": {}, "messages": [], "tools": [], "context": [],
            "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": ros, "cwd": cwd}}, "resume": entries})
+}
+
+/// Posts a new turn ([`body`] without extra properties) to `url`: the whole answer.
+pub async fn post_turn(url: &str, thread: &str, run: &str, msg: &str, cwd: &str) -> RunResult {
+    post_turn_as(url, thread, run, msg, cwd, &[]).await
+}
+
+/// [`post_turn`] with request headers (a caller's credentials).
+pub async fn post_turn_as(
+    url: &str,
+    thread: &str,
+    run: &str,
+    msg: &str,
+    cwd: &str,
+    headers: &[(&str, &str)],
+) -> RunResult {
+    post(url, &body(thread, run, msg, cwd, json!({})), headers).await
+}
+
+/// Posts a resume ([`resume_body`]) answering `entries` to `url`: the whole answer.
+pub async fn post_resume(
+    url: &str,
+    thread: &str,
+    run: &str,
+    cwd: &str,
+    ros: &str,
+    entries: Value,
+) -> RunResult {
+    post(url, &resume_body(thread, run, cwd, ros, entries), &[]).await
+}
+
+/// Posts `body` to `url` in a task of its own: a run the test acts on while it goes on.
+pub fn spawn_post(url: &str, body: Value) -> tokio::task::JoinHandle<RunResult> {
+    let url = url.to_owned();
+    tokio::spawn(async move { post(&url, &body, &[]).await })
 }
 
 /// The kernel's permission input `perm-1` (task `task-1`, tool `bash`) on `thread`.
@@ -476,13 +474,34 @@ pub async fn jwt_server(
         .await
 }
 
+/// An HTTP client that ignores the environment's proxy settings (the gateway is on loopback).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// `GET url`: the answer, whatever its status.
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Response {
+    client().get(url).send().await.expect("request sent")
+}
+
+/// Posts the JSON `body` to `url` with `headers`: the answer, unread (a test that reads the
+/// stream itself, or only its head).
+pub async fn post_json(url: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut rb = client()
+        .post(url)
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        rb = rb.header(*k, *v);
+    }
+    rb.body(body.to_string())
+        .send()
+        .await
+        .expect("request sent")
+}
+
 /// `GET url` with `headers`: the status and the JSON body (`null` when it is none).
 pub async fn get_as(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
-    let mut rb = client.get(url);
+    let mut rb = client().get(url);
     for (k, v) in headers {
         rb = rb.header(*k, *v);
     }

@@ -14,7 +14,9 @@ use testkit::prometheus::{promtool, Prometheus};
 use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post};
 
-use crate::support::{body, ctx, free_port, resume_body, wait_health};
+use crate::support::{
+    client, ctx, free_port, http_get, post_turn, post_turn_as, resume_body, wait_health,
+};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_iac-code-agui")
@@ -94,17 +96,10 @@ async fn gateway(args: &[&str], env: &[(String, String)]) -> Gateway {
     }
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
-
 /// The exposition in the Prometheus text format, as a map `name{labels}` → value.
 async fn scrape(admin: &str) -> (String, HashMap<String, f64>) {
-    let text = client()
-        .get(format!("http://{admin}/metrics"))
-        .send()
+    let text = http_get(format!("http://{admin}/metrics"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -189,24 +184,15 @@ async fn a_real_prometheus_scrapes_what_real_kernel_runs_did() {
     }
     let prom = Prometheus::start(&gw.admin()).await;
 
-    let r = post(
-        &gw.url(),
-        &body("m1", "r1", "Hi. scenario:text", &kernel_ws("m1"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&gw.url(), "m1", "r1", "Hi. scenario:text", &kernel_ws("m1")).await;
     assert_valid_run(&r, "m1", "r1");
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
-    let r1 = post(
+    let r1 = post_turn(
         &gw.url(),
-        &body(
-            "m2",
-            "r1",
-            "Run it. scenario:bash",
-            &kernel_ws("m2"),
-            json!({}),
-        ),
-        &[],
+        "m2",
+        "r1",
+        "Run it. scenario:bash",
+        &kernel_ws("m2"),
     )
     .await;
     assert_valid_run(&r1, "m2", "r1");
@@ -500,15 +486,12 @@ async fn a_run_is_one_span_tree_that_continues_the_clients_trace() {
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
     let traceparent = format!("00-{trace}-{parent}-01");
-    let r = post(
+    let r = post_turn_as(
         &gw.url(),
-        &body(
-            "t1",
-            "r1",
-            "hi",
-            &ws_path.join("a").display().to_string(),
-            json!({}),
-        ),
+        "t1",
+        "r1",
+        "hi",
+        &ws_path.join("a").display().to_string(),
         &[
             ("traceparent", traceparent.as_str()),
             ("tracestate", "vendor=opaque"),
@@ -601,16 +584,22 @@ async fn a_run_is_one_span_tree_that_continues_the_clients_trace() {
     );
     let off = gateway(&["--a2a-url", &k2.url()], &otel[3..]).await;
     let cwd = ws_path.join("b").display().to_string();
-    let r = post(
+    let r = post_turn_as(
         &off.url(),
-        &body("t2", "r1", "hi", &cwd, json!({})),
+        "t2",
+        "r1",
+        "hi",
+        &cwd,
         &[("traceparent", traceparent.as_str())],
     )
     .await;
     assert_valid_run(&r, "t2", "r1");
-    let r = post(
+    let r = post_turn_as(
         &off.url(),
-        &body("t3", "r1", "hi", &cwd, json!({})),
+        "t3",
+        "r1",
+        "hi",
+        &cwd,
         &[("traceparent", "00-xyz")],
     )
     .await;
@@ -670,16 +659,12 @@ async fn an_exporter_in_trouble_never_slows_a_run() {
         for i in 0..runs {
             let t = Instant::now();
             let thread = format!("t{i}");
-            let r = post(
+            let r = post_turn(
                 &gw.url(),
-                &body(
-                    &thread,
-                    "r1",
-                    "hi",
-                    &ws_path.join(&thread).display().to_string(),
-                    json!({}),
-                ),
-                &[],
+                &thread,
+                "r1",
+                "hi",
+                &ws_path.join(&thread).display().to_string(),
             )
             .await;
             assert_valid_run(&r, &thread, "r1");
@@ -739,12 +724,7 @@ async fn json_logs_carry_the_run_ids_and_one_access_line_per_request() {
     )
     .await;
     let cwd = ws_path.join("j").display().to_string();
-    let r = post(
-        &gw.url(),
-        &body("j1", "r1", "the request text", &cwd, json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&gw.url(), "j1", "r1", "the request text", &cwd).await;
     assert_valid_run(&r, "j1", "r1");
     assert_eq!(r.last()["code"], "A2A_UNAVAILABLE", "{}", r.raw);
     let h = client()

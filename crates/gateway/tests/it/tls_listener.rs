@@ -38,11 +38,7 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = write_pair(&ca, dir.path(), SystemTime::now() - Duration::from_secs(60));
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .tls(&cert, &key)
-        .start()
-        .await;
+    let s = Builder::for_fake(&k).tls(&cert, &key).start().await;
     let https = s.url.replacen("http://", "https://", 1);
     let c = https_client(&ca);
 

@@ -370,7 +370,7 @@ async fn malformed_and_oversized_heads_are_refused() {
 #[tokio::test]
 async fn an_event_stream_then_the_next_request_on_the_same_connection() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     let c = ctx("t1");
     k.stream(
         Stream::of("task-1", &c)

@@ -6,7 +6,7 @@ use super::*;
 /// active; admission rules and errors.
 #[tokio::test]
 async fn guidance_runs() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     let pipeline = json!({"runMode": "pipeline"});
     k.stream(
@@ -15,9 +15,10 @@ async fn guidance_runs() {
             .then(Item::Sleep(Duration::from_millis(1500)))
             .completed(),
     );
-    let url = s.url.clone();
-    let b = body("t1", "r1", "deploy", &s.ws("w"), pipeline.clone());
-    let main = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let main = spawn_post(
+        &s.url,
+        body("t1", "r1", "deploy", &s.ws("w"), pipeline.clone()),
+    );
     k.wait_calls("SendStreamingMessage", 1, Duration::from_secs(5))
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -86,7 +87,7 @@ async fn guidance_runs() {
 /// as that request gives them; a bad one is refused by name; none is kept in the state.
 #[tokio::test]
 async fn a_later_iac_codes_fence_and_guidance_identity_reach_the_kernel_and_are_not_kept() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let fence = json!({"version": "session-handoff-v1", "owner": {"sandboxId": "sb-fence-1",
         "activationId": "a-1", "runId": "r-1", "leaseId": "l-1", "identityKind": "slot"}});
     let meta = |k: &FakeKernel, n: usize| {

@@ -18,25 +18,19 @@ use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post};
 
-use crate::support::{body, ctx, resume_body, Builder, TestServer};
-
-async fn setup() -> (TestServer, FakeKernel) {
-    let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), Some("a2a-secret"))
-        .start()
-        .await;
-    (s, k)
-}
+use crate::support::{
+    body, ctx, fake_gateway, post_resume, post_turn, post_turn_as, resume_body, spawn_post,
+    Builder, TestServer,
+};
 
 fn r(v: Value) -> Item {
     Item::Result(v)
 }
 
 async fn run_with(items: Vec<Item>) -> (testkit::sse::RunResult, FakeKernel, TestServer) {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     k.on("SendStreamingMessage", Reply::Sse(items));
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     (res, k, s)
 }
@@ -56,7 +50,7 @@ async fn interrupted(s: &TestServer, k: &FakeKernel, input: Value) -> testkit::s
             .working(json!({"tool": {"status": "started", "toolUseId": "tu1", "name": "bash"}}))
             .input_required(json!({"input": input})),
     );
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     res
 }

@@ -7,7 +7,7 @@ use super::*;
 /// pipeline event once.
 #[tokio::test]
 async fn pipeline_steps_and_recovery_across_runs() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     let env = |seq: u64, t: &str, extra: Value| {
         let mut e = json!({"schemaVersion":"1.0","eventId":format!("evt-{seq}"),"sequence":seq as f64,"eventType":t,"scope":"step",
@@ -79,16 +79,13 @@ async fn pipeline_steps_and_recovery_across_runs() {
                 json!({"pipeline": env(10, "pipeline_completed", json!({"scope":"pipeline"}))}),
             ),
     );
-    let res = post(
+    let res = post_resume(
         &s.url,
-        &resume_body(
-            "t1",
-            "r2",
-            &s.ws("w"),
-            "inv-1",
-            json!([{"interruptId":"ask-1","status":"resolved","payload":{"selectedId":"a"}}]),
-        ),
-        &[],
+        "t1",
+        "r2",
+        &s.ws("w"),
+        "inv-1",
+        json!([{"interruptId":"ask-1","status":"resolved","payload":{"selectedId":"a"}}]),
     )
     .await;
     assert_valid_run(&res, "t1", "r2");
@@ -125,7 +122,7 @@ async fn pipeline_steps_and_recovery_across_runs() {
 /// one does not; a failed step closes its span and is reported.
 #[tokio::test]
 async fn pipeline_custom_allow_list_through_the_gateway() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     let mut events: Vec<Value> = iac_code_agui::mapping::ALLOW_LIST
         .iter()

@@ -6,7 +6,7 @@ use super::*;
 
 #[tokio::test]
 async fn full_turn_mapping_and_request_shape() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     k.stream(
         Stream::of("task-1", &c)
@@ -116,13 +116,9 @@ async fn full_turn_mapping_and_request_shape() {
 
 #[tokio::test]
 async fn minimal_metadata_and_accept_language() {
-    let (s, k) = setup().await;
-    let res = post(
-        &s.url,
-        &body("t1", "r1", "x", &s.ws("w"), json!({})),
-        &[("accept-language", "fr")],
-    )
-    .await;
+    let (s, k) = fake_gateway().await;
+    let french = [("accept-language", "fr")];
+    let res = post_turn_as(&s.url, "t1", "r1", "x", &s.ws("w"), &french).await;
     assert_valid_run(&res, "t1", "r1");
     let meta =
         &k.calls("SendStreamingMessage")[0].body["params"]["message"]["metadata"]["iac_code"];
@@ -256,7 +252,7 @@ async fn kernel_faults_end_with_a2a_unavailable_and_cancel() {
         assert_eq!(cancels[0].body["params"]["id"], "task-1", "{what}");
     }
     // A JSON-RPC error body where a stream was expected, and backup-not-ready.
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     k.on(
         "SendStreamingMessage",
         Reply::Json(
@@ -264,19 +260,19 @@ async fn kernel_faults_end_with_a2a_unavailable_and_cancel() {
             json!({"error": {"code": -32602, "message": "Unsupported run mode."}}),
         ),
     );
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
     k.on("SendStreamingMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "Session backup is still synchronizing. Retry after 3 seconds.",
         "data": {"code": "SESSION_BACKUP_NOT_READY", "retryable": true}}})));
-    let res = post(&s.url, &body("t1", "r2", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r2", "x", &s.ws("w")).await;
     assert_eq!(res.last()["code"], "SESSION_BACKUP_NOT_READY");
     // Kernel down.
     let s = Builder::new()
         .a2a("http://127.0.0.1:9/", None)
         .start()
         .await;
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
 }
@@ -284,8 +280,7 @@ async fn kernel_faults_end_with_a2a_unavailable_and_cancel() {
 #[tokio::test]
 async fn heartbeat_after_silence() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .heartbeat(Duration::from_millis(300))
         .start()
         .await;
@@ -296,7 +291,7 @@ async fn heartbeat_after_silence() {
             .then(Item::Sleep(Duration::from_millis(1000)))
             .input_required(json!({})),
     );
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     assert!(res.heartbeats >= 2, "{}", res.raw);
     assert!(res.raw.contains("\n\n: heartbeat\n\n"));
@@ -304,7 +299,7 @@ async fn heartbeat_after_silence() {
 
 #[tokio::test]
 async fn client_disconnect_cancels_the_task() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     k.stream(
         Stream::of("task-1", &c)
@@ -330,13 +325,13 @@ async fn client_disconnect_cancels_the_task() {
     // The thread is released and the execution terminal.
     tokio::time::sleep(Duration::from_millis(100)).await;
     k.on("SendStreamingMessage", Reply::Sse(vec![]));
-    let res = post(&s.url, &body("t1", "r2", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r2", "x", &s.ws("w")).await;
     assert_eq!(res.status, 200);
 }
 
 #[tokio::test]
 async fn cancel_extension_during_a_run() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     k.stream(
         Stream::of("task-1", &c)
@@ -345,20 +340,10 @@ async fn cancel_extension_during_a_run() {
             .then(Item::Sleep(Duration::from_millis(800)))
             .status("TASK_STATE_CANCELED", json!({})),
     );
-    let url = s.url.clone();
-    let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
-    let run = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let run = spawn_post(&s.url, body("t1", "r1", "x", &s.ws("w"), json!({})));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let exec = s.thread_doc("t1")["execution"]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let r1 = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "t1", "rosInvocationId": "nope"}),
-        &[],
-    )
-    .await;
+    let exec = s.execution_id("t1");
+    let r1 = s.cancel(&exec, "t1", "nope").await;
     assert_eq!(
         (r1.status, r1.error_code()),
         (404, Some("EXECUTION_NOT_FOUND"))
@@ -377,19 +362,9 @@ async fn cancel_extension_during_a_run() {
     let res = run.await.unwrap();
     assert_valid_run(&res, "t1", "r1");
     assert_eq!(res.last()["code"], "CANCELLED");
-    let r2 = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "t1", "rosInvocationId": "whatever"}),
-        &[],
-    )
-    .await;
+    let r2 = s.cancel(&exec, "t1", "whatever").await;
     assert_eq!(r2.json.unwrap()["status"], "already_terminal");
-    let r3 = post(
-        &s.cancel_url("zzz"),
-        &json!({"threadId": "t1", "rosInvocationId": "inv-1"}),
-        &[],
-    )
-    .await;
+    let r3 = s.cancel("zzz", "t1", "inv-1").await;
     assert_eq!(r3.status, 404);
 }
 
@@ -404,11 +379,7 @@ async fn failed_recovery_critical_writes_fail_closed() {
         let dir = tempfile::tempdir().unwrap();
         let (store, switch) =
             FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
-        let s = Builder::new()
-            .a2a(&k.url(), None)
-            .store(Arc::new(store))
-            .start()
-            .await;
+        let s = Builder::for_fake(&k).store(Arc::new(store)).start().await;
         switch.fail_saves(skip, 1);
         let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
         assert_eq!(res.last()["code"], "STATE_PERSISTENCE_FAILED");
@@ -430,11 +401,7 @@ async fn failed_session_id_write_fails_closed() {
     let dir = tempfile::tempdir().unwrap();
     let (store, switch) =
         FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .store(Arc::new(store))
-        .start()
-        .await;
+    let s = Builder::for_fake(&k).store(Arc::new(store)).start().await;
     // Saves: admission, task id, session id (fails).
     switch.fail_saves(2, 1);
     let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
@@ -458,7 +425,7 @@ async fn failed_session_id_write_fails_closed() {
 /// A slow client slows its kernel stream: the gateway buffers a bounded number of events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_client_backpressure_bounds_memory() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     let n = 100_000;
     let mut script = vec![r(items::task(
