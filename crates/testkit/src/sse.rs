@@ -46,6 +46,13 @@ impl RunResult {
             .map(|e| e["delta"].as_str().expect("a text delta"))
             .collect()
     }
+    /// The execution id the run's first session event names.
+    pub fn execution_id(&self) -> String {
+        self.sessions()[0]["executionId"]
+            .as_str()
+            .expect("an execution id")
+            .to_owned()
+    }
     pub fn last(&self) -> &Value {
         self.events.last().expect("at least one event")
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use testkit::chaos::{ChaosProxy, Fault, Match};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::real_kernel::{alive, KernelEnv, KernelProcess};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
@@ -16,36 +16,16 @@ use crate::support::{body, ctx, post_turn, spawn_post, Builder, TestServer};
 /// The kernel watchdog of these tests (`--kernel-idle-timeout`).
 const IDLE: Duration = Duration::from_secs(1);
 
-fn r(v: Value) -> Item {
-    Item::Result(v)
-}
-
 /// A normal turn of 8 frames: task, six text deltas (paced), input-required.
-fn turn(thread: &str) -> Vec<Item> {
+fn turn(thread: &str) -> Stream {
     let c = ctx(thread);
-    let mut v = vec![r(items::task(
-        "task-1",
-        &c,
-        "TASK_STATE_SUBMITTED",
-        json!({"iacCodeSessionId": "sess-1"}),
-    ))];
-    for i in 0..6 {
-        v.push(Item::Sleep(Duration::from_millis(20)));
-        v.push(r(items::text(
-            "task-1",
-            &c,
-            &format!("d{i} "),
-            "m1",
-            json!({}),
-        )));
-    }
-    v.push(r(items::status(
-        "task-1",
-        &c,
-        "TASK_STATE_INPUT_REQUIRED",
-        json!({}),
-    )));
-    v
+    let start = Stream::of("task-1", &c).submitted(json!({"iacCodeSessionId": "sess-1"}));
+    (0..6)
+        .fold(start, |s, i| {
+            s.then(Item::Sleep(Duration::from_millis(20)))
+                .text(&format!("d{i} "), "m1")
+        })
+        .input_required(json!({}))
 }
 
 struct Rig {
@@ -177,8 +157,7 @@ async fn every_fault_ends_the_run_once_and_releases_the_thread() {
         let rig = rig().await;
         let forwarded = !matches!(fault, Fault::RpcError { .. } | Fault::Status(_));
         if forwarded {
-            rig.kernel
-                .on("SendStreamingMessage", Reply::Sse(turn("t1")));
+            rig.kernel.on("SendStreamingMessage", turn("t1"));
         }
         rig.proxy.inject(m, fault, 1);
         let (res, took) = run(&rig.server, "t1", "r1").await;
@@ -215,8 +194,7 @@ async fn every_fault_ends_the_run_once_and_releases_the_thread() {
         }
         assert_no_open_kernel_stream(&rig.proxy).await;
         // The thread is released: the next run on it goes through.
-        rig.kernel
-            .on("SendStreamingMessage", Reply::Sse(turn("t1")));
+        rig.kernel.on("SendStreamingMessage", turn("t1"));
         let (next, _) = run(&rig.server, "t1", "r2").await;
         assert_eq!(
             next.last()["outcome"]["type"],
@@ -276,7 +254,7 @@ async fn a_kernel_restart_mid_run_ends_it_and_the_new_kernel_serves_the_next_tur
     assert_eq!(cancels[0].body["params"]["id"], "task-1");
     assert!(rig.kernel.calls("CancelTask").is_empty());
     assert_no_open_kernel_stream(&rig.proxy).await;
-    fresh.on("SendStreamingMessage", Reply::Sse(turn("t1")));
+    fresh.on("SendStreamingMessage", turn("t1"));
     let (next, _) = run(&rig.server, "t1", "r2").await;
     assert_eq!(next.last()["outcome"]["type"], "success", "{}", next.raw);
 }
@@ -291,8 +269,7 @@ async fn a_kernel_that_is_down_fails_runs_fast_and_they_work_again_once_it_is_up
         assert!(took < Duration::from_secs(3), "{took:?}");
     }
     rig.proxy.up(&rig.kernel.url());
-    rig.kernel
-        .on("SendStreamingMessage", Reply::Sse(turn("t1")));
+    rig.kernel.on("SendStreamingMessage", turn("t1"));
     let (res, _) = run(&rig.server, "t1", "r9").await;
     assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
 }
@@ -533,8 +510,7 @@ async fn an_answer_the_kernel_already_had_is_settled_from_the_task() {
         "a replay is refused: {}",
         res.raw
     );
-    rig.kernel
-        .on("SendStreamingMessage", Reply::Sse(turn("t2")));
+    rig.kernel.on("SendStreamingMessage", turn("t2"));
     let (next, _) = run(&rig.server, "t2", "r4").await;
     assert_eq!(next.last()["outcome"]["type"], "success", "{}", next.raw);
 }

@@ -14,13 +14,9 @@ use testkit::postgres::{Cluster, Stop};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
-    body, client, ctx, free_port, post_resume, post_turn, post_turn_as, resume_body, spawn_post,
-    wait_health,
+    bin, body, client, ctx, free_port, post_resume, post_turn, post_turn_as, resume_body,
+    spawn_post, wait_health,
 };
-
-pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_iac-code-agui")
-}
 
 /// One gateway process on the shared database.
 pub struct Instance {

@@ -51,10 +51,7 @@ async fn a_users_thread_is_theirs_on_every_instance() {
     let first = post_turn_as(&a.url(), "t1", "r1", "hi", &ws.cwd("t1"), &al).await;
     assert_valid_run(&first, "t1", "r1");
     assert_eq!(first.last()["outcome"]["type"], "interrupt");
-    let exec = first.sessions()[0]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let exec = first.execution_id();
     let (_, _, doc) = row(&pg, "identity", "t1");
     assert_eq!(doc["owner"], "alice");
     let owner = pg.psql(

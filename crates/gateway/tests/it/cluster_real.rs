@@ -14,7 +14,7 @@ use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, RunResult};
 
 use crate::cluster::Instance;
-use crate::support::{post_resume, post_turn};
+use crate::support::{client, post_resume, post_turn};
 
 fn answer(r: &RunResult) -> Value {
     let id = r.last()["outcome"]["interrupts"][0]["id"]
@@ -132,7 +132,7 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
 /// Once the `n` kernels of `i` are all ready (one kernel is `/health`'s `kernel` itself; several
 /// are its `slots`).
 async fn pool_ready(i: &Instance, n: usize) {
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let start = Instant::now();
     loop {
         if let Ok(r) = c.get(format!("{}health", i.url())).send().await {

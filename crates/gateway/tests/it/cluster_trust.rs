@@ -12,7 +12,7 @@ use testkit::sse::{assert_valid_run, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cluster::{id_of, row, turn, Instance, Workspace};
-use crate::support::{body, get_as, post_turn, post_turn_as};
+use crate::support::{body, client, get_as, post_turn, post_turn_as};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
 
@@ -89,7 +89,7 @@ async fn signed_forwards_count_once_and_only_with_their_body(a: &Instance, a_id:
         to: a_id,
         time: now,
     };
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let send = |method: Method, path: &str, signed_body: &[u8], body: &[u8]| {
         let mut rb = client
             .request(

@@ -15,9 +15,8 @@ use axum::routing::post as axum_post;
 use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Stream};
 use testkit::real_kernel::KernelEnv;
-use tokio::io::AsyncWriteExt;
 
-use crate::support::{bearer_for, ctx, jwks_file, jwt_server, managed, Builder};
+use crate::support::{bearer_for, ctx, jwks_file, jwt_server, last_report, managed, node, Builder};
 
 pub const CLIENTS: [&str; 3] = ["1", "0059", "0058"];
 
@@ -50,35 +49,13 @@ pub async fn runner_with(plan: Value, env: &[(&str, &str)]) -> (bool, Value) {
             .all(|c| d.join(format!("node_modules/agui-client-{c}")).is_dir()),
         "conformance clients are not installed: run `npm ci --prefix conformance` (scripts/test.sh does)"
     );
-    let mut child = tokio::process::Command::new("node")
-        .arg(d.join("run.mjs"))
-        .envs(env.iter().copied())
-        .current_dir(&d)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("node");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(plan.to_string().as_bytes())
-        .await
-        .unwrap();
-    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
-        .await
-        .expect("runner finished")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
-        .unwrap_or_else(|_| {
-            panic!(
-                "runner output: {stdout}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    (out.status.success(), report)
+    let script = d.join("run.mjs");
+    let env: Vec<_> = env
+        .iter()
+        .map(|(k, v)| (*k, std::ffi::OsStr::new(v)))
+        .collect();
+    let out = node(&[script.as_os_str()], &d, &env, &plan.to_string()).await;
+    (out.status.success(), last_report(&out, "runner"))
 }
 
 pub fn plan(client: &str, url: &str, thread: &str, cwd: &str, steps: Value) -> Value {

@@ -10,7 +10,9 @@ use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, parse};
 
-use crate::support::{body, ctx, get_as, permission, post_turn, spawn_post, Builder, TestServer};
+use crate::support::{
+    body, ctx, detaching_gateway, get_as, permission, post_turn, spawn_post, Builder, TestServer,
+};
 
 /// A turn that says `text` after `pause` and ends (or stops at a permission).
 fn script(k: &FakeKernel, thread: &str, task: &str, text: &str, pause: Duration, interrupt: bool) {
@@ -74,10 +76,7 @@ fn types(events: &[Value]) -> Vec<&str> {
 #[tokio::test]
 async fn a_reloaded_page_gets_the_thread_then_its_running_and_later_runs() {
     let k = FakeKernel::start().await;
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.detach_grace = Duration::from_secs(30))
-        .start()
-        .await;
+    let s = detaching_gateway(&k, Duration::from_secs(30)).await;
     let ws = s.ws("t1");
     // An ended turn that stopped at a permission: the snapshot and the interrupt.
     script(&k, "t1", "task-1", "Checking.", Duration::ZERO, true);

@@ -130,6 +130,11 @@ async fn gateway(env: &KernelEnv, with: impl FnOnce(Builder) -> Builder) -> Test
 
 /// A driver's plan for the console at `url`: the token, the workspace `name` (made), a minute to
 /// go, screenshots under the target's temporary directory, and `extra` (which wins).
+/// The console on the main listener, runs going on for `grace` without a client.
+fn detaching_console(b: Builder, grace: Duration) -> Builder {
+    b.config(move |c| c.detach_grace = grace).console()
+}
+
 fn plan(env: &KernelEnv, url: &str, name: &str, extra: Value) -> Value {
     let cwd = env.ws().join(name);
     std::fs::create_dir_all(&cwd).unwrap();
@@ -192,11 +197,7 @@ async fn a_run_left_by_a_reload_is_followed_again_in_the_console() {
             ..Plan::default()
         },
     );
-    let s = gateway(&env, |b| {
-        b.config(move |c| c.detach_grace = Duration::from_secs(60))
-            .console()
-    })
-    .await;
+    let s = gateway(&env, |b| detaching_console(b, Duration::from_secs(60))).await;
     let (ok, report) = drive(plan(
         &env,
         &format!("{}console/", s.url),
@@ -221,11 +222,7 @@ async fn a_followed_thread_shows_another_clients_run() {
         "console-follow",
         Plan::text(&["Followed", " from", " elsewhere."]),
     );
-    let s = gateway(&env, |b| {
-        b.config(move |c| c.detach_grace = Duration::from_secs(30))
-            .console()
-    })
-    .await;
+    let s = gateway(&env, |b| detaching_console(b, Duration::from_secs(30))).await;
     let (ok, report) = drive(plan(
         &env,
         &format!("{}console/", s.url),

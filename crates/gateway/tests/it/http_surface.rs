@@ -45,7 +45,7 @@ async fn the_listener_queues_a_burst_of_connections() {
 async fn health_routes_and_methods() {
     let s = Builder::new()
         .auth("s3cret")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let r = http_get(format!("{}health", s.url)).await;
@@ -100,7 +100,7 @@ async fn health_routes_and_methods() {
 async fn authentication() {
     let s = Builder::new()
         .auth("s3cret")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let b = body("t1", "r1", "hi", &s.ws("w"), json!({}));
@@ -173,7 +173,7 @@ async fn authentication() {
 async fn a_path_id_that_does_not_decode_is_an_unknown_id_after_authentication() {
     let s = Builder::new()
         .auth("s3cret")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let token = [("authorization", "Bearer s3cret")];
@@ -353,7 +353,7 @@ async fn language_negotiation() {
     let s2 = Builder::new()
         .auth("x")
         .env("LANG", "de_DE.UTF-8")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let r = post(&s2.url, &b, &[]).await;
@@ -902,7 +902,7 @@ async fn concurrent_admissions_on_distinct_threads_do_not_serialise() {
         let url = s.url.clone();
         let b = body(&format!("thread-{i}"), "r1", "x", &ws, json!({}));
         tasks.push(tokio::spawn(async move {
-            let c = reqwest::Client::builder().no_proxy().build().unwrap();
+            let c = client();
             let resp = c
                 .post(&url)
                 .header("content-type", "application/json")
@@ -1313,7 +1313,7 @@ async fn health_shows_the_kernels_process_to_callers_only() {
 async fn every_route_names_its_methods_in_a_405() {
     let s = Builder::new()
         .auth("s3cret")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .console()
         .admin()
         .start()

@@ -9,8 +9,8 @@ use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
-    bearer_for, body, ctx, get_as, jwks_file, metric, permission, post_turn_as, resume_body,
-    Builder, TestServer,
+    bearer_for, body, ctx, get_as, guidance_body, jwks_file, metric, permission, post_turn_as,
+    resume_body, Builder, TestServer,
 };
 
 /// The next turn stops at a permission interrupt.
@@ -135,10 +135,7 @@ async fn two_users_with_jwts_reach_only_their_own_threads() {
     let first = post_turn_as(&s.url, "t1", "r1", "hi", &s.ws("t1"), &a).await;
     assert_valid_run(&first, "t1", "r1");
     assert_eq!(first.last()["outcome"]["type"], "interrupt");
-    let exec = first.sessions()[0]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let exec = first.execution_id();
     let doc = s.thread_doc("t1");
     assert_eq!(doc["owner"], "alice");
     // The kernel got the authenticated user.
@@ -348,10 +345,7 @@ async fn the_service_token_acts_for_the_user_it_names() {
     script_interrupt(&k, "t1");
     let first = post_turn_as(&s.url, "t1", "r1", "hi", &s.ws("t1"), &a).await;
     assert_valid_run(&first, "t1", "r1");
-    let exec = first.sessions()[0]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let exec = first.execution_id();
     assert_eq!(s.thread_doc("t1")["owner"], "alice");
     a_stranger_learns_nothing(&s, &k, &b, "t1", &exec).await;
     // The header without the token: refused before anything.
@@ -433,25 +427,11 @@ async fn a_strangers_guidance_takes_no_place_of_the_owners() {
     assert_valid_run(&first, "g1", "r1");
     // The thread's one guidance place, taken (as by a guidance run of the owner's).
     let _held = s.state.rt.limits().guidance("g1").expect("a place");
-    let guide = |run: &str| {
-        body(
-            "g1",
-            run,
-            "steer",
-            &s.ws("g1"),
-            json!({"runMode": "pipeline", "activeGuidance": true}),
-        )
-    };
+    let guide = |run: &str| guidance_body("g1", run, "steer", &s.ws("g1"));
     let owners = post(&s.url, &guide("r2"), &[("authorization", alice.as_str())]).await;
     assert_eq!(owners.error_code(), Some("TOO_MANY_GUIDANCE_RUNS"));
     let strangers = post(&s.url, &guide("r3"), &[("authorization", bob.as_str())]).await;
-    let ghost = body(
-        "ghost",
-        "r3",
-        "steer",
-        &s.ws("ghost"),
-        json!({"runMode": "pipeline", "activeGuidance": true}),
-    );
+    let ghost = guidance_body("ghost", "r3", "steer", &s.ws("ghost"));
     let missing = post(&s.url, &ghost, &[("authorization", bob.as_str())]).await;
     assert_eq!(code(&strangers), code(&missing));
     assert_eq!(strangers.error_code(), Some("EXECUTION_LOST"));

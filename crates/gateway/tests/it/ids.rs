@@ -9,7 +9,7 @@ use testkit::postgres::Cluster;
 use testkit::sse::{assert_valid_run, post};
 
 use crate::cluster::{Instance, Workspace};
-use crate::support::{body, ctx, metric, post_turn, Builder};
+use crate::support::{body, client, ctx, http_get, metric, post_turn, Builder};
 
 /// The refusal of an id or short string in `field` (see `validate::is_bounded`).
 fn bound_message(field: &str) -> String {
@@ -220,12 +220,7 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
             iac_code_agui::store::MAX_DOC_BYTES
         ),
     );
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
-    let r = c
-        .get(format!("{}threads/t-big", i.url()))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}threads/t-big", i.url())).await;
     assert_eq!(r.status(), 503);
     let r = post_turn(&i.url(), "t-big", "r1", "hi", &cwd).await;
     assert_eq!(
@@ -239,11 +234,7 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
         "ids",
         "UPDATE agui_threads SET doc = left(doc, 4096) || '\"}' WHERE thread_id = 't-big'",
     );
-    let r = c
-        .get(format!("{}threads/t-big", i.url()))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}threads/t-big", i.url())).await;
     assert_eq!(r.status(), 200);
     drop(i);
 }
@@ -252,7 +243,7 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
 /// execution no one can have is not found; a cancellation's body ids are invalid input naming
 /// their field. Nothing reaches a store (a NUL or a long key in a PostgreSQL query was a 503).
 async fn bad_ids_on_the_other_routes(base: &str) {
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let long = "x".repeat(4096);
     for thread in ["a%00b", long.as_str(), "line%0Abreak"] {
         for path in [

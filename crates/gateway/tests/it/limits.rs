@@ -11,7 +11,9 @@ use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::{body, ctx, http_get, metric, post_json, post_turn, Builder, TestServer};
+use crate::support::{
+    body, ctx, http_get, metric, png_base64, post_json, post_turn, Builder, TestServer,
+};
 
 fn caps(f: impl FnOnce(&mut Caps)) -> Caps {
     let mut c = Caps::default();
@@ -331,7 +333,7 @@ async fn the_guidance_run_over_the_cap_is_refused() {
     // The refused one carries an image: refused before it is decoded.
     let mut g2 = body("t1", "g2", "b", &s.ws("w"), guidance);
     g2["messages"][0]["content"] = json!([{"type": "text", "text": "see"},
-        {"type": "image", "source": {"type": "data", "value": small_png(), "mimeType": "image/png"}}]);
+        {"type": "image", "source": {"type": "data", "value": png_base64(8, 8), "mimeType": "image/png"}}]);
     let decoded = metric(&s, "agui_images_decoded_total");
     let res = post(&s.url, &g2, &[]).await;
     assert_eq!(res.status, 429, "{}", res.raw);
@@ -371,15 +373,4 @@ async fn the_guidance_run_over_the_cap_is_refused() {
         k.calls("CancelTask").is_empty(),
         "guidance never cancels the task"
     );
-}
-
-/// A small valid PNG, base64.
-fn small_png() -> String {
-    use base64::Engine as _;
-    let img = image::RgbImage::from_pixel(8, 8, image::Rgb([10, 200, 10]));
-    let mut out = std::io::Cursor::new(Vec::new());
-    image::DynamicImage::ImageRgb8(img)
-        .write_to(&mut out, image::ImageFormat::Png)
-        .unwrap();
-    base64::engine::general_purpose::STANDARD.encode(out.into_inner())
 }

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
-use testkit::sse::{assert_valid_run, post, post_raw, RunResult};
+use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
-    body, ctx, permission, post_resume, post_turn, spawn_post, Builder, TestServer,
+    body, client, ctx, permission, post_resume, post_turn, spawn_post, Builder, TestServer,
 };
 
 const SVC: &str = "Bearer svc-token";
@@ -32,13 +32,7 @@ fn as_user(user: &str) -> [(&'static str, String); 2] {
 async fn observe(s: &TestServer, exec: &str, b: Value, user: &str) -> RunResult {
     let h = as_user(user);
     let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    post_raw(
-        &url(s, exec),
-        b.to_string().into_bytes(),
-        "application/json",
-        &h,
-    )
-    .await
+    post(&url(s, exec), &b, &h).await
 }
 
 fn sub(thread: &str, run: &str, ros: &str) -> Value {
@@ -152,7 +146,7 @@ async fn an_observer_follows_a_live_execution_to_its_interrupt_and_changes_nothi
     // An observer that leaves at once cancels nothing either.
     k.task_is_working("task-1", &c, json!({}));
     k.on("SubscribeToTask", Reply::Sse(vec![Item::Stall]));
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let mut resp = client
         .post(url(&s, &exec))
         .header("authorization", SVC)
@@ -190,13 +184,7 @@ async fn observations_are_refused_before_the_stream_each_with_its_code() {
         let r = observe(&s, &exec, bad.clone(), "alice").await;
         assert_eq!(code(&r), (400, Some("INVALID_INPUT".into())), "{bad}");
     }
-    let r = post_raw(
-        &url(&s, &exec),
-        sub("t1", "r1", "inv-1").to_string().into_bytes(),
-        "application/json",
-        &[],
-    )
-    .await;
+    let r = post(&url(&s, &exec), &sub("t1", "r1", "inv-1"), &[]).await;
     assert_eq!(code(&r), (401, Some("UNAUTHORIZED".into())));
     // Another user's execution is an unknown one, to the byte.
     let theirs = observe(&s, &exec, sub("t1", "r1", "inv-1"), "bob").await;
@@ -239,17 +227,8 @@ async fn observations_are_refused_before_the_stream_each_with_its_code() {
     k2.stream(Stream::of("task-9", &ctx("t2")).completed());
     let done = post_turn(&s2.url, "t2", "r1", "go", &s2.ws("w")).await;
     assert_valid_run(&done, "t2", "r1");
-    let exec2 = done.sessions()[0]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let r = post_raw(
-        &url(&s2, &exec2),
-        sub("t2", "r1", "inv-1").to_string().into_bytes(),
-        "application/json",
-        &[],
-    )
-    .await;
+    let exec2 = done.execution_id();
+    let r = post(&url(&s2, &exec2), &sub("t2", "r1", "inv-1"), &[]).await;
     assert_eq!(
         code(&r),
         (404, Some("EXECUTION_NOT_FOUND".into())),
@@ -322,9 +301,7 @@ async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
 
     let env = KernelEnv::new().await;
     let s = server(&env, managed(&env).await).await;
-    let anon = |u: String, b: Value| async move {
-        post_raw(&u, b.to_string().into_bytes(), "application/json", &[]).await
-    };
+    let anon = |u: String, b: Value| async move { post(&u, &b, &[]).await };
     let later = json!({"executionFence": {"version": "session-handoff-v1",
         "owner": {"sandboxId": "sb", "runId": "r", "identityKind": "legacy", "quotaLeaseId": "q"}},
         "guidanceId": "g-1", "inputDigest": "d-1"});
@@ -363,7 +340,7 @@ async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
     let w2 = ws(&env, "o2");
     let r = post_turn(&s.url, "o2", "r1", "Run it. scenario:bash", &w2).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
-    let exec2 = r.sessions()[0]["executionId"].as_str().unwrap().to_owned();
+    let exec2 = r.execution_id();
     let seen = anon(url(&s, &exec2), sub("o2", "r1", "inv-1")).await;
     assert_valid_run(&seen, "o2", "r1");
     assert_eq!(seen.last()["outcome"]["type"], "interrupt", "{}", seen.raw);

@@ -5,14 +5,10 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{body, client, ctx, http_get, post_json, spawn_post, Builder, TestServer};
-
-fn r(v: Value) -> Item {
-    Item::Result(v)
-}
 
 async fn setup() -> (TestServer, FakeKernel) {
     let k = FakeKernel::start().await;
@@ -159,15 +155,8 @@ async fn the_cancellation_extension_ends_a_1_0_run_with_the_cancelled_outcome() 
             .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
             .text("tick", "m")
             .then(Item::Sleep(Duration::from_millis(800)))
-            .then(
-                // The kernel goes on without reporting the cancellation: the request decides.
-                r(items::status(
-                    "task-1",
-                    &c,
-                    "TASK_STATE_COMPLETED",
-                    json!({}),
-                )),
-            ),
+            // The kernel goes on without reporting the cancellation: the request decides.
+            .completed(),
     );
     let run = spawn_post(&s.url, turn(&s, "x1", "r1", Some("1.0")));
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -183,6 +172,14 @@ async fn the_cancellation_extension_ends_a_1_0_run_with_the_cancelled_outcome() 
         res.raw
     );
     assert_eq!(res.types()[res.types().len() - 2], "TEXT_MESSAGE_END");
+}
+
+/// A CORS preflight of a POST to `url` from `origin` (to send, or to add headers to first).
+fn preflight(url: &str, origin: &str) -> reqwest::RequestBuilder {
+    client()
+        .request(reqwest::Method::OPTIONS, url)
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
 }
 
 /// The CORS headers of an answer, by name.
@@ -210,10 +207,7 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
     let cancel = s.cancel_url("e1");
     // Preflights of the allowed origin, on both POST routes, without a token.
     for url in [s.url.clone(), cancel.clone()] {
-        let r = client()
-            .request(reqwest::Method::OPTIONS, &url)
-            .header("origin", PAGE)
-            .header("access-control-request-method", "POST")
+        let r = preflight(&url, PAGE)
             .header(
                 "access-control-request-headers",
                 "authorization, content-type",
@@ -238,10 +232,7 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
         assert!(get("vary").unwrap().contains("Origin"));
     }
     // Another origin's preflight is judged as any OPTIONS request: no CORS header.
-    let r = client()
-        .request(reqwest::Method::OPTIONS, &s.url)
-        .header("origin", "http://127.0.0.1:5174")
-        .header("access-control-request-method", "POST")
+    let r = preflight(&s.url, "http://127.0.0.1:5174")
         .send()
         .await
         .unwrap();
@@ -345,10 +336,7 @@ async fn json_answers_are_not_stored_by_caches() {
 #[tokio::test]
 async fn without_configured_origins_no_cors_header_is_sent() {
     let (s, k) = setup().await;
-    let r = client()
-        .request(reqwest::Method::OPTIONS, &s.url)
-        .header("origin", "http://127.0.0.1:5173")
-        .header("access-control-request-method", "POST")
+    let r = preflight(&s.url, "http://127.0.0.1:5173")
         .send()
         .await
         .unwrap();

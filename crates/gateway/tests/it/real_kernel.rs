@@ -12,7 +12,7 @@ use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::pool_real::signal;
 use crate::support::{
-    body, free_port, managed, managed_with, post_resume, post_turn, resume_body, server,
+    body, client, free_port, managed, managed_with, post_resume, post_turn, resume_body, server,
     spawn_post, Builder,
 };
 
@@ -328,7 +328,7 @@ async fn cancel_endpoint_disconnect_and_heartbeat() {
     assert_eq!(c.json.unwrap()["status"], "already_terminal");
 
     // Client disconnect: the kernel task is cancelled and the LLM stream stops.
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let resp = client
         .post(&s.url)
         .header("content-type", "application/json")
@@ -746,7 +746,7 @@ async fn detached_runs_reattach_or_expire_through_the_real_kernel() {
         .config(move |c| c.detach_grace = Duration::from_secs(3))
         .start()
         .await;
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     // Starts a run and drops it once text flows; returns the whole blocks seen.
     let start_and_drop = |thread: &'static str, message: &'static str| {
         let (client, url, w) = (client.clone(), s.url.clone(), ws(&env, thread));

@@ -6,70 +6,30 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, event_ids, parse, post, RunResult};
 
 use crate::support::{
-    body, client, ctx, http_get, post_json, post_turn, post_turn_as, spawn_post, Builder,
-    TestServer,
+    body, client, ctx, detaching_gateway, http_get, post_json, post_turn, post_turn_as, spawn_post,
+    Builder, TestServer,
 };
 
 const GRACE: Duration = Duration::from_secs(3);
 
-fn r(v: Value) -> Item {
-    Item::Result(v)
-}
-
 /// A turn of 2 × `n` text deltas and a tool call, `pause` between the deltas, ending completed.
 fn script(thread: &str, n: usize, pause: Duration) -> Reply {
     let c = ctx(thread);
-    let mut items = vec![r(items::task(
-        "task-1",
-        &c,
-        "TASK_STATE_SUBMITTED",
-        json!({"iacCodeSessionId": "sess"}),
-    ))];
-    for i in 0..n {
-        items.push(r(items::text(
-            "task-1",
-            &c,
-            &format!("a{i} "),
-            "m1",
-            json!({}),
-        )));
-        items.push(Item::Sleep(pause));
-    }
-    items.push(r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}))));
-    items.push(r(items::status(
-        "task-1",
-        &c,
-        "TASK_STATE_WORKING",
-        json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}),
-    )));
-    for i in 0..n {
-        items.push(r(items::text(
-            "task-1",
-            &c,
-            &format!("b{i} "),
-            "m2",
-            json!({}),
-        )));
-        items.push(Item::Sleep(pause));
-    }
-    items.push(r(items::status(
-        "task-1",
-        &c,
-        "TASK_STATE_COMPLETED",
-        json!({}),
-    )));
-    Reply::Sse(items)
-}
-
-async fn server(k: &FakeKernel, grace: Duration) -> TestServer {
-    Builder::for_fake(&k)
-        .config(move |c| c.detach_grace = grace)
-        .start()
-        .await
+    let deltas = |s: Stream, prefix: &str, message: &str| {
+        (0..n).fold(s, |s, i| {
+            s.text(&format!("{prefix}{i} "), message)
+                .then(Item::Sleep(pause))
+        })
+    };
+    let start = Stream::of("task-1", &c).submitted(json!({"iacCodeSessionId": "sess"}));
+    let tool = deltas(start, "a", "m1")
+        .working(json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}))
+        .working(json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}));
+    deltas(tool, "b", "m2").completed().reply()
 }
 
 /// Starts a run and reads its stream until `keep` events arrived, then drops the connection.
@@ -156,7 +116,7 @@ fn shapes(events: &[Value]) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_connection_reattaches_and_the_joined_stream_is_the_run() {
     let k = FakeKernel::start().await;
-    let s = server(&k, GRACE).await;
+    let s = detaching_gateway(&k, GRACE).await;
     // The run as a client that stays sees it.
     k.on(
         "SendStreamingMessage",
@@ -215,7 +175,7 @@ fn rand_seed() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_client_for_the_grace_period_the_run_is_cancelled() {
     let k = FakeKernel::start().await;
-    let s = server(&k, Duration::from_millis(600)).await;
+    let s = detaching_gateway(&k, Duration::from_millis(600)).await;
     k.on(
         "SendStreamingMessage",
         script("g1", 200, Duration::from_millis(20)),
@@ -252,7 +212,7 @@ async fn without_a_client_for_the_grace_period_the_run_is_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_within_the_grace_keeps_the_run_alive() {
     let k = FakeKernel::start().await;
-    let s = server(&k, Duration::from_millis(500)).await;
+    let s = detaching_gateway(&k, Duration::from_millis(500)).await;
     k.on(
         "SendStreamingMessage",
         script("k1", 40, Duration::from_millis(25)),
@@ -335,7 +295,7 @@ async fn a_fast_kernel_against_a_full_buffer_keeps_memory_bounded_and_gets_410()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_readers_follow_one_run() {
     let k = FakeKernel::start().await;
-    let s = server(&k, GRACE).await;
+    let s = detaching_gateway(&k, GRACE).await;
     k.on(
         "SendStreamingMessage",
         script("c1", 20, Duration::from_millis(20)),
@@ -483,10 +443,7 @@ async fn thread_state(s: &TestServer, thread: &str) -> Value {
 #[tokio::test]
 async fn the_thread_endpoint_reports_binding_interrupts_and_runs_and_a_restart() {
     let k = FakeKernel::start().await;
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.detach_grace = GRACE)
-        .start()
-        .await;
+    let s = detaching_gateway(&k, GRACE).await;
     let c = ctx("p1");
     k.stream(
         Stream::of("task-1", &c)
@@ -570,7 +527,7 @@ async fn the_thread_endpoint_reports_binding_interrupts_and_runs_and_a_restart()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_cancels_detached_runs_and_the_thread_says_so() {
     let k = FakeKernel::start().await;
-    let s = server(&k, Duration::from_secs(30)).await;
+    let s = detaching_gateway(&k, Duration::from_secs(30)).await;
     k.on(
         "SendStreamingMessage",
         script("h1", 300, Duration::from_millis(20)),

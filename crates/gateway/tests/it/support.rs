@@ -118,6 +118,10 @@ impl Builder {
     pub fn for_fake(k: &FakeKernel) -> Builder {
         Builder::new().a2a(&k.url(), None)
     }
+    /// A kernel URL nothing listens on (the discard port), for tests that never reach a kernel.
+    pub fn kernel_unreachable(self) -> Self {
+        self.a2a("http://127.0.0.1:9/", None)
+    }
     /// A gateway of the real kernel's environment `env`: its state under the test's directory,
     /// its workspaces the allowed roots.
     pub fn in_env(env: &KernelEnv) -> Builder {
@@ -371,6 +375,15 @@ pub async fn fake_gateway() -> (TestServer, FakeKernel) {
     (s, k)
 }
 
+/// A gateway in front of the fake kernel `k` whose runs go on for `grace` without a client
+/// (`--detach-grace`).
+pub async fn detaching_gateway(k: &FakeKernel, grace: Duration) -> TestServer {
+    Builder::for_fake(k)
+        .config(move |c| c.detach_grace = grace)
+        .start()
+        .await
+}
+
 /// A minimal valid RunAgentInput.
 pub fn body(thread: &str, run: &str, msg: &str, cwd: &str, props: Value) -> Value {
     let mut iac = json!({"schemaVersion": 1, "rosInvocationId": "inv-1", "cwd": cwd});
@@ -381,6 +394,17 @@ pub fn body(thread: &str, run: &str, msg: &str, cwd: &str, props: Value) -> Valu
     }
     json!({"threadId": thread, "runId": run, "state": {}, "messages": [{"id": format!("msg-{run}"), "role": "user", "content": msg}],
            "tools": [], "context": [], "forwardedProps": {"iacCode": iac}})
+}
+
+/// An active-guidance run's body: `msg` steers the thread's running pipeline.
+pub fn guidance_body(thread: &str, run: &str, msg: &str, cwd: &str) -> Value {
+    body(
+        thread,
+        run,
+        msg,
+        cwd,
+        json!({"runMode": "pipeline", "activeGuidance": true}),
+    )
 }
 
 /// A resume body answering `entries`.
@@ -422,6 +446,17 @@ pub async fn post_resume(
 pub fn spawn_post(url: &str, body: Value) -> tokio::task::JoinHandle<RunResult> {
     let url = url.to_owned();
     tokio::spawn(async move { post(&url, &body, &[]).await })
+}
+
+/// A valid one-colour PNG of `width` × `height`, base64 (an image a run may carry).
+pub fn png_base64(width: u32, height: u32) -> String {
+    use base64::Engine as _;
+    let img = image::RgbImage::from_pixel(width, height, image::Rgb([10, 200, 10]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    image::DynamicImage::ImageRgb8(img)
+        .write_to(&mut out, image::ImageFormat::Png)
+        .unwrap();
+    base64::engine::general_purpose::STANDARD.encode(out.into_inner())
 }
 
 /// The kernel's permission input `perm-1` (task `task-1`, tool `bash`) on `thread`.
@@ -555,6 +590,32 @@ pub fn bearer_for(user: &str) -> String {
     format!("Bearer {}", jwt_for(user))
 }
 
+/// The gateway's binary.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_iac-code-agui")
+}
+
+/// The gateway's command listening on `port` with its state in `state_dir` (add the rest).
+pub fn gateway_command(port: u16, state_dir: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(["--port", &port.to_string()])
+        .arg("--state-dir")
+        .arg(state_dir);
+    cmd
+}
+
+/// Spawns the gateway process `cmd` (listening on `port`) and waits up to `limit` for its
+/// `/health` to answer 200, or fails the test.
+pub fn spawn_healthy(
+    cmd: &mut std::process::Command,
+    port: u16,
+    limit: Duration,
+) -> std::process::Child {
+    let child = cmd.spawn().unwrap();
+    assert!(wait_health(port, limit).is_some());
+    child
+}
+
 /// Polls `GET /health` on a gateway process until it answers 200; how long that took.
 pub fn wait_health(port: u16, limit: Duration) -> Option<Duration> {
     let start = std::time::Instant::now();
@@ -677,11 +738,25 @@ pub async fn browser_driver(
     cwd: &std::path::Path,
     plan: &Value,
 ) -> (bool, Value) {
+    let chromium = chromium();
+    let env = [("CHROMIUM", chromium.as_os_str())];
+    let out = node(&[script.as_os_str()], cwd, &env, &plan.to_string()).await;
+    (out.status.success(), last_report(&out, "driver"))
+}
+
+/// Runs `node` with `args` in `cwd` with `env` and `input` on its standard input: its output
+/// (within 240 s, or the test fails).
+pub async fn node(
+    args: &[&std::ffi::OsStr],
+    cwd: &std::path::Path,
+    env: &[(&str, &std::ffi::OsStr)],
+    input: &str,
+) -> std::process::Output {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new("node")
-        .arg(script)
+        .args(args)
         .current_dir(cwd)
-        .env("CHROMIUM", chromium())
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -689,19 +764,22 @@ pub async fn browser_driver(
         .spawn()
         .expect("node");
     let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
     drop(stdin);
-    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+    tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
         .await
-        .expect("driver finished")
-        .unwrap();
+        .expect("node finished")
+        .unwrap()
+}
+
+/// The JSON report a Node `what` (driver, runner) printed last; its whole output in the failure
+/// when there is none.
+pub fn last_report(out: &std::process::Output, what: &str) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
-        .unwrap_or_else(|_| {
-            panic!(
-                "driver output: {stdout}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    (out.status.success(), report)
+    serde_json::from_str(stdout.lines().last().unwrap_or("null")).unwrap_or_else(|_| {
+        panic!(
+            "{what} output: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }

@@ -15,12 +15,9 @@ use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post};
 
 use crate::support::{
-    client, ctx, free_port, http_get, post_turn, post_turn_as, resume_body, wait_health,
+    client, ctx, free_port, gateway_command, http_get, post_turn, post_turn_as, resume_body,
+    spawn_healthy,
 };
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_iac-code-agui")
-}
 
 /// The repository root (for `ops/`).
 fn repo() -> std::path::PathBuf {
@@ -73,20 +70,18 @@ async fn gateway(args: &[&str], env: &[(String, String)]) -> Gateway {
     let (port, admin) = (free_port(), free_port());
     let log = dir.path().join("gateway.log");
     let out = std::fs::File::create(&log).unwrap();
-    let child = Command::new(bin())
-        .args(["--port", &port.to_string()])
-        .args(["--metrics-listen", &format!("127.0.0.1:{admin}")])
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .args(args)
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .envs(env.iter().cloned())
-        .stdout(Stdio::null())
-        .stderr(out)
-        .spawn()
-        .unwrap();
-    assert!(wait_health(port, Duration::from_secs(20)).is_some());
+    let child = spawn_healthy(
+        gateway_command(port, &dir.path().join("state"))
+            .args(["--metrics-listen", &format!("127.0.0.1:{admin}")])
+            .args(args)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .envs(env.iter().cloned())
+            .stdout(Stdio::null())
+            .stderr(out),
+        port,
+        Duration::from_secs(20),
+    );
     Gateway {
         child,
         port,

@@ -9,7 +9,7 @@ use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::tls::Ca;
 
 use crate::conformance::{plan, runner_with, CLIENTS};
-use crate::support::{body, ctx, https_client, presented_cert, Builder};
+use crate::support::{body, client, ctx, https_client, presented_cert, Builder};
 
 /// Writes a certificate for the loopback names and its key; bumps their times so that a watcher
 /// sees the change even within one second.
@@ -64,7 +64,7 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
         "{text}"
     );
     // Plain HTTP to the TLS port gets no HTTP answer.
-    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let plain = client();
     assert!(plain.get(format!("{}health", s.url)).send().await.is_err());
 
     // The official clients over https, trusting the test's CA.

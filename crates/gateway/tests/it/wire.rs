@@ -175,10 +175,7 @@ impl Conn {
 }
 
 async fn plain_server() -> TestServer {
-    Builder::new()
-        .a2a("http://127.0.0.1:9/", None)
-        .start()
-        .await
+    Builder::new().kernel_unreachable().start().await
 }
 
 fn post(path: &str, extra: &str, body: &str) -> Vec<u8> {
@@ -291,7 +288,7 @@ async fn request_bodies_chunked_length_and_continue() {
 async fn an_answer_without_reading_the_body_skips_no_continue() {
     let s = Builder::new()
         .auth("tok")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let mut c = Conn::open(&s).await;

@@ -10,21 +10,15 @@ use testkit::fake_kernel::{FakeKernel, Item, Stream};
 use testkit::sse::{self, post};
 
 use crate::support::{
-    body, client, ctx, free_port, http_get, metric, post_turn, resume_body, spawn_post,
-    wait_health, Builder,
+    body, client, ctx, free_port, gateway_command, http_get, metric, png_base64, post_turn,
+    resume_body, spawn_healthy, spawn_post, Builder,
 };
 
 const DECODED: &str = "agui_images_decoded_total";
 
 /// A PNG that is costly to decode and scale down (wider than 2,000 px), yet small and valid.
 fn wide_png() -> String {
-    use base64::Engine as _;
-    let img = image::RgbImage::from_pixel(2400, 600, image::Rgb([10, 200, 10]));
-    let mut out = std::io::Cursor::new(Vec::new());
-    image::DynamicImage::ImageRgb8(img)
-        .write_to(&mut out, image::ImageFormat::Png)
-        .unwrap();
-    base64::engine::general_purpose::STANDARD.encode(out.into_inner())
+    png_base64(2400, 600)
 }
 
 /// `b` with its user message made of a text and an image whose base64 is `data`.
@@ -158,19 +152,18 @@ async fn without_configured_roots_workspaces_live_in_the_state_dir() {
     let here = dir.join("process-dir");
     std::fs::create_dir_all(&here).unwrap();
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_iac-code-agui"))
-        .args(["--port", &port.to_string(), "--a2a-url", &k.url()])
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .current_dir(&here)
-        .env_remove("IAC_CODE_AGUI_ALLOWED_CWDS")
-        .env_remove("IACCODE_A2A_ALLOWED_CWDS")
-        .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(wait_health(port, Duration::from_secs(10)).is_some());
+    let mut child = spawn_healthy(
+        gateway_command(port, &dir.join("state"))
+            .args(["--a2a-url", &k.url()])
+            .current_dir(&here)
+            .env_remove("IAC_CODE_AGUI_ALLOWED_CWDS")
+            .env_remove("IACCODE_A2A_ALLOWED_CWDS")
+            .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        port,
+        Duration::from_secs(10),
+    );
     let root = dir.join("state/workspaces");
     let mode = std::fs::metadata(&root).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700);

@@ -23,13 +23,7 @@ async fn guidance_runs() {
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     k.stream(Stream::of("task-1", &c).working(json!({})));
-    let g = body(
-        "t1",
-        "g1",
-        "use region cn-shanghai",
-        &s.ws("w"),
-        json!({"runMode": "pipeline", "activeGuidance": true}),
-    );
+    let g = guidance_body("t1", "g1", "use region cn-shanghai", &s.ws("w"));
     let res = post(&s.url, &g, &[]).await;
     assert_valid_run(&res, "t1", "g1");
     assert_eq!(
@@ -61,13 +55,7 @@ async fn guidance_runs() {
         "SendStreamingMessage",
         Reply::Json(200, json!({"error": {"code": -32602, "message": "bad"}})),
     );
-    let g3 = body(
-        "t1",
-        "g3",
-        "x",
-        &s.ws("w"),
-        json!({"runMode": "pipeline", "activeGuidance": true}),
-    );
+    let g3 = guidance_body("t1", "g3", "x", &s.ws("w"));
     let res = post(&s.url, &g3, &[]).await;
     assert_valid_run(&res, "t1", "g3");
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");

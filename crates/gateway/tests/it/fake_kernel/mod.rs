@@ -16,11 +16,11 @@ use iac_code_agui::store::FileStore;
 use crate::support::FaultyStore;
 use serde_json::{json, Value};
 use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
-use testkit::sse::{assert_valid_run, post};
+use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
-    body, ctx, fake_gateway, post_resume, post_turn, post_turn_as, resume_body, spawn_post,
-    Builder, TestServer,
+    body, client, ctx, fake_gateway, guidance_body, post_resume, post_turn, post_turn_as,
+    resume_body, spawn_post, Builder, TestServer,
 };
 
 fn r(v: Value) -> Item {

@@ -31,12 +31,7 @@ async fn pipeline_steps_and_recovery_across_runs() {
         ]}}))
             .input_required(json!({"pipeline": env(6, "input_required", json!({"step": {"id": "intent"}})), "input": q.clone()})),
     );
-    let r1 = post(
-        &s.url,
-        &body("t1", "r1", "go", &s.ws("w"), json!({"runMode": "pipeline"})),
-        &[],
-    )
-    .await;
+    let r1 = pipeline_run(&s, "go").await;
     assert_valid_run(&r1, "t1", "r1");
     assert_eq!(
         r1.types(),
@@ -141,12 +136,7 @@ async fn pipeline_custom_allow_list_through_the_gateway() {
             .working(json!({"pipelineBatch": {"events": events}}))
             .completed(),
     );
-    let res = post(
-        &s.url,
-        &body("t1", "r1", "x", &s.ws("w"), json!({"runMode": "pipeline"})),
-        &[],
-    )
-    .await;
+    let res = pipeline_run(&s, "x").await;
     assert_valid_run(&res, "t1", "r1");
     let customs: Vec<&Value> = res
         .events
@@ -166,4 +156,10 @@ async fn pipeline_custom_allow_list_through_the_gateway() {
     let t = res.types();
     let started = t.iter().position(|x| x == "STEP_STARTED(s9)").unwrap();
     assert_eq!(t[started + 1], "STEP_FINISHED(s9)");
+}
+
+/// Starts the pipeline run `r1` of thread `t1` with `msg`: the whole answer.
+async fn pipeline_run(s: &TestServer, msg: &str) -> RunResult {
+    let b = body("t1", "r1", msg, &s.ws("w"), json!({"runMode": "pipeline"}));
+    post(&s.url, &b, &[]).await
 }

@@ -268,10 +268,7 @@ async fn kernel_faults_end_with_a2a_unavailable_and_cancel() {
     let res = post_turn(&s.url, "t1", "r2", "x", &s.ws("w")).await;
     assert_eq!(res.last()["code"], "SESSION_BACKUP_NOT_READY");
     // Kernel down.
-    let s = Builder::new()
-        .a2a("http://127.0.0.1:9/", None)
-        .start()
-        .await;
+    let s = Builder::new().kernel_unreachable().start().await;
     let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
@@ -306,7 +303,7 @@ async fn client_disconnect_cancels_the_task() {
             .task("TASK_STATE_WORKING", json!({}))
             .then(Item::Stall),
     );
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let resp = client
         .post(&s.url)
         .header("content-type", "application/json")
@@ -445,7 +442,7 @@ async fn slow_client_backpressure_bounds_memory() {
         json!({}),
     )));
     k.on("SendStreamingMessage", Reply::Sse(script));
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let resp = client
         .post(&s.url)
         .header("content-type", "application/json")
