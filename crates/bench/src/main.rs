@@ -53,7 +53,9 @@ mod latency;
 mod threads;
 
 use gateway::{cpu_ms, rss_kib, start, Gateway};
+use kernels::{LOAD_FULL, LOAD_SMOKE};
 use latency::{direct_latency, latency_stream, percentiles, read_events};
+use threads::{THREADS_FULL, THREADS_SMOKE};
 
 #[derive(Clone, Copy)]
 struct Sizes {
@@ -376,8 +378,9 @@ fn print(name: &str, r: &Report, z: Sizes) {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let smoke = args.iter().any(|a| a == "--smoke");
-    let python = args.iter().any(|a| a == "--python");
+    let has = |name: &str| args.iter().any(|a| a == name);
+    let smoke = has("--smoke");
+    let python = has("--python");
     let gateway = args
         .iter()
         .position(|a| a == "--gateway")
@@ -426,12 +429,8 @@ async fn main() -> Result<()> {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
-    if args.iter().any(|a| a == "--threads") {
-        let mut sizes = if smoke {
-            threads::THREADS_SMOKE
-        } else {
-            threads::THREADS_FULL
-        };
+    if has("--threads") {
+        let mut sizes = if smoke { THREADS_SMOKE } else { THREADS_FULL };
         if let Some(n) = flag("--thread-count") {
             sizes = sizes.with_threads(n as usize);
         }
@@ -439,12 +438,8 @@ async fn main() -> Result<()> {
         let stores = threads::Stores::parse(text("--store").as_deref())?;
         return threads::threads(&gateway, &kernel, sizes, rounds, stores).await;
     }
-    if args.iter().any(|a| a == "--kernels") {
-        let mut load = if smoke {
-            kernels::LOAD_SMOKE
-        } else {
-            kernels::LOAD_FULL
-        };
+    if has("--kernels") {
+        let mut load = if smoke { LOAD_SMOKE } else { LOAD_FULL };
         if let Some(n) = flag("--turn-concurrency") {
             load.concurrency = n as usize;
         }
@@ -454,7 +449,7 @@ async fn main() -> Result<()> {
         let rounds = flag("--rounds").unwrap_or(1) as usize;
         return kernels::kernels(&gateway, load, rounds).await;
     }
-    if args.iter().any(|a| a == "--postgres") {
+    if has("--postgres") {
         let pg = testkit::postgres::Cluster::start();
         let rounds = flag("--rounds").unwrap_or(1) as usize;
         for round in 0..rounds {

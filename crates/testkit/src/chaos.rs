@@ -207,14 +207,7 @@ impl ChaosProxy {
 
     /// Waits until `method` was seen `n` times.
     pub async fn wait_calls(&self, method: &str, n: usize, timeout: Duration) -> Vec<Seen> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let c = self.calls(method);
-            if c.len() >= n || tokio::time::Instant::now() > deadline {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::wait_for(n, timeout, || self.calls(method)).await
     }
 }
 

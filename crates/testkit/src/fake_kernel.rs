@@ -88,22 +88,98 @@ pub mod items {
     }
 }
 
+/// One task's SSE answer, built an item a line: the task and context are named once, not at
+/// every item (`Stream::of("task-1", &c).submitted(meta).text("hi", "m1").completed()`).
+#[derive(Debug, Clone)]
+pub struct Stream {
+    task: String,
+    ctx: String,
+    items: Vec<Item>,
+}
+
+impl Stream {
+    /// An empty answer for the task `task` of the context `ctx`.
+    pub fn of(task: &str, ctx: &str) -> Stream {
+        Stream {
+            task: task.into(),
+            ctx: ctx.into(),
+            items: vec![],
+        }
+    }
+    /// Any item (a pause, a cut, raw bytes, another task's result).
+    pub fn then(mut self, item: Item) -> Self {
+        self.items.push(item);
+        self
+    }
+    /// The task object itself in `state`.
+    pub fn task(self, state: &str, meta: Value) -> Self {
+        let v = items::task(&self.task, &self.ctx, state, meta);
+        self.then(Item::Result(v))
+    }
+    /// The task object, `SUBMITTED` (how a new turn's answer begins).
+    pub fn submitted(self, meta: Value) -> Self {
+        self.task("TASK_STATE_SUBMITTED", meta)
+    }
+    /// A status update in `state`.
+    pub fn status(self, state: &str, meta: Value) -> Self {
+        let v = items::status(&self.task, &self.ctx, state, meta);
+        self.then(Item::Result(v))
+    }
+    /// A `WORKING` status update.
+    pub fn working(self, meta: Value) -> Self {
+        self.status("TASK_STATE_WORKING", meta)
+    }
+    /// An `INPUT_REQUIRED` status update (an interrupt: `input` or `pendingPermissions`).
+    pub fn input_required(self, meta: Value) -> Self {
+        self.status("TASK_STATE_INPUT_REQUIRED", meta)
+    }
+    /// The terminal `COMPLETED` status update.
+    pub fn completed(self) -> Self {
+        self.status("TASK_STATE_COMPLETED", json!({}))
+    }
+    /// Agent text with no metadata.
+    pub fn text(self, text: &str, message_id: &str) -> Self {
+        self.text_with(text, message_id, json!({}))
+    }
+    /// Agent text with metadata.
+    pub fn text_with(self, text: &str, message_id: &str, meta: Value) -> Self {
+        let v = items::text(&self.task, &self.ctx, text, message_id, meta);
+        self.then(Item::Result(v))
+    }
+    /// An artifact update.
+    pub fn artifact(self, artifact: Value) -> Self {
+        let v = items::artifact(&self.task, &self.ctx, artifact);
+        self.then(Item::Result(v))
+    }
+    /// The scripted answer.
+    pub fn reply(self) -> Reply {
+        Reply::Sse(self.items)
+    }
+}
+
+impl From<Stream> for Reply {
+    fn from(s: Stream) -> Reply {
+        s.reply()
+    }
+}
+
+impl Reply {
+    /// `GetTask`'s answer: the bare task in `state`.
+    pub fn task(id: &str, ctx: &str, state: &str, meta: Value) -> Reply {
+        Reply::Json(200, items::bare_task(id, ctx, state, meta))
+    }
+}
+
 impl FakeKernel {
     pub async fn start() -> FakeKernel {
         let inner = Arc::new(Mutex::new(Inner::default()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind fake kernel");
-        let addr = listener.local_addr().expect("addr");
         let app = Router::new()
             .route("/", post(rpc))
             .route("/health", get(health))
             .route("/iac-code/session/ensure-restored", post(ext_post))
             .route("/iac-code/pipeline/state", get(ext_get))
             .with_state(inner.clone());
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let addr = crate::serve(app).await;
         FakeKernel { addr, inner }
     }
 
@@ -114,7 +190,8 @@ impl FakeKernel {
 
     /// Queues an answer for a JSON-RPC method or an extension path
     /// (`ensure-restored`, `pipeline-state`).
-    pub fn on(&self, key: &str, reply: Reply) {
+    pub fn on(&self, key: &str, reply: impl Into<Reply>) {
+        let reply = reply.into();
         self.inner
             .lock()
             .expect("kernel lock")
@@ -126,8 +203,30 @@ impl FakeKernel {
 
     /// Queues an answer for a JSON-RPC method of the context `context_id` only (a streaming
     /// message's `contextId`): it is given before any queued with [`FakeKernel::on`].
-    pub fn on_context(&self, key: &str, context_id: &str, reply: Reply) {
+    pub fn on_context(&self, key: &str, context_id: &str, reply: impl Into<Reply>) {
         self.on(&format!("{key}@{context_id}"), reply);
+    }
+
+    /// Queues the answer to the next `SendStreamingMessage` (a turn or a resume).
+    pub fn stream(&self, s: Stream) {
+        self.on("SendStreamingMessage", s);
+    }
+
+    /// Queues `GetTask`'s answer: the task waiting for input (an interrupt: `input` or
+    /// `pendingPermissions` in `meta`), as a resume finds it.
+    pub fn task_awaits_input(&self, task: &str, ctx: &str, meta: Value) {
+        self.on(
+            "GetTask",
+            Reply::task(task, ctx, "TASK_STATE_INPUT_REQUIRED", meta),
+        );
+    }
+
+    /// Queues `GetTask`'s answer: the task still working.
+    pub fn task_is_working(&self, task: &str, ctx: &str, meta: Value) {
+        self.on(
+            "GetTask",
+            Reply::task(task, ctx, "TASK_STATE_WORKING", meta),
+        );
     }
 
     /// Makes `/health` answer 503 (`false`) or 200 again.
@@ -158,24 +257,18 @@ impl FakeKernel {
 
     /// Waits until `method` was called `n` times.
     pub async fn wait_calls(&self, method: &str, n: usize, timeout: Duration) -> Vec<Request> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let c = self.calls(method);
-            if c.len() >= n || tokio::time::Instant::now() > deadline {
-                return c;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::wait_for(n, timeout, || self.calls(method)).await
     }
+}
 
-    fn next(&self, key: &str) -> Option<Reply> {
-        self.inner
-            .lock()
-            .expect("kernel lock")
-            .replies
-            .get_mut(key)
-            .and_then(VecDeque::pop_front)
-    }
+/// The next reply queued under `key`, taken off its queue.
+fn next_reply(inner: &Mutex<Inner>, key: &str) -> Option<Reply> {
+    inner
+        .lock()
+        .expect("kernel lock")
+        .replies
+        .get_mut(key)
+        .and_then(VecDeque::pop_front)
 }
 
 fn headers_map(h: &HeaderMap) -> HashMap<String, String> {
@@ -189,7 +282,7 @@ fn headers_map(h: &HeaderMap) -> HashMap<String, String> {
         .collect()
 }
 
-fn record(inner: &Arc<Mutex<Inner>>, r: Request) {
+fn record(inner: &Mutex<Inner>, r: Request) {
     inner.lock().expect("kernel lock").requests.push(r);
 }
 
@@ -263,15 +356,10 @@ async fn rpc(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap, body: B
             query: None,
         },
     );
-    let fk = FakeKernel {
-        addr: "127.0.0.1:0".parse().expect("addr"),
-        inner: inner.clone(),
-    };
     // A reply queued for the message's context comes first (concurrent runs of many threads).
     let context = v["params"]["message"]["contextId"].as_str().unwrap_or("");
-    let reply = fk
-        .next(&format!("{method}@{context}"))
-        .or_else(|| fk.next(&method));
+    let reply =
+        next_reply(&inner, &format!("{method}@{context}")).or_else(|| next_reply(&inner, &method));
     let reply = reply.unwrap_or_else(|| match method.as_str() {
         "SendStreamingMessage" | "SubscribeToTask" => Reply::Sse(vec![]),
         "CancelTask" => {
@@ -308,59 +396,44 @@ async fn health(State(inner): State<Arc<Mutex<Inner>>>) -> Response {
     }
 }
 
+/// An extension endpoint's request: recorded, then answered with the reply queued under `key`,
+/// or `default`.
+fn extension(inner: &Mutex<Inner>, request: Request, key: &str, default: Reply) -> Response {
+    record(inner, request);
+    let reply = next_reply(inner, key).unwrap_or(default);
+    render(reply, Value::Null, Default::default())
+}
+
 async fn ext_post(
     State(inner): State<Arc<Mutex<Inner>>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    record(
-        &inner,
-        Request {
-            path: "/iac-code/session/ensure-restored".into(),
-            method: None,
-            body: v,
-            headers: headers_map(&headers),
-            query: None,
-        },
-    );
-    let fk = FakeKernel {
-        addr: "127.0.0.1:0".parse().expect("addr"),
-        inner,
+    let request = Request {
+        path: "/iac-code/session/ensure-restored".into(),
+        method: None,
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        headers: headers_map(&headers),
+        query: None,
     };
-    render(
-        fk.next("ensure-restored")
-            .unwrap_or(Reply::Json(200, json!({"status":"current"}))),
-        Value::Null,
-        Default::default(),
-    )
+    let current = Reply::Json(200, json!({"status":"current"}));
+    extension(&inner, request, "ensure-restored", current)
 }
 
 async fn ext_get(
     State(inner): State<Arc<Mutex<Inner>>>,
     headers: HeaderMap,
-    RawQuery(q): RawQuery,
+    RawQuery(query): RawQuery,
 ) -> Response {
-    record(
-        &inner,
-        Request {
-            path: "/iac-code/pipeline/state".into(),
-            method: None,
-            body: Value::Null,
-            headers: headers_map(&headers),
-            query: q,
-        },
-    );
-    let fk = FakeKernel {
-        addr: "127.0.0.1:0".parse().expect("addr"),
-        inner,
+    let path = "/iac-code/pipeline/state".into();
+    let headers = headers_map(&headers);
+    let request = Request {
+        path,
+        method: None,
+        body: Value::Null,
+        headers,
+        query,
     };
-    render(
-        fk.next("pipeline-state").unwrap_or(Reply::Json(
-            404,
-            json!({"error":"A2A pipeline state not found"}),
-        )),
-        Value::Null,
-        Default::default(),
-    )
+    let none = Reply::Json(404, json!({"error":"A2A pipeline state not found"}));
+    extension(&inner, request, "pipeline-state", none)
 }

@@ -176,10 +176,6 @@ impl FakeLlm {
     /// Starts on 127.0.0.1:0.
     pub async fn start() -> FakeLlm {
         let inner = Arc::new(Mutex::new(Inner::default()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind fake llm");
-        let addr = listener.local_addr().expect("addr");
         let app = Router::new()
             .route("/v1/chat/completions", post(completions))
             .route(
@@ -200,9 +196,7 @@ impl FakeLlm {
                     r
                 },
             ));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let addr = crate::serve(app).await;
         FakeLlm { addr, inner }
     }
 

@@ -22,6 +22,36 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// Serves `app` on a fresh loopback port in the background (the fake services' listener); its
+/// address.
+pub async fn serve(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
+}
+
+/// Polls `seen` until it holds `n` items or `timeout` has passed: what it held last (the
+/// caller's assertion tells the shortfall).
+pub async fn wait_for<T>(
+    n: usize,
+    timeout: std::time::Duration,
+    mut seen: impl FnMut() -> Vec<T>,
+) -> Vec<T> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let c = seen();
+        if c.len() >= n || tokio::time::Instant::now() > deadline {
+            return c;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Raises this process's soft open-file limit to its hard limit (load tests hold thousands of
 /// sockets); returns the new soft limit.
 #[allow(unsafe_code)]

@@ -157,16 +157,10 @@ async fn traces(
 impl OtlpReceiver {
     pub async fn start() -> OtlpReceiver {
         let inner = Arc::new(Mutex::new(Inner::default()));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind OTLP receiver");
-        let addr = listener.local_addr().expect("addr");
         let app = Router::new()
             .route("/v1/traces", post(traces))
             .with_state(inner.clone());
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let addr = crate::serve(app).await;
         OtlpReceiver { addr, inner }
     }
 

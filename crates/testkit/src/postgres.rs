@@ -179,33 +179,26 @@ impl Cluster {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
     }
 
+    /// The client program `tool` (`psql`, `createdb`) connected to the cluster as `postgres`.
+    fn client(&self, tool: &str) -> Command {
+        let port = self.port.to_string();
+        let mut c = Command::new(bin_dir().join(tool));
+        c.args(["-h", "127.0.0.1", "-p", &port, "-U", "postgres"]);
+        c
+    }
+
     /// Creates a database (each test of a cluster can have its own).
     pub fn create_db(&self, name: &str) -> String {
-        let mut c = Command::new(bin_dir().join("createdb"));
-        c.args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &self.port.to_string(),
-            "-U",
-            "postgres",
-            name,
-        ]);
+        let mut c = self.client("createdb");
+        c.arg(name);
         run(c, "createdb");
         self.url(name)
     }
 
     /// Runs SQL with `psql` and returns its unaligned, tuples-only output.
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        let out = Command::new(bin_dir().join("psql"))
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-            ])
+        let out = self
+            .client("psql")
             .args(["-d", db, "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
             .output()
             .expect("psql");

@@ -39,6 +39,20 @@ impl RunResult {
     pub fn of(&self, t: &str) -> Vec<&Value> {
         self.events.iter().filter(|e| e["type"] == t).collect()
     }
+    /// The text of the run's messages: every `TEXT_MESSAGE_CONTENT` delta, in order.
+    pub fn text(&self) -> String {
+        self.of("TEXT_MESSAGE_CONTENT")
+            .iter()
+            .map(|e| e["delta"].as_str().expect("a text delta"))
+            .collect()
+    }
+    /// The execution id the run's first session event names.
+    pub fn execution_id(&self) -> String {
+        self.sessions()[0]["executionId"]
+            .as_str()
+            .expect("an execution id")
+            .to_owned()
+    }
     pub fn last(&self) -> &Value {
         self.events.last().expect("at least one event")
     }

@@ -134,7 +134,7 @@ async fn official_clients_in_chromium_across_origins() {
         )
         .kernel(kernel)
         .cors_origin(&allowed)
-        .detach_grace(Duration::from_secs(10))
+        .config(move |c| c.detach_grace = Duration::from_secs(10))
         .start()
         .await;
 

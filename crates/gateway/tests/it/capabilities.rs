@@ -7,9 +7,8 @@ use std::time::Duration;
 use serde_json::Value;
 use testkit::fake_kernel::FakeKernel;
 use testkit::real_kernel::KernelEnv;
-use tokio::io::AsyncWriteExt;
 
-use crate::support::{get_as, managed, Builder};
+use crate::support::{get_as, managed, node, Builder};
 
 /// Parses `caps` with the official schema; every key (two levels down, `custom` aside) must be
 /// one the schema names.
@@ -34,18 +33,8 @@ async fn official_schema_accepts(caps: &Value) {
           check(v, AgentCapabilitiesSchema, "");
           console.log("ok");
         });"#;
-    let mut child = tokio::process::Command::new("node")
-        .args(["-e", script])
-        .current_dir(&dir)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("node");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(caps.to_string().as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
+    let args = ["-e", script].map(std::ffi::OsStr::new);
+    let out = node(&args, &dir, &[], &caps.to_string()).await;
     assert!(
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("ok"),
         "the official schema refused {caps:#}: {}",
@@ -66,7 +55,7 @@ async fn the_capabilities_name_the_real_kernel_and_pass_the_official_schema() {
     let s = Builder::new()
         .dir(env.dir.path().canonicalize().unwrap())
         .kernel(kernel)
-        .detach_grace(Duration::from_secs(30))
+        .config(move |c| c.detach_grace = Duration::from_secs(30))
         .start()
         .await;
     let (status, caps) = get_as(&format!("{}capabilities", s.url), &[]).await;
@@ -92,7 +81,7 @@ async fn the_capabilities_name_the_real_kernel_and_pass_the_official_schema() {
 #[tokio::test]
 async fn the_capabilities_need_the_token_and_stand_without_a_card() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).auth("tok").start().await;
+    let s = Builder::for_fake(&k).auth("tok").start().await;
     let url = format!("{}capabilities", s.url);
     assert_eq!(get_as(&url, &[]).await.0, 401);
     let (status, caps) = get_as(&url, &[("authorization", "Bearer tok")]).await;

@@ -7,45 +7,25 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use testkit::chaos::{ChaosProxy, Fault, Match};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::real_kernel::{alive, KernelEnv, KernelProcess};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, ctx, Builder, TestServer};
+use crate::support::{body, ctx, post_turn, spawn_post, Builder, TestServer};
 
 /// The kernel watchdog of these tests (`--kernel-idle-timeout`).
 const IDLE: Duration = Duration::from_secs(1);
 
-fn r(v: Value) -> Item {
-    Item::Result(v)
-}
-
 /// A normal turn of 8 frames: task, six text deltas (paced), input-required.
-fn turn(thread: &str) -> Vec<Item> {
+fn turn(thread: &str) -> Stream {
     let c = ctx(thread);
-    let mut v = vec![r(items::task(
-        "task-1",
-        &c,
-        "TASK_STATE_SUBMITTED",
-        json!({"iacCodeSessionId": "sess-1"}),
-    ))];
-    for i in 0..6 {
-        v.push(Item::Sleep(Duration::from_millis(20)));
-        v.push(r(items::text(
-            "task-1",
-            &c,
-            &format!("d{i} "),
-            "m1",
-            json!({}),
-        )));
-    }
-    v.push(r(items::status(
-        "task-1",
-        &c,
-        "TASK_STATE_INPUT_REQUIRED",
-        json!({}),
-    )));
-    v
+    let start = Stream::of("task-1", &c).submitted(json!({"iacCodeSessionId": "sess-1"}));
+    (0..6)
+        .fold(start, |s, i| {
+            s.then(Item::Sleep(Duration::from_millis(20)))
+                .text(&format!("d{i} "), "m1")
+        })
+        .input_required(json!({}))
 }
 
 struct Rig {
@@ -64,7 +44,7 @@ async fn rig_idle(idle: Duration) -> Rig {
     let proxy = ChaosProxy::start(&kernel.url()).await;
     let server = Builder::new()
         .a2a(&proxy.url(), Some("a2a-secret"))
-        .kernel_idle(idle)
+        .config(move |c| c.kernel_idle_timeout = idle)
         .start()
         .await;
     Rig {
@@ -76,12 +56,7 @@ async fn rig_idle(idle: Duration) -> Rig {
 
 async fn run(s: &TestServer, thread: &str, run_id: &str) -> (RunResult, Duration) {
     let t = Instant::now();
-    let res = post(
-        &s.url,
-        &body(thread, run_id, "x", &s.ws("w"), json!({})),
-        &[],
-    )
-    .await;
+    let res = post_turn(&s.url, thread, run_id, "x", &s.ws("w")).await;
     assert_valid_run(&res, thread, run_id);
     (res, t.elapsed())
 }
@@ -182,8 +157,7 @@ async fn every_fault_ends_the_run_once_and_releases_the_thread() {
         let rig = rig().await;
         let forwarded = !matches!(fault, Fault::RpcError { .. } | Fault::Status(_));
         if forwarded {
-            rig.kernel
-                .on("SendStreamingMessage", Reply::Sse(turn("t1")));
+            rig.kernel.on("SendStreamingMessage", turn("t1"));
         }
         rig.proxy.inject(m, fault, 1);
         let (res, took) = run(&rig.server, "t1", "r1").await;
@@ -220,8 +194,7 @@ async fn every_fault_ends_the_run_once_and_releases_the_thread() {
         }
         assert_no_open_kernel_stream(&rig.proxy).await;
         // The thread is released: the next run on it goes through.
-        rig.kernel
-            .on("SendStreamingMessage", Reply::Sse(turn("t1")));
+        rig.kernel.on("SendStreamingMessage", turn("t1"));
         let (next, _) = run(&rig.server, "t1", "r2").await;
         assert_eq!(
             next.last()["outcome"]["type"],
@@ -239,23 +212,15 @@ async fn a_kernel_restart_mid_run_ends_it_and_the_new_kernel_serves_the_next_tur
     // busy machine could let the watchdog cancel the task at the old kernel first).
     let rig = rig_idle(Duration::from_secs(60)).await;
     let c = ctx("t1");
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            r(items::text("task-1", &c, "partial ", "m1", json!({}))),
-            Item::Stall,
-        ]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text("partial ", "m1")
+            .then(Item::Stall),
     );
     let url = rig.server.url.clone();
     let ws = rig.server.ws("w");
-    let pending =
-        tokio::spawn(async move { post(&url, &body("t1", "r1", "x", &ws, json!({})), &[]).await });
+    let pending = tokio::spawn(async move { post_turn(&url, "t1", "r1", "x", &ws).await });
     while rig.kernel.items_written() < 2 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -289,7 +254,7 @@ async fn a_kernel_restart_mid_run_ends_it_and_the_new_kernel_serves_the_next_tur
     assert_eq!(cancels[0].body["params"]["id"], "task-1");
     assert!(rig.kernel.calls("CancelTask").is_empty());
     assert_no_open_kernel_stream(&rig.proxy).await;
-    fresh.on("SendStreamingMessage", Reply::Sse(turn("t1")));
+    fresh.on("SendStreamingMessage", turn("t1"));
     let (next, _) = run(&rig.server, "t1", "r2").await;
     assert_eq!(next.last()["outcome"]["type"], "success", "{}", next.raw);
 }
@@ -304,8 +269,7 @@ async fn a_kernel_that_is_down_fails_runs_fast_and_they_work_again_once_it_is_up
         assert!(took < Duration::from_secs(3), "{took:?}");
     }
     rig.proxy.up(&rig.kernel.url());
-    rig.kernel
-        .on("SendStreamingMessage", Reply::Sse(turn("t1")));
+    rig.kernel.on("SendStreamingMessage", turn("t1"));
     let (res, _) = run(&rig.server, "t1", "r9").await;
     assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
 }
@@ -357,7 +321,7 @@ async fn real_kernel_cut_stall_and_restart() {
     let idle = Duration::from_secs(20);
     let s = Builder::in_env(&env)
         .a2a(&proxy.url(), Some(&kp.token))
-        .kernel_idle(idle)
+        .config(move |c| c.kernel_idle_timeout = idle)
         .start()
         .await;
     let w = env.ws().join("w");
@@ -419,9 +383,7 @@ async fn real_kernel_cut_stall_and_restart() {
     assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
 
     // Kernel restart (SIGKILL) mid-run: the run ends, and the new kernel serves the thread.
-    let url = s.url.clone();
-    let b = turn("r4", "Slow. scenario:slow");
-    let pending = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let pending = spawn_post(&s.url, turn("r4", "Slow. scenario:slow"));
     proxy
         .wait_calls("SendStreamingMessage", 4, Duration::from_secs(20))
         .await;
@@ -453,29 +415,17 @@ fn perm_input(thread: &str) -> Value {
 /// A first run that ends in the permission interrupt `perm-1`.
 async fn interrupted(rig: &Rig, thread: &str) {
     let c = ctx(thread);
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm_input(thread)}),
-            )),
-        ]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .input_required(json!({"input": perm_input(thread)})),
     );
     let (res, _) = run(&rig.server, thread, "r1").await;
     assert_eq!(res.last()["outcome"]["type"], "interrupt", "{}", res.raw);
 }
 
 fn task_reply(thread: &str, state: &str, meta: Value) -> Reply {
-    Reply::Json(200, items::bare_task("task-1", &ctx(thread), state, meta))
+    Reply::task("task-1", &ctx(thread), state, meta)
 }
 
 async fn resume(rig: &Rig, thread: &str, run_id: &str) -> RunResult {
@@ -506,10 +456,9 @@ async fn an_answer_the_kernel_already_had_is_settled_from_the_task() {
             json!({"input": perm_input("t1")}),
         ),
     );
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status("task-1", &c, "TASK_STATE_WORKING",
-            json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "recovered": true, "duplicate": true}})))]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "recovered": true, "duplicate": true}})),
     );
     // The stale projection still shows the answered permission: it is not raised again.
     rig.kernel.on(
@@ -539,10 +488,9 @@ async fn an_answer_the_kernel_already_had_is_settled_from_the_task() {
             json!({"input": perm_input("t2")}),
         ),
     );
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status("task-1", &c2, "TASK_STATE_WORKING",
-            json!({"permissionAck": {"schemaVersion": 1, "kind": "permission_ack", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "accepted": true}})))]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c2)
+            .working(json!({"permissionAck": {"schemaVersion": 1, "kind": "permission_ack", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once", "accepted": true}})),
     );
     for _ in 0..40 {
         rig.kernel
@@ -562,8 +510,7 @@ async fn an_answer_the_kernel_already_had_is_settled_from_the_task() {
         "a replay is refused: {}",
         res.raw
     );
-    rig.kernel
-        .on("SendStreamingMessage", Reply::Sse(turn("t2")));
+    rig.kernel.on("SendStreamingMessage", turn("t2"));
     let (next, _) = run(&rig.server, "t2", "r4").await;
     assert_eq!(next.last()["outcome"]["type"], "success", "{}", next.raw);
 }
@@ -581,27 +528,18 @@ async fn a_stream_that_closes_while_its_task_works_is_followed() {
             json!({"input": perm_input("t1")}),
         ),
     );
-    rig.kernel.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status("task-1", &c, "TASK_STATE_WORKING",
-                json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once"}}))),
-            r(items::text("task-1", &c, "Running ", "m2", json!({}))),
-        ]),
+    rig.kernel.stream(
+        Stream::of("task-1", &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": "perm-1", "toolUseId": "tu1", "decision": "allow_once"}}))
+            .text("Running ", "m2"),
     );
     rig.kernel
         .on("GetTask", task_reply("t1", "TASK_STATE_WORKING", json!({})));
     rig.kernel.on(
         "SubscribeToTask",
-        Reply::Sse(vec![
-            r(items::text("task-1", &c, "done.", "m2", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &c)
+            .text("done.", "m2")
+            .input_required(json!({})),
     );
     let res = resume(&rig, "t1", "r2").await;
     assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);

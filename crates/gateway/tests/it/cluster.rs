@@ -9,15 +9,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::postgres::{Cluster, Stop};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, ctx, free_port, resume_body, wait_health};
-
-pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_iac-code-agui")
-}
+use crate::support::{
+    bin, body, client, ctx, free_port, post_resume, post_turn, post_turn_as, resume_body,
+    spawn_post, wait_health,
+};
 
 /// One gateway process on the shared database.
 pub struct Instance {
@@ -230,35 +229,12 @@ pub(crate) fn interrupting_turn(k: &FakeKernel, thread: &str, task: &str, input:
 /// The kernel's side of a resume: the task as it waits, then the answer's stream.
 pub(crate) fn accepting_resume(k: &FakeKernel, thread: &str, task: &str, input: &str) {
     let c = ctx(thread);
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                task,
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm(input, thread, task)}),
-            ),
-        ),
-    );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::status(
-                task,
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"inputReceived": {"kind": "permission", "inputId": input}}),
-            )),
-            Item::Result(items::text(task, &c, "Done.", "m-done", json!({}))),
-            Item::Result(items::status(
-                task,
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+    k.task_awaits_input(task, &c, json!({"input": perm(input, thread, task)}));
+    k.stream(
+        Stream::of(task, &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": input}}))
+            .text("Done.", "m-done")
+            .input_required(json!({})),
     );
 }
 
@@ -299,7 +275,7 @@ pub(crate) fn id_of(pg: &Cluster, db: &str, i: &Instance) -> String {
 }
 
 async fn get_json(url: &str) -> (u16, Value) {
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let r = c.get(url).send().await.unwrap();
     let status = r.status().as_u16();
     let bytes = r.bytes().await.unwrap();
@@ -324,12 +300,7 @@ async fn a_thread_is_served_by_its_holder_whichever_instance_is_asked() {
         b,
     } = pair("forward", &[]).await;
     turn(&ka, "t1", "task-1", "Hello from A", vec![]);
-    let r = post(
-        &a.url(),
-        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&a.url(), "t1", "r1", "hi", &ws.cwd("t1")).await;
     assert_valid_run(&r, "t1", "r1");
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
     let (owner, epoch, doc) = row(&pg, "forward", "t1");
@@ -341,41 +312,16 @@ async fn a_thread_is_served_by_its_holder_whichever_instance_is_asked() {
     ka.on_context(
         "SendStreamingMessage",
         &ctx("t1"),
-        Reply::Sse(vec![
-            Item::Result(items::status(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Result(items::text(
-                "task-1",
-                &ctx("t1"),
-                "Again from A",
-                "m-2",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &ctx("t1"))
+            .working(json!({}))
+            .text("Again from A", "m-2")
+            .input_required(json!({}))
+            .reply(),
     );
-    let r2 = post(
-        &b.url(),
-        &body("t1", "r2", "again", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let r2 = post_turn(&b.url(), "t1", "r2", "again", &ws.cwd("t1")).await;
     assert_valid_run(&r2, "t1", "r2");
     assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
-    let text: String = r2
-        .of("TEXT_MESSAGE_CONTENT")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect();
+    let text = r2.text();
     assert_eq!(text, "Again from A");
     assert_eq!(ka.calls("SendStreamingMessage").len(), 2);
     assert!(
@@ -401,27 +347,17 @@ async fn a_thread_is_served_by_its_holder_whichever_instance_is_asked() {
     assert_eq!(ha["instance"], holder.as_str(), "{ha}");
     assert_eq!(hb["instance"], id_of(&pg, "forward", &b).as_str(), "{hb}");
     // The same run id again at B: the holder's idempotency answers.
-    let again = post(
-        &b.url(),
-        &body("t1", "r2", "again", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let again = post_turn(&b.url(), "t1", "r2", "again", &ws.cwd("t1")).await;
     assert_eq!(again.status, 409);
     assert_eq!(again.error_code(), Some("DUPLICATE_RUN_ID"));
-    let other = post(
-        &a.url(),
-        &body("t1", "r2", "different", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let other = post_turn(&a.url(), "t1", "r2", "different", &ws.cwd("t1")).await;
     assert_eq!(other.error_code(), Some("RUN_ID_CONFLICT"));
     // A request forwarded to a non-holder (the thread moved meanwhile) is refused, never
     // served from what that instance has, nor forwarded again. Only an instance can mark a
     // request so (the cluster's key is in the database): a client's own mark is no mark, and
     // its request is forwarded to the holder as any other.
     let key = pg.psql("forward", "SELECT forward_key FROM agui_cluster");
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let marked = |key: &str| {
         client
             .get(format!("{}threads/t1", b.url()))
@@ -519,18 +455,7 @@ async fn two_instances_racing_on_a_thread_admit_exactly_one() {
         let (n, _) = rs.iter().find(|(_, r)| r.status == 200).unwrap();
         let thread = format!("race-{i}");
         let other = if *n == 0 { b.url() } else { a.url() };
-        let r = post(
-            &other,
-            &body(
-                &thread,
-                &format!("run-{n}"),
-                "go",
-                &ws.cwd(&thread),
-                json!({}),
-            ),
-            &[],
-        )
-        .await;
+        let r = post_turn(&other, &thread, &format!("run-{n}"), "go", &ws.cwd(&thread)).await;
         assert_eq!(
             r.error_code(),
             Some("DUPLICATE_RUN_ID"),
@@ -555,12 +480,7 @@ async fn a_dead_holders_thread_is_taken_over_by_the_next_request() {
         b,
     } = pair("takeover", &["--lease-ttl", "2"]).await;
     interrupting_turn(&ka, "t1", "task-1", "perm-1");
-    let r = post(
-        &a.url(),
-        &body("t1", "r1", "go", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&a.url(), "t1", "r1", "go", &ws.cwd("t1")).await;
     assert_valid_run(&r, "t1", "r1");
     assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
     let a_id = id_of(&pg, "takeover", &a);
@@ -568,20 +488,26 @@ async fn a_dead_holders_thread_is_taken_over_by_the_next_request() {
     assert_eq!(row(&pg, "takeover", "t1").0, a_id);
     a.kill9();
     // While A's heartbeat is fresh, B forwards (and A is gone: a clear 503, nothing decided).
-    let early = post(
+    let early = post_resume(
         &b.url(),
-        &resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1")),
-        &[],
+        "t1",
+        "r2",
+        &ws.cwd("t1"),
+        "inv-1",
+        allow("perm-1"),
     )
     .await;
     assert_eq!(early.status, 503, "{}", early.raw);
     assert_eq!(early.error_code(), Some("STATE_UNAVAILABLE"));
     tokio::time::sleep(Duration::from_millis(2500)).await;
     accepting_resume(&kb, "t1", "task-1", "perm-1");
-    let r2 = post(
+    let r2 = post_resume(
         &b.url(),
-        &resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1")),
-        &[],
+        "t1",
+        "r2",
+        &ws.cwd("t1"),
+        "inv-1",
+        allow("perm-1"),
     )
     .await;
     assert_valid_run(&r2, "t1", "r2");
@@ -631,10 +557,13 @@ async fn a_dead_holders_thread_is_taken_over_by_the_next_request() {
         "the answer went once"
     );
     // The same answer again: refused, not delivered again.
-    let replay = post(
+    let replay = post_resume(
         &b.url(),
-        &resume_body("t1", "r3", &ws.cwd("t1"), "inv-1", allow("perm-1")),
-        &[],
+        "t1",
+        "r3",
+        &ws.cwd("t1"),
+        "inv-1",
+        allow("perm-1"),
     )
     .await;
     assert_eq!(
@@ -683,9 +612,7 @@ async fn a_stopped_holder_writes_nothing_after_its_lease_lapsed() {
             )),
         ],
     );
-    let url = a.url();
-    let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
-    let run_a = tokio::spawn(async move { post(&url, &b1, &[]).await });
+    let run_a = spawn_post(&a.url(), body("t1", "r1", "go", &ws.cwd("t1"), json!({})));
     let start = Instant::now();
     while row(&pg, "stopped", "t1").2["execution"]["taskId"] != "task-a" {
         assert!(start.elapsed() < Duration::from_secs(10));
@@ -699,12 +626,7 @@ async fn a_stopped_holder_writes_nothing_after_its_lease_lapsed() {
     assert_eq!(row(&pg, "stopped", "t1").0, id_of(&pg, "stopped", &a));
     // B takes the thread over with a new turn (A's task is an orphan to cancel first).
     turn(&kb, "t1", "task-b", "from B", vec![]);
-    let r = post(
-        &b.url(),
-        &body("t1", "r2", "go", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&b.url(), "t1", "r2", "go", &ws.cwd("t1")).await;
     assert_valid_run(&r, "t1", "r2");
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
     let taken = row(&pg, "stopped", "t1");
@@ -729,12 +651,7 @@ async fn a_stopped_holder_writes_nothing_after_its_lease_lapsed() {
     );
     // A is alive again (its heartbeat renewed) and forwards the thread to B.
     turn(&kb, "t1", "task-b", "again from B", vec![]);
-    let r3 = post(
-        &a.url(),
-        &body("t1", "r3", "go", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let r3 = post_turn(&a.url(), "t1", "r3", "go", &ws.cwd("t1")).await;
     assert_valid_run(&r3, "t1", "r3");
     assert_eq!(r3.last()["outcome"]["type"], "success", "{}", r3.raw);
     assert_eq!(kb.calls("SendStreamingMessage").len(), 2);
@@ -756,42 +673,27 @@ async fn a_postgres_restart_mid_run_fails_closed_and_the_pool_recovers() {
         let c = ctx(&thread);
         let task = format!("task-{round}");
         // The task id comes after the pause: its save falls in the outage.
-        k.on(
-            "SendStreamingMessage",
-            Reply::Sse(vec![
-                Item::Sleep(Duration::from_millis(1500)),
-                Item::Result(items::task(
-                    &task,
-                    &c,
-                    "TASK_STATE_SUBMITTED",
-                    json!({"iacCodeSessionId": "s"}),
-                )),
-                Item::Result(items::text(&task, &c, "hello", "m", json!({}))),
-                Item::Result(items::status(
-                    &task,
-                    &c,
-                    "TASK_STATE_INPUT_REQUIRED",
-                    json!({}),
-                )),
-            ]),
+        k.stream(
+            Stream::of(&task, &c)
+                .then(Item::Sleep(Duration::from_millis(1500)))
+                .submitted(json!({"iacCodeSessionId": "s"}))
+                .text("hello", "m")
+                .input_required(json!({})),
         );
-        let url = a.url();
-        let b1 = body(&thread, "r1", "go", &ws.cwd(&thread), json!({}));
-        let run = tokio::spawn(async move { post(&url, &b1, &[]).await });
+        let run = spawn_post(
+            &a.url(),
+            body(&thread, "r1", "go", &ws.cwd(&thread), json!({})),
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
         pg.stop(how);
         // Down: a new admission is refused clearly, and soon.
         let t = Instant::now();
-        let refused = post(
+        let refused = post_turn(
             &a.url(),
-            &body(
-                "down",
-                &format!("r{round}"),
-                "go",
-                &ws.cwd("down"),
-                json!({}),
-            ),
-            &[],
+            "down",
+            &format!("r{round}"),
+            "go",
+            &ws.cwd("down"),
         )
         .await;
         assert_eq!(refused.status, 503, "{}", refused.raw);
@@ -812,33 +714,17 @@ async fn a_postgres_restart_mid_run_fails_closed_and_the_pool_recovers() {
         let deadline = Instant::now() + Duration::from_secs(20);
         let next = format!("after-{round}");
         loop {
-            k.on(
-                "SendStreamingMessage",
-                Reply::Sse(vec![
-                    Item::Result(items::task(
-                        "task-n",
-                        &ctx(&next),
-                        "TASK_STATE_SUBMITTED",
-                        json!({}),
-                    )),
-                    Item::Result(items::status(
-                        "task-n",
-                        &ctx(&next),
-                        "TASK_STATE_INPUT_REQUIRED",
-                        json!({}),
-                    )),
-                ]),
+            k.stream(
+                Stream::of("task-n", &ctx(&next))
+                    .submitted(json!({}))
+                    .input_required(json!({})),
             );
-            let r = post(
+            let r = post_turn(
                 &a.url(),
-                &body(
-                    &next,
-                    &format!("r-{}", deadline.elapsed().as_millis()),
-                    "go",
-                    &ws.cwd(&next),
-                    json!({}),
-                ),
-                &[],
+                &next,
+                &format!("r-{}", deadline.elapsed().as_millis()),
+                "go",
+                &ws.cwd(&next),
             )
             .await;
             if r.status == 200 {
@@ -881,12 +767,7 @@ async fn two_instances_serve_two_hundred_concurrent_runs_each_without_leaks() {
     for (i, (inst, k)) in [(&a, &ka), (&b, &kb)].into_iter().enumerate() {
         let t = format!("warm-{i}");
         turn(k, &t, "task-w", "w", vec![]);
-        let r = post(
-            &inst.url(),
-            &body(&t, "r", "w", &ws.cwd(&t), json!({})),
-            &[],
-        )
-        .await;
+        let r = post_turn(&inst.url(), &t, "r", "w", &ws.cwd(&t)).await;
         assert_valid_run(&r, &t, "r");
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -915,20 +796,10 @@ async fn two_instances_serve_two_hundred_concurrent_runs_each_without_leaks() {
             k.on_context(
                 "SendStreamingMessage",
                 &ctx(&t),
-                Reply::Sse(vec![
-                    Item::Result(items::status(
-                        &task,
-                        &ctx(&t),
-                        "TASK_STATE_WORKING",
-                        json!({}),
-                    )),
-                    Item::Result(items::status(
-                        &task,
-                        &ctx(&t),
-                        "TASK_STATE_INPUT_REQUIRED",
-                        json!({}),
-                    )),
-                ]),
+                Stream::of(&task, &ctx(&t))
+                    .working(json!({}))
+                    .input_required(json!({}))
+                    .reply(),
             );
             let (url, b) = (other.url(), body(&t, "r2", "again", &ws.cwd(&t), json!({})));
             tasks.push(tokio::spawn(async move { (t, post(&url, &b, &[]).await) }));
@@ -1013,31 +884,20 @@ async fn an_answer_on_its_way_when_its_holder_died_is_settled_not_sent_again() {
         b,
     } = pair("onitsway", &["--lease-ttl", "2"]).await;
     interrupting_turn(&ka, "t1", "task-1", "perm-1");
-    let r = post(
-        &a.url(),
-        &body("t1", "r1", "go", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&a.url(), "t1", "r1", "go", &ws.cwd("t1")).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
     // A's kernel takes the answer and says nothing yet; A dies in between.
     let c = ctx("t1");
-    ka.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "t1", "task-1")}),
-            ),
-        ),
+    ka.task_awaits_input(
+        "task-1",
+        &c,
+        json!({"input": perm("perm-1", "t1", "task-1")}),
     );
     ka.on("SendStreamingMessage", Reply::Sse(vec![Item::Stall]));
-    let url = a.url();
-    let resume = resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1"));
-    let dying = tokio::spawn(async move { post(&url, &resume, &[]).await });
+    let dying = spawn_post(
+        &a.url(),
+        resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1")),
+    );
     let start = Instant::now();
     while ka.calls("SendStreamingMessage").len() < 2 {
         assert!(start.elapsed() < Duration::from_secs(10));
@@ -1055,16 +915,16 @@ async fn an_answer_on_its_way_when_its_holder_died_is_settled_not_sent_again() {
     for _ in 0..2 {
         kb.on(
             "GetTask",
-            Reply::Json(
-                200,
-                items::bare_task("task-1", &c, "TASK_STATE_COMPLETED", json!({})),
-            ),
+            Reply::task("task-1", &c, "TASK_STATE_COMPLETED", json!({})),
         );
     }
-    let r2 = post(
+    let r2 = post_resume(
         &b.url(),
-        &resume_body("t1", "r3", &ws.cwd("t1"), "inv-1", allow("perm-1")),
-        &[],
+        "t1",
+        "r3",
+        &ws.cwd("t1"),
+        "inv-1",
+        allow("perm-1"),
     )
     .await;
     assert_valid_run(&r2, "t1", "r3");
@@ -1094,9 +954,7 @@ async fn cancel_and_events_reach_the_holder() {
         b,
     } = pair("cancelfwd", &["--detach-grace", "10"]).await;
     turn(&ka, "t1", "task-1", "working", vec![Item::Stall]);
-    let url = a.url();
-    let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
-    let run = tokio::spawn(async move { post(&url, &b1, &[]).await });
+    let run = spawn_post(&a.url(), body("t1", "r1", "go", &ws.cwd("t1"), json!({})));
     let start = Instant::now();
     let exec = loop {
         let doc = row(&pg, "cancelfwd", "t1").2;
@@ -1106,10 +964,7 @@ async fn cancel_and_events_reach_the_holder() {
         assert!(start.elapsed() < Duration::from_secs(10));
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let cancel = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
+    let cancel = client()
         .post(format!(
             "{}extensions/iac-code/v1/executions/{exec}/cancel",
             b.url()
@@ -1132,7 +987,7 @@ async fn cancel_and_events_reach_the_holder() {
     );
     assert!(kb.calls("CancelTask").is_empty());
     // The run's events, from A's buffer, asked at B.
-    let c2 = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c2 = client();
     let replay = c2
         .get(format!("{}threads/t1/runs/r1/events?after=0", b.url()))
         .send()
@@ -1156,9 +1011,7 @@ async fn an_observer_asked_at_another_instance_is_served_by_the_holder() {
         b,
     } = pair("observefwd", &[]).await;
     turn(&ka, "t1", "task-1", "working", vec![Item::Stall]);
-    let url = a.url();
-    let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
-    let run = tokio::spawn(async move { post(&url, &b1, &[]).await });
+    let run = spawn_post(&a.url(), body("t1", "r1", "go", &ws.cwd("t1"), json!({})));
     let start = Instant::now();
     let exec = loop {
         let doc = row(&pg, "observefwd", "t1").2;
@@ -1169,24 +1022,10 @@ async fn an_observer_asked_at_another_instance_is_served_by_the_holder() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let c = ctx("t1");
-    ka.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
-        ),
-    );
+    ka.task_is_working("task-1", &c, json!({}));
     ka.on(
         "SubscribeToTask",
-        Reply::Sse(vec![
-            Item::Result(items::text("task-1", &c, "observed", "m-1", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &c).text("observed", "m-1").completed(),
     );
     let seen = post(
         &format!(
@@ -1221,9 +1060,7 @@ async fn a_lease_lapsed_with_the_database_down_ends_the_runs_in_flight() {
     let k = FakeKernel::start().await;
     let a = Instance::start(&db, &["--a2a-url", &k.url(), "--lease-ttl", "2"], &ws.env());
     turn(&k, "t1", "task-1", "working", vec![Item::Stall]);
-    let url = a.url();
-    let b1 = body("t1", "r1", "go", &ws.cwd("t1"), json!({}));
-    let run = tokio::spawn(async move { post(&url, &b1, &[]).await });
+    let run = spawn_post(&a.url(), body("t1", "r1", "go", &ws.cwd("t1"), json!({})));
     let start = Instant::now();
     while row(&pg, "lapse", "t1").2["execution"]["taskId"] != "task-1" {
         assert!(start.elapsed() < Duration::from_secs(10));
@@ -1253,16 +1090,12 @@ async fn a_lease_lapsed_with_the_database_down_ends_the_runs_in_flight() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         turn(&k, "t2", "task-2", "again", vec![]);
-        let r = post(
+        let r = post_turn(
             &a.url(),
-            &body(
-                "t2",
-                &format!("r{}", deadline.elapsed().as_millis()),
-                "go",
-                &ws.cwd("t2"),
-                json!({}),
-            ),
-            &[],
+            "t2",
+            &format!("r{}", deadline.elapsed().as_millis()),
+            "go",
+            &ws.cwd("t2"),
         )
         .await;
         if r.status == 200 {
@@ -1287,22 +1120,20 @@ async fn a_clean_stop_hands_the_threads_over_at_once() {
         b,
     } = pair("handover", &[]).await;
     interrupting_turn(&ka, "t1", "task-1", "perm-1");
-    let r = post(
-        &a.url(),
-        &body("t1", "r1", "go", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&a.url(), "t1", "r1", "go", &ws.cwd("t1")).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
     a.signal(libc::SIGTERM);
     let status = a.child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
     let stopped = Instant::now();
     accepting_resume(&kb, "t1", "task-1", "perm-1");
-    let r2 = post(
+    let r2 = post_resume(
         &b.url(),
-        &resume_body("t1", "r2", &ws.cwd("t1"), "inv-1", allow("perm-1")),
-        &[],
+        "t1",
+        "r2",
+        &ws.cwd("t1"),
+        "inv-1",
+        allow("perm-1"),
     )
     .await;
     assert_valid_run(&r2, "t1", "r2");
@@ -1330,19 +1161,9 @@ async fn forwarded_requests_carry_the_clients_token() {
     let b = Instance::start(&db, &["--a2a-url", &kb.url()], &env);
     let auth = [("authorization", "Bearer s3cret")];
     turn(&ka, "t1", "task-1", "from A", vec![]);
-    let r = post(
-        &a.url(),
-        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
-        &auth,
-    )
-    .await;
+    let r = post_turn_as(&a.url(), "t1", "r1", "hi", &ws.cwd("t1"), &auth).await;
     assert_valid_run(&r, "t1", "r1");
-    let refused = post(
-        &b.url(),
-        &body("t1", "r2", "hi", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let refused = post_turn(&b.url(), "t1", "r2", "hi", &ws.cwd("t1")).await;
     assert_eq!(refused.status, 401);
     assert_eq!(
         ka.calls("SendStreamingMessage").len(),
@@ -1350,12 +1171,7 @@ async fn forwarded_requests_carry_the_clients_token() {
         "nothing was forwarded"
     );
     turn(&ka, "t1", "task-1", "again from A", vec![]);
-    let r2 = post(
-        &b.url(),
-        &body("t1", "r2", "hi", &ws.cwd("t1"), json!({})),
-        &auth,
-    )
-    .await;
+    let r2 = post_turn_as(&b.url(), "t1", "r2", "hi", &ws.cwd("t1"), &auth).await;
     assert_valid_run(&r2, "t1", "r2");
     assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
     assert_eq!(ka.calls("SendStreamingMessage").len(), 2);

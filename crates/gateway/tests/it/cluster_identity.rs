@@ -9,7 +9,7 @@ use testkit::postgres::Cluster;
 use testkit::sse::{assert_valid_run, post};
 
 use crate::cluster::{accepting_resume, allow, interrupting_turn, row, Instance, Workspace};
-use crate::support::{bearer_for, body, get_as, jwks_file, resume_body};
+use crate::support::{bearer_for, body, get_as, jwks_file, post_turn_as, resume_body};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_users_thread_is_theirs_on_every_instance() {
@@ -48,18 +48,10 @@ async fn a_users_thread_is_theirs_on_every_instance() {
 
     // Alice's thread, held by A, waiting for her permission.
     interrupting_turn(&ka, "t1", "task-1", "perm-1");
-    let first = post(
-        &a.url(),
-        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
-        &al,
-    )
-    .await;
+    let first = post_turn_as(&a.url(), "t1", "r1", "hi", &ws.cwd("t1"), &al).await;
     assert_valid_run(&first, "t1", "r1");
     assert_eq!(first.last()["outcome"]["type"], "interrupt");
-    let exec = first.sessions()[0]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let exec = first.execution_id();
     let (_, _, doc) = row(&pg, "identity", "t1");
     assert_eq!(doc["owner"], "alice");
     let owner = pg.psql(
@@ -130,7 +122,7 @@ async fn a_users_thread_is_theirs_on_every_instance() {
                 "{who} at {url}: {:?}",
                 r.json
             );
-            let turn = post(&url, &body("t1", "rb2", "hi", &ws.cwd("t1"), json!({})), h).await;
+            let turn = post_turn_as(&url, "t1", "rb2", "hi", &ws.cwd("t1"), h).await;
             assert_eq!(turn.error_code(), Some("THREAD_ID_TAKEN"), "{who} at {url}");
             let cancel = json!({"threadId": "t1", "rosInvocationId": "inv-1"});
             let c = post(

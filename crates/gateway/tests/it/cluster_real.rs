@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use testkit::postgres::Cluster;
 use testkit::real_kernel::KernelEnv;
-use testkit::sse::{assert_valid_run, post, RunResult};
+use testkit::sse::{assert_valid_run, RunResult};
 
 use crate::cluster::Instance;
-use crate::support::{body, resume_body};
+use crate::support::{client, post_resume, post_turn};
 
 fn answer(r: &RunResult) -> Value {
     let id = r.last()["outcome"]["interrupts"][0]["id"]
@@ -78,30 +78,15 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
     let ws = |name: &str| env.ws().join(name).display().to_string();
 
     // A alive: the resume asked at B is forwarded to A, whose kernel has the task.
-    let r1 = post(
-        &a.url(),
-        &body("p1", "r1", "Run it. scenario:bash", &ws("p1"), json!({})),
-        &[],
-    )
-    .await;
+    let r1 = post_turn(&a.url(), "p1", "r1", "Run it. scenario:bash", &ws("p1")).await;
     assert_valid_run(&r1, "p1", "r1");
     assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
-    let r2 = post(
-        &b.url(),
-        &resume_body("p1", "r2", &ws("p1"), "inv-1", answer(&r1)),
-        &[],
-    )
-    .await;
+    let r2 = post_resume(&b.url(), "p1", "r2", &ws("p1"), "inv-1", answer(&r1)).await;
     assert_valid_run(&r2, "p1", "r2");
     assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
     let out = env.ws().join("p1").join("out.txt");
     assert_eq!(lines(&out), 1, "the tool ran once");
-    let replay = post(
-        &b.url(),
-        &resume_body("p1", "r3", &ws("p1"), "inv-1", answer(&r1)),
-        &[],
-    )
-    .await;
+    let replay = post_resume(&b.url(), "p1", "r3", &ws("p1"), "inv-1", answer(&r1)).await;
     assert_eq!(
         replay.last()["code"],
         "RESUME_ALREADY_APPLIED",
@@ -112,24 +97,14 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
 
     // A killed: B takes the thread over, its kernel restores the session from the shared
     // backup and finds the task in the shared directory.
-    let r1 = post(
-        &a.url(),
-        &body("p2", "r1", "Run it. scenario:bash", &ws("p2"), json!({})),
-        &[],
-    )
-    .await;
+    let r1 = post_turn(&a.url(), "p2", "r1", "Run it. scenario:bash", &ws("p2")).await;
     assert_valid_run(&r1, "p2", "r1");
     assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
     // The kernel backs the session up in the background: give it the moment it takes.
     tokio::time::sleep(Duration::from_secs(2)).await;
     a.kill9();
     tokio::time::sleep(Duration::from_millis(3500)).await;
-    let r2 = post(
-        &b.url(),
-        &resume_body("p2", "r2", &ws("p2"), "inv-1", answer(&r1)),
-        &[],
-    )
-    .await;
+    let r2 = post_resume(&b.url(), "p2", "r2", &ws("p2"), "inv-1", answer(&r1)).await;
     assert_valid_run(&r2, "p2", "r2");
     assert_eq!(
         r2.last()["outcome"]["type"],
@@ -140,12 +115,7 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
     );
     let out = env.ws().join("p2").join("out.txt");
     assert_eq!(lines(&out), 1, "the tool ran once");
-    let replay = post(
-        &b.url(),
-        &resume_body("p2", "r3", &ws("p2"), "inv-1", answer(&r1)),
-        &[],
-    )
-    .await;
+    let replay = post_resume(&b.url(), "p2", "r3", &ws("p2"), "inv-1", answer(&r1)).await;
     assert_eq!(
         replay.last()["code"],
         "RESUME_ALREADY_APPLIED",
@@ -154,12 +124,7 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
     );
     assert_eq!(lines(&out), 1);
     // And the thread goes on at B.
-    let r4 = post(
-        &b.url(),
-        &body("p2", "r4", "Hi. scenario:text", &ws("p2"), json!({})),
-        &[],
-    )
-    .await;
+    let r4 = post_turn(&b.url(), "p2", "r4", "Hi. scenario:text", &ws("p2")).await;
     assert_valid_run(&r4, "p2", "r4");
     assert_eq!(r4.last()["outcome"]["type"], "success", "{}", r4.raw);
 }
@@ -167,7 +132,7 @@ async fn an_interrupt_made_at_one_instance_is_resumed_at_another_once() {
 /// Once the `n` kernels of `i` are all ready (one kernel is `/health`'s `kernel` itself; several
 /// are its `slots`).
 async fn pool_ready(i: &Instance, n: usize) {
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let start = Instant::now();
     loop {
         if let Ok(r) = c.get(format!("{}health", i.url())).send().await {
@@ -212,12 +177,7 @@ async fn instances_with_pools_of_kernels_take_threads_over() {
     let threads = ["q0", "q1", "q2"];
     let mut asked = Vec::new();
     for t in threads {
-        let r = post(
-            &a.url(),
-            &body(t, "r1", "Run it. scenario:bash", &ws(t), json!({})),
-            &[],
-        )
-        .await;
+        let r = post_turn(&a.url(), t, "r1", "Run it. scenario:bash", &ws(t)).await;
         assert_valid_run(&r, t, "r1");
         assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
         asked.push(r);
@@ -229,12 +189,7 @@ async fn instances_with_pools_of_kernels_take_threads_over() {
     );
 
     // A alive: q1's answer, asked at B, is carried out by A on q1's kernel there.
-    let r = post(
-        &b.url(),
-        &resume_body("q1", "r2", &ws("q1"), "inv-1", answer(&asked[1])),
-        &[],
-    )
-    .await;
+    let r = post_resume(&b.url(), "q1", "r2", &ws("q1"), "inv-1", answer(&asked[1])).await;
     assert_valid_run(&r, "q1", "r2");
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
     assert_eq!(lines(&env.ws().join("q1").join("out.txt")), 1);
@@ -246,12 +201,7 @@ async fn instances_with_pools_of_kernels_take_threads_over() {
     tokio::time::sleep(Duration::from_millis(3500)).await;
     let mut at_b = Vec::new();
     for (i, t) in [(0, "q0"), (2, "q2")] {
-        let r = post(
-            &b.url(),
-            &resume_body(t, "r2", &ws(t), "inv-1", answer(&asked[i])),
-            &[],
-        )
-        .await;
+        let r = post_resume(&b.url(), t, "r2", &ws(t), "inv-1", answer(&asked[i])).await;
         assert_valid_run(&r, t, "r2");
         assert_eq!(
             r.last()["outcome"]["type"],
@@ -265,12 +215,7 @@ async fn instances_with_pools_of_kernels_take_threads_over() {
             1,
             "{t}'s tool ran once"
         );
-        let replay = post(
-            &b.url(),
-            &resume_body(t, "r3", &ws(t), "inv-1", answer(&asked[i])),
-            &[],
-        )
-        .await;
+        let replay = post_resume(&b.url(), t, "r3", &ws(t), "inv-1", answer(&asked[i])).await;
         assert_eq!(
             replay.last()["code"],
             "RESUME_ALREADY_APPLIED",
@@ -289,12 +234,7 @@ async fn instances_with_pools_of_kernels_take_threads_over() {
     // Every thread goes on at B, on the kernel it was given there, the tools not run again.
     for t in threads {
         let before = kernel_of(t);
-        let r = post(
-            &b.url(),
-            &body(t, "r4", "Hi. scenario:text", &ws(t), json!({})),
-            &[],
-        )
-        .await;
+        let r = post_turn(&b.url(), t, "r4", "Hi. scenario:text", &ws(t)).await;
         assert_valid_run(&r, t, "r4");
         assert_eq!(r.last()["outcome"]["type"], "success", "{t}: {}", r.raw);
         assert_eq!(lines(&env.ws().join(t).join("out.txt")), 1);

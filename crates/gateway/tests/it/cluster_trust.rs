@@ -12,7 +12,7 @@ use testkit::sse::{assert_valid_run, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::cluster::{id_of, row, turn, Instance, Workspace};
-use crate::support::{body, get_as};
+use crate::support::{body, client, get_as, post_turn, post_turn_as};
 
 const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
 
@@ -89,7 +89,7 @@ async fn signed_forwards_count_once_and_only_with_their_body(a: &Instance, a_id:
         to: a_id,
         time: now,
     };
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let send = |method: Method, path: &str, signed_body: &[u8], body: &[u8]| {
         let mut rb = client
             .request(
@@ -138,12 +138,7 @@ async fn a_forward_goes_only_to_a_peer_that_proves_the_secret() {
         start(&db, &kb, &ws, Some(SECRET)),
     );
     turn(&ka, "t1", "task-1", "from A", vec![]);
-    let r = post(
-        &a.url(),
-        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&a.url(), "t1", "r1", "hi", &ws.cwd("t1")).await;
     assert_valid_run(&r, "t1", "r1");
     // Signed forwards work: B relays A's answers, and a second turn with a key reaches A.
     assert_eq!(get_as(&format!("{}threads/t1", b.url()), &[]).await.0, 200);
@@ -219,12 +214,7 @@ async fn another_secret_or_none_forwards_nothing_of_the_users() {
         start(&db, &kb, &ws, Some(other)),
     );
     turn(&ka, "t1", "task-1", "from A", vec![]);
-    let r = post(
-        &a.url(),
-        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&a.url(), "t1", "r1", "hi", &ws.cwd("t1")).await;
     assert_valid_run(&r, "t1", "r1");
     // A cannot prove itself to B (another secret): B sends it nothing and answers 503.
     let (status, v) = get_as(&format!("{}threads/t1", b.url()), &[]).await;
@@ -235,12 +225,7 @@ async fn another_secret_or_none_forwards_nothing_of_the_users() {
     let db = pg.create_db("nosecret");
     let (a, b) = (start(&db, &ka, &ws, None), start(&db, &kb, &ws, None));
     turn(&ka, "t2", "task-2", "from A", vec![]);
-    let r = post(
-        &a.url(),
-        &body("t2", "r1", "hi", &ws.cwd("t2"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&a.url(), "t2", "r1", "hi", &ws.cwd("t2")).await;
     assert_valid_run(&r, "t2", "r1");
     let sent = ka.calls("SendStreamingMessage").len();
     let props = json!({"alibabaCloud": {"accessKeyId": "ak", "accessKeySecret": "sk-cloud"}});
@@ -251,12 +236,7 @@ async fn another_secret_or_none_forwards_nothing_of_the_users() {
     assert_eq!(ka.calls("SendStreamingMessage").len(), sent);
     assert!(b.log().contains("not forwarded without a cluster secret"));
     turn(&ka, "t2", "task-2", "again", vec![]);
-    let plain = post(
-        &b.url(),
-        &body("t2", "r3", "hi", &ws.cwd("t2"), json!({})),
-        &[],
-    )
-    .await;
+    let plain = post_turn(&b.url(), "t2", "r3", "hi", &ws.cwd("t2")).await;
     assert_valid_run(&plain, "t2", "r3");
     assert_eq!(ka.calls("SendStreamingMessage").len(), sent + 1);
 }
@@ -362,12 +342,7 @@ async fn an_instance_started_again_at_its_url_is_proven_again() {
     let (a, mut b) = (start_at(None, &ka), start_at(None, &kb));
     // t1 held by B; A forwards to B (and keeps B's proof).
     turn(&kb, "t1", "task-1", "from B", vec![]);
-    let r = post(
-        &b.url(),
-        &body("t1", "r1", "hi", &ws.cwd("t1"), json!({})),
-        &svc,
-    )
-    .await;
+    let r = post_turn_as(&b.url(), "t1", "r1", "hi", &ws.cwd("t1"), &svc).await;
     assert_valid_run(&r, "t1", "r1");
     let first = row(&pg, "again", "t1").0;
     let (status, v) = get_as(&format!("{}threads/t1", a.url()), &svc).await;
@@ -378,12 +353,7 @@ async fn an_instance_started_again_at_its_url_is_proven_again() {
     assert_eq!(b.child.wait().unwrap().code(), Some(0));
     let b2 = start_at(Some(port), &kb);
     turn(&kb, "t1", "task-2", "from B again", vec![]);
-    let r = post(
-        &b2.url(),
-        &body("t1", "r2", "hi", &ws.cwd("t1"), json!({})),
-        &svc,
-    )
-    .await;
+    let r = post_turn_as(&b2.url(), "t1", "r2", "hi", &ws.cwd("t1"), &svc).await;
     assert_valid_run(&r, "t1", "r2");
     let second = row(&pg, "again", "t1").0;
     assert_ne!(first, second);
@@ -391,12 +361,7 @@ async fn an_instance_started_again_at_its_url_is_proven_again() {
     let (status, v) = get_as(&format!("{}threads/t1", a.url()), &svc).await;
     assert_eq!(status, 200, "{v}");
     turn(&kb, "t1", "task-3", "via A", vec![]);
-    let r = post(
-        &a.url(),
-        &body("t1", "r3", "hi", &ws.cwd("t1"), json!({})),
-        &svc,
-    )
-    .await;
+    let r = post_turn_as(&a.url(), "t1", "r3", "hi", &ws.cwd("t1"), &svc).await;
     assert_valid_run(&r, "t1", "r3");
     assert!(ka.calls("SendStreamingMessage").is_empty());
 }

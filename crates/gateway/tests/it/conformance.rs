@@ -13,11 +13,10 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::routing::post as axum_post;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Stream};
 use testkit::real_kernel::KernelEnv;
-use tokio::io::AsyncWriteExt;
 
-use crate::support::{bearer_for, ctx, jwks_file, jwt_server, managed, Builder};
+use crate::support::{bearer_for, ctx, jwks_file, jwt_server, last_report, managed, node, Builder};
 
 pub const CLIENTS: [&str; 3] = ["1", "0059", "0058"];
 
@@ -50,35 +49,13 @@ pub async fn runner_with(plan: Value, env: &[(&str, &str)]) -> (bool, Value) {
             .all(|c| d.join(format!("node_modules/agui-client-{c}")).is_dir()),
         "conformance clients are not installed: run `npm ci --prefix conformance` (scripts/test.sh does)"
     );
-    let mut child = tokio::process::Command::new("node")
-        .arg(d.join("run.mjs"))
-        .envs(env.iter().copied())
-        .current_dir(&d)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("node");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(plan.to_string().as_bytes())
-        .await
-        .unwrap();
-    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
-        .await
-        .expect("runner finished")
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
-        .unwrap_or_else(|_| {
-            panic!(
-                "runner output: {stdout}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    (out.status.success(), report)
+    let script = d.join("run.mjs");
+    let env: Vec<_> = env
+        .iter()
+        .map(|(k, v)| (*k, std::ffi::OsStr::new(v)))
+        .collect();
+    let out = node(&[script.as_os_str()], &d, &env, &plan.to_string()).await;
+    (out.status.success(), last_report(&out, "runner"))
 }
 
 pub fn plan(client: &str, url: &str, thread: &str, cwd: &str, steps: Value) -> Value {
@@ -223,7 +200,7 @@ async fn official_clients_consume_real_kernel_streams() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_clients_consume_fake_kernel_streams() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     for client in CLIENTS {
         let thread = format!("rich-{client}");
         let c = ctx(&thread);
@@ -231,54 +208,44 @@ async fn official_clients_consume_fake_kernel_streams() {
             json!({"schemaVersion":"1.0","eventId":format!("e{seq}"),"sequence":seq,"eventType":t,
             "scope":"step","step":{"id":"s1"},"data":{}})
         };
-        k.on("SendStreamingMessage", Reply::Sse(vec![
-            Item::Result(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({"iacCodeSessionId": "sess"}))),
-            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipeline": step(1, "step_started")}))),
-            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))),
-            Item::Result(items::text("task-1", &c, "Hello", "m", json!({}))),
-            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "started", "toolUseId": "tu1", "name": "bash"}}))),
-            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "progress", "toolUseId": "tu1", "name": "bash"}}))),
-            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}))),
-            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}))),
-            Item::Result(items::artifact("task-1", &c, json!({"artifactId": "a1", "name": "f"}))),
-            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipeline": step(2, "stack_progress")}))),
-            Item::Result(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"usage": {"inputTokens": 1.0, "outputTokens": 2.0, "totalTokens": 3.0}}))),
-            Item::Result(items::status("task-1", &c, "TASK_STATE_INPUT_REQUIRED", json!({}))),
-        ]));
-        k.on(
-            "SendStreamingMessage",
-            Reply::Sse(vec![
-                Item::Result(items::task("task-2", &c, "TASK_STATE_WORKING", json!({}))),
-                Item::Result(items::text("task-2", &c, "partial", "m2", json!({}))),
-                Item::Sleep(Duration::from_millis(100)),
-                Item::Cut,
-            ]),
+        k.stream(
+            Stream::of("task-1", &c)
+                .submitted(json!({"iacCodeSessionId": "sess"}))
+                .working(json!({"pipeline": step(1, "step_started")}))
+                .working(json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))
+                .text("Hello", "m")
+                .working(json!({"tool": {"status": "started", "toolUseId": "tu1", "name": "bash"}}))
+                .working(json!({"tool": {"status": "progress", "toolUseId": "tu1", "name": "bash"}}))
+                .working(json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}))
+                .working(json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}))
+                .artifact(json!({"artifactId": "a1", "name": "f"}))
+                .working(json!({"pipeline": step(2, "stack_progress")}))
+                .working(json!({"usage": {"inputTokens": 1.0, "outputTokens": 2.0, "totalTokens": 3.0}}))
+                .input_required(json!({})),
         );
-        k.on(
-            "SendStreamingMessage",
-            Reply::Sse(vec![
-                Item::Result(items::task("task-3", &c, "TASK_STATE_WORKING", json!({}))),
-                Item::Result(items::status(
+        k.stream(
+            Stream::of("task-2", &c)
+                .task("TASK_STATE_WORKING", json!({}))
+                .text("partial", "m2")
+                .then(Item::Sleep(Duration::from_millis(100)))
+                .then(Item::Cut),
+        );
+        k.stream(
+            Stream::of("task-3", &c)
+                .task("TASK_STATE_WORKING", json!({}))
+                .then(Item::Result(items::status(
                     "task-3",
                     "foreign-context",
                     "TASK_STATE_WORKING",
                     json!({}),
-                )),
-            ]),
+                ))),
         );
         // The kernel reports the task cancelled mid-message (cancelled elsewhere).
-        k.on(
-            "SendStreamingMessage",
-            Reply::Sse(vec![
-                Item::Result(items::task("task-4", &c, "TASK_STATE_WORKING", json!({}))),
-                Item::Result(items::text("task-4", &c, "partial", "m4", json!({}))),
-                Item::Result(items::status(
-                    "task-4",
-                    &c,
-                    "TASK_STATE_CANCELED",
-                    json!({}),
-                )),
-            ]),
+        k.stream(
+            Stream::of("task-4", &c)
+                .task("TASK_STATE_WORKING", json!({}))
+                .text("partial", "m4")
+                .status("TASK_STATE_CANCELED", json!({})),
         );
         let p = plan(
             client,

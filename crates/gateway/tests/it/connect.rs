@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
-use testkit::sse::{assert_valid_run, parse, post};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
+use testkit::sse::{assert_valid_run, parse};
 
-use crate::support::{body, ctx, get_as, permission, Builder, TestServer};
+use crate::support::{
+    body, ctx, detaching_gateway, get_as, permission, post_turn, spawn_post, Builder, TestServer,
+};
 
 /// A turn that says `text` after `pause` and ends (or stops at a permission).
 fn script(k: &FakeKernel, thread: &str, task: &str, text: &str, pause: Duration, interrupt: bool) {
@@ -25,19 +27,12 @@ fn script(k: &FakeKernel, thread: &str, task: &str, text: &str, pause: Duration,
     } else {
         items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))
     };
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                task,
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            Item::Result(items::text(task, &c, text, &format!("m-{task}"), json!({}))),
-            Item::Sleep(pause),
-            Item::Result(end),
-        ]),
+    k.stream(
+        Stream::of(task, &c)
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .text(text, &format!("m-{task}"))
+            .then(Item::Sleep(pause))
+            .then(Item::Result(end)),
     );
 }
 
@@ -81,20 +76,11 @@ fn types(events: &[Value]) -> Vec<&str> {
 #[tokio::test]
 async fn a_reloaded_page_gets_the_thread_then_its_running_and_later_runs() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(30))
-        .start()
-        .await;
+    let s = detaching_gateway(&k, Duration::from_secs(30)).await;
     let ws = s.ws("t1");
     // An ended turn that stopped at a permission: the snapshot and the interrupt.
     script(&k, "t1", "task-1", "Checking.", Duration::ZERO, true);
-    let r = post(
-        &s.url,
-        &body("t1", "r1", "Create a VPC", &ws, json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "t1", "r1", "Create a VPC", &ws).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt");
     let (status, ev, ids) = connect(&s, "t1", "", None).await;
     assert_eq!(status, 200);
@@ -138,11 +124,7 @@ async fn a_reloaded_page_gets_the_thread_then_its_running_and_later_runs() {
         Duration::from_millis(300),
         false,
     );
-    let (url, b) = (
-        s.url.clone(),
-        body("t2", "r2", "go", &s.ws("t2"), json!({})),
-    );
-    let running = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let running = spawn_post(&s.url, body("t2", "r2", "go", &s.ws("t2"), json!({})));
     k.wait_calls("SendStreamingMessage", 2, Duration::from_secs(5))
         .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -192,12 +174,7 @@ async fn a_reloaded_page_gets_the_thread_then_its_running_and_later_runs() {
     assert_eq!(ev.last().unwrap()["type"], "RUN_FINISHED");
 
     // The follower sees the next run as it starts.
-    let r = post(
-        &s.url,
-        &body("t2", "r3", "more", &s.ws("t2"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "t2", "r3", "more", &s.ws("t2")).await;
     assert_valid_run(&r, "t2", "r3");
     let text = follower.await.unwrap();
     let (ev, _) = parse(&text);
@@ -213,7 +190,7 @@ async fn a_reloaded_page_gets_the_thread_then_its_running_and_later_runs() {
 #[tokio::test]
 async fn connect_refuses_strangers_and_bad_requests() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).auth("tok").start().await;
+    let s = Builder::for_fake(&k).auth("tok").start().await;
     let tok = [("authorization", "Bearer tok")];
     let (status, e) = get_as(&format!("{}threads/none/connect", s.url), &tok).await;
     assert_eq!(
@@ -278,18 +255,13 @@ fn long_turn(k: &FakeKernel, thread: &str, task: &str, deltas: usize, pause: Dur
 #[tokio::test]
 async fn a_run_no_longer_buffered_from_the_asked_point_gets_the_snapshot() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(30))
-        .replay_buffer(4096)
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = Duration::from_secs(30))
+        .config(move |c| c.replay_buffer_bytes = 4096)
         .start()
         .await;
     long_turn(&k, "t1", "task-1", 60, Duration::from_secs(3));
-    let (url, b) = (
-        s.url.clone(),
-        body("t1", "r1", "go", &s.ws("t1"), json!({})),
-    );
-    let running = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let running = spawn_post(&s.url, body("t1", "r1", "go", &s.ws("t1"), json!({})));
     let thread = format!("{}threads/t1", s.url);
     let mut seen = false;
     for _ in 0..100 {
@@ -327,10 +299,9 @@ async fn a_connect_to_a_run_with_all_its_readers_is_refused() {
         max_readers_per_run: 1,
         ..Default::default()
     };
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(30))
-        .caps(caps)
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = Duration::from_secs(30))
+        .config(move |c| c.caps = caps)
         .start()
         .await;
     script(
@@ -341,11 +312,7 @@ async fn a_connect_to_a_run_with_all_its_readers_is_refused() {
         Duration::from_secs(3),
         false,
     );
-    let (url, b) = (
-        s.url.clone(),
-        body("t1", "r1", "go", &s.ws("t1"), json!({})),
-    );
-    let running = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let running = spawn_post(&s.url, body("t1", "r1", "go", &s.ws("t1"), json!({})));
     k.wait_calls("SendStreamingMessage", 1, Duration::from_secs(5))
         .await;
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -13,28 +13,17 @@ use serde_json::{json, Value};
 use testkit::fake_llm::Plan;
 use testkit::real_kernel::KernelEnv;
 
-use crate::support::{get_as, managed, Builder, TestServer};
+use crate::support::{get_as, http_get, managed, Builder, TestServer};
 
 fn console_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../console")
-}
-
-async fn get(url: &str) -> reqwest::Response {
-    reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
 async fn the_console_is_off_unless_asked() {
     let s = Builder::new().start().await;
     for path in ["console", "console/", "console/app.js"] {
-        let r = get(&format!("{}{path}", s.url)).await;
+        let r = http_get(&format!("{}{path}", s.url)).await;
         assert_eq!(r.status(), 404, "{path}");
     }
 }
@@ -44,7 +33,7 @@ async fn the_console_is_off_unless_asked() {
 #[tokio::test]
 async fn the_page_loads_and_everything_it_asks_needs_the_token() {
     let s = Builder::new().auth("tok").console().start().await;
-    let r = get(&format!("{}console/", s.url)).await;
+    let r = http_get(&format!("{}console/", s.url)).await;
     assert_eq!(r.status(), 200);
     let csp = r.headers()["content-security-policy"]
         .to_str()
@@ -57,7 +46,7 @@ async fn the_page_loads_and_everything_it_asks_needs_the_token() {
     assert!(!csp.contains("unsafe"), "{csp}");
     let html = r.text().await.unwrap();
     assert!(html.contains("&quot;bearer&quot;"), "{html}");
-    let r = get(&format!("{}console", s.url)).await;
+    let r = http_get(&format!("{}console", s.url)).await;
     assert_eq!(r.status(), 200, "the redirect to /console/ is followed");
     for path in [
         "threads",
@@ -85,11 +74,11 @@ async fn the_console_on_the_admin_listener_serves_the_same_path() {
     let env = KernelEnv::new().await;
     let s = gateway(&env, |b| b.console_on_admin()).await;
     let admin = s.admin_url.clone().expect("an admin listener");
-    assert_eq!(get(&format!("{}console/", s.url)).await.status(), 404);
-    let r = get(&format!("{admin}console/")).await;
+    assert_eq!(http_get(&format!("{}console/", s.url)).await.status(), 404);
+    let r = http_get(&format!("{admin}console/")).await;
     assert_eq!(r.status(), 200);
     assert!(r.headers().contains_key("content-security-policy"));
-    assert_eq!(get(&format!("{admin}metrics")).await.status(), 200);
+    assert_eq!(http_get(&format!("{admin}metrics")).await.status(), 200);
     let (status, _) = get_as(&format!("{admin}threads"), &[]).await;
     assert_eq!(status, 401);
     let report = whole_path(
@@ -141,6 +130,11 @@ async fn gateway(env: &KernelEnv, with: impl FnOnce(Builder) -> Builder) -> Test
 
 /// A driver's plan for the console at `url`: the token, the workspace `name` (made), a minute to
 /// go, screenshots under the target's temporary directory, and `extra` (which wins).
+/// The console on the main listener, runs going on for `grace` without a client.
+fn detaching_console(b: Builder, grace: Duration) -> Builder {
+    b.config(move |c| c.detach_grace = grace).console()
+}
+
 fn plan(env: &KernelEnv, url: &str, name: &str, extra: Value) -> Value {
     let cwd = env.ws().join(name);
     std::fs::create_dir_all(&cwd).unwrap();
@@ -203,7 +197,7 @@ async fn a_run_left_by_a_reload_is_followed_again_in_the_console() {
             ..Plan::default()
         },
     );
-    let s = gateway(&env, |b| b.detach_grace(Duration::from_secs(60)).console()).await;
+    let s = gateway(&env, |b| detaching_console(b, Duration::from_secs(60))).await;
     let (ok, report) = drive(plan(
         &env,
         &format!("{}console/", s.url),
@@ -228,7 +222,7 @@ async fn a_followed_thread_shows_another_clients_run() {
         "console-follow",
         Plan::text(&["Followed", " from", " elsewhere."]),
     );
-    let s = gateway(&env, |b| b.detach_grace(Duration::from_secs(30)).console()).await;
+    let s = gateway(&env, |b| detaching_console(b, Duration::from_secs(30))).await;
     let (ok, report) = drive(plan(
         &env,
         &format!("{}console/", s.url),

@@ -21,7 +21,7 @@ use store::ThreadDoc;
 use testkit::fake_llm::Plan;
 use testkit::real_kernel::{KernelEnv, KernelProcess};
 
-use crate::support::{body, free_port, resume_body, wait_health};
+use crate::support::{body, client, free_port, resume_body, wait_health};
 
 struct Gateway {
     child: Child,
@@ -135,7 +135,7 @@ impl Seen {
 /// Posts and reads what arrives; a dead gateway yields a partial (or empty) result, no panic.
 async fn try_post(url: &str, body: &Value) -> Seen {
     use futures_util::StreamExt;
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let Ok(resp) = client
         .post(url)
         .header("content-type", "application/json")
@@ -401,10 +401,7 @@ async fn sigkill_at_random_moments_loses_nothing_and_runs_no_tool_twice() {
                         .find(|d| d.thread_id == thread)
                         .expect("thread state");
                     assert_eq!(doc.execution.pending.len(), pending.len(), "iteration {i}");
-                    let cancel = reqwest::Client::builder()
-                        .no_proxy()
-                        .build()
-                        .unwrap()
+                    let cancel = client()
                         .post(format!(
                             "{}extensions/iac-code/v1/executions/{}/cancel",
                             gw.url(),

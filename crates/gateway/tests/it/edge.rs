@@ -132,13 +132,10 @@ fn answered(r: &Value) -> (u64, String) {
 /// 401 without the token, 415 for another content type. Before, the gateway closed the
 /// connection under the client's upload, which failed with EPIPE or a reset ("fetch failed").
 async fn early_answers_reach(client: Client) {
-    let open = Builder::new()
-        .a2a("http://127.0.0.1:9/", None)
-        .start()
-        .await;
+    let open = Builder::new().kernel_unreachable().start().await;
     let locked = Builder::new()
         .auth("tok")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let json_type = json!({"content-type": "application/json"});
@@ -236,6 +233,13 @@ async fn connect(s: &TestServer) -> TcpStream {
         .unwrap()
 }
 
+/// Writes the head of a POST to `/` announcing a body of `length` bytes (no body yet).
+async fn send_head(tcp: &mut TcpStream, extra: &str, length: usize) {
+    tcp.write_all(&head("/", "localhost", extra, length))
+        .await
+        .unwrap();
+}
+
 fn head(path: &str, host: &str, extra: &str, length: usize) -> Vec<u8> {
     format!(
         "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{extra}\
@@ -251,14 +255,12 @@ fn head(path: &str, host: &str, extra: &str, length: usize) -> Vec<u8> {
 async fn a_body_that_trickles_in_runs_out_of_time() {
     let timeout = Duration::from_secs(1);
     let s = Builder::new()
-        .a2a("http://127.0.0.1:9/", None)
-        .body_timeout(timeout)
+        .kernel_unreachable()
+        .config(move |c| c.body_timeout = timeout)
         .start()
         .await;
     let mut tcp = connect(&s).await;
-    tcp.write_all(&head("/", "localhost", "", 1_000_000))
-        .await
-        .unwrap();
+    send_head(&mut tcp, "", 1_000_000).await;
     let start = Instant::now();
     let (status, head_text, body) = {
         let (mut rd, mut wr) = tcp.split();
@@ -290,7 +292,7 @@ async fn a_body_that_trickles_in_runs_out_of_time() {
 
     // In pieces, within the timeout: read (and refused as the JSON it is not).
     let mut tcp = connect(&s).await;
-    tcp.write_all(&head("/", "localhost", "", 4)).await.unwrap();
+    send_head(&mut tcp, "", 4).await;
     for piece in [b"[", b"1", b",", b"2"] {
         tokio::time::sleep(Duration::from_millis(150)).await;
         tcp.write_all(piece).await.unwrap();
@@ -311,16 +313,14 @@ async fn an_unread_body_is_drained_within_bounds() {
     let linger = Duration::from_secs(1);
     let s = Builder::new()
         .auth("tok")
-        .a2a("http://127.0.0.1:9/", None)
-        .linger_timeout(linger)
+        .kernel_unreachable()
+        .config(move |c| c.linger_timeout = linger)
         .start()
         .await;
     // 20 MiB announced, one byte sent: the 413 comes at once, the close after the linger.
     let mut tcp = connect(&s).await;
     let auth = "authorization: Bearer tok\r\n";
-    tcp.write_all(&head("/", "localhost", auth, 20 << 20))
-        .await
-        .unwrap();
+    send_head(&mut tcp, auth, 20 << 20).await;
     tcp.write_all(b"{").await.unwrap();
     let (status, head_text, _) = read_answer(&mut tcp, &mut Vec::new()).await;
     assert_eq!(status, 413);
@@ -339,9 +339,7 @@ async fn an_unread_body_is_drained_within_bounds() {
     // Sent whole after its 401: drained, and the connection serves the next request.
     let mut tcp = connect(&s).await;
     let size = 5 << 20;
-    tcp.write_all(&head("/", "localhost", "", size))
-        .await
-        .unwrap();
+    send_head(&mut tcp, "", size).await;
     let mut buf = Vec::new();
     let (status, _, body) = read_answer(&mut tcp, &mut buf).await;
     assert_eq!(
@@ -349,9 +347,7 @@ async fn an_unread_body_is_drained_within_bounds() {
         (401, Some("UNAUTHORIZED"))
     );
     tcp.write_all(&vec![b' '; size]).await.unwrap();
-    tcp.write_all(&head("/", "localhost", auth, 1))
-        .await
-        .unwrap();
+    send_head(&mut tcp, auth, 1).await;
     tcp.write_all(b"[").await.unwrap();
     let (status, _, body) = read_answer(&mut tcp, &mut buf).await;
     assert_eq!(
@@ -361,9 +357,7 @@ async fn an_unread_body_is_drained_within_bounds() {
 
     // More than 32 MiB announced: not drained, closed at once.
     let mut tcp = connect(&s).await;
-    tcp.write_all(&head("/", "localhost", auth, 40 << 20))
-        .await
-        .unwrap();
+    send_head(&mut tcp, auth, 40 << 20).await;
     tcp.write_all(b"{").await.unwrap();
     let (status, _, _) = read_answer(&mut tcp, &mut Vec::new()).await;
     assert_eq!(status, 413);
@@ -393,7 +387,7 @@ async fn ask(s: &TestServer, request_line: &str, host: Option<&str>, extra: &str
 #[tokio::test]
 async fn a_foreign_host_is_refused_without_a_token() {
     let s = Builder::new()
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .allowed_host("agui.example.com")
         .allowed_host(".corp.example")
         .start()
@@ -479,7 +473,7 @@ async fn a_foreign_host_is_refused_without_a_token() {
     assert_eq!((status, body["status"].as_str()), (200, Some("ok")));
 
     let any = Builder::new()
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .allowed_host("*")
         .start()
         .await;
@@ -495,7 +489,7 @@ async fn a_foreign_host_is_refused_without_a_token() {
 async fn with_a_token_the_token_is_the_check() {
     let s = Builder::new()
         .auth("tok")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     assert_eq!(
@@ -558,10 +552,7 @@ async fn health_for_a_foreign_host_hides_the_kernels_process() {
 /// `INVALID_JSON`, not "too large", and the connection closes.
 #[tokio::test]
 async fn a_broken_chunked_body_is_invalid_not_too_large() {
-    let s = Builder::new()
-        .a2a("http://127.0.0.1:9/", None)
-        .start()
-        .await;
+    let s = Builder::new().kernel_unreachable().start().await;
     for path in ["/", "/extensions/iac-code/v1/executions/e1/cancel"] {
         let mut tcp = connect(&s).await;
         tcp.write_all(

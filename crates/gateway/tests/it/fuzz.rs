@@ -19,6 +19,18 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
 use store::ThreadDoc;
 
+/// Keys of the run input's own, which the fuzzed objects use as often as any other key.
+const WIRE_KEYS: &[&str] = &[
+    "threadId",
+    "runId",
+    "role",
+    "content",
+    "type",
+    "schemaVersion",
+    "cwd",
+    "source",
+];
+
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -41,16 +53,10 @@ fn json_value() -> impl Strategy<Value = Value> {
             prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
             prop::collection::vec(
                 (
+                    // Any key, or one of the wire's own (each as likely as the any).
                     prop_oneof![
-                        "\\PC{0,8}",
-                        Just("threadId".to_owned()),
-                        Just("runId".to_owned()),
-                        Just("role".to_owned()),
-                        Just("content".to_owned()),
-                        Just("type".to_owned()),
-                        Just("schemaVersion".to_owned()),
-                        Just("cwd".to_owned()),
-                        Just("source".to_owned()),
+                        1 => "\\PC{0,8}",
+                        WIRE_KEYS.len() as u32 => prop::sample::select(WIRE_KEYS).prop_map(str::to_owned),
                     ],
                     inner
                 ),
@@ -277,6 +283,21 @@ fn fuzz_canonical_json_never_panics_on_bytes() {
     );
 }
 
+/// `bytes` cut at the fuzzed points (each an index into `0..=len`, in any order, repeats
+/// allowed): the pieces in order, empty ones included.
+fn split_at(bytes: &[u8], cuts: &[prop::sample::Index]) -> Vec<Vec<u8>> {
+    let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+    points.sort_unstable();
+    let mut pieces = vec![];
+    let mut last = 0;
+    for p in points {
+        pieces.push(bytes[last..p].to_vec());
+        last = p;
+    }
+    pieces.push(bytes[last..].to_vec());
+    pieces
+}
+
 #[test]
 fn fuzz_sse_decoder_is_split_independent() {
     fuzz(
@@ -316,16 +337,8 @@ fn fuzz_sse_decoder_is_split_independent() {
             let bytes = input.as_bytes();
             let whole = decode(vec![bytes]);
             prop_assert_eq!(whole.len(), frames.len());
-            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
-            points.sort_unstable();
-            let mut chunks = vec![];
-            let mut last = 0;
-            for p in points {
-                chunks.push(&bytes[last..p]);
-                last = p;
-            }
-            chunks.push(&bytes[last..]);
-            prop_assert_eq!(decode(chunks), whole);
+            let chunks = split_at(bytes, &cuts);
+            prop_assert_eq!(decode(chunks.iter().map(Vec::as_slice).collect()), whole);
             // Garbage never panics.
             let _ = decode(vec![&noise]);
             Ok(())
@@ -392,15 +405,7 @@ fn fuzz_kernel_stream_framing_is_split_independent() {
                     wire.extend_from_slice(&sse);
                 }
             }
-            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(wire.len() + 1)).collect();
-            points.sort_unstable();
-            let mut pieces = vec![];
-            let mut last = 0;
-            for p in points {
-                pieces.push(wire[last..p].to_vec());
-                last = p;
-            }
-            pieces.push(wire[last..].to_vec());
+            let pieces = split_at(&wire, &cuts);
             let (got, err) = rt.block_on(a2a::decode_response_pieces(pieces));
             prop_assert!(err.is_none(), "{:?}", err);
             prop_assert_eq!(&got, &items);
@@ -469,11 +474,7 @@ pub(crate) fn in_memory_gateway() -> (
         .enable_all()
         .build()
         .unwrap();
-    let server = rt.block_on(
-        crate::support::Builder::new()
-            .a2a("http://127.0.0.1:9/", None)
-            .start(),
-    );
+    let server = rt.block_on(crate::support::Builder::new().kernel_unreachable().start());
     let app = iac_code_agui::api::router(server.state.clone());
     (rt, server, app)
 }
@@ -549,16 +550,7 @@ fn fuzz_http_server_answers_any_request() {
             // The head and garbage after it, in pieces.
             let mut bytes = wire.clone().into_bytes();
             bytes.extend_from_slice(&noise);
-            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
-            points.sort_unstable();
-            let mut pieces = vec![];
-            let mut last = 0;
-            for p in points {
-                pieces.push(bytes[last..p].to_vec());
-                last = p;
-            }
-            pieces.push(bytes[last..].to_vec());
-            check_server_output(&exchange(pieces, false), &wire)?;
+            check_server_output(&exchange(split_at(&bytes, &cuts), false), &wire)?;
             // Garbage alone.
             check_server_output(&exchange(vec![noise], false), "noise")?;
             Ok(())

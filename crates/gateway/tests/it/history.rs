@@ -6,11 +6,12 @@ use iac_code_agui::config::Caps;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{items, FakeKernel, Item, Stream};
 use testkit::sse::{assert_valid_run, post};
 
 use crate::support::{
-    bearer_for, body, ctx, get_as, jwks_file, permission, resume_body, Builder, TestServer,
+    bearer_for, body, ctx, get_as, jwks_file, permission, post_resume, post_turn, post_turn_as,
+    resume_body, Builder, TestServer,
 };
 
 /// A turn that says something, calls a tool, gets its result and stops at a permission.
@@ -28,77 +29,38 @@ fn script_tool_then_interrupt(k: &FakeKernel, thread: &str) {
             json!({"tool": t}),
         ))
     };
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text("task-1", &c, "Looking.", "m1", json!({}))),
-            tool("input_complete", json!({"toolInput": {"path": "/tmp"}})),
-            tool("completed", json!({"result": "a.tf"})),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": permission(thread)}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text("Looking.", "m1")
+            .then(tool(
+                "input_complete",
+                json!({"toolInput": {"path": "/tmp"}}),
+            ))
+            .then(tool("completed", json!({"result": "a.tf"})))
+            .input_required(json!({"input": permission(thread)})),
     );
 }
 
 fn script_done(k: &FakeKernel, thread: &str, task: &str, text: &str) {
     let c = ctx(thread);
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                task,
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text(task, &c, text, &format!("m-{task}"), json!({}))),
-            Item::Result(items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))),
-        ]),
+    k.stream(
+        Stream::of(task, &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text(text, &format!("m-{task}"))
+            .completed(),
     );
 }
 
 /// The kernel's side of the answer: the task as it waits, the acknowledgement, a text, the end.
 fn script_resume(k: &FakeKernel, thread: &str) {
     let c = ctx(thread);
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": permission(thread)}),
-            ),
-        ),
-    );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}),
-            )),
-            Item::Result(items::text("task-1", &c, "Listed.", "m2", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.task_awaits_input("task-1", &c, json!({"input": permission(thread)}));
+    k.stream(
+        Stream::of("task-1", &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}))
+            .text("Listed.", "m2")
+            .completed(),
     );
 }
 
@@ -115,9 +77,7 @@ async fn jwt_gateway(
     jwks: &std::path::Path,
     dir: Option<std::path::PathBuf>,
 ) -> TestServer {
-    let mut b = Builder::new()
-        .a2a(&k.url(), None)
-        .jwks(jwks, Duration::from_secs(300));
+    let mut b = Builder::for_fake(k).jwks(jwks, Duration::from_secs(300));
     if let Some(d) = dir {
         b = b.dir(d);
     }
@@ -152,7 +112,7 @@ fn seqs(page: &Value) -> Vec<u64> {
 #[tokio::test]
 async fn each_run_leaves_its_messages_in_the_thread_transcript() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     let ws = s.ws("t1");
     // Nothing before the first run: the thread does not exist.
     let (status, none) = page(&s, "t1", "").await;
@@ -208,7 +168,7 @@ async fn each_run_leaves_its_messages_in_the_thread_transcript() {
     // The answer and the turn it lets finish.
     script_resume(&k, "t1");
     let answer = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
-    let resumed = post(&s.url, &resume_body("t1", "r2", &ws, "inv-1", answer), &[]).await;
+    let resumed = post_resume(&s.url, "t1", "r2", &ws, "inv-1", answer).await;
     assert_valid_run(&resumed, "t1", "r2");
     assert_eq!(resumed.last()["type"], "RUN_FINISHED");
     let (_, p) = page(&s, "t1", "?limit=200").await;
@@ -254,7 +214,7 @@ async fn each_run_leaves_its_messages_in_the_thread_transcript() {
         found += text.lines().filter(|l| l.starts_with(r#"{"seq":"#)).count();
     }
     assert_eq!(found, n);
-    let s = Builder::new().a2a(&k.url(), None).dir(dir).start().await;
+    let s = Builder::for_fake(&k).dir(dir).start().await;
     let (status, again) = page(&s, "t1", "?limit=200").await;
     assert_eq!(status, 200);
     assert_eq!(messages(&again), m);
@@ -268,16 +228,14 @@ async fn the_transcript_keeps_the_newest_messages_and_pages_are_checked() {
         transcript_limit: 3,
         ..Caps::default()
     };
-    let s = Builder::new().a2a(&k.url(), None).caps(caps).start().await;
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.caps = caps)
+        .start()
+        .await;
     let ws = s.ws("t2");
     for i in 1..=3 {
         script_done(&k, "t2", &format!("task-{i}"), &format!("answer {i}"));
-        let r = post(
-            &s.url,
-            &body("t2", &format!("r{i}"), &format!("q{i}"), &ws, json!({})),
-            &[],
-        )
-        .await;
+        let r = post_turn(&s.url, "t2", &format!("r{i}"), &format!("q{i}"), &ws).await;
         assert_valid_run(&r, "t2", &format!("r{i}"));
     }
     // Six messages were written (a question and an answer each): the newest three are kept,
@@ -319,14 +277,12 @@ async fn a_limit_of_zero_keeps_no_transcript() {
         transcript_limit: 0,
         ..Caps::default()
     };
-    let s = Builder::new().a2a(&k.url(), None).caps(caps).start().await;
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.caps = caps)
+        .start()
+        .await;
     script_done(&k, "t0", "task-1", "an answer");
-    let r = post(
-        &s.url,
-        &body("t0", "r1", "a question", &s.ws("t0"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "t0", "r1", "a question", &s.ws("t0")).await;
     assert_valid_run(&r, "t0", "r1");
     let (status, p) = page(&s, "t0", "").await;
     assert_eq!(status, 200);
@@ -347,13 +303,13 @@ async fn a_limit_of_zero_keeps_no_transcript() {
 #[tokio::test]
 async fn a_transcript_that_cannot_be_written_fails_nothing_of_the_run() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     // A file where the transcripts' directory would be.
     let at = s.state_dir().join("transcripts");
     std::fs::create_dir_all(s.state_dir()).unwrap();
     std::fs::write(&at, b"not a directory").unwrap_or_else(|e| panic!("{}: {e}", at.display()));
     script_done(&k, "t3", "task-1", "fine");
-    let r = post(&s.url, &body("t3", "r1", "q", &s.ws("t3"), json!({})), &[]).await;
+    let r = post_turn(&s.url, "t3", "r1", "q", &s.ws("t3")).await;
     assert_valid_run(&r, "t3", "r1");
     assert_eq!(r.last()["type"], "RUN_FINISHED", "{}", r.raw);
     assert_eq!(
@@ -405,28 +361,14 @@ async fn each_user_lists_their_own_threads_newest_first() {
     let b = [("authorization", bob.as_str())];
     // alice: t-a1 (interrupted), t-a2, then t-a1 again (its activity is the newest).
     script_tool_then_interrupt(&k, "t-a1");
-    let r = post(
-        &s.url,
-        &body("t-a1", "r1", "  Create a\n VPC  ", &s.ws("t-a1"), json!({})),
-        &a,
-    )
-    .await;
+    let msg = "  Create a\n VPC  ";
+    let r = post_turn_as(&s.url, "t-a1", "r1", msg, &s.ws("t-a1"), &a).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
     script_done(&k, "t-a2", "task-2", "ok");
-    let r = post(
-        &s.url,
-        &body("t-a2", "r2", "Second", &s.ws("t-a2"), json!({})),
-        &a,
-    )
-    .await;
+    let r = post_turn_as(&s.url, "t-a2", "r2", "Second", &s.ws("t-a2"), &a).await;
     assert_valid_run(&r, "t-a2", "r2");
     script_done(&k, "t-b1", "task-3", "ok");
-    let r = post(
-        &s.url,
-        &body("t-b1", "r3", "Bob's", &s.ws("t-b1"), json!({})),
-        &b,
-    )
-    .await;
+    let r = post_turn_as(&s.url, "t-b1", "r3", "Bob's", &s.ws("t-b1"), &b).await;
     assert_valid_run(&r, "t-b1", "r3");
     let (all, pages) = walk(&s, &a, 1).await;
     assert_eq!((ids(&all), pages), (vec!["t-a2", "t-a1"], 2));
@@ -527,20 +469,10 @@ async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
     let a = [("authorization", alice.as_str())];
     let b = [("authorization", bob.as_str())];
     script_done(&k, "t-e1", "task-1", "ok");
-    let r = post(
-        &s.url,
-        &body("t-e1", "r1", "First thread", &s.ws("t-e1"), json!({})),
-        &a,
-    )
-    .await;
+    let r = post_turn_as(&s.url, "t-e1", "r1", "First thread", &s.ws("t-e1"), &a).await;
     assert_valid_run(&r, "t-e1", "r1");
     script_tool_then_interrupt(&k, "t-e2");
-    let r = post(
-        &s.url,
-        &body("t-e2", "r2", "Second thread", &s.ws("t-e2"), json!({})),
-        &a,
-    )
-    .await;
+    let r = post_turn_as(&s.url, "t-e2", "r2", "Second thread", &s.ws("t-e2"), &a).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt");
     let url = |t: &str| format!("{}threads/{t}", s.url);
 
@@ -615,23 +547,11 @@ async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
         "{e}"
     );
     let c = ctx("t-e1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-9",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Sleep(Duration::from_millis(1500)),
-            Item::Result(items::status(
-                "task-9",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-9", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .then(Item::Sleep(Duration::from_millis(1500)))
+            .completed(),
     );
     let running = {
         let (u, b, h) = (
@@ -680,12 +600,7 @@ async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
     assert_eq!(archived["threads"][0]["archived"], true);
     // The id starts afresh, for anyone.
     script_done(&k, "t-e1", "task-10", "new");
-    let r = post(
-        &s.url,
-        &body("t-e1", "r1", "Anew", &s.ws("t-e1"), json!({})),
-        &b,
-    )
-    .await;
+    let r = post_turn_as(&s.url, "t-e1", "r1", "Anew", &s.ws("t-e1"), &b).await;
     assert_valid_run(&r, "t-e1", "r1");
     let (_, p) = get_as(&format!("{}/messages", url("t-e1")), &b).await;
     assert_eq!(seqs(&p), [1, 2]);
@@ -706,15 +621,12 @@ async fn agents_state_answers_in_adks_shape() {
     // 101 runs: 202 messages, more than one page (200) of the store.
     for i in 0..101 {
         script_done(&k, "t-s", &format!("task-{i}"), &format!("answer {i}"));
-        let r = post(
+        let r = post_turn_as(
             &s.url,
-            &body(
-                "t-s",
-                &format!("r{i}"),
-                &format!("q{i}"),
-                &s.ws("t-s"),
-                json!({}),
-            ),
+            "t-s",
+            &format!("r{i}"),
+            &format!("q{i}"),
+            &s.ws("t-s"),
             &a,
         )
         .await;

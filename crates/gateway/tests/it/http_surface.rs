@@ -8,23 +8,13 @@ use store::{BoxFuture, Documents, FileStore, StoreError, ThreadDoc};
 
 use crate::support::FaultyStore;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{self, post, post_raw};
 
-use crate::support::{body, ctx, get_as, resume_body, Builder, TestServer};
-
-async fn server_with_kernel() -> (TestServer, FakeKernel) {
-    let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), Some("a2a-secret"))
-        .start()
-        .await;
-    (s, k)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
+use crate::support::{
+    body, client, ctx, fake_gateway, get_as, http_get, post_resume, post_turn, post_turn_as,
+    resume_body, spawn_post, Builder,
+};
 
 /// A burst of connects larger than a default accept queue (128) is queued, not dropped: a dropped
 /// SYN would make the client retry only after a second.
@@ -55,14 +45,10 @@ async fn the_listener_queues_a_burst_of_connections() {
 async fn health_routes_and_methods() {
     let s = Builder::new()
         .auth("s3cret")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
-    let r = client()
-        .get(format!("{}health", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}health", s.url)).await;
     assert_eq!(r.status(), 200);
     let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
     assert_eq!(v["status"], "ok");
@@ -82,7 +68,7 @@ async fn health_routes_and_methods() {
     assert_eq!(r.status(), 200);
     assert!(r.bytes().await.unwrap().is_empty());
     // Routing and methods precede auth: plain-text 404/405.
-    let r = client().get(&s.url).send().await.unwrap();
+    let r = http_get(&s.url).await;
     assert_eq!(r.status(), 405);
     assert_eq!(r.headers()["allow"], "POST");
     assert_eq!(r.text().await.unwrap(), "Method Not Allowed");
@@ -95,16 +81,8 @@ async fn health_routes_and_methods() {
             .status(),
         405
     );
-    assert_eq!(
-        client()
-            .get(s.cancel_url("x"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        405
-    );
-    let r = client().get(format!("{}nope", s.url)).send().await.unwrap();
+    assert_eq!(http_get(s.cancel_url("x")).await.status(), 405);
+    let r = http_get(format!("{}nope", s.url)).await;
     assert_eq!(r.status(), 404);
     assert_eq!(r.text().await.unwrap(), "Not Found");
     let r = client()
@@ -122,7 +100,7 @@ async fn health_routes_and_methods() {
 async fn authentication() {
     let s = Builder::new()
         .auth("s3cret")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let b = body("t1", "r1", "hi", &s.ws("w"), json!({}));
@@ -195,7 +173,7 @@ async fn authentication() {
 async fn a_path_id_that_does_not_decode_is_an_unknown_id_after_authentication() {
     let s = Builder::new()
         .auth("s3cret")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let token = [("authorization", "Bearer s3cret")];
@@ -223,14 +201,9 @@ async fn a_path_id_that_does_not_decode_is_an_unknown_id_after_authentication() 
     let cancel = json!({"threadId": "t1", "rosInvocationId": "inv-1"});
     // A thread of the caller's with a run id that does not decode: the run is unknown, not
     // the thread.
-    let (s2, k) = server_with_kernel().await;
+    let (s2, k) = fake_gateway().await;
     k.on("SendStreamingMessage", done_stream("task-1", "t1"));
-    let r = post(
-        &s2.url,
-        &body("t1", "r1", "hi", &s2.ws("w"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s2.url, "t1", "r1", "hi", &s2.ws("w")).await;
     sse::assert_valid_run(&r, "t1", "r1");
     for path in ["threads/t1/runs/%FF/events", "threads/t1/runs/nope/events"] {
         let (status, v) = get_as(&format!("{}{path}", s2.url), &[]).await;
@@ -262,7 +235,7 @@ async fn a_path_id_that_does_not_decode_is_an_unknown_id_after_authentication() 
 
 #[tokio::test]
 async fn content_type_size_and_json() {
-    let (s, _k) = server_with_kernel().await;
+    let (s, _k) = fake_gateway().await;
     let r = post_raw(&s.url, b"{}".to_vec(), "", &[]).await;
     assert_eq!(r.status, 415);
     assert_eq!(r.error_code(), Some("UNSUPPORTED_MEDIA_TYPE"));
@@ -339,12 +312,7 @@ async fn content_type_size_and_json() {
         r.error_message(),
         Some("The cancel request must be a JSON object.")
     );
-    let r = post(
-        &s.cancel_url("e"),
-        &json!({"threadId":"","rosInvocationId":"i"}),
-        &[],
-    )
-    .await;
+    let r = s.cancel("e", "", "i").await;
     assert_eq!(r.status, 400);
     let r = post(
         &s.cancel_url("e"),
@@ -361,7 +329,7 @@ async fn content_type_size_and_json() {
 
 #[tokio::test]
 async fn language_negotiation() {
-    let (s, _k) = server_with_kernel().await;
+    let (s, _k) = fake_gateway().await;
     let mut b = body(
         "t",
         "r",
@@ -385,7 +353,7 @@ async fn language_negotiation() {
     let s2 = Builder::new()
         .auth("x")
         .env("LANG", "de_DE.UTF-8")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let r = post(&s2.url, &b, &[]).await;
@@ -399,7 +367,7 @@ async fn language_negotiation() {
 /// another language.
 #[tokio::test]
 async fn validation_errors_before_sse() {
-    let (s, k) = server_with_kernel().await;
+    let (s, k) = fake_gateway().await;
     let root = s.dir.join("ws");
     std::fs::write(root.join("file"), b"x").unwrap();
     std::os::unix::fs::symlink("/etc", root.join("escape")).unwrap();
@@ -527,7 +495,7 @@ async fn validation_errors_before_sse() {
         "a refused request created its workspace"
     );
     k.on("SendStreamingMessage", Reply::Sse(vec![]));
-    let r = post(&s.url, &body("t", "r", "hi", &ws, json!({})), &[]).await;
+    let r = post_turn(&s.url, "t", "r", "hi", &ws).await;
     assert_eq!(r.status, 200);
     assert!(
         std::path::Path::new(&ws).is_dir(),
@@ -552,26 +520,16 @@ fn base64_of_len(decoded: usize) -> String {
 }
 
 fn done_stream(task: &str, thread: &str) -> Reply {
-    Reply::Sse(vec![
-        Item::Result(items::task(
-            task,
-            &ctx(thread),
-            "TASK_STATE_SUBMITTED",
-            json!({"iacCodeSessionId": "sess-1"}),
-        )),
-        Item::Result(items::text(task, &ctx(thread), "hello", "m1", json!({}))),
-        Item::Result(items::status(
-            task,
-            &ctx(thread),
-            "TASK_STATE_INPUT_REQUIRED",
-            json!({}),
-        )),
-    ])
+    Stream::of(task, &ctx(thread))
+        .submitted(json!({"iacCodeSessionId": "sess-1"}))
+        .text("hello", "m1")
+        .input_required(json!({}))
+        .reply()
 }
 
 #[tokio::test]
 async fn idempotency_busy_binding_and_resume_rules() {
-    let (s, k) = server_with_kernel().await;
+    let (s, k) = fake_gateway().await;
     let ws = s.ws("w");
     k.on("SendStreamingMessage", done_stream("task-1", "t1"));
     let b = body("t1", "r1", "hello", &ws, json!({"userId": "u1"}));
@@ -600,7 +558,7 @@ async fn idempotency_busy_binding_and_resume_rules() {
     .await;
     assert_eq!((r.status, r.error_code()), (409, Some("RUN_ID_CONFLICT")));
     // Binding conflicts (cwd, userId); the rejected runId is not consumed.
-    let r = post(&s.url, &body("t1", "r2", "x", &ws, json!({})), &[]).await;
+    let r = post_turn(&s.url, "t1", "r2", "x", &ws).await;
     assert_eq!(
         (r.status, r.error_code()),
         (409, Some("THREAD_BINDING_CONFLICT"))
@@ -631,21 +589,12 @@ async fn idempotency_busy_binding_and_resume_rules() {
     assert_eq!(sess[0]["rosInvocationId"], "inv-NEW");
     assert_eq!(sess[0]["contextId"], ctx("t1"));
     // THREAD_BUSY while a run streams; DUPLICATE precedes BUSY.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-3",
-                &ctx("t1"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-3", &ctx("t1"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .then(Item::Stall),
     );
-    let b3 = body("t1", "r3", "x", &ws, json!({"userId": "u1"}));
-    let url = s.url.clone();
-    let running = tokio::spawn(async move { post(&url, &b3, &[]).await });
+    let running = spawn_post(&s.url, body("t1", "r3", "x", &ws, json!({"userId": "u1"})));
     k.wait_calls("SendStreamingMessage", 3, Duration::from_secs(5))
         .await;
     let r = post(
@@ -675,12 +624,7 @@ async fn idempotency_busy_binding_and_resume_rules() {
     assert_eq!(r.error_code(), Some("RUN_ID_CONFLICT"));
     running.abort();
     // Resume rules at admission.
-    let r = post(
-        &s.url,
-        &resume_body("new-thread", "r1", &ws, "inv-1", json!([])),
-        &[],
-    )
-    .await;
+    let r = post_resume(&s.url, "new-thread", "r1", &ws, "inv-1", json!([])).await;
     assert_eq!((r.status, r.error_code()), (409, Some("EXECUTION_LOST")));
     assert_eq!(
         r.error_message(),
@@ -704,60 +648,38 @@ async fn idempotency_busy_binding_and_resume_rules() {
 
 #[tokio::test]
 async fn resume_required_and_invocation_mismatch() {
-    let (s, k) = server_with_kernel().await;
+    let (s, k) = fake_gateway().await;
     let ws = s.ws("w");
     let perm = json!({"schemaVersion":1,"kind":"permission","requestTaskId":"task-1","contextId":ctx("t1"),"inputId":"perm-1",
         "toolUseId":"tu1","toolName":"bash","prompt":"Run bash Allow once?","required":true});
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId":"sess-1"}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &ctx("t1"))
+            .submitted(json!({"iacCodeSessionId":"sess-1"}))
+            .input_required(json!({"input": perm})),
     );
-    let r = post(&s.url, &body("t1", "r1", "x", &ws, json!({})), &[]).await;
+    let r = post_turn(&s.url, "t1", "r1", "x", &ws).await;
     sse::assert_valid_run(&r, "t1", "r1");
     assert_eq!(r.last()["outcome"]["type"], "interrupt");
-    let r = post(&s.url, &body("t1", "r2", "x", &ws, json!({})), &[]).await;
+    let r = post_turn(&s.url, "t1", "r2", "x", &ws).await;
     assert_eq!((r.status, r.error_code()), (409, Some("RESUME_REQUIRED")));
     assert_eq!(
         r.error_message(),
         Some("The AG-UI thread is waiting for interrupt responses.")
     );
-    let r = post(
-        &s.url,
-        &resume_body("t1", "r3", &ws, "inv-2", json!([])),
-        &[],
-    )
-    .await;
+    let r = post_resume(&s.url, "t1", "r3", &ws, "inv-2", json!([])).await;
     assert_eq!((r.status, r.error_code()), (409, Some("EXECUTION_LOST")));
     assert_eq!(
         r.error_message(),
         Some("The resume request does not match the interrupted run.")
     );
     // Binding check precedes RESUME_REQUIRED.
-    let r = post(
-        &s.url,
-        &body("t1", "r4", "x", &s.ws("elsewhere"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "t1", "r4", "x", &s.ws("elsewhere")).await;
     assert_eq!(r.error_code(), Some("THREAD_BINDING_CONFLICT"));
 }
 
 #[tokio::test]
 async fn corrupt_state_files_are_503_never_a_panic() {
-    let (s, _k) = server_with_kernel().await;
+    let (s, _k) = fake_gateway().await;
     let ws = s.ws("w");
     let threads = s.state_dir().join("threads");
     std::fs::create_dir_all(&threads).unwrap();
@@ -776,7 +698,7 @@ async fn corrupt_state_files_are_503_never_a_panic() {
     std::fs::write(s.dir.join("valid-copy.json"), &reference).unwrap();
     std::os::unix::fs::symlink(s.dir.join("valid-copy.json"), threads.join("linked.json")).unwrap();
     for t in ["corrupt", "truncated", "foreign", "linked"] {
-        let r = post(&s.url, &body(t, "r1", "x", &ws, json!({})), &[]).await;
+        let r = post_turn(&s.url, t, "r1", "x", &ws).await;
         assert_eq!(
             (r.status, r.error_code()),
             (503, Some("STATE_UNAVAILABLE")),
@@ -786,12 +708,7 @@ async fn corrupt_state_files_are_503_never_a_panic() {
             r.error_message(),
             Some("The AG-UI adapter state is unavailable.")
         );
-        let r = post(
-            &s.cancel_url("e"),
-            &json!({"threadId": t, "rosInvocationId": "i"}),
-            &[],
-        )
-        .await;
+        let r = s.cancel("e", t, "i").await;
         assert_eq!(
             (r.status, r.error_code()),
             (503, Some("STATE_UNAVAILABLE")),
@@ -826,30 +743,21 @@ async fn reference_state_files_load_and_work() {
         .start()
         .await;
     // Admission reads it: a runId the reference already used is a duplicate/conflict.
-    let r = post(
+    let r = post_turn(
         &s.url,
-        &body(
-            "thread-s1",
-            "run-s1-1",
-            "x",
-            "/srv/agui-ref/ws/thread-s1",
-            json!({}),
-        ),
-        &[],
+        "thread-s1",
+        "run-s1-1",
+        "x",
+        "/srv/agui-ref/ws/thread-s1",
     )
     .await;
     assert_eq!(r.error_code(), Some("RUN_ID_CONFLICT"));
     // Its binding holds: another workspace is a conflict.
-    let r = post(
-        &s.url,
-        &body("thread-s1", "r-new", "x", &s.ws("w"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "thread-s1", "r-new", "x", &s.ws("w")).await;
     assert_eq!(r.error_code(), Some("THREAD_BINDING_CONFLICT"));
     // The gateway's own writes keep the reference's format (sorted keys, 2-space indent, newline).
     k.on("SendStreamingMessage", done_stream("task-9", "t9"));
-    let r = post(&s.url, &body("t9", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let r = post_turn(&s.url, "t9", "r1", "x", &s.ws("w")).await;
     sse::assert_valid_run(&r, "t9", "r1");
     let text = std::fs::read_to_string(s.thread_file("t9")).unwrap();
     assert!(text.ends_with("}\n"));
@@ -903,11 +811,7 @@ async fn failed_admission_persist_is_503_and_rolls_back() {
     let k = FakeKernel::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (store, switch) = FaultyStore::new(FileStore::new(dir.path().join("state")));
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .store(Arc::new(store))
-        .start()
-        .await;
+    let s = Builder::for_fake(&k).store(Arc::new(store)).start().await;
     switch.fail_saves(0, 1);
     let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
     let r = post(&s.url, &b, &[]).await;
@@ -920,7 +824,7 @@ async fn failed_admission_persist_is_503_and_rolls_back() {
 
 #[tokio::test]
 async fn secrets_never_reach_the_state_dir() {
-    let (s, k) = server_with_kernel().await;
+    let (s, k) = fake_gateway().await;
     k.on("SendStreamingMessage", done_stream("task-1", "t1"));
     let b = body(
         "t1",
@@ -988,8 +892,7 @@ impl Documents for SlowStore {
 async fn concurrent_admissions_on_distinct_threads_do_not_serialise() {
     let k = FakeKernel::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .store(Arc::new(SlowStore(FileStore::new(
             dir.path().join("state"),
         ))))
@@ -1002,7 +905,7 @@ async fn concurrent_admissions_on_distinct_threads_do_not_serialise() {
         let url = s.url.clone();
         let b = body(&format!("thread-{i}"), "r1", "x", &ws, json!({}));
         tasks.push(tokio::spawn(async move {
-            let c = reqwest::Client::builder().no_proxy().build().unwrap();
+            let c = client();
             let resp = c
                 .post(&url)
                 .header("content-type", "application/json")
@@ -1036,40 +939,21 @@ async fn every_pre_sse_error_in_two_languages() {
     let auth = ("authorization", "Bearer tok");
     // A thread with a pending interrupt and an active run on another.
     let perm = json!({"kind":"permission","requestTaskId":"task-1","inputId":"perm-1","toolUseId":"tu1","required":true});
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &ctx("tp"),
-                "TASK_STATE_SUBMITTED",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &ctx("tp"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &ctx("tp"))
+            .submitted(json!({}))
+            .input_required(json!({"input": perm})),
     );
     assert_eq!(
-        post(&s.url, &body("tp", "r1", "x", &ws, json!({})), &[auth])
+        post_turn_as(&s.url, "tp", "r1", "x", &ws, &[auth])
             .await
             .last()["outcome"]["type"],
         "interrupt"
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-2",
-                &ctx("tb"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-2", &ctx("tb"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .then(Item::Stall),
     );
     let url = s.url.clone();
     let busy_body = body("tb", "r1", "x", &ws, json!({}));
@@ -1267,22 +1151,10 @@ async fn orphaned_execution_is_cancelled_before_a_new_turn() {
         .start()
         .await;
     let c = ctx("thread-s6b");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-new",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": orphan["iacCodeSessionId"]}),
-            )),
-            Item::Result(items::status(
-                "task-new",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-new", &c)
+            .submitted(json!({"iacCodeSessionId": orphan["iacCodeSessionId"]}))
+            .input_required(json!({})),
     );
     let r = post(
         &s.url,
@@ -1340,8 +1212,7 @@ fn everything_under(dir: &std::path::Path, out: &mut String) {
 async fn a_workspace_asking_for_an_expansion_is_refused_and_leaks_nothing() {
     let k = FakeKernel::start().await;
     let secret = "sk-gateway-secret-4711";
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .env("IAC_CODE_API_KEY", secret)
         .start()
         .await;
@@ -1352,7 +1223,7 @@ async fn a_workspace_asking_for_an_expansion_is_refused_and_leaks_nothing() {
         "~/w".to_owned(),
         "~".to_owned(),
     ] {
-        let res = post(&s.url, &body("t-exp", "r1", "hi", &cwd, json!({})), &[]).await;
+        let res = post_turn(&s.url, "t-exp", "r1", "hi", &cwd).await;
         assert_eq!(res.status, 400, "{cwd}: {}", res.raw);
         let e = res.json.as_ref().expect("a JSON error");
         assert_eq!(e["error"]["code"], "INVALID_INPUT");
@@ -1364,11 +1235,7 @@ async fn a_workspace_asking_for_an_expansion_is_refused_and_leaks_nothing() {
     }
     // Nothing was bound (the thread does not exist), nothing reached the kernel, and no file or
     // folder name or content holds the secret.
-    let thread = client()
-        .get(format!("{}threads/t-exp", s.url))
-        .send()
-        .await
-        .unwrap();
+    let thread = http_get(format!("{}threads/t-exp", s.url)).await;
     assert_eq!(thread.status(), 404);
     assert!(k.requests().is_empty());
     let mut seen = String::new();
@@ -1449,7 +1316,7 @@ async fn health_shows_the_kernels_process_to_callers_only() {
 async fn every_route_names_its_methods_in_a_405() {
     let s = Builder::new()
         .auth("s3cret")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .console()
         .admin()
         .start()

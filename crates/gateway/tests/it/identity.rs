@@ -5,49 +5,31 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
-    bearer_for, body, ctx, get_as, jwks_file, metric, permission, resume_body, Builder, TestServer,
+    bearer_for, body, ctx, get_as, guidance_body, jwks_file, metric, permission, post_turn_as,
+    resume_body, Builder, TestServer,
 };
 
 /// The next turn stops at a permission interrupt.
 fn script_interrupt(k: &FakeKernel, thread: &str) {
     let c = ctx(thread);
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": permission(thread)}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .input_required(json!({"input": permission(thread)})),
     );
 }
 
 /// The next turn completes.
 fn script_done(k: &FakeKernel, thread: &str, task: &str) {
     let c = ctx(thread);
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                task,
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))),
-        ]),
+    k.stream(
+        Stream::of(task, &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .completed(),
     );
 }
 
@@ -56,9 +38,8 @@ fn script_done(k: &FakeKernel, thread: &str, task: &str) {
 async fn jwt_gateway(k: &FakeKernel) -> (TestServer, tempfile::TempDir) {
     let keys = tempfile::tempdir().unwrap();
     let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(30))
+    let s = Builder::for_fake(k)
+        .config(move |c| c.detach_grace = Duration::from_secs(30))
         .jwks(&jwks, Duration::from_secs(300))
         .start()
         .await;
@@ -111,7 +92,7 @@ async fn a_stranger_learns_nothing(
     assert_eq!(code(&resume), code(&ghostly));
     assert_eq!(code(&resume).1, Some("EXECUTION_LOST"));
     // A new turn cannot take the id, and says nothing else about it.
-    let turn = post(&s.url, &body(t, "rb2", "hi", &ws, json!({})), b).await;
+    let turn = post_turn_as(&s.url, t, "rb2", "hi", &ws, b).await;
     assert_eq!(turn.status, 409);
     assert_eq!(turn.error_code(), Some("THREAD_ID_TAKEN"));
     // Cancelling A's execution: the missing execution's answer.
@@ -151,13 +132,10 @@ async fn two_users_with_jwts_reach_only_their_own_threads() {
     let a = [("authorization", alice.as_str())];
     let b = [("authorization", bob.as_str())];
     script_interrupt(&k, "t1");
-    let first = post(&s.url, &body("t1", "r1", "hi", &s.ws("t1"), json!({})), &a).await;
+    let first = post_turn_as(&s.url, "t1", "r1", "hi", &s.ws("t1"), &a).await;
     assert_valid_run(&first, "t1", "r1");
     assert_eq!(first.last()["outcome"]["type"], "interrupt");
-    let exec = first.sessions()[0]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let exec = first.execution_id();
     let doc = s.thread_doc("t1");
     assert_eq!(doc["owner"], "alice");
     // The kernel got the authenticated user.
@@ -206,8 +184,7 @@ async fn jwt_refusals_are_specific_and_a_rotated_key_is_found() {
     let k = FakeKernel::start().await;
     let keys = tempfile::tempdir().unwrap();
     let jwks = jwks_file(keys.path(), &[ec(), rsa()]);
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .jwks(&jwks, Duration::from_millis(200))
         .start()
         .await;
@@ -361,30 +338,19 @@ async fn jwt_refusals_are_specific_and_a_rotated_key_is_found() {
 #[tokio::test]
 async fn the_service_token_acts_for_the_user_it_names() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .auth("svc-token")
-        .start()
-        .await;
+    let s = Builder::for_fake(&k).auth("svc-token").start().await;
     let svc = "Bearer svc-token";
     let a = [("authorization", svc), ("x-iac-code-user", "alice")];
     let b = [("authorization", svc), ("x-iac-code-user", "bob")];
     script_interrupt(&k, "t1");
-    let first = post(&s.url, &body("t1", "r1", "hi", &s.ws("t1"), json!({})), &a).await;
+    let first = post_turn_as(&s.url, "t1", "r1", "hi", &s.ws("t1"), &a).await;
     assert_valid_run(&first, "t1", "r1");
-    let exec = first.sessions()[0]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let exec = first.execution_id();
     assert_eq!(s.thread_doc("t1")["owner"], "alice");
     a_stranger_learns_nothing(&s, &k, &b, "t1", &exec).await;
     // The header without the token: refused before anything.
-    let r = post(
-        &s.url,
-        &body("t9", "r1", "hi", &s.ws("t9"), json!({})),
-        &[("x-iac-code-user", "alice")],
-    )
-    .await;
+    let as_alice = [("x-iac-code-user", "alice")];
+    let r = post_turn_as(&s.url, "t9", "r1", "hi", &s.ws("t9"), &as_alice).await;
     assert_eq!(r.status, 401);
     // The service itself (no user) reaches A's thread.
     assert_eq!(get(&format!("{}threads/t1", s.url), Some(svc)).await.0, 200);
@@ -425,12 +391,7 @@ async fn the_service_token_acts_for_the_user_it_names() {
     assert_eq!(as_carol("carol").await, 200);
     assert_eq!(as_carol("bob").await, 404);
     script_done(&k, "t3", "task-4");
-    let next = post(
-        &s.url,
-        &body("t3", "r2", "hi", &s.ws("t3"), json!({})),
-        &carol,
-    )
-    .await;
+    let next = post_turn_as(&s.url, "t3", "r2", "hi", &s.ws("t3"), &carol).await;
     assert_valid_run(&next, "t3", "r2");
     assert_eq!(s.thread_doc("t3")["owner"], "carol");
 }
@@ -447,42 +408,30 @@ async fn a_strangers_guidance_takes_no_place_of_the_owners() {
         max_guidance_per_thread: 1,
         ..Default::default()
     };
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .caps(caps)
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.caps = caps)
         .jwks(&jwks, Duration::from_secs(300))
         .start()
         .await;
     let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
     script_done(&k, "g1", "task-1");
-    let first = post(
+    let first = post_turn_as(
         &s.url,
-        &body("g1", "r1", "hi", &s.ws("g1"), json!({})),
+        "g1",
+        "r1",
+        "hi",
+        &s.ws("g1"),
         &[("authorization", alice.as_str())],
     )
     .await;
     assert_valid_run(&first, "g1", "r1");
     // The thread's one guidance place, taken (as by a guidance run of the owner's).
     let _held = s.state.rt.limits().guidance("g1").expect("a place");
-    let guide = |run: &str| {
-        body(
-            "g1",
-            run,
-            "steer",
-            &s.ws("g1"),
-            json!({"runMode": "pipeline", "activeGuidance": true}),
-        )
-    };
+    let guide = |run: &str| guidance_body("g1", run, "steer", &s.ws("g1"));
     let owners = post(&s.url, &guide("r2"), &[("authorization", alice.as_str())]).await;
     assert_eq!(owners.error_code(), Some("TOO_MANY_GUIDANCE_RUNS"));
     let strangers = post(&s.url, &guide("r3"), &[("authorization", bob.as_str())]).await;
-    let ghost = body(
-        "ghost",
-        "r3",
-        "steer",
-        &s.ws("ghost"),
-        json!({"runMode": "pipeline", "activeGuidance": true}),
-    );
+    let ghost = guidance_body("ghost", "r3", "steer", &s.ws("ghost"));
     let missing = post(&s.url, &ghost, &[("authorization", bob.as_str())]).await;
     assert_eq!(code(&strangers), code(&missing));
     assert_eq!(strangers.error_code(), Some("EXECUTION_LOST"));
@@ -501,12 +450,7 @@ async fn a_thread_made_again_by_another_user_shares_no_runs_with_the_first() {
     let a = [("authorization", alice.as_str())];
     let http = reqwest::Client::new();
     script_done(&k, "x", "task-m");
-    let first = post(
-        &s.url,
-        &body("x", "mallorys-run", "hi", &s.ws("xm"), json!({})),
-        &m,
-    )
-    .await;
+    let first = post_turn_as(&s.url, "x", "mallorys-run", "hi", &s.ws("xm"), &m).await;
     assert_valid_run(&first, "x", "mallorys-run");
     // Mallory follows the thread, then deletes it.
     let r = http
@@ -526,12 +470,7 @@ async fn a_thread_made_again_by_another_user_shares_no_runs_with_the_first() {
     assert_eq!(deleted.status(), 200);
     // Alice makes a thread of the same id, and runs a turn on it.
     script_done(&k, "x", "task-a");
-    let hers = post(
-        &s.url,
-        &body("x", "alices-run", "mine", &s.ws("xa"), json!({})),
-        &a,
-    )
-    .await;
+    let hers = post_turn_as(&s.url, "x", "alices-run", "mine", &s.ws("xa"), &a).await;
     assert_valid_run(&hers, "x", "alices-run");
     let mut seen = String::new();
     let until = tokio::time::Instant::now() + Duration::from_millis(700);

@@ -5,7 +5,9 @@ use serde_json::json;
 use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post};
 
-use crate::support::{bearer_for, body, get_as, jwks_file, jwt_server, managed, resume_body};
+use crate::support::{
+    bearer_for, get_as, jwks_file, jwt_server, managed, post_turn_as, resume_body,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_permission_interrupt_is_answered_by_its_owner_only() {
@@ -17,12 +19,7 @@ async fn a_real_permission_interrupt_is_answered_by_its_owner_only() {
     let a = [("authorization", alice.as_str())];
     let b = [("authorization", bob.as_str())];
     let w = env.ws().join("owned").display().to_string();
-    let r1 = post(
-        &s.url,
-        &body("owned", "r1", "Run it. scenario:bash", &w, json!({})),
-        &a,
-    )
-    .await;
+    let r1 = post_turn_as(&s.url, "owned", "r1", "Run it. scenario:bash", &w, &a).await;
     assert_valid_run(&r1, "owned", "r1");
     assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
     let id = r1.last()["outcome"]["interrupts"][0]["id"]

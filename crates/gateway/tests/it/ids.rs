@@ -4,12 +4,12 @@
 //! from PostgreSQL is refused by its length.
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::postgres::Cluster;
 use testkit::sse::{assert_valid_run, post};
 
 use crate::cluster::{Instance, Workspace};
-use crate::support::{body, ctx, metric, Builder};
+use crate::support::{body, client, ctx, http_get, metric, post_turn, Builder};
 
 /// The refusal of an id or short string in `field` (see `validate::is_bounded`).
 fn bound_message(field: &str) -> String {
@@ -80,21 +80,10 @@ fn done(k: &FakeKernel, thread: &str) {
     k.on_context(
         "SendStreamingMessage",
         &c,
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text("task-1", &c, "hello", "m1", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text("hello", "m1")
+            .input_required(json!({})),
     );
 }
 
@@ -104,7 +93,7 @@ fn done(k: &FakeKernel, thread: &str) {
 #[tokio::test]
 async fn each_id_over_the_bound_or_with_a_control_character_is_refused_naming_it() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     let ws = s.ws("w");
     let base = body("t-ok", "r-ok", "hi", &ws, json!({}));
     let mut tried = 0;
@@ -154,7 +143,7 @@ async fn each_id_over_the_bound_or_with_a_control_character_is_refused_naming_it
         ("a".repeat(11 << 20), "r1".to_owned()),
         ("t".into(), "r\u{0}".into()),
     ] {
-        let r = post(&s.url, &body(&thread, &run, "hi", &ws, json!({})), &[]).await;
+        let r = post_turn(&s.url, &thread, &run, "hi", &ws).await;
         assert_eq!(r.status, 400);
         assert_eq!(r.error_code(), Some("INVALID_INPUT"));
         tried += 1;
@@ -197,7 +186,7 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
         ("t".to_owned(), "r\u{0}".to_owned()),
         ("x".repeat(4096), "r1".to_owned()),
     ] {
-        let r = post(&i.url(), &body(&thread, &run, "hi", &cwd, json!({})), &[]).await;
+        let r = post_turn(&i.url(), &thread, &run, "hi", &cwd).await;
         assert_eq!(
             (r.status, r.error_code()),
             (400, Some("INVALID_INPUT")),
@@ -231,14 +220,9 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
             store::MAX_DOC_BYTES
         ),
     );
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
-    let r = c
-        .get(format!("{}threads/t-big", i.url()))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}threads/t-big", i.url())).await;
     assert_eq!(r.status(), 503);
-    let r = post(&i.url(), &body("t-big", "r1", "hi", &cwd, json!({})), &[]).await;
+    let r = post_turn(&i.url(), "t-big", "r1", "hi", &cwd).await;
     assert_eq!(
         (r.status, r.error_code()),
         (503, Some("STATE_UNAVAILABLE")),
@@ -250,11 +234,7 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
         "ids",
         "UPDATE agui_threads SET doc = left(doc, 4096) || '\"}' WHERE thread_id = 't-big'",
     );
-    let r = c
-        .get(format!("{}threads/t-big", i.url()))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}threads/t-big", i.url())).await;
     assert_eq!(r.status(), 200);
     drop(i);
 }
@@ -263,7 +243,7 @@ async fn on_postgres_bad_ids_are_400_and_an_oversized_document_is_refused() {
 /// execution no one can have is not found; a cancellation's body ids are invalid input naming
 /// their field. Nothing reaches a store (a NUL or a long key in a PostgreSQL query was a 503).
 async fn bad_ids_on_the_other_routes(base: &str) {
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let long = "x".repeat(4096);
     for thread in ["a%00b", long.as_str(), "line%0Abreak"] {
         for path in [

@@ -4,15 +4,40 @@
 //! (the text whole), a permission interrupt, a reloaded page that connects and has the thread and
 //! its pending interrupt, answers it, and reads the capabilities.
 
-use std::path::PathBuf;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use testkit::real_kernel::KernelEnv;
 
-use crate::support::{managed, Builder};
+use crate::support::{managed, node, Builder};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../clients/js")
+}
+
+/// Runs the Node script `script` in `cwd` against the gateway at `url` with the service token
+/// and `vars`; it must succeed (`what` names it in the failure): its output.
+async fn run_script(
+    script: &Path,
+    cwd: &Path,
+    url: &str,
+    vars: &[(&str, &str)],
+    what: &str,
+) -> String {
+    let mut env = vec![
+        ("GATEWAY_URL", OsStr::new(url)),
+        ("AUTH", OsStr::new("Bearer tok")),
+    ];
+    env.extend(vars.iter().map(|(k, v)| (*k, OsStr::new(*v))));
+    let out = node(&[script.as_os_str()], cwd, &env, "").await;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,34 +49,16 @@ async fn the_js_client_runs_reattaches_and_connects_against_the_real_kernel() {
     let env = KernelEnv::new().await;
     let s = Builder::in_env(&env)
         .kernel(managed(&env).await)
-        .detach_grace(Duration::from_secs(30))
+        .config(move |c| c.detach_grace = Duration::from_secs(30))
         .auth("tok")
         .start()
         .await;
     for client in ["1", "0059"] {
         let thread = format!("js-{client}");
         let cwd = env.ws().join(&thread).display().to_string();
-        let out = tokio::time::timeout(
-            Duration::from_secs(240),
-            tokio::process::Command::new("node")
-                .arg(dir().join("e2e/run.mjs"))
-                .current_dir(dir())
-                .env("CLIENT", client)
-                .env("GATEWAY_URL", &s.url)
-                .env("THREAD", &thread)
-                .env("CWD", &cwd)
-                .env("AUTH", "Bearer tok")
-                .output(),
-        )
-        .await
-        .expect("the client finished")
-        .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "client {client}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let vars = [("CLIENT", client), ("THREAD", &thread), ("CWD", &cwd)];
+        let what = format!("client {client}");
+        let stdout = run_script(&dir().join("e2e/run.mjs"), &dir(), &s.url, &vars, &what).await;
         // The cut was re-attached through the events route, and the thread was connected.
         assert!(stdout.contains("\"cut and re-attached\""), "{stdout}");
         assert!(stdout.contains("\"connect\""), "{stdout}");
@@ -65,25 +72,7 @@ async fn the_js_client_runs_reattaches_and_connects_against_the_real_kernel() {
         "CopilotKit's runtime is not installed: run `npm ci --prefix clients/js/e2e/copilotkit` (scripts/test.sh does)"
     );
     let cwd = env.ws().join("ck").display().to_string();
-    let out = tokio::time::timeout(
-        Duration::from_secs(240),
-        tokio::process::Command::new("node")
-            .arg(ck.join("run.mjs"))
-            .current_dir(&ck)
-            .env("GATEWAY_URL", &s.url)
-            .env("THREAD", "ck")
-            .env("CWD", &cwd)
-            .env("AUTH", "Bearer tok")
-            .output(),
-    )
-    .await
-    .expect("the runtime finished")
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "copilotkit: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let vars = [("THREAD", "ck"), ("CWD", &cwd)];
+    let stdout = run_script(&ck.join("run.mjs"), &ck, &s.url, &vars, "copilotkit").await;
     assert!(stdout.contains("\"connect after restart\""), "{stdout}");
 }

@@ -7,19 +7,13 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use iac_code_agui::config::Caps;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::support::{body, ctx, metric, Builder, TestServer};
-
-fn r(v: Value) -> Item {
-    Item::Result(v)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
+use crate::support::{
+    body, ctx, http_get, metric, png_base64, post_json, post_turn, Builder, TestServer,
+};
 
 fn caps(f: impl FnOnce(&mut Caps)) -> Caps {
     let mut c = Caps::default();
@@ -52,24 +46,19 @@ async fn health(url: &str, limit: Duration) -> Option<String> {
 
 /// A kernel turn for `thread` that starts its task and then stays open until the gateway goes.
 fn held(thread: &str, task: &str) -> Reply {
-    Reply::Sse(vec![
-        r(items::task(
-            task,
-            &ctx(thread),
-            "TASK_STATE_WORKING",
-            json!({"iacCodeSessionId": "s"}),
-        )),
-        Item::Stall,
-    ])
+    Stream::of(task, &ctx(thread))
+        .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+        .then(Item::Stall)
+        .reply()
 }
 
 /// A kernel turn for `thread` that completes at once.
 fn quick(thread: &str, task: &str) -> Reply {
     let c = ctx(thread);
-    Reply::Sse(vec![
-        r(items::task(task, &c, "TASK_STATE_WORKING", json!({}))),
-        r(items::status(task, &c, "TASK_STATE_COMPLETED", json!({}))),
-    ])
+    Stream::of(task, &c)
+        .task("TASK_STATE_WORKING", json!({}))
+        .completed()
+        .reply()
 }
 
 /// Starts a run and reads its stream until its first event: the run is being served. The stream
@@ -78,13 +67,7 @@ async fn start(
     s: &TestServer,
     b: &Value,
 ) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> {
-    let resp = client()
-        .post(&s.url)
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&s.url, b, &[]).await;
     assert_eq!(resp.status(), 200, "admitted");
     let mut stream = Box::pin(resp.bytes_stream());
     stream.next().await.expect("a first event").unwrap();
@@ -111,7 +94,7 @@ async fn a_flood_of_idle_connections_over_the_cap_waits_and_health_still_answers
     const CAP: usize = 4;
     const FLOOD: usize = 200;
     let s = Builder::new()
-        .caps(caps(|c| c.max_connections = CAP))
+        .config(move |c| c.caps = caps(|c| c.max_connections = CAP))
         .admin()
         .start()
         .await;
@@ -167,9 +150,8 @@ async fn a_flood_of_idle_connections_over_the_cap_waits_and_health_still_answers
 #[tokio::test]
 async fn the_run_over_the_cap_is_refused_before_anything_is_touched() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .caps(caps(|c| c.max_runs = 2))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.caps = caps(|c| c.max_runs = 2))
         .start()
         .await;
     for t in ["t1", "t2"] {
@@ -220,13 +202,14 @@ async fn the_run_over_the_cap_is_refused_before_anything_is_touched() {
 #[tokio::test]
 async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(60))
-        .caps(caps(|c| {
-            c.max_detached_runs = 1;
-            c.max_runs = 2;
-        }))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = Duration::from_secs(60))
+        .config(move |c| {
+            c.caps = caps(|c| {
+                c.max_detached_runs = 1;
+                c.max_runs = 2;
+            })
+        })
         .start()
         .await;
     for t in ["t1", "t2", "t3"] {
@@ -243,14 +226,7 @@ async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
     let state = |t: &'static str| {
         let url = format!("{}threads/{t}", s.url);
         async move {
-            let text = client()
-                .get(url)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = http_get(url).await.text().await.unwrap();
             let v: Value = serde_json::from_str(&text).unwrap();
             v["activeRun"]["state"].as_str().map(str::to_owned)
         }
@@ -274,7 +250,7 @@ async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
     // The detached run goes on, and holds its place among the runs.
     assert_eq!(state("t1").await.as_deref(), Some("detached"));
     let _third = start(&s, &body("t3", "r3", "x", &s.ws("w"), json!({}))).await;
-    let res = post(&s.url, &body("t4", "r4", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t4", "r4", "x", &s.ws("w")).await;
     assert_eq!(res.error_code(), Some("TOO_MANY_RUNS"), "{}", res.raw);
     assert_eq!(
         k.calls("CancelTask").len(),
@@ -288,17 +264,16 @@ async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
 #[tokio::test]
 async fn the_reader_over_the_cap_is_refused() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(60))
-        .caps(caps(|c| c.max_readers_per_run = 2))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = Duration::from_secs(60))
+        .config(move |c| c.caps = caps(|c| c.max_readers_per_run = 2))
         .start()
         .await;
     k.on_context("SendStreamingMessage", &ctx("t1"), held("t1", "task-1"));
     let _run = start(&s, &body("t1", "r1", "x", &s.ws("w"), json!({}))).await;
     let events = format!("{}threads/t1/runs/r1/events?after=0", s.url);
     let read = || async {
-        let resp = client().get(&events).send().await.unwrap();
+        let resp = http_get(&events).await;
         let status = resp.status().as_u16();
         (status, resp)
     };
@@ -334,9 +309,8 @@ async fn the_reader_over_the_cap_is_refused() {
 #[tokio::test]
 async fn the_guidance_run_over_the_cap_is_refused() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .caps(caps(|c| c.max_guidance_per_thread = 1))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.caps = caps(|c| c.max_guidance_per_thread = 1))
         .start()
         .await;
     let c1 = ctx("t1");
@@ -349,22 +323,17 @@ async fn the_guidance_run_over_the_cap_is_refused() {
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The guidance message's own stream stays open: the guidance run goes on.
-    let open = Reply::Sse(vec![
-        r(items::status(
-            "task-1",
-            &c1,
-            "TASK_STATE_WORKING",
-            json!({}),
-        )),
-        Item::Stall,
-    ]);
+    let open = Stream::of("task-1", &c1)
+        .working(json!({}))
+        .then(Item::Stall)
+        .reply();
     k.on_context("SendStreamingMessage", &c1, open);
     let g1 = start(&s, &body("t1", "g1", "a", &s.ws("w"), guidance.clone())).await;
 
     // The refused one carries an image: refused before it is decoded.
     let mut g2 = body("t1", "g2", "b", &s.ws("w"), guidance);
     g2["messages"][0]["content"] = json!([{"type": "text", "text": "see"},
-        {"type": "image", "source": {"type": "data", "value": small_png(), "mimeType": "image/png"}}]);
+        {"type": "image", "source": {"type": "data", "value": png_base64(8, 8), "mimeType": "image/png"}}]);
     let decoded = metric(&s, "agui_images_decoded_total");
     let res = post(&s.url, &g2, &[]).await;
     assert_eq!(res.status, 429, "{}", res.raw);
@@ -389,12 +358,7 @@ async fn the_guidance_run_over_the_cap_is_refused() {
     );
 
     drop(g1);
-    let done = Reply::Sse(vec![r(items::status(
-        "task-1",
-        &c1,
-        "TASK_STATE_WORKING",
-        json!({}),
-    ))]);
+    let done = Stream::of("task-1", &c1).working(json!({})).reply();
     k.on_context("SendStreamingMessage", &c1, done);
     let admitted = eventually(async || {
         let res = post(&s.url, &g2, &[]).await;
@@ -409,15 +373,4 @@ async fn the_guidance_run_over_the_cap_is_refused() {
         k.calls("CancelTask").is_empty(),
         "guidance never cancels the task"
     );
-}
-
-/// A small valid PNG, base64.
-fn small_png() -> String {
-    use base64::Engine as _;
-    let img = image::RgbImage::from_pixel(8, 8, image::Rgb([10, 200, 10]));
-    let mut out = std::io::Cursor::new(Vec::new());
-    image::DynamicImage::ImageRgb8(img)
-        .write_to(&mut out, image::ImageFormat::Png)
-        .unwrap();
-    base64::engine::general_purpose::STANDARD.encode(out.into_inner())
 }

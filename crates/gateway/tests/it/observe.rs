@@ -6,10 +6,12 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
-use testkit::sse::{assert_valid_run, post, post_raw, RunResult};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
+use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, ctx, permission, Builder, TestServer};
+use crate::support::{
+    body, client, ctx, permission, post_resume, post_turn, spawn_post, Builder, TestServer,
+};
 
 const SVC: &str = "Bearer svc-token";
 
@@ -30,13 +32,7 @@ fn as_user(user: &str) -> [(&'static str, String); 2] {
 async fn observe(s: &TestServer, exec: &str, b: Value, user: &str) -> RunResult {
     let h = as_user(user);
     let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    post_raw(
-        &url(s, exec),
-        b.to_string().into_bytes(),
-        "application/json",
-        &h,
-    )
-    .await
+    post(&url(s, exec), &b, &h).await
 }
 
 fn sub(thread: &str, run: &str, ros: &str) -> Value {
@@ -58,24 +54,11 @@ async fn live_run() -> (
         .start()
         .await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text(
-                "task-1",
-                &c,
-                "Working on it",
-                "task-1-message",
-                json!({}),
-            )),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "sess-1"}))
+            .text("Working on it", "task-1-message")
+            .then(Item::Stall),
     );
     let (u, b) = (s.url.clone(), body("t1", "r1", "go", &s.ws("w"), json!({})));
     let run = tokio::spawn(async move {
@@ -109,41 +92,13 @@ async fn an_observer_follows_a_live_execution_to_its_interrupt_and_changes_nothi
     let (s, k, run, exec) = live_run().await;
     let c = ctx("t1");
     let before = std::fs::read(s.thread_file("t1")).unwrap();
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "sess-1"}),
-            ),
-        ),
-    );
+    k.task_is_working("task-1", &c, json!({"iacCodeSessionId": "sess-1"}));
     k.on(
         "SubscribeToTask",
-        Reply::Sse(vec![
-            Item::Result(items::text(
-                "task-1",
-                &c,
-                "Let me run",
-                "task-1-message",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"tool": {"status": "started", "toolUseId": "tu-1", "name": "bash"}}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": permission("t1")}),
-            )),
-        ]),
+        Stream::of("task-1", &c)
+            .text("Let me run", "task-1-message")
+            .working(json!({"tool": {"status": "started", "toolUseId": "tu-1", "name": "bash"}}))
+            .input_required(json!({"input": permission("t1")})),
     );
     let b =
         json!({"threadId": "t1", "runId": "r1", "rosInvocationId": "inv-1", "afterSequence": 0});
@@ -189,15 +144,9 @@ async fn an_observer_follows_a_live_execution_to_its_interrupt_and_changes_nothi
     assert_eq!(std::fs::read(s.thread_file("t1")).unwrap(), before);
     assert!(!run.is_finished());
     // An observer that leaves at once cancels nothing either.
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
-        ),
-    );
+    k.task_is_working("task-1", &c, json!({}));
     k.on("SubscribeToTask", Reply::Sse(vec![Item::Stall]));
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let mut resp = client
         .post(url(&s, &exec))
         .header("authorization", SVC)
@@ -235,13 +184,7 @@ async fn observations_are_refused_before_the_stream_each_with_its_code() {
         let r = observe(&s, &exec, bad.clone(), "alice").await;
         assert_eq!(code(&r), (400, Some("INVALID_INPUT".into())), "{bad}");
     }
-    let r = post_raw(
-        &url(&s, &exec),
-        sub("t1", "r1", "inv-1").to_string().into_bytes(),
-        "application/json",
-        &[],
-    )
-    .await;
+    let r = post(&url(&s, &exec), &sub("t1", "r1", "inv-1"), &[]).await;
     assert_eq!(code(&r), (401, Some("UNAUTHORIZED".into())));
     // Another user's execution is an unknown one, to the byte.
     let theirs = observe(&s, &exec, sub("t1", "r1", "inv-1"), "bob").await;
@@ -280,34 +223,12 @@ async fn observations_are_refused_before_the_stream_each_with_its_code() {
     run.abort();
     // An execution whose task is not known: not found.
     let k2 = FakeKernel::start().await;
-    let s2 = Builder::new().a2a(&k2.url(), None).start().await;
-    k2.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![Item::Result(items::status(
-            "task-9",
-            &ctx("t2"),
-            "TASK_STATE_COMPLETED",
-            json!({}),
-        ))]),
-    );
-    let done = post(
-        &s2.url,
-        &body("t2", "r1", "go", &s2.ws("w"), json!({})),
-        &[],
-    )
-    .await;
+    let s2 = Builder::for_fake(&k2).start().await;
+    k2.stream(Stream::of("task-9", &ctx("t2")).completed());
+    let done = post_turn(&s2.url, "t2", "r1", "go", &s2.ws("w")).await;
     assert_valid_run(&done, "t2", "r1");
-    let exec2 = done.sessions()[0]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let r = post_raw(
-        &url(&s2, &exec2),
-        sub("t2", "r1", "inv-1").to_string().into_bytes(),
-        "application/json",
-        &[],
-    )
-    .await;
+    let exec2 = done.execution_id();
+    let r = post(&url(&s2, &exec2), &sub("t2", "r1", "inv-1"), &[]).await;
     assert_eq!(
         code(&r),
         (404, Some("EXECUTION_NOT_FOUND".into())),
@@ -323,12 +244,7 @@ async fn observations_are_refused_before_the_stream_each_with_its_code() {
 async fn an_observation_ends_with_exactly_one_terminal_event() {
     let (s, k, run, exec) = live_run().await;
     let c = ctx("t1");
-    let working = || {
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
-        )
-    };
+    let working = || Reply::task("task-1", &c, "TASK_STATE_WORKING", json!({}));
     for (last, terminal, code) in [
         ("TASK_STATE_FAILED", "RUN_ERROR", Some("EXECUTION_FAILED")),
         ("TASK_STATE_COMPLETED", "RUN_FINISHED", None),
@@ -337,16 +253,9 @@ async fn an_observation_ends_with_exactly_one_terminal_event() {
         k.on("GetTask", working());
         k.on(
             "SubscribeToTask",
-            Reply::Sse(vec![
-                Item::Result(items::text(
-                    "task-1",
-                    &c,
-                    "text",
-                    "task-1-message",
-                    json!({}),
-                )),
-                Item::Result(items::status("task-1", &c, last, json!({}))),
-            ]),
+            Stream::of("task-1", &c)
+                .text("text", "task-1-message")
+                .status(last, json!({})),
         );
         let r = observe(&s, &exec, sub("t1", "r1", "inv-1"), "alice").await;
         assert_valid_run(&r, "t1", "r1");
@@ -370,10 +279,7 @@ async fn an_observation_ends_with_exactly_one_terminal_event() {
     let subscribed = k.calls("SubscribeToTask").len();
     k.on(
         "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_COMPLETED", json!({})),
-        ),
+        Reply::task("task-1", &c, "TASK_STATE_COMPLETED", json!({})),
     );
     let r = observe(&s, &exec, sub("t1", "r1", "inv-1"), "alice").await;
     assert_valid_run(&r, "t1", "r1");
@@ -390,23 +296,20 @@ async fn an_observation_ends_with_exactly_one_terminal_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
     use crate::real_kernel::{answer, ws};
-    use crate::support::{managed, resume_body, server};
+    use crate::support::{managed, server};
     use testkit::real_kernel::KernelEnv;
 
     let env = KernelEnv::new().await;
     let s = server(&env, managed(&env).await).await;
-    let anon = |u: String, b: Value| async move {
-        post_raw(&u, b.to_string().into_bytes(), "application/json", &[]).await
-    };
+    let anon = |u: String, b: Value| async move { post(&u, &b, &[]).await };
     let later = json!({"executionFence": {"version": "session-handoff-v1",
         "owner": {"sandboxId": "sb", "runId": "r", "identityKind": "legacy", "quotaLeaseId": "q"}},
         "guidanceId": "g-1", "inputDigest": "d-1"});
     let w = ws(&env, "o1");
-    let (u, b) = (
-        s.url.clone(),
+    let run = spawn_post(
+        &s.url,
         body("o1", "r1", "Steady. scenario:steady", &w, later),
     );
-    let run = tokio::spawn(async move { post(&u, &b, &[]).await });
     let start = std::time::Instant::now();
     let exec = loop {
         let doc = std::fs::read(s.thread_file("o1"))
@@ -421,11 +324,7 @@ async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
     let seen = anon(url(&s, &exec), sub("o1", "r1", "inv-1")).await;
     assert_valid_run(&seen, "o1", "r1");
     assert_eq!(seen.last()["outcome"]["type"], "success", "{}", seen.raw);
-    let text: String = seen
-        .of("TEXT_MESSAGE_CONTENT")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect();
+    let text = seen.text();
     assert!(text.contains("step23"), "{text}");
     let r = run.await.unwrap();
     assert_valid_run(&r, "o1", "r1");
@@ -439,14 +338,9 @@ async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
 
     // A turn stopped at a permission: the observer ends with the same interrupt.
     let w2 = ws(&env, "o2");
-    let r = post(
-        &s.url,
-        &body("o2", "r1", "Run it. scenario:bash", &w2, json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "o2", "r1", "Run it. scenario:bash", &w2).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt", "{}", r.raw);
-    let exec2 = r.sessions()[0]["executionId"].as_str().unwrap().to_owned();
+    let exec2 = r.execution_id();
     let seen = anon(url(&s, &exec2), sub("o2", "r1", "inv-1")).await;
     assert_valid_run(&seen, "o2", "r1");
     assert_eq!(seen.last()["outcome"]["type"], "interrupt", "{}", seen.raw);
@@ -455,12 +349,7 @@ async fn a_real_kernels_execution_is_observed_live_and_at_its_interrupt() {
         r.last()["outcome"]["interrupts"][0]["id"]
     );
     // Answered: the tool ran once (the observer cancelled and delivered nothing).
-    let done = post(
-        &s.url,
-        &resume_body("o2", "r2", &w2, "inv-1", answer(&r, "allow_once")),
-        &[],
-    )
-    .await;
+    let done = post_resume(&s.url, "o2", "r2", &w2, "inv-1", answer(&r, "allow_once")).await;
     assert_eq!(done.last()["outcome"]["type"], "success", "{}", done.raw);
     let out = std::fs::read_to_string(std::path::Path::new(&w2).join("out.txt")).unwrap();
     assert_eq!(out, "agui-test\n");

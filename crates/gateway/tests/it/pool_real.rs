@@ -8,7 +8,7 @@ use testkit::real_kernel::{KernelEnv, KernelProcess};
 use testkit::sse::{assert_valid_run, post};
 
 use crate::real_kernel::{alive, answer, descendants, gateway_process, ws};
-use crate::support::{body, resume_body, Builder};
+use crate::support::{body, client, post_resume, post_turn, Builder};
 
 /// Every `.json` thread document under `dir`, as JSON.
 pub(crate) fn thread_docs(dir: &std::path::Path) -> Vec<Value> {
@@ -37,10 +37,17 @@ pub(crate) fn signal(pid: i32, sig: i32) {
     }
 }
 
+/// A gateway process with a pool of `n` kernels, all ready: the process, its port and its
+/// `/health`.
+async fn pool_process(env: &KernelEnv, n: usize) -> (std::process::Child, u16, Value) {
+    let (gw, port) = gateway_process(env, &["--kernels", &n.to_string()]).await;
+    (gw, port, pool_ready(port, n).await)
+}
+
 /// `/health` once all `n` kernels of the gateway on `port` are ready (90 s for one, 30 s more
 /// a kernel).
 pub(crate) async fn pool_ready(port: u16, n: usize) -> Value {
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let start = Instant::now();
     loop {
         if let Ok(r) = c
@@ -81,8 +88,7 @@ async fn three_kernels_share_the_threads_and_each_thread_stays_on_its_own() {
 
 async fn kernels_share_the_threads_and_each_thread_stays_on_its_own(n: usize) {
     let env = KernelEnv::new().await;
-    let (mut gw, port) = gateway_process(&env, &["--kernels", &n.to_string()]).await;
-    let health = pool_ready(port, n).await;
+    let (mut gw, port, health) = pool_process(&env, n).await;
     assert_eq!(health["kernel"]["size"], n);
     let mut pids: Vec<u64> = health["kernel"]["slots"]
         .as_array()
@@ -138,21 +144,15 @@ async fn kernels_share_the_threads_and_each_thread_stays_on_its_own(n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_kernels_pending_interrupt_is_answered_through_another() {
     let env = KernelEnv::new().await;
-    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
-    let health = pool_ready(port, 2).await;
+    let (mut gw, port, health) = pool_process(&env, 2).await;
     let url = format!("http://127.0.0.1:{port}/");
     let w = ws(&env, "d1");
-    let r1 = post(
-        &url,
-        &body("d1", "r1", "Run it. scenario:bash", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r1 = post_turn(&url, "d1", "r1", "Run it. scenario:bash", &w).await;
     assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
     // The first thread of an idle pool is on the first kernel.
     let pid = health["kernel"]["slots"][0]["pid"].as_u64().unwrap() as i32;
     signal(pid, libc::SIGKILL);
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let start = Instant::now();
     loop {
         let r = c.get(format!("{url}health")).send().await.unwrap();
@@ -163,24 +163,14 @@ async fn a_dead_kernels_pending_interrupt_is_answered_through_another() {
         assert!(start.elapsed() < Duration::from_secs(10), "{v}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let r2 = post(
-        &url,
-        &resume_body("d1", "r2", &w, "inv-1", answer(&r1, "allow_once")),
-        &[],
-    )
-    .await;
+    let r2 = post_resume(&url, "d1", "r2", &w, "inv-1", answer(&r1, "allow_once")).await;
     assert_valid_run(&r2, "d1", "r2");
     assert_eq!(r2.last()["outcome"]["type"], "success", "{}", r2.raw);
     let out = std::path::Path::new(&w).join("out.txt");
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
     let health = pool_ready(port, 2).await;
     assert_eq!(health["kernel"]["slots"][0]["restarts"], 1);
-    let r3 = post(
-        &url,
-        &body("d1", "r3", "Hi. scenario:text", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r3 = post_turn(&url, "d1", "r3", "Hi. scenario:text", &w).await;
     assert_eq!(r3.last()["outcome"]["type"], "success", "{}", r3.raw);
     assert_eq!(std::fs::read_to_string(&out).unwrap(), "agui-test\n");
     signal(gw.id() as i32, libc::SIGTERM);
@@ -196,8 +186,7 @@ async fn a_dead_kernels_pending_interrupt_is_answered_through_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kernel_killed_under_load_loses_no_stream_and_no_thread() {
     let env = KernelEnv::new().await;
-    let (mut gw, port) = gateway_process(&env, &["--kernels", "2"]).await;
-    let health = pool_ready(port, 2).await;
+    let (mut gw, port, health) = pool_process(&env, 2).await;
     let url = format!("http://127.0.0.1:{port}/");
     let threads: Vec<String> = (0..20).map(|i| format!("l{i}")).collect();
     let runs: Vec<_> = threads
@@ -251,7 +240,7 @@ async fn external_kernels_share_the_threads_and_a_dead_ones_go_on_in_another() {
     let health = |s: &crate::support::TestServer| {
         let url = format!("{}health", s.url);
         async move {
-            let c = reqwest::Client::builder().no_proxy().build().unwrap();
+            let c = client();
             let r = c.get(url).send().await.unwrap();
             serde_json::from_slice::<Value>(&r.bytes().await.unwrap()).unwrap()
         }

@@ -4,18 +4,14 @@
 //! naming why, and 200 otherwise; both on the main and the admin listener, `GET` and `HEAD`
 //! only, whatever the Host; `/health` stays 200 throughout.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use testkit::fake_kernel::FakeKernel;
 use testkit::postgres::{Cluster, Stop};
 
-use crate::support::{free_port, wait_health};
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_iac-code-agui")
-}
+use crate::support::{free_port, gateway_command, spawn_healthy};
 
 /// `method path` on `port`, with `host`: the status and the body.
 fn ask(port: u16, method: &str, path: &str, host: &str) -> (u16, String, String) {
@@ -74,19 +70,17 @@ impl Gateway {
     fn start(args: &[&str]) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         let (port, admin) = (free_port(), free_port());
-        let child = Command::new(bin())
-            .args(["--port", &port.to_string()])
-            .args(["--metrics-listen", &format!("127.0.0.1:{admin}")])
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(args)
-            .env_remove("IAC_CODE_AGUI_A2A_URL")
-            .env_remove("IAC_CODE_AGUI_STATE_URL")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        assert!(wait_health(port, Duration::from_secs(30)).is_some());
+        let child = spawn_healthy(
+            gateway_command(port, &dir.path().join("state"))
+                .args(["--metrics-listen", &format!("127.0.0.1:{admin}")])
+                .args(args)
+                .env_remove("IAC_CODE_AGUI_A2A_URL")
+                .env_remove("IAC_CODE_AGUI_STATE_URL")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+            port,
+            Duration::from_secs(30),
+        );
         Gateway {
             child,
             port,

@@ -3,11 +3,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::support::{free_port, wait_health};
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_iac-code-agui")
-}
+use crate::support::{bin, client, free_port, spawn_healthy, wait_health};
 
 /// The gateway `exe` on `port` with no kernel to reach (an external one on the discard port) and
 /// its state under `dir`: what the tests of the process itself start.
@@ -265,21 +261,22 @@ fn cors_origins_from_the_variable_and_the_flag() {
     };
     let serve = |args: &[&str], env: &[(&str, &str)], checks: &dyn Fn(u16)| {
         let port = free_port();
-        let mut child = Command::new(bin())
-            .args([
-                "--a2a-url",
-                "http://127.0.0.1:9/",
-                "--port",
-                &port.to_string(),
-            ])
-            .arg("--state-dir")
-            .arg(dir.path().join("s"))
-            .args(args)
-            .envs(env.iter().copied())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        assert!(wait_health(port, Duration::from_secs(10)).is_some());
+        let mut child = spawn_healthy(
+            Command::new(bin())
+                .args([
+                    "--a2a-url",
+                    "http://127.0.0.1:9/",
+                    "--port",
+                    &port.to_string(),
+                ])
+                .arg("--state-dir")
+                .arg(dir.path().join("s"))
+                .args(args)
+                .envs(env.iter().copied())
+                .stderr(Stdio::null()),
+            port,
+            Duration::from_secs(10),
+        );
         checks(port);
         let _ = child.kill();
         let _ = child.wait();
@@ -500,42 +497,44 @@ async fn secrets_never_reach_debug_logs() {
 
 async fn secrets_never_reach_logs_or_spans(format: &str) {
     use serde_json::json;
-    use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+    use testkit::fake_kernel::{FakeKernel, Item, Stream};
     let k = FakeKernel::start().await;
     let otlp = testkit::otlp::OtlpReceiver::start().await;
     let c = iac_code_agui::run::context_id("t1");
     // The kernel echoes the request metadata (with secrets) in its first task event, like the real one.
-    k.on("SendStreamingMessage", Reply::Sse(vec![
-        Item::Result(json!({"task": {"id": "task-1", "contextId": c, "status": {"state": "TASK_STATE_SUBMITTED"},
-            "history": [{"role": "ROLE_USER", "parts": [{"text": "x"}], "metadata": {"iac_code": {"iac_code_api_key": "SECRET-KEY-1", "alibaba_cloud_access_key_secret": "SECRET-AK-3"}}}]}})),
-        Item::Result(items::text("task-1", &c, "hi", "m", json!({}))),
-        Item::Raw("data: {broken\r\n\r\n".into()),
-    ]));
+    k.stream(
+        Stream::of("task-1", &c)
+            .then(Item::Result(json!({"task": {"id": "task-1", "contextId": c, "status": {"state": "TASK_STATE_SUBMITTED"},
+            "history": [{"role": "ROLE_USER", "parts": [{"text": "x"}], "metadata": {"iac_code": {"iac_code_api_key": "SECRET-KEY-1", "alibaba_cloud_access_key_secret": "SECRET-AK-3"}}}]}})))
+            .text("hi", "m")
+            .then(Item::Raw("data: {broken\r\n\r\n".into())),
+    );
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().canonicalize().unwrap().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let port = free_port();
-    let mut child = Command::new(bin())
-        .args([
-            "--port",
-            &port.to_string(),
-            "--debug",
-            "--log-format",
-            format,
-            "--a2a-url",
-            &k.url(),
-            "--state-dir",
-        ])
-        .arg(dir.path().join("state"))
-        .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
-        .env("IAC_CODE_AGUI_LOG", "trace")
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint())
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(wait_health(port, Duration::from_secs(10)).is_some());
+    let mut child = spawn_healthy(
+        Command::new(bin())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--debug",
+                "--log-format",
+                format,
+                "--a2a-url",
+                &k.url(),
+                "--state-dir",
+            ])
+            .arg(dir.path().join("state"))
+            .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
+            .env("IAC_CODE_AGUI_LOG", "trace")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint())
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .stderr(Stdio::piped())
+            .stdout(Stdio::piped()),
+        port,
+        Duration::from_secs(10),
+    );
     let body = json!({"threadId":"t1","runId":"r1","state":{},"messages":[{"id":"m","role":"user","content":"x"}],"tools":[],"context":[],
         "forwardedProps":{"iacCode":{"schemaVersion":1,"rosInvocationId":"i","cwd":ws.join("a"),"llmApiKey":"SECRET-KEY-1",
         "llmHeaders":{"X-Key":"SECRET-HDR-2"},"alibabaCloud":{"accessKeySecret":"SECRET-AK-3","securityToken":"SECRET-STS-4"}}}});
@@ -613,28 +612,29 @@ fn walkdir(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_drains_open_streams() {
     use serde_json::json;
-    use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+    use testkit::fake_kernel::{FakeKernel, Item, Stream};
     let k = FakeKernel::start().await;
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().canonicalize().unwrap().join("ws");
     std::fs::create_dir_all(&ws).unwrap();
     let port = free_port();
-    let mut child = Command::new(bin())
-        .args([
-            "--port",
-            &port.to_string(),
-            "--a2a-url",
-            &k.url(),
-            "--shutdown-timeout",
-            "5",
-            "--state-dir",
-        ])
-        .arg(dir.path().join("state"))
-        .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(wait_health(port, Duration::from_secs(10)).is_some());
+    let mut child = spawn_healthy(
+        Command::new(bin())
+            .args([
+                "--port",
+                &port.to_string(),
+                "--a2a-url",
+                &k.url(),
+                "--shutdown-timeout",
+                "5",
+                "--state-dir",
+            ])
+            .arg(dir.path().join("state"))
+            .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
+            .stderr(Stdio::null()),
+        port,
+        Duration::from_secs(10),
+    );
     let url = format!("http://127.0.0.1:{port}/");
     let body = |t: &str| {
         json!({"threadId": t, "runId": "r1", "state": {}, "messages": [{"id": "m", "role": "user", "content": "x"}],
@@ -642,35 +642,22 @@ async fn graceful_shutdown_drains_open_streams() {
     };
     // One paused execution (an interrupt) that must survive the shutdown.
     let ctx = iac_code_agui::run::context_id("paused");
-    k.on("SendStreamingMessage", Reply::Sse(vec![
-        Item::Result(items::task("task-p", &ctx, "TASK_STATE_SUBMITTED", json!({}))),
-        Item::Result(items::status("task-p", &ctx, "TASK_STATE_INPUT_REQUIRED",
-            json!({"input": {"kind": "permission", "inputId": "perm-1", "requestTaskId": "task-p", "required": true}}))),
-    ]));
+    k.stream(
+        Stream::of("task-p", &ctx)
+            .submitted(json!({}))
+            .input_required(json!({"input": {"kind": "permission", "inputId": "perm-1", "requestTaskId": "task-p", "required": true}})),
+    );
     let r = testkit::sse::post(&url, &body("paused"), &[]).await;
     assert_eq!(r.last()["outcome"]["type"], "interrupt");
     let mut streams = vec![];
     for i in 0..100 {
         let t = format!("s{i}");
         let c = iac_code_agui::run::context_id(&t);
-        k.on(
-            "SendStreamingMessage",
-            Reply::Sse(vec![
-                Item::Result(items::task(
-                    &format!("task-{i}"),
-                    &c,
-                    "TASK_STATE_WORKING",
-                    json!({}),
-                )),
-                Item::Result(items::text(
-                    &format!("task-{i}"),
-                    &c,
-                    "working",
-                    "m",
-                    json!({}),
-                )),
-                Item::Stall,
-            ]),
+        k.stream(
+            Stream::of(&format!("task-{i}"), &c)
+                .task("TASK_STATE_WORKING", json!({}))
+                .text("working", "m")
+                .then(Item::Stall),
         );
         let (url, b) = (url.clone(), body(&t));
         streams.push(tokio::spawn(async move {
@@ -736,7 +723,7 @@ async fn auth_hardening_path_variants_and_headers() {
         .spawn()
         .unwrap();
     assert!(wait_health(port, Duration::from_secs(10)).is_some());
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let base = format!("http://127.0.0.1:{port}");
     for path in [
         "/",
@@ -815,7 +802,7 @@ async fn authentication_off_is_logged_and_an_empty_variable_keeps_the_yaml_token
     std::fs::write(&yaml, "auth_token: from-yaml\n").unwrap();
     let (port, child) = start(Some(""), Some(&yaml));
     wait_health(port, Duration::from_secs(10)).expect("health");
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let r = c
         .post(format!("http://127.0.0.1:{port}/"))
         .header("content-type", "application/json")
@@ -854,7 +841,7 @@ async fn jwt_authentication_is_announced_and_an_unreadable_key_set_stops_the_sta
     let port = free_port();
     let child = command(port, &jwks).spawn().unwrap();
     wait_health(port, Duration::from_secs(10)).expect("health");
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let url = format!("http://127.0.0.1:{port}/threads/t1");
     let anonymous = c.get(&url).send().await.unwrap();
     assert_eq!(anonymous.status(), 401);

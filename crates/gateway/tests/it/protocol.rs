@@ -5,18 +5,14 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, ctx, Builder, TestServer};
-
-fn r(v: Value) -> Item {
-    Item::Result(v)
-}
+use crate::support::{body, client, ctx, http_get, post_json, spawn_post, Builder, TestServer};
 
 async fn setup() -> (TestServer, FakeKernel) {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     (s, k)
 }
 
@@ -32,34 +28,14 @@ fn turn(s: &TestServer, thread: &str, run: &str, version: Option<&str>) -> Value
 /// A rich turn of the fake kernel on `thread` that ends in `state`.
 fn script(thread: &str, state: &str) -> Reply {
     let c = ctx(thread);
-    Reply::Sse(vec![
-        r(items::task(
-            "task-1",
-            &c,
-            "TASK_STATE_SUBMITTED",
-            json!({"iacCodeSessionId": "sess"}),
-        )),
-        r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}),
-        )),
-        r(items::text("task-1", &c, "Hello", "m", json!({}))),
-        r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}),
-        )),
-        r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({"usage": {"inputTokens": 1.0, "outputTokens": 2.0, "totalTokens": 3.0}}),
-        )),
-        r(items::status("task-1", &c, state, json!({}))),
-    ])
+    Stream::of("task-1", &c)
+        .submitted(json!({"iacCodeSessionId": "sess"}))
+        .working(json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))
+        .text("Hello", "m")
+        .working(json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}))
+        .working(json!({"usage": {"inputTokens": 1.0, "outputTokens": 2.0, "totalTokens": 3.0}}))
+        .status(state, json!({}))
+        .reply()
 }
 
 /// The events without their timestamps and generated ids, for comparing two runs.
@@ -174,40 +150,18 @@ async fn a_cancellation_is_the_cancelled_outcome_for_1_0_and_run_error_before() 
 async fn the_cancellation_extension_ends_a_1_0_run_with_the_cancelled_outcome() {
     let (s, k) = setup().await;
     let c = ctx("x1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::text("task-1", &c, "tick", "m", json!({}))),
-            Item::Sleep(Duration::from_millis(800)),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .text("tick", "m")
+            .then(Item::Sleep(Duration::from_millis(800)))
             // The kernel goes on without reporting the cancellation: the request decides.
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+            .completed(),
     );
-    let url = s.url.clone();
-    let b = turn(&s, "x1", "r1", Some("1.0"));
-    let run = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let run = spawn_post(&s.url, turn(&s, "x1", "r1", Some("1.0")));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let exec = s.thread_doc("x1")["execution"]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let c = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "x1", "rosInvocationId": "inv-1"}),
-        &[],
-    )
-    .await;
+    let exec = s.execution_id("x1");
+    let c = s.cancel(&exec, "x1", "inv-1").await;
     assert_eq!(c.json.unwrap()["status"], "cancelled");
     let res = run.await.unwrap();
     assert_valid_run(&res, "x1", "r1");
@@ -220,8 +174,12 @@ async fn the_cancellation_extension_ends_a_1_0_run_with_the_cancelled_outcome() 
     assert_eq!(res.types()[res.types().len() - 2], "TEXT_MESSAGE_END");
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
+/// A CORS preflight of a POST to `url` from `origin` (to send, or to add headers to first).
+fn preflight(url: &str, origin: &str) -> reqwest::RequestBuilder {
+    client()
+        .request(reqwest::Method::OPTIONS, url)
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
 }
 
 /// The CORS headers of an answer, by name.
@@ -240,8 +198,7 @@ fn cors_headers(r: &reqwest::Response) -> Vec<(String, String)> {
 async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
     const PAGE: &str = "http://127.0.0.1:5173";
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .auth("tok")
         .cors_origin(PAGE)
         .cors_origin("https://app.example.com")
@@ -250,10 +207,7 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
     let cancel = s.cancel_url("e1");
     // Preflights of the allowed origin, on both POST routes, without a token.
     for url in [s.url.clone(), cancel.clone()] {
-        let r = client()
-            .request(reqwest::Method::OPTIONS, &url)
-            .header("origin", PAGE)
-            .header("access-control-request-method", "POST")
+        let r = preflight(&url, PAGE)
             .header(
                 "access-control-request-headers",
                 "authorization, content-type",
@@ -278,10 +232,7 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
         assert!(get("vary").unwrap().contains("Origin"));
     }
     // Another origin's preflight is judged as any OPTIONS request: no CORS header.
-    let r = client()
-        .request(reqwest::Method::OPTIONS, &s.url)
-        .header("origin", "http://127.0.0.1:5174")
-        .header("access-control-request-method", "POST")
+    let r = preflight(&s.url, "http://127.0.0.1:5174")
         .send()
         .await
         .unwrap();
@@ -290,25 +241,11 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
     // The actual request: authentication is unchanged, and its answer carries the CORS headers
     // of the allowed origin (the page can read the error).
     let b = body("c1", "r1", "hello", &s.ws("c1"), json!({}));
-    let r = client()
-        .post(&s.url)
-        .header("origin", PAGE)
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&s.url, &b, &[("origin", PAGE)]).await;
     assert_eq!(r.status(), 401);
     assert_eq!(r.headers()["access-control-allow-origin"], PAGE);
     assert_eq!(r.headers()["vary"], "Origin");
-    let r = client()
-        .post(&s.url)
-        .header("origin", "http://evil.test")
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&s.url, &b, &[("origin", "http://evil.test")]).await;
     assert_eq!(r.status(), 401);
     assert_eq!(cors_headers(&r), vary_only());
     // A stream to the allowed origin, and a stream to another origin (judged as before: it
@@ -319,15 +256,12 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
             script(thread, "TASK_STATE_COMPLETED"),
         );
         let b = body(thread, "r1", "hello", &s.ws(thread), json!({}));
-        let r = client()
-            .post(&s.url)
-            .header("origin", origin)
-            .header("authorization", "Bearer tok")
-            .header("content-type", "application/json")
-            .body(b.to_string())
-            .send()
-            .await
-            .unwrap();
+        let r = post_json(
+            &s.url,
+            &b,
+            &[("origin", origin), ("authorization", "Bearer tok")],
+        )
+        .await;
         assert_eq!(r.status(), 200);
         let h = cors_headers(&r);
         if origin == PAGE {
@@ -356,11 +290,7 @@ async fn cors_allows_configured_origins_only_and_leaves_authentication_alone() {
     );
     // An answer to a request without an origin varies by it too: a cache in front of the
     // gateway never hands it to a page.
-    let r = client()
-        .get(format!("{}health", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}health", s.url)).await;
     assert_eq!(cors_headers(&r), vary_only());
 }
 
@@ -379,17 +309,9 @@ async fn json_answers_are_not_stored_by_caches() {
             .get("cache-control")
             .map(|v| v.to_str().unwrap().to_owned())
     };
-    let health = client()
-        .get(format!("{}health", s.url))
-        .send()
-        .await
-        .unwrap();
+    let health = http_get(format!("{}health", s.url)).await;
     assert_eq!(no_store(&health).as_deref(), Some("no-store"));
-    let missing = client()
-        .get(format!("{}threads/nope", s.url))
-        .send()
-        .await
-        .unwrap();
+    let missing = http_get(format!("{}threads/nope", s.url)).await;
     assert_eq!(missing.status(), 404);
     assert_eq!(no_store(&missing).as_deref(), Some("no-store"));
     let bad = client()
@@ -403,20 +325,10 @@ async fn json_answers_are_not_stored_by_caches() {
     assert_eq!(no_store(&bad).as_deref(), Some("no-store"));
     k.on("SendStreamingMessage", script("j1", "TASK_STATE_COMPLETED"));
     let b = body("j1", "r1", "hello", &s.ws("j1"), json!({}));
-    let run = client()
-        .post(&s.url)
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let run = post_json(&s.url, &b, &[]).await;
     assert_eq!(no_store(&run).as_deref(), Some("no-cache"));
     assert!(run.text().await.unwrap().contains("RUN_FINISHED"));
-    let thread = client()
-        .get(format!("{}threads/j1", s.url))
-        .send()
-        .await
-        .unwrap();
+    let thread = http_get(format!("{}threads/j1", s.url)).await;
     assert_eq!(thread.status(), 200);
     assert_eq!(no_store(&thread).as_deref(), Some("no-store"));
 }
@@ -424,10 +336,7 @@ async fn json_answers_are_not_stored_by_caches() {
 #[tokio::test]
 async fn without_configured_origins_no_cors_header_is_sent() {
     let (s, k) = setup().await;
-    let r = client()
-        .request(reqwest::Method::OPTIONS, &s.url)
-        .header("origin", "http://127.0.0.1:5173")
-        .header("access-control-request-method", "POST")
+    let r = preflight(&s.url, "http://127.0.0.1:5173")
         .send()
         .await
         .unwrap();
@@ -435,14 +344,7 @@ async fn without_configured_origins_no_cors_header_is_sent() {
     assert!(cors_headers(&r).is_empty());
     k.on("SendStreamingMessage", script("n1", "TASK_STATE_COMPLETED"));
     let b = body("n1", "r1", "hello", &s.ws("n1"), json!({}));
-    let r = client()
-        .post(&s.url)
-        .header("origin", "http://127.0.0.1:5173")
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = post_json(&s.url, &b, &[("origin", "http://127.0.0.1:5173")]).await;
     assert_eq!(r.status(), 200);
     assert!(cors_headers(&r).is_empty());
 }

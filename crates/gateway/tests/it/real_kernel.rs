@@ -11,7 +11,10 @@ use testkit::real_kernel::{KernelEnv, KernelProcess};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::pool_real::signal;
-use crate::support::{body, free_port, managed, managed_with, resume_body, server, Builder};
+use crate::support::{
+    body, client, free_port, managed, managed_with, post_resume, post_turn, resume_body, server,
+    spawn_post, Builder,
+};
 
 pub(crate) fn ws(env: &KernelEnv, name: &str) -> String {
     env.ws().join(name).display().to_string()
@@ -43,30 +46,16 @@ async fn text_reasoning_second_turn_and_errors() {
     let s = server(&env, managed(&env).await).await;
     let w = ws(&env, "t1");
     // Plain text.
-    let r1 = post(
-        &s.url,
-        &body("t1", "r1", "Say hello. scenario:text", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r1 = post_turn(&s.url, "t1", "r1", "Say hello. scenario:text", &w).await;
     assert_valid_run(&r1, "t1", "r1");
     assert_eq!(r1.last()["type"], "RUN_FINISHED", "{}", r1.raw);
-    let text: String = r1
-        .of("TEXT_MESSAGE_CONTENT")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect();
+    let text = r1.text();
     assert_eq!(text, "Hello from the fake LLM.");
     assert_eq!(r1.last()["usage"][0]["inputTokens"], 100);
     let s1 = (*r1.sessions().last().unwrap()).clone();
     assert!(s1["taskId"].is_string() && s1["sessionId"].is_string());
     // Second turn: new execution, same context and session, history visible to the LLM.
-    let r2 = post(
-        &s.url,
-        &body("t1", "r2", "Think. scenario:think", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r2 = post_turn(&s.url, "t1", "r2", "Think. scenario:think", &w).await;
     assert_valid_run(&r2, "t1", "r2");
     let s2 = (*r2.sessions().last().unwrap()).clone();
     assert_ne!(s2["executionId"], s1["executionId"]);
@@ -100,22 +89,12 @@ async fn text_reasoning_second_turn_and_errors() {
         "history: {msgs}"
     );
     // An LLM provider error.
-    let r3 = post(
-        &s.url,
-        &body("t1", "r3", "Fail. scenario:error", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r3 = post_turn(&s.url, "t1", "r3", "Fail. scenario:error", &w).await;
     assert_valid_run(&r3, "t1", "r3");
     assert_eq!(r3.last()["type"], "RUN_ERROR", "{}", r3.raw);
     assert_eq!(r3.last()["code"], "A2A_EXECUTION_FAILED");
     // A read-only tool runs without a permission prompt.
-    let r4 = post(
-        &s.url,
-        &body("t1", "r4", "List. scenario:bashro", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r4 = post_turn(&s.url, "t1", "r4", "List. scenario:bashro", &w).await;
     assert_valid_run(&r4, "t1", "r4");
     assert_eq!(r4.last()["outcome"]["type"], "success", "{}", r4.raw);
     let t = r4.types();
@@ -184,12 +163,7 @@ async fn permission_allow_deny_cancelled_and_replay() {
     let env = KernelEnv::new().await;
     let s = server(&env, managed(&env).await).await;
     let w = ws(&env, "p1");
-    let r1 = post(
-        &s.url,
-        &body("p1", "r1", "Run it. scenario:bash", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r1 = post_turn(&s.url, "p1", "r1", "Run it. scenario:bash", &w).await;
     assert_valid_run(&r1, "p1", "r1");
     assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
     let i = &r1.last()["outcome"]["interrupts"][0];
@@ -238,12 +212,7 @@ async fn permission_allow_deny_cancelled_and_replay() {
     )
     .await;
     assert_eq!(r5.last()["outcome"]["type"], "interrupt", "{}", r5.raw);
-    let r6 = post(
-        &s.url,
-        &resume_body("p2", "r2", &w2, "inv-1", answer(&r5, "deny")),
-        &[],
-    )
-    .await;
+    let r6 = post_resume(&s.url, "p2", "r2", &w2, "inv-1", answer(&r5, "deny")).await;
     assert_valid_run(&r6, "p2", "r2");
     assert_eq!(r6.last()["outcome"]["type"], "success", "{}", r6.raw);
     let refusal = r6.of("TOOL_CALL_RESULT")[0]["content"]
@@ -260,43 +229,23 @@ async fn permission_allow_deny_cancelled_and_replay() {
 
     // cancelled → deny.
     let w3 = ws(&env, "p3");
-    let r7 = post(
-        &s.url,
-        &body("p3", "r1", "Run it. scenario:bash", &w3, json!({})),
-        &[],
-    )
-    .await;
+    let r7 = post_turn(&s.url, "p3", "r1", "Run it. scenario:bash", &w3).await;
     let cancel = json!([{"interruptId": interrupt_ids(&r7)[0], "status": "cancelled"}]);
-    let r8 = post(&s.url, &resume_body("p3", "r2", &w3, "inv-1", cancel), &[]).await;
+    let r8 = post_resume(&s.url, "p3", "r2", &w3, "inv-1", cancel).await;
     assert_valid_run(&r8, "p3", "r2");
     assert_eq!(r8.last()["outcome"]["type"], "success", "{}", r8.raw);
     assert!(!std::path::Path::new(&w3).join("out.txt").exists());
 
     // Two tool calls in one message: two consecutive interrupts, then both results.
     let w4 = ws(&env, "p4");
-    let a = post(
-        &s.url,
-        &body("p4", "r1", "Two. scenario:bash2", &w4, json!({})),
-        &[],
-    )
-    .await;
+    let a = post_turn(&s.url, "p4", "r1", "Two. scenario:bash2", &w4).await;
     assert_eq!(a.last()["outcome"]["type"], "interrupt", "{}", a.raw);
     assert_eq!(a.of("TOOL_CALL_START").len(), 2);
-    let b = post(
-        &s.url,
-        &resume_body("p4", "r2", &w4, "inv-1", answer(&a, "allow_once")),
-        &[],
-    )
-    .await;
+    let b = post_resume(&s.url, "p4", "r2", &w4, "inv-1", answer(&a, "allow_once")).await;
     assert_valid_run(&b, "p4", "r2");
     assert_eq!(b.last()["outcome"]["type"], "interrupt", "{}", b.raw);
     assert_ne!(interrupt_ids(&a), interrupt_ids(&b));
-    let c = post(
-        &s.url,
-        &resume_body("p4", "r3", &w4, "inv-1", answer(&b, "allow_once")),
-        &[],
-    )
-    .await;
+    let c = post_resume(&s.url, "p4", "r3", &w4, "inv-1", answer(&b, "allow_once")).await;
     assert_valid_run(&c, "p4", "r3");
     assert_eq!(c.last()["outcome"]["type"], "success", "{}", c.raw);
     assert_eq!(c.of("TOOL_CALL_RESULT").len(), 2, "{}", c.raw);
@@ -305,23 +254,13 @@ async fn permission_allow_deny_cancelled_and_replay() {
 
     // write_file permission survives a gateway restart.
     let w5 = ws(&env, "p5");
-    let r9 = post(
-        &s.url,
-        &body("p5", "r1", "Write. scenario:write", &w5, json!({})),
-        &[],
-    )
-    .await;
+    let r9 = post_turn(&s.url, "p5", "r1", "Write. scenario:write", &w5).await;
     assert_eq!(r9.last()["outcome"]["type"], "interrupt", "{}", r9.raw);
     // Gateway restart; its managed kernel restarts too (the wait is durable in the kernel).
     s.stop().await;
     let kernel = managed(&env).await;
     let s = server(&env, kernel).await;
-    let r10 = post(
-        &s.url,
-        &resume_body("p5", "r2", &w5, "inv-1", answer(&r9, "allow_once")),
-        &[],
-    )
-    .await;
+    let r10 = post_resume(&s.url, "p5", "r2", &w5, "inv-1", answer(&r9, "allow_once")).await;
     assert_valid_run(&r10, "p5", "r2");
     assert_eq!(r10.last()["outcome"]["type"], "success", "{}", r10.raw);
     assert_eq!(
@@ -355,9 +294,10 @@ async fn cancel_endpoint_disconnect_and_heartbeat() {
     let s = server(&env, kernel.clone()).await;
     let w = ws(&env, "c1");
     // Cancel endpoint during a slow run.
-    let url = s.url.clone();
-    let b = body("c1", "r1", "Slow. scenario:slow", &w, json!({}));
-    let run = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let run = spawn_post(
+        &s.url,
+        body("c1", "r1", "Slow. scenario:slow", &w, json!({})),
+    );
     let start = Instant::now();
     let (exec, task) = loop {
         let doc = std::fs::read(s.thread_file("c1"))
@@ -378,27 +318,17 @@ async fn cancel_endpoint_disconnect_and_heartbeat() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let c = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "c1", "rosInvocationId": "inv-1"}),
-        &[],
-    )
-    .await;
+    let c = s.cancel(&exec, "c1", "inv-1").await;
     assert_eq!(c.json.unwrap()["status"], "cancelled");
     let r = run.await.unwrap();
     assert_valid_run(&r, "c1", "r1");
     assert_eq!(r.last()["code"], "CANCELLED", "{}", r.raw);
     assert_eq!(task_state(&kernel, &task).await, "TASK_STATE_CANCELED");
-    let c = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "c1", "rosInvocationId": "inv-1"}),
-        &[],
-    )
-    .await;
+    let c = s.cancel(&exec, "c1", "inv-1").await;
     assert_eq!(c.json.unwrap()["status"], "already_terminal");
 
     // Client disconnect: the kernel task is cancelled and the LLM stream stops.
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let resp = client
         .post(&s.url)
         .header("content-type", "application/json")
@@ -434,12 +364,7 @@ async fn cancel_endpoint_disconnect_and_heartbeat() {
     }
 
     // Heartbeat after 15 s of kernel silence (the LLM stalls 17 s).
-    let r = post(
-        &s.url,
-        &body("c1", "r3", "Stall. scenario:stall", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "c1", "r3", "Stall. scenario:stall", &w).await;
     assert_valid_run(&r, "c1", "r3");
     assert!(r.heartbeats >= 1, "{}", r.raw);
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
@@ -514,10 +439,12 @@ async fn managed_kernel_starts_serves_and_never_leaks() {
     assert_eq!(health["kernel"]["mode"], "managed");
     let kids = descendants(gw.id());
     assert!(!kids.is_empty());
-    let r = post(
+    let r = post_turn(
         &format!("http://127.0.0.1:{port}/"),
-        &body("m1", "r1", "Hi. scenario:text", &ws(&env, "m1"), json!({})),
-        &[],
+        "m1",
+        "r1",
+        "Hi. scenario:text",
+        &ws(&env, "m1"),
     )
     .await;
     assert_valid_run(&r, "m1", "r1");
@@ -559,24 +486,9 @@ async fn external_kernel_via_a2a_url() {
         .a2a(&url, Some(kernel.token.as_str()))
         .start()
         .await;
-    let r = post(
-        &s.url,
-        &body(
-            "e1",
-            "r1",
-            "Go. scenario:custom",
-            &ws(&env, "e1"),
-            json!({}),
-        ),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "e1", "r1", "Go. scenario:custom", &ws(&env, "e1")).await;
     assert_valid_run(&r, "e1", "r1");
-    let text: String = r
-        .of("TEXT_MESSAGE_CONTENT")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect();
+    let text = r.text();
     assert_eq!(text, "Custom plan.");
 }
 
@@ -588,9 +500,10 @@ async fn managed_kernel_crash_is_reported_and_restarted() {
     let kernel = managed(&env).await;
     let s = server(&env, kernel.clone()).await;
     let w = ws(&env, "k1");
-    let url = s.url.clone();
-    let b = body("k1", "r1", "Slow. scenario:slow", &w, json!({}));
-    let run = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let run = spawn_post(
+        &s.url,
+        body("k1", "r1", "Slow. scenario:slow", &w, json!({})),
+    );
     let start = Instant::now();
     while !std::fs::read(s.thread_file("k1"))
         .ok()
@@ -643,12 +556,7 @@ async fn managed_kernel_crash_is_reported_and_restarted() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let r = post(
-        &s.url,
-        &body("k1", "r2", "Hi. scenario:text", &w, json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "k1", "r2", "Hi. scenario:text", &w).await;
     assert_valid_run(&r, "k1", "r2");
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
 }
@@ -835,10 +743,10 @@ async fn detached_runs_reattach_or_expire_through_the_real_kernel() {
     let kernel = managed(&env).await;
     let s = Builder::in_env(&env)
         .kernel(kernel.clone())
-        .detach_grace(Duration::from_secs(3))
+        .config(move |c| c.detach_grace = Duration::from_secs(3))
         .start()
         .await;
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     // Starts a run and drops it once text flows; returns the whole blocks seen.
     let start_and_drop = |thread: &'static str, message: &'static str| {
         let (client, url, w) = (client.clone(), s.url.clone(), ws(&env, thread));
@@ -892,11 +800,7 @@ async fn detached_runs_reattach_or_expire_through_the_real_kernel() {
         "{}",
         joined.raw
     );
-    let text: String = joined
-        .of("TEXT_MESSAGE_CONTENT")
-        .iter()
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect();
+    let text = joined.text();
     assert!(text.contains("step0") && text.contains("step23"), "{text}");
 
     // Nobody re-attaches: cancelled after the grace.
@@ -933,16 +837,12 @@ async fn detached_runs_reattach_or_expire_through_the_real_kernel() {
 async fn the_python_adapter_reads_the_state_files_this_gateway_writes() {
     let env = KernelEnv::new().await;
     let s = server(&env, managed(&env).await).await;
-    let waiting = post(
+    let waiting = post_turn(
         &s.url,
-        &body(
-            "py1",
-            "r1",
-            "Run it. scenario:bash",
-            &ws(&env, "py1"),
-            json!({}),
-        ),
-        &[],
+        "py1",
+        "r1",
+        "Run it. scenario:bash",
+        &ws(&env, "py1"),
     )
     .await;
     assert_eq!(
@@ -951,16 +851,12 @@ async fn the_python_adapter_reads_the_state_files_this_gateway_writes() {
         "{}",
         waiting.raw
     );
-    let done = post(
+    let done = post_turn(
         &s.url,
-        &body(
-            "py2",
-            "r1",
-            "Say hello. scenario:text",
-            &ws(&env, "py2"),
-            json!({}),
-        ),
-        &[],
+        "py2",
+        "r1",
+        "Say hello. scenario:text",
+        &ws(&env, "py2"),
     )
     .await;
     assert_eq!(done.last()["outcome"]["type"], "success", "{}", done.raw);

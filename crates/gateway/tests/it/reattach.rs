@@ -6,84 +6,36 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, event_ids, parse, post, RunResult};
 
-use crate::support::{body, ctx, Builder, TestServer};
+use crate::support::{
+    body, client, ctx, detaching_gateway, http_get, post_json, post_turn, post_turn_as, spawn_post,
+    Builder, TestServer,
+};
 
 const GRACE: Duration = Duration::from_secs(3);
-
-fn r(v: Value) -> Item {
-    Item::Result(v)
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
 
 /// A turn of 2 × `n` text deltas and a tool call, `pause` between the deltas, ending completed.
 fn script(thread: &str, n: usize, pause: Duration) -> Reply {
     let c = ctx(thread);
-    let mut items = vec![r(items::task(
-        "task-1",
-        &c,
-        "TASK_STATE_SUBMITTED",
-        json!({"iacCodeSessionId": "sess"}),
-    ))];
-    for i in 0..n {
-        items.push(r(items::text(
-            "task-1",
-            &c,
-            &format!("a{i} "),
-            "m1",
-            json!({}),
-        )));
-        items.push(Item::Sleep(pause));
-    }
-    items.push(r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}))));
-    items.push(r(items::status(
-        "task-1",
-        &c,
-        "TASK_STATE_WORKING",
-        json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}),
-    )));
-    for i in 0..n {
-        items.push(r(items::text(
-            "task-1",
-            &c,
-            &format!("b{i} "),
-            "m2",
-            json!({}),
-        )));
-        items.push(Item::Sleep(pause));
-    }
-    items.push(r(items::status(
-        "task-1",
-        &c,
-        "TASK_STATE_COMPLETED",
-        json!({}),
-    )));
-    Reply::Sse(items)
-}
-
-async fn server(k: &FakeKernel, grace: Duration) -> TestServer {
-    Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(grace)
-        .start()
-        .await
+    let deltas = |s: Stream, prefix: &str, message: &str| {
+        (0..n).fold(s, |s, i| {
+            s.text(&format!("{prefix}{i} "), message)
+                .then(Item::Sleep(pause))
+        })
+    };
+    let start = Stream::of("task-1", &c).submitted(json!({"iacCodeSessionId": "sess"}));
+    let tool = deltas(start, "a", "m1")
+        .working(json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "bash", "toolInput": {"c": "ls"}}}))
+        .working(json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}));
+    deltas(tool, "b", "m2").completed().reply()
 }
 
 /// Starts a run and reads its stream until `keep` events arrived, then drops the connection.
 /// Returns the raw text read (whole event blocks only).
 async fn start_and_drop(s: &TestServer, b: &Value, keep: usize) -> String {
-    let resp = client()
-        .post(&s.url)
-        .header("content-type", "application/json")
-        .body(b.to_string())
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&s.url, b, &[]).await;
     assert_eq!(resp.status(), 200);
     let mut stream = resp.bytes_stream();
     let mut raw = String::new();
@@ -164,18 +116,13 @@ fn shapes(events: &[Value]) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_connection_reattaches_and_the_joined_stream_is_the_run() {
     let k = FakeKernel::start().await;
-    let s = server(&k, GRACE).await;
+    let s = detaching_gateway(&k, GRACE).await;
     // The run as a client that stays sees it.
     k.on(
         "SendStreamingMessage",
         script("whole", 6, Duration::from_millis(15)),
     );
-    let whole = post(
-        &s.url,
-        &body("whole", "r1", "go", &s.ws("whole"), json!({})),
-        &[],
-    )
-    .await;
+    let whole = post_turn(&s.url, "whole", "r1", "go", &s.ws("whole")).await;
     assert_valid_run(&whole, "whole", "r1");
     let total = whole.events.len();
     // Drops at points across the run (from right after RUN_STARTED to just before the end),
@@ -228,7 +175,7 @@ fn rand_seed() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_client_for_the_grace_period_the_run_is_cancelled() {
     let k = FakeKernel::start().await;
-    let s = server(&k, Duration::from_millis(600)).await;
+    let s = detaching_gateway(&k, Duration::from_millis(600)).await;
     k.on(
         "SendStreamingMessage",
         script("g1", 200, Duration::from_millis(20)),
@@ -240,12 +187,7 @@ async fn without_a_client_for_the_grace_period_the_run_is_cancelled() {
     assert_eq!(t["activeRun"]["runId"], "r1", "{t}");
     assert_eq!(t["activeRun"]["state"], "detached", "{t}");
     k.on("SendStreamingMessage", script("g1", 1, Duration::ZERO));
-    let busy = post(
-        &s.url,
-        &body("g1", "r2", "again", &s.ws("g1"), json!({})),
-        &[],
-    )
-    .await;
+    let busy = post_turn(&s.url, "g1", "r2", "again", &s.ws("g1")).await;
     assert_eq!(busy.error_code(), Some("THREAD_BUSY"));
     assert!(
         k.calls("CancelTask").is_empty(),
@@ -270,7 +212,7 @@ async fn without_a_client_for_the_grace_period_the_run_is_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_within_the_grace_keeps_the_run_alive() {
     let k = FakeKernel::start().await;
-    let s = server(&k, Duration::from_millis(500)).await;
+    let s = detaching_gateway(&k, Duration::from_millis(500)).await;
     k.on(
         "SendStreamingMessage",
         script("k1", 40, Duration::from_millis(25)),
@@ -304,10 +246,9 @@ async fn a_fast_kernel_against_a_full_buffer_keeps_memory_bounded_and_gets_410()
     let k = FakeKernel::start().await;
     // The grace only has to outlast the run (4,000 events without a reader, in a debug build on
     // two shared cores: about 5 s at worst); nothing here waits for it to expire.
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(Duration::from_secs(60))
-        .replay_buffer(4096)
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = Duration::from_secs(60))
+        .config(move |c| c.replay_buffer_bytes = 4096)
         .start()
         .await;
     k.on("SendStreamingMessage", script("f1", 2000, Duration::ZERO));
@@ -354,7 +295,7 @@ async fn a_fast_kernel_against_a_full_buffer_keeps_memory_bounded_and_gets_410()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_readers_follow_one_run() {
     let k = FakeKernel::start().await;
-    let s = server(&k, GRACE).await;
+    let s = detaching_gateway(&k, GRACE).await;
     k.on(
         "SendStreamingMessage",
         script("c1", 20, Duration::from_millis(20)),
@@ -389,10 +330,9 @@ async fn several_readers_follow_one_run() {
 #[tokio::test]
 async fn both_routes_take_the_token_and_answer_clear_errors() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .auth("tok")
-        .detach_grace(GRACE)
+        .config(move |c| c.detach_grace = GRACE)
         .start()
         .await;
     let auth = [("authorization", "Bearer tok")];
@@ -435,12 +375,7 @@ async fn both_routes_take_the_token_and_answer_clear_errors() {
         );
     }
     k.on("SendStreamingMessage", script("t1", 1, Duration::ZERO));
-    let done = post(
-        &s.url,
-        &body("t1", "r1", "go", &s.ws("t1"), json!({})),
-        &auth,
-    )
-    .await;
+    let done = post_turn_as(&s.url, "t1", "r1", "go", &s.ws("t1"), &auth).await;
     assert_valid_run(&done, "t1", "r1");
     let (status, v) = get(events_url(&s, "t1", "r9"), tok()).await;
     assert_eq!(
@@ -484,9 +419,9 @@ async fn both_routes_take_the_token_and_answer_clear_errors() {
 #[tokio::test]
 async fn without_a_grace_nothing_is_buffered_and_a_disconnect_cancels() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     k.on("SendStreamingMessage", script("z1", 1, Duration::ZERO));
-    let done = post(&s.url, &body("z1", "r1", "go", &s.ws("z1"), json!({})), &[]).await;
+    let done = post_turn(&s.url, "z1", "r1", "go", &s.ws("z1")).await;
     assert_valid_run(&done, "z1", "r1");
     let (status, v) = reattach(&s, "z1", "r1", None, &[]).await;
     assert_eq!(status, 410, "{v}");
@@ -500,11 +435,7 @@ async fn without_a_grace_nothing_is_buffered_and_a_disconnect_cancels() {
 }
 
 async fn thread_state(s: &TestServer, thread: &str) -> Value {
-    let r = client()
-        .get(format!("{}threads/{thread}", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}threads/{thread}", s.url)).await;
     assert_eq!(r.status(), 200);
     serde_json::from_slice(&r.bytes().await.unwrap()).unwrap()
 }
@@ -512,19 +443,16 @@ async fn thread_state(s: &TestServer, thread: &str) -> Value {
 #[tokio::test]
 async fn the_thread_endpoint_reports_binding_interrupts_and_runs_and_a_restart() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(GRACE)
-        .start()
-        .await;
+    let s = detaching_gateway(&k, GRACE).await;
     let c = ctx("p1");
-    k.on("SendStreamingMessage", Reply::Sse(vec![
-        r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({"iacCodeSessionId": "sess"}))),
-        r(items::status("task-1", &c, "TASK_STATE_INPUT_REQUIRED", json!({"input": {"schemaVersion": 1.0, "kind": "permission",
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess"}))
+            .input_required(json!({"input": {"schemaVersion": 1.0, "kind": "permission",
             "requestTaskId": "task-1", "contextId": c, "inputId": "perm-1", "toolUseId": "tu1", "toolName": "bash",
             "prompt": "Run bash Allow once?", "title": "Run bash", "options": [{"id": "allow_once", "label": "Allow once"}, {"id": "deny", "label": "Deny"}],
-            "language": "en", "required": true}}))),
-    ]));
+            "language": "en", "required": true}})),
+    );
     let mut b = body(
         "p1",
         "r1",
@@ -560,9 +488,7 @@ async fn the_thread_endpoint_reports_binding_interrupts_and_runs_and_a_restart()
         "SendStreamingMessage",
         script("q1", 100, Duration::from_millis(20)),
     );
-    let q = body("q1", "r1", "go", &s.ws("q1"), json!({}));
-    let url = s.url.clone();
-    let running = tokio::spawn(async move { post(&url, &q, &[]).await });
+    let running = spawn_post(&s.url, body("q1", "r1", "go", &s.ws("q1"), json!({})));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let t = thread_state(&s, "q1").await;
     assert_eq!(
@@ -580,10 +506,9 @@ async fn the_thread_endpoint_reports_binding_interrupts_and_runs_and_a_restart()
     let copy = d2.join("state").join(&rel);
     std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
     std::fs::copy(&file, &copy).unwrap();
-    let s2 = Builder::new()
-        .a2a(&k.url(), None)
+    let s2 = Builder::for_fake(&k)
         .dir(d2)
-        .detach_grace(GRACE)
+        .config(move |c| c.detach_grace = GRACE)
         .start()
         .await;
     let t = thread_state(&s2, "q1").await;
@@ -602,7 +527,7 @@ async fn the_thread_endpoint_reports_binding_interrupts_and_runs_and_a_restart()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_cancels_detached_runs_and_the_thread_says_so() {
     let k = FakeKernel::start().await;
-    let s = server(&k, Duration::from_secs(30)).await;
+    let s = detaching_gateway(&k, Duration::from_secs(30)).await;
     k.on(
         "SendStreamingMessage",
         script("h1", 300, Duration::from_millis(20)),
@@ -616,10 +541,9 @@ async fn a_restart_cancels_detached_runs_and_the_thread_says_so() {
     let dir = s.stop().await;
     let cancels = k.wait_calls("CancelTask", 1, Duration::from_secs(5)).await;
     assert_eq!(cancels[0].body["params"]["id"], "task-1");
-    let s2 = Builder::new()
-        .a2a(&k.url(), None)
+    let s2 = Builder::for_fake(&k)
         .dir(dir)
-        .detach_grace(GRACE)
+        .config(move |c| c.detach_grace = GRACE)
         .start()
         .await;
     let t = thread_state(&s2, "h1").await;

@@ -7,12 +7,12 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
-use testkit::sse::{assert_valid_run, post};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
+use testkit::sse::assert_valid_run;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{body, ctx, Builder, TestServer};
+use crate::support::{body, ctx, http_get, post_turn, Builder, TestServer};
 
 const STALL: Duration = Duration::from_secs(2);
 const ITEMS: usize = 100_000;
@@ -89,14 +89,7 @@ async fn stalled_request(url: &str, method: &str, path: &str, body: Option<&Valu
 }
 
 async fn thread(s: &TestServer, thread: &str) -> Value {
-    let r = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("{}threads/{thread}", s.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}threads/{thread}", s.url)).await;
     serde_json::from_slice(&r.bytes().await.unwrap()).unwrap()
 }
 
@@ -133,19 +126,12 @@ async fn until_blocked(k: &FakeKernel) -> usize {
 /// A new turn on the thread is admitted and runs to its end.
 async fn next_turn_admitted(s: &TestServer, k: &FakeKernel) {
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            completed("t1"),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .then(completed("t1")),
     );
-    let res = post(&s.url, &body("t1", "r2", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r2", "x", &s.ws("w")).await;
     assert_eq!(res.status, 200, "{:?}", res.json);
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["type"], "RUN_FINISHED", "{:?}", res.last());
@@ -154,9 +140,8 @@ async fn next_turn_admitted(s: &TestServer, k: &FakeKernel) {
 #[tokio::test]
 async fn a_client_that_stops_reading_is_gone_after_the_stall_timeout() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .client_stall(STALL)
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.client_stall_timeout = STALL)
         .start()
         .await;
     k.on("SendStreamingMessage", flood("t1", completed("t1")));
@@ -199,26 +184,17 @@ async fn a_client_that_stops_reading_is_gone_after_the_stall_timeout() {
 async fn the_cancellation_extension_ends_a_run_blocked_on_its_client_at_once() {
     let k = FakeKernel::start().await;
     // A stall timeout far beyond the test: only the cancellation can end the run in time.
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .client_stall(Duration::from_secs(600))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.client_stall_timeout = Duration::from_secs(600))
         .start()
         .await;
     k.on("SendStreamingMessage", flood("t1", completed("t1")));
     let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
     let _client = stalled_request(&s.url, "POST", "", Some(&b)).await;
     until_blocked(&k).await;
-    let exec = s.thread_doc("t1")["execution"]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let exec = s.execution_id("t1");
     let start = Instant::now();
-    let answer = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "t1", "rosInvocationId": "inv-1"}),
-        &[],
-    )
-    .await;
+    let answer = s.cancel(&exec, "t1", "inv-1").await;
     assert_eq!(
         answer.json.unwrap(),
         json!({"executionId": exec, "status": "cancelled"})
@@ -240,9 +216,8 @@ async fn the_cancellation_extension_ends_a_run_blocked_on_its_client_at_once() {
 #[tokio::test]
 async fn the_drain_ends_a_run_blocked_on_its_client_at_once() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .client_stall(Duration::from_secs(600))
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.client_stall_timeout = Duration::from_secs(600))
         .start()
         .await;
     k.on("SendStreamingMessage", flood("t1", completed("t1")));
@@ -276,11 +251,10 @@ async fn the_drain_ends_a_run_blocked_on_its_client_at_once() {
 async fn a_reattached_reader_that_stops_reading_is_dropped_and_lets_the_run_go() {
     let k = FakeKernel::start().await;
     let grace = Duration::from_secs(5);
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .detach_grace(grace)
-        .replay_buffer(64 << 20)
-        .client_stall(STALL)
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = grace)
+        .config(move |c| c.replay_buffer_bytes = 64 << 20)
+        .config(move |c| c.client_stall_timeout = STALL)
         .start()
         .await;
     // The kernel keeps the task open after the flood: only the grace ends the run.

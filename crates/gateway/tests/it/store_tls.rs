@@ -13,6 +13,15 @@ async fn open(url: &str, ca: Option<&std::path::Path>) -> Result<PgStore, String
     PgStore::open(url, ca, "http://127.0.0.1:1/", Duration::from_secs(15)).await
 }
 
+/// A new CA, and its certificate written to `ca.pem` in a new directory: (CA, directory, file).
+fn ca_in_dir() -> (Ca, tempfile::TempDir, std::path::PathBuf) {
+    let ca = Ca::new();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    (ca, dir, ca_file)
+}
+
 /// Connections of the gateway's pool that are encrypted.
 fn encrypted(pg: &Cluster, db: &str) -> i64 {
     pg.psql(
@@ -26,10 +35,7 @@ fn encrypted(pg: &Cluster, db: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sslmode_verifies_what_it_says_and_refuses_clearly() {
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let (ca, dir, ca_file) = ca_in_dir();
     let other_ca = dir.path().join("other-ca.pem");
     std::fs::write(&other_ca, Ca::new().pem()).unwrap();
 
@@ -92,10 +98,7 @@ async fn the_binary_opens_verified_tls_from_its_flag_variable_and_yaml() {
     use testkit::fake_kernel::FakeKernel;
     use testkit::sse::{assert_valid_run, post};
 
-    let ca = Ca::new();
-    let dir = tempfile::tempdir().unwrap();
-    let ca_file = dir.path().join("ca.pem");
-    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let (ca, dir, ca_file) = ca_in_dir();
     let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
     let pg = Cluster::start_tls(&cert, &key);
     let url = pg.create_db("bin");
@@ -163,7 +166,7 @@ async fn the_binary_opens_verified_tls_from_its_flag_variable_and_yaml() {
     }
 
     // verify-ca without its CA: status 1 and the reason, before anything is opened.
-    let out = std::process::Command::new(crate::cluster::bin())
+    let out = std::process::Command::new(crate::support::bin())
         .args(["--state-url", &verify_ca, "--a2a-url", &kernel.url()])
         .output()
         .unwrap();

@@ -7,12 +7,13 @@ use std::time::Duration;
 use clock::Clock;
 use iac_code_agui::api::AppState;
 use iac_code_agui::app::{self, Options};
-use iac_code_agui::config::Env;
-use iac_code_agui::config::{Caps, Config};
+use iac_code_agui::config::{Config, Env};
 use kernel::{ChildSpec, Kernel, KernelState};
 use serde_json::{json, Value};
 use store::{BoxFuture, Documents, Store, StoreError, ThreadDoc};
+use testkit::fake_kernel::FakeKernel;
 use testkit::real_kernel::KernelEnv;
+use testkit::sse::{post, RunResult};
 use tokio::sync::oneshot;
 
 pub use testkit::free_port;
@@ -26,26 +27,23 @@ pub struct Builder {
     pub heartbeat: Duration,
     pub store: Option<Store>,
     pub clock: Option<Arc<dyn Clock>>,
-    pub ttl: Option<u64>,
     pub dir: Option<PathBuf>,
     pub channel_capacity: usize,
-    pub kernel_idle: Option<Duration>,
     pub cors: Vec<String>,
-    pub detach_grace: Option<Duration>,
-    pub replay_buffer: Option<usize>,
-    pub client_stall: Option<Duration>,
-    pub caps: Option<Caps>,
     /// Open the admin listener (`/metrics`, `/health`).
     pub admin: bool,
-    pub body_timeout: Option<Duration>,
-    pub linger_timeout: Option<Duration>,
     pub allowed_hosts: Vec<String>,
     /// Accept JWTs of `testkit::jwt`'s keys: the key set's file (written by `jwt`), and how
     /// often it is read again.
     pub jwks: Option<(PathBuf, Duration)>,
     /// Serve TLS with this certificate and key (PEM files).
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Changes to the configuration, made in order after the builder's own settings.
+    configure: Vec<ConfigHook>,
 }
+
+/// A change to the gateway's configuration ([`Builder::config`]).
+type ConfigHook = Box<dyn FnOnce(&mut Config) + Send>;
 
 pub struct TestServer {
     pub url: String,
@@ -69,26 +67,20 @@ impl Builder {
             heartbeat: Duration::from_secs(15),
             store: None,
             clock: None,
-            ttl: None,
             dir: None,
             channel_capacity: 64,
-            kernel_idle: None,
             cors: vec![],
-            detach_grace: None,
-            replay_buffer: None,
-            client_stall: None,
-            caps: None,
             admin: false,
-            body_timeout: None,
-            linger_timeout: None,
             allowed_hosts: vec![],
             jwks: None,
             tls: None,
+            configure: vec![],
         }
     }
-    /// The bounds on concurrent work (`--max-connections`, `--max-runs`, …).
-    pub fn caps(mut self, caps: Caps) -> Self {
-        self.caps = Some(caps);
+    /// Sets anything of the gateway's configuration the builder has no setting for (a bound, a
+    /// timeout, the replay buffer, …), as its command-line flag or variable would.
+    pub fn config(mut self, f: impl FnOnce(&mut Config) + Send + 'static) -> Self {
+        self.configure.push(Box::new(f));
         self
     }
     /// Opens the admin listener too (`--metrics-listen`).
@@ -96,34 +88,9 @@ impl Builder {
         self.admin = true;
         self
     }
-    /// How long a request body may take (`--body-timeout`).
-    pub fn body_timeout(mut self, d: Duration) -> Self {
-        self.body_timeout = Some(d);
-        self
-    }
-    /// How long a body left unread is drained (`--linger-timeout`).
-    pub fn linger_timeout(mut self, d: Duration) -> Self {
-        self.linger_timeout = Some(d);
-        self
-    }
     /// A host requests without a token may name (`--allowed-host`).
     pub fn allowed_host(mut self, name: &str) -> Self {
         self.allowed_hosts.push(name.into());
-        self
-    }
-    /// Runs go on without a client for `grace` (`--detach-grace`).
-    pub fn detach_grace(mut self, grace: Duration) -> Self {
-        self.detach_grace = Some(grace);
-        self
-    }
-    /// How long a client may read nothing (`--client-stall-timeout`).
-    pub fn client_stall(mut self, d: Duration) -> Self {
-        self.client_stall = Some(d);
-        self
-    }
-    /// The replay buffer of a run, in bytes (`--replay-buffer`).
-    pub fn replay_buffer(mut self, bytes: usize) -> Self {
-        self.replay_buffer = Some(bytes);
         self
     }
     /// Allows pages of `origin` to call the gateway (`--cors-origin`).
@@ -146,6 +113,14 @@ impl Builder {
     pub fn jwks(mut self, jwks: &std::path::Path, refresh: Duration) -> Self {
         self.jwks = Some((jwks.to_owned(), refresh));
         self
+    }
+    /// A gateway in front of the fake kernel `k` (without an A2A token).
+    pub fn for_fake(k: &FakeKernel) -> Builder {
+        Builder::new().a2a(&k.url(), None)
+    }
+    /// A kernel URL nothing listens on (the discard port), for tests that never reach a kernel.
+    pub fn kernel_unreachable(self) -> Self {
+        self.a2a("http://127.0.0.1:9/", None)
     }
     /// A gateway of the real kernel's environment `env`: its state under the test's directory,
     /// its workspaces the allowed roots.
@@ -194,18 +169,9 @@ impl Builder {
         self.clock = Some(c);
         self
     }
-    pub fn ttl(mut self, secs: u64) -> Self {
-        self.ttl = Some(secs);
-        self
-    }
     /// Reuse a directory (state in `<dir>/state`, workspaces in `<dir>/ws`): restarts.
     pub fn dir(mut self, d: PathBuf) -> Self {
         self.dir = Some(d);
-        self
-    }
-    /// `--kernel-idle-timeout` (for a kernel given with [`Builder::a2a`]).
-    pub fn kernel_idle(mut self, d: Duration) -> Self {
-        self.kernel_idle = Some(d);
         self
     }
 
@@ -269,29 +235,8 @@ impl Builder {
             cfg.a2a_token = token.clone();
         }
         cfg.console = self.console;
-        if let Some(d) = self.kernel_idle {
-            cfg.kernel_idle_timeout = d;
-        }
-        if let Some(t) = self.ttl {
-            cfg.interrupt_ttl_secs = t;
-        }
-        if let Some(g) = self.detach_grace {
-            cfg.detach_grace = g;
-        }
-        if let Some(b) = self.replay_buffer {
-            cfg.replay_buffer_bytes = b;
-        }
-        if let Some(d) = self.client_stall {
-            cfg.client_stall_timeout = d;
-        }
-        if let Some(c) = self.caps {
-            cfg.caps = c;
-        }
-        if let Some(d) = self.body_timeout {
-            cfg.body_timeout = d;
-        }
-        if let Some(d) = self.linger_timeout {
-            cfg.linger_timeout = d;
+        for f in self.configure {
+            f(&mut cfg);
         }
         cfg.allowed_hosts = iac_code_agui::hosts::AllowedHosts::new(
             &self.allowed_hosts,
@@ -386,6 +331,18 @@ impl TestServer {
             self.url
         )
     }
+    /// The id of `thread`'s current execution, from its state file.
+    pub fn execution_id(&self, thread: &str) -> String {
+        self.thread_doc(thread)["execution"]["executionId"]
+            .as_str()
+            .expect("an execution")
+            .to_owned()
+    }
+    /// Asks the cancellation extension to cancel `exec` of `thread` (`rosInvocationId` `ros`).
+    pub async fn cancel(&self, exec: &str, thread: &str, ros: &str) -> RunResult {
+        let b = json!({"threadId": thread, "rosInvocationId": ros});
+        post(&self.cancel_url(exec), &b, &[]).await
+    }
     /// Stops the server (graceful) and waits for it; the state dir stays.
     pub async fn stop(mut self) -> PathBuf {
         if let Some(tx) = self.stop.take() {
@@ -409,6 +366,25 @@ impl Drop for TestServer {
     }
 }
 
+/// A fake kernel and a gateway in front of it that sends it the A2A token `a2a-secret`.
+pub async fn fake_gateway() -> (TestServer, FakeKernel) {
+    let k = FakeKernel::start().await;
+    let s = Builder::new()
+        .a2a(&k.url(), Some("a2a-secret"))
+        .start()
+        .await;
+    (s, k)
+}
+
+/// A gateway in front of the fake kernel `k` whose runs go on for `grace` without a client
+/// (`--detach-grace`).
+pub async fn detaching_gateway(k: &FakeKernel, grace: Duration) -> TestServer {
+    Builder::for_fake(k)
+        .config(move |c| c.detach_grace = grace)
+        .start()
+        .await
+}
+
 /// A minimal valid RunAgentInput.
 pub fn body(thread: &str, run: &str, msg: &str, cwd: &str, props: Value) -> Value {
     let mut iac = json!({"schemaVersion": 1, "rosInvocationId": "inv-1", "cwd": cwd});
@@ -421,10 +397,67 @@ pub fn body(thread: &str, run: &str, msg: &str, cwd: &str, props: Value) -> Valu
            "tools": [], "context": [], "forwardedProps": {"iacCode": iac}})
 }
 
+/// An active-guidance run's body: `msg` steers the thread's running pipeline.
+pub fn guidance_body(thread: &str, run: &str, msg: &str, cwd: &str) -> Value {
+    body(
+        thread,
+        run,
+        msg,
+        cwd,
+        json!({"runMode": "pipeline", "activeGuidance": true}),
+    )
+}
+
 /// A resume body answering `entries`.
 pub fn resume_body(thread: &str, run: &str, cwd: &str, ros: &str, entries: Value) -> Value {
     json!({"threadId": thread, "runId": run, "state": {}, "messages": [], "tools": [], "context": [],
            "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": ros, "cwd": cwd}}, "resume": entries})
+}
+
+/// Posts a new turn ([`body`] without extra properties) to `url`: the whole answer.
+pub async fn post_turn(url: &str, thread: &str, run: &str, msg: &str, cwd: &str) -> RunResult {
+    post_turn_as(url, thread, run, msg, cwd, &[]).await
+}
+
+/// [`post_turn`] with request headers (a caller's credentials).
+pub async fn post_turn_as(
+    url: &str,
+    thread: &str,
+    run: &str,
+    msg: &str,
+    cwd: &str,
+    headers: &[(&str, &str)],
+) -> RunResult {
+    post(url, &body(thread, run, msg, cwd, json!({})), headers).await
+}
+
+/// Posts a resume ([`resume_body`]) answering `entries` to `url`: the whole answer.
+pub async fn post_resume(
+    url: &str,
+    thread: &str,
+    run: &str,
+    cwd: &str,
+    ros: &str,
+    entries: Value,
+) -> RunResult {
+    post(url, &resume_body(thread, run, cwd, ros, entries), &[]).await
+}
+
+/// Posts `body` to `url` in a task of its own: a run the test acts on while it goes on.
+pub fn spawn_post(url: &str, body: Value) -> tokio::task::JoinHandle<RunResult> {
+    let url = url.to_owned();
+    tokio::spawn(async move { post(&url, &body, &[]).await })
+}
+
+/// A valid one-colour PNG of `width` × `height`, base64 (an image a run may carry).
+pub fn png_base64(width: u32, height: u32) -> String {
+    use base64::Engine as _;
+    let img = image::RgbImage::from_pixel(width, height, image::Rgb([10, 200, 10]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    image::DynamicImage::ImageRgb8(img)
+        .write_to(&mut out, image::ImageFormat::Png)
+        .unwrap();
+    base64::engine::general_purpose::STANDARD.encode(out.into_inner())
 }
 
 /// The kernel's permission input `perm-1` (task `task-1`, tool `bash`) on `thread`.
@@ -477,13 +510,34 @@ pub async fn jwt_server(
         .await
 }
 
+/// An HTTP client that ignores the environment's proxy settings (the gateway is on loopback).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// `GET url`: the answer, whatever its status.
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Response {
+    client().get(url).send().await.expect("request sent")
+}
+
+/// Posts the JSON `body` to `url` with `headers`: the answer, unread (a test that reads the
+/// stream itself, or only its head).
+pub async fn post_json(url: &str, body: &Value, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut rb = client()
+        .post(url)
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        rb = rb.header(*k, *v);
+    }
+    rb.body(body.to_string())
+        .send()
+        .await
+        .expect("request sent")
+}
+
 /// `GET url` with `headers`: the status and the JSON body (`null` when it is none).
 pub async fn get_as(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
-    let mut rb = client.get(url);
+    let mut rb = client().get(url);
     for (k, v) in headers {
         rb = rb.header(*k, *v);
     }
@@ -535,6 +589,32 @@ pub fn jwt_for(user: &str) -> String {
 /// [`jwt_for`] as the `Authorization` header's value.
 pub fn bearer_for(user: &str) -> String {
     format!("Bearer {}", jwt_for(user))
+}
+
+/// The gateway's binary.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_iac-code-agui")
+}
+
+/// The gateway's command listening on `port` with its state in `state_dir` (add the rest).
+pub fn gateway_command(port: u16, state_dir: &std::path::Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new(bin());
+    cmd.args(["--port", &port.to_string()])
+        .arg("--state-dir")
+        .arg(state_dir);
+    cmd
+}
+
+/// Spawns the gateway process `cmd` (listening on `port`) and waits up to `limit` for its
+/// `/health` to answer 200, or fails the test.
+pub fn spawn_healthy(
+    cmd: &mut std::process::Command,
+    port: u16,
+    limit: Duration,
+) -> std::process::Child {
+    let child = cmd.spawn().unwrap();
+    assert!(wait_health(port, limit).is_some());
+    child
 }
 
 /// Polls `GET /health` on a gateway process until it answers 200; how long that took.
@@ -662,11 +742,25 @@ pub async fn browser_driver(
     cwd: &std::path::Path,
     plan: &Value,
 ) -> (bool, Value) {
+    let chromium = chromium();
+    let env = [("CHROMIUM", chromium.as_os_str())];
+    let out = node(&[script.as_os_str()], cwd, &env, &plan.to_string()).await;
+    (out.status.success(), last_report(&out, "driver"))
+}
+
+/// Runs `node` with `args` in `cwd` with `env` and `input` on its standard input: its output
+/// (within 240 s, or the test fails).
+pub async fn node(
+    args: &[&std::ffi::OsStr],
+    cwd: &std::path::Path,
+    env: &[(&str, &std::ffi::OsStr)],
+    input: &str,
+) -> std::process::Output {
     use tokio::io::AsyncWriteExt;
     let mut child = tokio::process::Command::new("node")
-        .arg(script)
+        .args(args)
         .current_dir(cwd)
-        .env("CHROMIUM", chromium())
+        .envs(env.iter().copied())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -674,19 +768,22 @@ pub async fn browser_driver(
         .spawn()
         .expect("node");
     let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(plan.to_string().as_bytes()).await.unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
     drop(stdin);
-    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+    tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
         .await
-        .expect("driver finished")
-        .unwrap();
+        .expect("node finished")
+        .unwrap()
+}
+
+/// The JSON report a Node `what` (driver, runner) printed last; its whole output in the failure
+/// when there is none.
+pub fn last_report(out: &std::process::Output, what: &str) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or("null"))
-        .unwrap_or_else(|_| {
-            panic!(
-                "driver output: {stdout}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    (out.status.success(), report)
+    serde_json::from_str(stdout.lines().last().unwrap_or("null")).unwrap_or_else(|_| {
+        panic!(
+            "{what} output: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }

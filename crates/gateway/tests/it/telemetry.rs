@@ -8,17 +8,16 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Stream};
 use testkit::otlp::{OtlpReceiver, Span};
 use testkit::prometheus::{promtool, Prometheus};
 use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post};
 
-use crate::support::{body, ctx, free_port, resume_body, wait_health};
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_iac-code-agui")
-}
+use crate::support::{
+    client, ctx, free_port, gateway_command, http_get, post_turn, post_turn_as, resume_body,
+    spawn_healthy,
+};
 
 /// The repository root (for `ops/`).
 fn repo() -> std::path::PathBuf {
@@ -71,20 +70,18 @@ async fn gateway(args: &[&str], env: &[(String, String)]) -> Gateway {
     let (port, admin) = (free_port(), free_port());
     let log = dir.path().join("gateway.log");
     let out = std::fs::File::create(&log).unwrap();
-    let child = Command::new(bin())
-        .args(["--port", &port.to_string()])
-        .args(["--metrics-listen", &format!("127.0.0.1:{admin}")])
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .args(args)
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .envs(env.iter().cloned())
-        .stdout(Stdio::null())
-        .stderr(out)
-        .spawn()
-        .unwrap();
-    assert!(wait_health(port, Duration::from_secs(20)).is_some());
+    let child = spawn_healthy(
+        gateway_command(port, &dir.path().join("state"))
+            .args(["--metrics-listen", &format!("127.0.0.1:{admin}")])
+            .args(args)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .envs(env.iter().cloned())
+            .stdout(Stdio::null())
+            .stderr(out),
+        port,
+        Duration::from_secs(20),
+    );
     Gateway {
         child,
         port,
@@ -94,17 +91,10 @@ async fn gateway(args: &[&str], env: &[(String, String)]) -> Gateway {
     }
 }
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
-
 /// The exposition in the Prometheus text format, as a map `name{labels}` → value.
 async fn scrape(admin: &str) -> (String, HashMap<String, f64>) {
-    let text = client()
-        .get(format!("http://{admin}/metrics"))
-        .send()
+    let text = http_get(format!("http://{admin}/metrics"))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -189,24 +179,15 @@ async fn a_real_prometheus_scrapes_what_real_kernel_runs_did() {
     }
     let prom = Prometheus::start(&gw.admin()).await;
 
-    let r = post(
-        &gw.url(),
-        &body("m1", "r1", "Hi. scenario:text", &kernel_ws("m1"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&gw.url(), "m1", "r1", "Hi. scenario:text", &kernel_ws("m1")).await;
     assert_valid_run(&r, "m1", "r1");
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
-    let r1 = post(
+    let r1 = post_turn(
         &gw.url(),
-        &body(
-            "m2",
-            "r1",
-            "Run it. scenario:bash",
-            &kernel_ws("m2"),
-            json!({}),
-        ),
-        &[],
+        "m2",
+        "r1",
+        "Run it. scenario:bash",
+        &kernel_ws("m2"),
     )
     .await;
     assert_valid_run(&r1, "m2", "r1");
@@ -479,23 +460,11 @@ async fn a_run_is_one_span_tree_that_continues_the_clients_trace() {
     let rx = OtlpReceiver::start().await;
     let k = FakeKernel::start().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"session_id": "s-1"}),
-            )),
-            Item::Result(items::text("task-1", &c, "hello", "m1", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"session_id": "s-1"}))
+            .text("hello", "m1")
+            .completed(),
     );
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
@@ -512,15 +481,12 @@ async fn a_run_is_one_span_tree_that_continues_the_clients_trace() {
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent = "00f067aa0ba902b7";
     let traceparent = format!("00-{trace}-{parent}-01");
-    let r = post(
+    let r = post_turn_as(
         &gw.url(),
-        &body(
-            "t1",
-            "r1",
-            "hi",
-            &ws_path.join("a").display().to_string(),
-            json!({}),
-        ),
+        "t1",
+        "r1",
+        "hi",
+        &ws_path.join("a").display().to_string(),
         &[
             ("traceparent", traceparent.as_str()),
             ("tracestate", "vendor=opaque"),
@@ -601,52 +567,34 @@ async fn a_run_is_one_span_tree_that_continues_the_clients_trace() {
     // Tracing off: the client's headers reach the kernel unchanged (a traced kernel still joins
     // the client's trace), and a malformed one is not passed on.
     let k2 = FakeKernel::start().await;
-    k2.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-2",
-                &ctx("t2"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-2",
-                &ctx("t2"),
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k2.stream(
+        Stream::of("task-2", &ctx("t2"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .completed(),
     );
-    k2.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-3",
-                &ctx("t3"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-3",
-                &ctx("t3"),
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k2.stream(
+        Stream::of("task-3", &ctx("t3"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .completed(),
     );
     let off = gateway(&["--a2a-url", &k2.url()], &otel[3..]).await;
     let cwd = ws_path.join("b").display().to_string();
-    let r = post(
+    let r = post_turn_as(
         &off.url(),
-        &body("t2", "r1", "hi", &cwd, json!({})),
+        "t2",
+        "r1",
+        "hi",
+        &cwd,
         &[("traceparent", traceparent.as_str())],
     )
     .await;
     assert_valid_run(&r, "t2", "r1");
-    let r = post(
+    let r = post_turn_as(
         &off.url(),
-        &body("t3", "r1", "hi", &cwd, json!({})),
+        "t3",
+        "r1",
+        "hi",
+        &cwd,
         &[("traceparent", "00-xyz")],
     )
     .await;
@@ -680,23 +628,11 @@ async fn an_exporter_in_trouble_never_slows_a_run() {
         let runs = 40;
         for i in 0..runs {
             let c = ctx(&format!("t{i}"));
-            k.on(
-                "SendStreamingMessage",
-                Reply::Sse(vec![
-                    Item::Result(items::task(
-                        &format!("task-{i}"),
-                        &c,
-                        "TASK_STATE_WORKING",
-                        json!({}),
-                    )),
-                    Item::Result(items::text(&format!("task-{i}"), &c, "hi", "m", json!({}))),
-                    Item::Result(items::status(
-                        &format!("task-{i}"),
-                        &c,
-                        "TASK_STATE_COMPLETED",
-                        json!({}),
-                    )),
-                ]),
+            k.stream(
+                Stream::of(&format!("task-{i}"), &c)
+                    .task("TASK_STATE_WORKING", json!({}))
+                    .text("hi", "m")
+                    .completed(),
             );
         }
         let ws = tempfile::tempdir().unwrap();
@@ -718,16 +654,12 @@ async fn an_exporter_in_trouble_never_slows_a_run() {
         for i in 0..runs {
             let t = Instant::now();
             let thread = format!("t{i}");
-            let r = post(
+            let r = post_turn(
                 &gw.url(),
-                &body(
-                    &thread,
-                    "r1",
-                    "hi",
-                    &ws_path.join(&thread).display().to_string(),
-                    json!({}),
-                ),
-                &[],
+                &thread,
+                "r1",
+                "hi",
+                &ws_path.join(&thread).display().to_string(),
             )
             .await;
             assert_valid_run(&r, &thread, "r1");
@@ -769,13 +701,11 @@ async fn an_exporter_in_trouble_never_slows_a_run() {
 async fn json_logs_carry_the_run_ids_and_one_access_line_per_request() {
     let k = FakeKernel::start().await;
     let c = ctx("j1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task("task-j", &c, "TASK_STATE_WORKING", json!({}))),
-            Item::Result(items::text("task-j", &c, "hello", "m1", json!({}))),
-            Item::Cut,
-        ]),
+    k.stream(
+        Stream::of("task-j", &c)
+            .task("TASK_STATE_WORKING", json!({}))
+            .text("hello", "m1")
+            .then(Item::Cut),
     );
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
@@ -789,12 +719,7 @@ async fn json_logs_carry_the_run_ids_and_one_access_line_per_request() {
     )
     .await;
     let cwd = ws_path.join("j").display().to_string();
-    let r = post(
-        &gw.url(),
-        &body("j1", "r1", "the request text", &cwd, json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&gw.url(), "j1", "r1", "the request text", &cwd).await;
     assert_valid_run(&r, "j1", "r1");
     assert_eq!(r.last()["code"], "A2A_UNAVAILABLE", "{}", r.raw);
     let h = client()

@@ -5,11 +5,11 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::tls::Ca;
 
 use crate::conformance::{plan, runner_with, CLIENTS};
-use crate::support::{body, ctx, https_client, presented_cert, Builder};
+use crate::support::{body, client, ctx, https_client, presented_cert, Builder};
 
 /// Writes a certificate for the loopback names and its key; bumps their times so that a watcher
 /// sees the change even within one second.
@@ -38,38 +38,16 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = write_pair(&ca, dir.path(), SystemTime::now() - Duration::from_secs(60));
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .tls(&cert, &key)
-        .start()
-        .await;
+    let s = Builder::for_fake(&k).tls(&cert, &key).start().await;
     let https = s.url.replacen("http://", "https://", 1);
     let c = https_client(&ca);
 
     // A run over https.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            Item::Result(items::text(
-                "task-1",
-                &ctx("t1"),
-                "Hello over TLS",
-                "m1",
-                json!({}),
-            )),
-            Item::Result(items::status(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &ctx("t1"))
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .text("Hello over TLS", "m1")
+            .completed(),
     );
     let r = c
         .post(&https)
@@ -86,7 +64,7 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
         "{text}"
     );
     // Plain HTTP to the TLS port gets no HTTP answer.
-    let plain = reqwest::Client::builder().no_proxy().build().unwrap();
+    let plain = client();
     assert!(plain.get(format!("{}health", s.url)).send().await.is_err());
 
     // The official clients over https, trusting the test's CA.
@@ -96,23 +74,11 @@ async fn https_serves_runs_clients_and_a_new_certificate_without_a_restart() {
     for client in CLIENTS {
         let thread = format!("tls-{client}");
         let cx = ctx(&thread);
-        k.on(
-            "SendStreamingMessage",
-            Reply::Sse(vec![
-                Item::Result(items::task(
-                    "task-2",
-                    &cx,
-                    "TASK_STATE_SUBMITTED",
-                    json!({"iacCodeSessionId": "s2"}),
-                )),
-                Item::Result(items::text("task-2", &cx, "Hi", "m2", json!({}))),
-                Item::Result(items::status(
-                    "task-2",
-                    &cx,
-                    "TASK_STATE_COMPLETED",
-                    json!({}),
-                )),
-            ]),
+        k.stream(
+            Stream::of("task-2", &cx)
+                .submitted(json!({"iacCodeSessionId": "s2"}))
+                .text("Hi", "m2")
+                .completed(),
         );
         let p = plan(
             client,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -175,10 +175,7 @@ impl Conn {
 }
 
 async fn plain_server() -> TestServer {
-    Builder::new()
-        .a2a("http://127.0.0.1:9/", None)
-        .start()
-        .await
+    Builder::new().kernel_unreachable().start().await
 }
 
 fn post(path: &str, extra: &str, body: &str) -> Vec<u8> {
@@ -291,7 +288,7 @@ async fn request_bodies_chunked_length_and_continue() {
 async fn an_answer_without_reading_the_body_skips_no_continue() {
     let s = Builder::new()
         .auth("tok")
-        .a2a("http://127.0.0.1:9/", None)
+        .kernel_unreachable()
         .start()
         .await;
     let mut c = Conn::open(&s).await;
@@ -370,25 +367,13 @@ async fn malformed_and_oversized_heads_are_refused() {
 #[tokio::test]
 async fn an_event_stream_then_the_next_request_on_the_same_connection() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            Item::Result(items::text("task-1", &c, "hello", "m1", json!({}))),
-            Item::Result(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text("hello", "m1")
+            .completed(),
     );
     let mut conn = Conn::open(&s).await;
     let run = body("t1", "r1", "hi", &s.ws("w"), json!({})).to_string();

@@ -6,22 +6,19 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
+use testkit::fake_kernel::{FakeKernel, Item, Stream};
 use testkit::sse::{self, post};
 
-use crate::support::{body, ctx, free_port, metric, resume_body, wait_health, Builder};
+use crate::support::{
+    body, client, ctx, free_port, gateway_command, http_get, metric, png_base64, post_turn,
+    resume_body, spawn_healthy, spawn_post, Builder,
+};
 
 const DECODED: &str = "agui_images_decoded_total";
 
 /// A PNG that is costly to decode and scale down (wider than 2,000 px), yet small and valid.
 fn wide_png() -> String {
-    use base64::Engine as _;
-    let img = image::RgbImage::from_pixel(2400, 600, image::Rgb([10, 200, 10]));
-    let mut out = std::io::Cursor::new(Vec::new());
-    image::DynamicImage::ImageRgb8(img)
-        .write_to(&mut out, image::ImageFormat::Png)
-        .unwrap();
-    base64::engine::general_purpose::STANDARD.encode(out.into_inner())
+    png_base64(2400, 600)
 }
 
 /// `b` with its user message made of a text and an image whose base64 is `data`.
@@ -37,26 +34,15 @@ fn with_image(mut b: Value, data: &str) -> Value {
 #[tokio::test]
 async fn a_request_refused_by_its_thread_decodes_no_image_and_creates_no_workspace() {
     let k = FakeKernel::start().await;
-    let s = Builder::new().a2a(&k.url(), None).start().await;
+    let s = Builder::for_fake(&k).start().await;
     let png = wide_png();
     // t1 held by a run that streams on.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            Item::Result(items::task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_WORKING",
-                json!({}),
-            )),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-1", &ctx("t1"))
+            .task("TASK_STATE_WORKING", json!({}))
+            .then(Item::Stall),
     );
-    let (url, b1) = (
-        s.url.clone(),
-        body("t1", "r1", "go", &s.ws("held"), json!({})),
-    );
-    let running = tokio::spawn(async move { post(&url, &b1, &[]).await });
+    let running = spawn_post(&s.url, body("t1", "r1", "go", &s.ws("held"), json!({})));
     k.wait_calls("SendStreamingMessage", 1, Duration::from_secs(5))
         .await;
 
@@ -134,36 +120,16 @@ async fn a_request_refused_by_its_thread_decodes_no_image_and_creates_no_workspa
     // A workspace that cannot be created (a file is in its way): its own 400 before the stream,
     // and the thread never came to be.
     std::fs::write(fresh("file"), b"x").unwrap();
-    let r = post(
-        &s.url,
-        &body("t4", "r1", "x", &fresh("file/sub"), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&s.url, "t4", "r1", "x", &fresh("file/sub")).await;
     assert_eq!(
         (r.status, r.error_message()),
         (400, Some("The iac-code workspace cannot be created."))
     );
-    let thread = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("{}threads/t4", s.url))
-        .send()
-        .await
-        .unwrap();
+    let thread = http_get(format!("{}threads/t4", s.url)).await;
     assert_eq!(thread.status(), 404);
 
     // Admitted: decoded (scaled down to 2,000 px), the workspace created, the kernel gets both.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![Item::Result(items::task(
-            "task-2",
-            &ctx("t2"),
-            "TASK_STATE_COMPLETED",
-            json!({}),
-        ))]),
-    );
+    k.stream(Stream::of("task-2", &ctx("t2")).task("TASK_STATE_COMPLETED", json!({})));
     let good = with_image(body("t2", "r1", "x", &fresh("e"), json!({})), &png);
     let r = post(&s.url, &good, &[]).await;
     sse::assert_valid_run(&r, "t2", "r1");
@@ -186,19 +152,18 @@ async fn without_configured_roots_workspaces_live_in_the_state_dir() {
     let here = dir.join("process-dir");
     std::fs::create_dir_all(&here).unwrap();
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_iac-code-agui"))
-        .args(["--port", &port.to_string(), "--a2a-url", &k.url()])
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .current_dir(&here)
-        .env_remove("IAC_CODE_AGUI_ALLOWED_CWDS")
-        .env_remove("IACCODE_A2A_ALLOWED_CWDS")
-        .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(wait_health(port, Duration::from_secs(10)).is_some());
+    let mut child = spawn_healthy(
+        gateway_command(port, &dir.join("state"))
+            .args(["--a2a-url", &k.url()])
+            .current_dir(&here)
+            .env_remove("IAC_CODE_AGUI_ALLOWED_CWDS")
+            .env_remove("IACCODE_A2A_ALLOWED_CWDS")
+            .env_remove("IAC_CODE_AGUI_AUTH_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+        port,
+        Duration::from_secs(10),
+    );
     let root = dir.join("state/workspaces");
     let mode = std::fs::metadata(&root).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700);
@@ -218,22 +183,9 @@ async fn without_configured_roots_workspaces_live_in_the_state_dir() {
         );
         assert!(!outside.exists());
     }
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![Item::Result(items::task(
-            "task-1",
-            &ctx("t1"),
-            "TASK_STATE_COMPLETED",
-            json!({}),
-        ))]),
-    );
+    k.stream(Stream::of("task-1", &ctx("t1")).task("TASK_STATE_COMPLETED", json!({})));
     let ws = root.join("t1");
-    let r = post(
-        &url,
-        &body("t1", "r1", "x", &ws.display().to_string(), json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&url, "t1", "r1", "x", &ws.display().to_string()).await;
     sse::assert_valid_run(&r, "t1", "r1");
     assert!(ws.is_dir());
     let _ = child.kill();
@@ -271,7 +223,7 @@ async fn the_default_root_serves_a_real_kernel_turn() {
         .spawn()
         .unwrap();
     let url = format!("http://127.0.0.1:{port}/");
-    let c = reqwest::Client::builder().no_proxy().build().unwrap();
+    let c = client();
     let start = std::time::Instant::now();
     loop {
         let ready = match c.get(format!("{url}health")).send().await {
@@ -292,16 +244,11 @@ async fn the_default_root_serves_a_real_kernel_turn() {
     }
     let root = env.state_dir().canonicalize().unwrap().join("workspaces");
     let cwd = root.join("d1").display().to_string();
-    let r = post(
-        &url,
-        &body("d1", "r1", "Hi. scenario:text", &cwd, json!({})),
-        &[],
-    )
-    .await;
+    let r = post_turn(&url, "d1", "r1", "Hi. scenario:text", &cwd).await;
     sse::assert_valid_run(&r, "d1", "r1");
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
     let outside = here.canonicalize().unwrap().join("w").display().to_string();
-    let r = post(&url, &body("d2", "r1", "Hi", &outside, json!({})), &[]).await;
+    let r = post_turn(&url, "d2", "r1", "Hi", &outside).await;
     assert_eq!(r.status, 400);
     let _ = child.kill();
     let _ = child.wait();

@@ -6,49 +6,24 @@ use super::*;
 /// active; admission rules and errors.
 #[tokio::test]
 async fn guidance_runs() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     let pipeline = json!({"runMode": "pipeline"});
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            Item::Sleep(Duration::from_millis(1500)),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .then(Item::Sleep(Duration::from_millis(1500)))
+            .completed(),
     );
-    let url = s.url.clone();
-    let b = body("t1", "r1", "deploy", &s.ws("w"), pipeline.clone());
-    let main = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let main = spawn_post(
+        &s.url,
+        body("t1", "r1", "deploy", &s.ws("w"), pipeline.clone()),
+    );
     k.wait_calls("SendStreamingMessage", 1, Duration::from_secs(5))
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({}),
-        ))]),
-    );
-    let g = body(
-        "t1",
-        "g1",
-        "use region cn-shanghai",
-        &s.ws("w"),
-        json!({"runMode": "pipeline", "activeGuidance": true}),
-    );
+    k.stream(Stream::of("task-1", &c).working(json!({})));
+    let g = guidance_body("t1", "g1", "use region cn-shanghai", &s.ws("w"));
     let res = post(&s.url, &g, &[]).await;
     assert_valid_run(&res, "t1", "g1");
     assert_eq!(
@@ -80,13 +55,7 @@ async fn guidance_runs() {
         "SendStreamingMessage",
         Reply::Json(200, json!({"error": {"code": -32602, "message": "bad"}})),
     );
-    let g3 = body(
-        "t1",
-        "g3",
-        "x",
-        &s.ws("w"),
-        json!({"runMode": "pipeline", "activeGuidance": true}),
-    );
+    let g3 = guidance_body("t1", "g3", "x", &s.ws("w"));
     let res = post(&s.url, &g3, &[]).await;
     assert_valid_run(&res, "t1", "g3");
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
@@ -106,7 +75,7 @@ async fn guidance_runs() {
 /// as that request gives them; a bad one is refused by name; none is kept in the state.
 #[tokio::test]
 async fn a_later_iac_codes_fence_and_guidance_identity_reach_the_kernel_and_are_not_kept() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let fence = json!({"version": "session-handoff-v1", "owner": {"sandboxId": "sb-fence-1",
         "activationId": "a-1", "runId": "r-1", "leaseId": "l-1", "identityKind": "slot"}});
     let meta = |k: &FakeKernel, n: usize| {
@@ -114,22 +83,10 @@ async fn a_later_iac_codes_fence_and_guidance_identity_reach_the_kernel_and_are_
     };
     // A turn that stops at a permission, with the fence.
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "tu1", "t1")}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .input_required(json!({"input": perm("perm-1", "tu1", "t1")})),
     );
     let turn = body(
         "t1",
@@ -150,25 +107,9 @@ async fn a_later_iac_codes_fence_and_guidance_identity_reach_the_kernel_and_are_
     // Its answer, with all three (snake_case as well as camelCase is taken).
     k.on(
         "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "tu1", "t1")}),
-            ),
-        ),
+        get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_COMPLETED",
-            json!({}),
-        ))]),
-    );
+    k.stream(Stream::of("task-1", &c).completed());
     let mut resume = resume_body(
         "t1",
         "r2",

@@ -15,28 +15,22 @@ use store::FileStore;
 
 use crate::support::FaultyStore;
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
-use testkit::sse::{assert_valid_run, post};
+use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
+use testkit::sse::{assert_valid_run, post, RunResult};
 
-use crate::support::{body, ctx, resume_body, Builder, TestServer};
-
-async fn setup() -> (TestServer, FakeKernel) {
-    let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), Some("a2a-secret"))
-        .start()
-        .await;
-    (s, k)
-}
+use crate::support::{
+    body, client, ctx, fake_gateway, guidance_body, post_resume, post_turn, post_turn_as,
+    resume_body, spawn_post, Builder, TestServer,
+};
 
 fn r(v: Value) -> Item {
     Item::Result(v)
 }
 
 async fn run_with(items: Vec<Item>) -> (testkit::sse::RunResult, FakeKernel, TestServer) {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     k.on("SendStreamingMessage", Reply::Sse(items));
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     (res, k, s)
 }
@@ -49,31 +43,14 @@ fn perm(id: &str, tool: &str, thread: &str) -> Value {
 
 async fn interrupted(s: &TestServer, k: &FakeKernel, input: Value) -> testkit::sse::RunResult {
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "sess-1"}),
-            )),
-            r(items::text("task-1", &c, "Let me run", "m-a", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"tool": {"status": "started", "toolUseId": "tu1", "name": "bash"}}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": input}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .text("Let me run", "m-a")
+            .working(json!({"tool": {"status": "started", "toolUseId": "tu1", "name": "bash"}}))
+            .input_required(json!({"input": input})),
     );
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     res
 }
@@ -84,8 +61,5 @@ fn perm_sb(id: &str) -> Value {
 }
 
 fn get_task(meta: Value) -> Reply {
-    Reply::Json(
-        200,
-        items::bare_task("task-1", &ctx("t1"), "TASK_STATE_INPUT_REQUIRED", meta),
-    )
+    Reply::task("task-1", &ctx("t1"), "TASK_STATE_INPUT_REQUIRED", meta)
 }

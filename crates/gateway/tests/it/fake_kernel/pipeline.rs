@@ -7,7 +7,7 @@ use super::*;
 /// pipeline event once.
 #[tokio::test]
 async fn pipeline_steps_and_recovery_across_runs() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     let env = |seq: u64, t: &str, extra: Value| {
         let mut e = json!({"schemaVersion":"1.0","eventId":format!("evt-{seq}"),"sequence":seq as f64,"eventType":t,"scope":"step",
@@ -18,24 +18,20 @@ async fn pipeline_steps_and_recovery_across_runs() {
         e
     };
     let q = json!({"kind":"ask_user_question","inputId":"ask-1","toolUseId":"call-ask","prompt":"Which?","options":[{"id":"a","label":"A"}],"allowFreeText":true,"required":true,"requestTaskId":"task-1"});
-    k.on("SendStreamingMessage", Reply::Sse(vec![
-        r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipeline": env(1, "pipeline_started", json!({"scope":"pipeline"}))}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipelineBatch": {"events": [
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({}))
+            .working(json!({"pipeline": env(1, "pipeline_started", json!({"scope":"pipeline"}))}))
+            .working(json!({"pipelineBatch": {"events": [
             env(2, "step_started", json!({"step": {"id": "intent"}})),
             env(3, "candidate_step_started", json!({"candidate": {"id": "c1"}, "candidateStep": {"id": "gen"}})),
             env(4, "candidate_step_started", json!({"candidate": {"id": "c2"}, "candidateStep": {"id": "gen"}})),
             env(5, "candidate_step_failed", json!({"candidate": {"id": "c2"}, "candidateStep": {"id": "gen"}})),
             env(4, "stack_progress", json!({})),
-        ]}}))),
-        r(items::status("task-1", &c, "TASK_STATE_INPUT_REQUIRED", json!({"pipeline": env(6, "input_required", json!({"step": {"id": "intent"}})), "input": q.clone()}))),
-    ]));
-    let r1 = post(
-        &s.url,
-        &body("t1", "r1", "go", &s.ws("w"), json!({"runMode": "pipeline"})),
-        &[],
-    )
-    .await;
+        ]}}))
+            .input_required(json!({"pipeline": env(6, "input_required", json!({"step": {"id": "intent"}})), "input": q.clone()})),
+    );
+    let r1 = pipeline_run(&s, "go").await;
     assert_valid_run(&r1, "t1", "r1");
     assert_eq!(
         r1.types(),
@@ -62,53 +58,29 @@ async fn pipeline_steps_and_recovery_across_runs() {
     );
     assert_eq!(doc["execution"]["pipelineSequence"], 6);
     // Resume: re-opened steps, the catch-up snapshot (replaying evt-1 and a missed evt-7).
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q}),
-            ),
-        ),
-    );
+    k.on("GetTask", get_task(json!({"input": q})));
     k.on("pipeline-state", Reply::Json(200, json!({"snapshot": {"pipelineRunId": c, "lastSequence": 7, "status": "waiting_input"},
         "events": [env(1, "pipeline_started", json!({"scope":"pipeline"})), env(7, "stack_progress", json!({}))]})));
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
+    k.stream(
+        Stream::of("task-1", &c)
+            .working(
                 json!({"pipeline": env(8, "input_received", json!({"step": {"id": "intent"}}))}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
+            )
+            .working(
                 json!({"pipeline": env(9, "step_completed", json!({"step": {"id": "intent"}}))}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
+            )
+            .status(
                 "TASK_STATE_COMPLETED",
                 json!({"pipeline": env(10, "pipeline_completed", json!({"scope":"pipeline"}))}),
-            )),
-        ]),
+            ),
     );
-    let res = post(
+    let res = post_resume(
         &s.url,
-        &resume_body(
-            "t1",
-            "r2",
-            &s.ws("w"),
-            "inv-1",
-            json!([{"interruptId":"ask-1","status":"resolved","payload":{"selectedId":"a"}}]),
-        ),
-        &[],
+        "t1",
+        "r2",
+        &s.ws("w"),
+        "inv-1",
+        json!([{"interruptId":"ask-1","status":"resolved","payload":{"selectedId":"a"}}]),
     )
     .await;
     assert_valid_run(&res, "t1", "r2");
@@ -145,7 +117,7 @@ async fn pipeline_steps_and_recovery_across_runs() {
 /// one does not; a failed step closes its span and is reported.
 #[tokio::test]
 async fn pipeline_custom_allow_list_through_the_gateway() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     let mut events: Vec<Value> = iac_code_agui::mapping::ALLOW_LIST
         .iter()
@@ -158,30 +130,13 @@ async fn pipeline_custom_allow_list_through_the_gateway() {
     );
     events.push(json!({"eventId": "x2", "sequence": n + 2.0, "eventType": "step_started", "step": {"id": "s9"}, "data": {}}));
     events.push(json!({"eventId": "x3", "sequence": n + 3.0, "eventType": "step_failed", "step": {"id": "s9"}, "data": {"error": "boom"}}));
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pipelineBatch": {"events": events}}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({}))
+            .working(json!({"pipelineBatch": {"events": events}}))
+            .completed(),
     );
-    let res = post(
-        &s.url,
-        &body("t1", "r1", "x", &s.ws("w"), json!({"runMode": "pipeline"})),
-        &[],
-    )
-    .await;
+    let res = pipeline_run(&s, "x").await;
     assert_valid_run(&res, "t1", "r1");
     let customs: Vec<&Value> = res
         .events
@@ -201,4 +156,10 @@ async fn pipeline_custom_allow_list_through_the_gateway() {
     let t = res.types();
     let started = t.iter().position(|x| x == "STEP_STARTED(s9)").unwrap();
     assert_eq!(t[started + 1], "STEP_FINISHED(s9)");
+}
+
+/// Starts the pipeline run `r1` of thread `t1` with `msg`: the whole answer.
+async fn pipeline_run(s: &TestServer, msg: &str) -> RunResult {
+    let b = body("t1", "r1", msg, &s.ws("w"), json!({"runMode": "pipeline"}));
+    post(&s.url, &b, &[]).await
 }

@@ -6,7 +6,7 @@ use super::*;
 
 #[tokio::test]
 async fn permission_interrupt_and_resume() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
     let t = res.types();
     assert_eq!(
@@ -39,15 +39,7 @@ async fn permission_interrupt_and_resume() {
     // Invalid payload: RUN_ERROR, nothing sent, retryable.
     k.on(
         "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "tu1", "t1")}),
-            ),
-        ),
+        get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
     );
     let bad = resume_body(
         "t1",
@@ -84,23 +76,10 @@ async fn permission_interrupt_and_resume() {
     ] {
         k.on(
             "GetTask",
-            Reply::Json(
-                200,
-                items::bare_task(
-                    "task-1",
-                    &ctx("t1"),
-                    "TASK_STATE_INPUT_REQUIRED",
-                    json!({"input": perm("perm-1", "tu1", "t1")}),
-                ),
-            ),
+            get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
         );
         let run = format!("r-{code}-{}", entries.as_array().unwrap().len());
-        let res = post(
-            &s.url,
-            &resume_body("t1", &run, &s.ws("w"), "inv-1", entries),
-            &[],
-        )
-        .await;
+        let res = post_resume(&s.url, "t1", &run, &s.ws("w"), "inv-1", entries).await;
         assert_valid_run(&res, "t1", &run);
         assert_eq!(res.last()["code"], code);
     }
@@ -108,45 +87,14 @@ async fn permission_interrupt_and_resume() {
     let c = ctx("t1");
     k.on(
         "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": perm("perm-1", "tu1", "t1")}),
-            ),
-        ),
+        get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}),
-            )),
-            r(items::text(
-                "task-1",
-                &c,
-                "Let me run. Done",
-                "m-a",
-                json!({}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .working(json!({"inputReceived": {"kind": "permission", "inputId": "perm-1"}}))
+            .working(json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ok"}}))
+            .text("Let me run. Done", "m-a")
+            .input_required(json!({})),
     );
     let good = resume_body(
         "t1",
@@ -198,7 +146,7 @@ async fn permission_interrupt_and_resume() {
 
 #[tokio::test]
 async fn question_with_options_and_free_text() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let q = json!({"kind": "ask_user_question", "inputId": "q-1", "toolUseId": "tu-q", "prompt": "Which region?", "requestTaskId": "task-1",
         "options": [{"id": "a", "label": "Hangzhou"}, {"id": "b", "label": "Beijing"}], "allowFreeText": true, "required": true});
     let res = interrupted(&s, &k, q.clone()).await;
@@ -207,54 +155,18 @@ async fn question_with_options_and_free_text() {
     assert_eq!(i["message"], "Which region?\n- a: Hangzhou\n- b: Beijing");
     assert_eq!(i["responseSchema"]["oneOf"].as_array().unwrap().len(), 3);
     let c = ctx("t1");
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q}),
-            ),
-        ),
-    );
-    let res = post(&s.url, &resume_body("t1", "r2", &s.ws("w"), "inv-1", json!([{"interruptId": "q-1", "status": "resolved", "payload": {"selectedId": "a", "freeText": "x"}}])), &[]).await;
+    k.on("GetTask", get_task(json!({"input": q})));
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", json!([{"interruptId": "q-1", "status": "resolved", "payload": {"selectedId": "a", "freeText": "x"}}])).await;
     assert_eq!(res.last()["code"], "RESUME_PAYLOAD_INVALID");
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q}),
-            ),
-        ),
-    );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
-    );
-    let res = post(
+    k.on("GetTask", get_task(json!({"input": q})));
+    k.stream(Stream::of("task-1", &c).working(json!({})).completed());
+    let res = post_resume(
         &s.url,
-        &resume_body(
-            "t1",
-            "r3",
-            &s.ws("w"),
-            "inv-1",
-            json!([{"interruptId": "q-1", "status": "resolved", "payload": {"selectedId": "a"}}]),
-        ),
-        &[],
+        "t1",
+        "r3",
+        &s.ws("w"),
+        "inv-1",
+        json!([{"interruptId": "q-1", "status": "resolved", "payload": {"selectedId": "a"}}]),
     )
     .await;
     assert_valid_run(&res, "t1", "r3");
@@ -268,31 +180,17 @@ async fn question_with_options_and_free_text() {
 
 #[tokio::test]
 async fn question_cancelled_cancels_the_task() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let q = json!({"kind": "ask_user_question", "inputId": "q-2", "prompt": "Anything?", "required": true});
     interrupted(&s, &k, q.clone()).await;
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &ctx("t1"),
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q}),
-            ),
-        ),
-    );
-    let res = post(
+    k.on("GetTask", get_task(json!({"input": q})));
+    let res = post_resume(
         &s.url,
-        &resume_body(
-            "t1",
-            "r2",
-            &s.ws("w"),
-            "inv-1",
-            json!([{"interruptId": "q-2", "status": "cancelled"}]),
-        ),
-        &[],
+        "t1",
+        "r2",
+        &s.ws("w"),
+        "inv-1",
+        json!([{"interruptId": "q-2", "status": "cancelled"}]),
     )
     .await;
     assert_valid_run(&res, "t1", "r2");
@@ -304,42 +202,27 @@ async fn question_cancelled_cancels_the_task() {
     assert_eq!(k.calls("CancelTask")[0].body["params"]["id"], "task-1");
     assert_eq!(s.thread_doc("t1")["execution"]["pending"], json!({}));
     k.on("SendStreamingMessage", Reply::Sse(vec![]));
-    let res = post(
-        &s.url,
-        &body("t1", "r3", "next", &s.ws("w"), json!({})),
-        &[],
-    )
-    .await;
+    let res = post_turn(&s.url, "t1", "r3", "next", &s.ws("w")).await;
     assert_eq!(res.status, 200);
 }
 
 #[tokio::test]
 async fn session_restore_failures_keep_pending() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
     k.on(
         "ensure-restored",
         Reply::Json(404, json!({"status": "not_found"})),
     );
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries.clone()),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries.clone()).await;
     assert_eq!(res.last()["code"], "EXECUTION_LOST");
     assert_eq!(
         res.last()["message"],
         "The iac-code session to resume is unavailable."
     );
     k.on("ensure-restored", Reply::Json(409, json!({"error": {"code": "SESSION_BACKUP_NOT_READY", "message": "Session backup is still synchronizing. Retry after 3 seconds.", "retryable": true}})));
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r3", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r3", &s.ws("w"), "inv-1", entries).await;
     assert_eq!(res.last()["code"], "SESSION_BACKUP_NOT_READY");
     assert!(s.thread_doc("t1")["execution"]["pending"]["perm-1"].is_object());
     assert!(k.calls("CancelTask").is_empty());
@@ -349,22 +232,16 @@ async fn session_restore_failures_keep_pending() {
 async fn interrupt_expiry() {
     let k = FakeKernel::start().await;
     let clock = Arc::new(OffsetClock::default());
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .clock(clock.clone())
-        .ttl(60)
+        .config(move |c| c.interrupt_ttl_secs = 60)
         .start()
         .await;
     let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
     assert!(res.last()["outcome"]["interrupts"][0]["expiresAt"].is_string());
     clock.offset_ms.store(61_000, Ordering::SeqCst);
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries.clone()),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries.clone()).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["code"], "EXECUTION_EXPIRED");
     assert_eq!(s.thread_doc("t1")["execution"]["pending"], json!({}));
@@ -375,42 +252,25 @@ async fn interrupt_expiry() {
         1
     );
     // Remembered: answering again is still EXECUTION_EXPIRED; a new turn works.
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r3", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r3", &s.ws("w"), "inv-1", entries).await;
     assert_eq!(res.last()["code"], "EXECUTION_EXPIRED");
     k.on("SendStreamingMessage", Reply::Sse(vec![]));
-    let res = post(&s.url, &body("t1", "r4", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r4", "x", &s.ws("w")).await;
     assert_eq!(res.status, 200);
 }
 
 #[tokio::test]
 async fn a_resume_delivers_every_answer_in_order() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let q = json!({"kind": "ask_user_question", "inputId": "q-1", "toolUseId": "tu-q", "prompt": "Region?", "required": true});
     let p = perm("perm-1", "tu1", "t1");
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q.clone(), "pendingPermissions": [p.clone()]}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .input_required(json!({"input": q.clone(), "pendingPermissions": [p.clone()]})),
     );
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_eq!(
         res.last()["outcome"]["interrupts"]
             .as_array()
@@ -423,38 +283,15 @@ async fn a_resume_delivers_every_answer_in_order() {
         get_task(json!({"input": q, "pendingPermissions": [p]})),
     );
     // Answer 1 (the permission): accepted, its stream ends; answer 2 (the question) completes.
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ran"}}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .working(json!({}))
+            .working(json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": "ran"}})),
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
-    );
+    k.stream(Stream::of("task-1", &c).working(json!({})).completed());
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}},
                          {"interruptId": "q-1", "status": "resolved", "payload": {"freeText": "Hangzhou"}}]);
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
     let calls = k.calls("SendStreamingMessage");
@@ -483,56 +320,27 @@ async fn a_failed_answer_commit_stops_before_the_next_answer() {
     let dir = tempfile::tempdir().unwrap();
     let (store, switch) =
         FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .store(Arc::new(store))
-        .start()
-        .await;
+    let s = Builder::for_fake(&k).store(Arc::new(store)).start().await;
     let q = json!({"kind": "ask_user_question", "inputId": "q-1", "prompt": "Region?", "required": true});
     let p = perm("perm-1", "tu1", "t1");
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_SUBMITTED",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({"input": q.clone(), "pendingPermissions": [p.clone()]}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "s"}))
+            .input_required(json!({"input": q.clone(), "pendingPermissions": [p.clone()]})),
     );
-    post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     k.on(
         "GetTask",
         get_task(json!({"input": q, "pendingPermissions": [p]})),
     );
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![r(items::status(
-            "task-1",
-            &c,
-            "TASK_STATE_WORKING",
-            json!({}),
-        ))]),
-    );
+    k.stream(Stream::of("task-1", &c).working(json!({})));
     // Saves of the resume: admission, preparation, the first answer's mark (on its way), its
     // commit (fails), and the save that ends the execution (fails too).
     switch.fail_saves(3, 2);
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}},
                          {"interruptId": "q-1", "status": "resolved", "payload": {"freeText": "x"}}]);
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["code"], "STATE_PERSISTENCE_FAILED");
     assert_eq!(
@@ -553,7 +361,7 @@ async fn a_failed_answer_commit_stops_before_the_next_answer() {
     // The task is cancelled: its interrupts are not offered any more, even though the save
     // that ended the execution failed. A new turn is admitted, not refused as waiting.
     k.on("SendStreamingMessage", Reply::Sse(vec![]));
-    let res = post(&s.url, &body("t1", "r3", "y", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r3", "y", &s.ws("w")).await;
     assert_eq!(res.status, 200, "{}", res.raw);
 }
 
@@ -563,11 +371,7 @@ async fn failed_resume_preparation_write_fails_closed() {
     let dir = tempfile::tempdir().unwrap();
     let (store, switch) =
         FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .store(Arc::new(store))
-        .start()
-        .await;
+    let s = Builder::for_fake(&k).store(Arc::new(store)).start().await;
     interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
     k.on(
         "GetTask",
@@ -575,12 +379,7 @@ async fn failed_resume_preparation_write_fails_closed() {
     );
     switch.fail_saves(1, 1);
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["code"], "STATE_PERSISTENCE_FAILED");
     assert_eq!(
@@ -596,28 +395,15 @@ async fn failed_resume_preparation_write_fails_closed() {
 
 #[tokio::test]
 async fn cancelling_a_paused_execution_clears_pending() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
-    let exec = s.thread_doc("t1")["execution"]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let c = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "t1", "rosInvocationId": "inv-1"}),
-        &[],
-    )
-    .await;
+    let exec = s.execution_id("t1");
+    let c = s.cancel(&exec, "t1", "inv-1").await;
     assert_eq!(c.json.unwrap()["status"], "cancelled");
     assert_eq!(k.calls("CancelTask")[0].body["params"]["id"], "task-1");
     assert_eq!(s.thread_doc("t1")["execution"]["pending"], json!({}));
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["code"], "EXECUTION_LOST");
     assert_eq!(
@@ -628,16 +414,11 @@ async fn cancelling_a_paused_execution_clears_pending() {
 
 #[tokio::test]
 async fn newly_discovered_pending_interrupts_end_the_resume_with_all_of_them() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
     k.on("GetTask", get_task(json!({"pendingPermissions": [perm("perm-1", "tu1", "t1"), perm("perm-2", "tu2", "t1")]})));
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries).await;
     assert_valid_run(&res, "t1", "r2");
     let ids: Vec<&str> = res.last()["outcome"]["interrupts"]
         .as_array()
@@ -655,27 +436,15 @@ async fn newly_discovered_pending_interrupts_end_the_resume_with_all_of_them() {
 
 #[tokio::test]
 async fn sideband_permission_answers() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"pipeline": {"eventId": "evt-3", "sequence": 3.0, "eventType": "candidate_started", "data": {}}}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .working(json!({"pipeline": {"eventId": "evt-3", "sequence": 3.0, "eventType": "candidate_started", "data": {}}}))
+            .working(json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]})),
     );
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_eq!(s.thread_doc("t1")["execution"]["pipelineSequence"], 3);
     assert_eq!(
         res.last()["outcome"]["interrupts"]
@@ -691,25 +460,13 @@ async fn sideband_permission_answers() {
     let both = json!([{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}},
                       {"interruptId": "p2", "status": "cancelled"}]);
     // Backup not ready on the first send: retryable, pending kept.
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
-            ),
-        ),
+    k.task_is_working(
+        "task-1",
+        &c,
+        json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
     );
     k.on("SendMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "x", "data": {"code": "SESSION_BACKUP_NOT_READY", "retryable": true}}})));
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", both.clone()),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", both.clone()).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["code"], "SESSION_BACKUP_NOT_READY");
     assert_eq!(
@@ -718,17 +475,10 @@ async fn sideband_permission_answers() {
     );
     assert!(s.thread_doc("t1")["execution"]["pending"]["p1"].is_object());
     // Now both are accepted: two unary sends, then GetTask / SubscribeToTask follow-up.
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
-            ),
-        ),
+    k.task_is_working(
+        "task-1",
+        &c,
+        json!({"pendingPermissions": [perm_sb("p1"), perm_sb("p2")]}),
     );
     k.on(
         "SendMessage",
@@ -744,13 +494,7 @@ async fn sideband_permission_answers() {
             json!({"message": {"messageId": "ack-2", "role": "ROLE_AGENT", "parts": []}}),
         ),
     );
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-1", &c, "TASK_STATE_WORKING", json!({})),
-        ),
-    );
+    k.task_is_working("task-1", &c, json!({}));
     // Preparation finds no catch-up; after the sideband answers the deferred catch-up does.
     k.on(
         "pipeline-state",
@@ -760,23 +504,12 @@ async fn sideband_permission_answers() {
         "events": [{"eventId": "evt-5", "sequence": 5, "eventType": "candidate_completed", "data": {}}]})));
     k.on(
         "SubscribeToTask",
-        Reply::Sse(vec![
-            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            r(items::text("task-1", &c, "continuing", "m", json!({}))),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_COMPLETED",
-                json!({}),
-            )),
-        ]),
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({}))
+            .text("continuing", "m")
+            .completed(),
     );
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r3", &s.ws("w"), "inv-1", both),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r3", &s.ws("w"), "inv-1", both).await;
     assert_valid_run(&res, "t1", "r3");
     assert_eq!(res.last()["outcome"]["type"], "success", "{}", res.raw);
     let sends = k.calls("SendMessage");
@@ -812,47 +545,19 @@ async fn sideband_permission_answers() {
 
 #[tokio::test]
 async fn sideband_answer_rejected_by_the_kernel() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1")]}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .working(json!({"pendingPermissions": [perm_sb("p1")]})),
     );
-    post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"pendingPermissions": [perm_sb("p1")]}),
-            ),
-        ),
-    );
+    post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
+    k.task_is_working("task-1", &c, json!({"pendingPermissions": [perm_sb("p1")]}));
     k.on("SendMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "input_response_mismatch: permission correlation does not match."}})));
     let entries =
         json!([{"interruptId": "p1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
     assert_eq!(
@@ -864,22 +569,11 @@ async fn sideband_answer_rejected_by_the_kernel() {
 
 #[tokio::test]
 async fn resume_task_identity_mismatch() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
-    k.on(
-        "GetTask",
-        Reply::Json(
-            200,
-            items::bare_task("task-9", &ctx("t1"), "TASK_STATE_INPUT_REQUIRED", json!({})),
-        ),
-    );
+    k.task_awaits_input("task-9", &ctx("t1"), json!({}));
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["code"], "A2A_PROTOCOL_ERROR");
     assert_eq!(
@@ -894,7 +588,7 @@ async fn resume_task_identity_mismatch() {
 
 #[tokio::test]
 async fn an_answer_the_kernel_does_not_accept_stays_retryable() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
     k.on(
         "GetTask",
@@ -902,12 +596,7 @@ async fn an_answer_the_kernel_does_not_accept_stays_retryable() {
     );
     k.on("SendStreamingMessage", Reply::Sse(vec![]));
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r2", &s.ws("w"), "inv-1", entries.clone()),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries.clone()).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
     assert_eq!(
@@ -922,12 +611,7 @@ async fn an_answer_the_kernel_does_not_accept_stays_retryable() {
         get_task(json!({"input": perm("perm-1", "tu1", "t1")})),
     );
     k.on("SendStreamingMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "permission_resume_invalid: pending permission is not active."}})));
-    let res = post(
-        &s.url,
-        &resume_body("t1", "r3", &s.ws("w"), "inv-1", entries),
-        &[],
-    )
-    .await;
+    let res = post_resume(&s.url, "t1", "r3", &s.ws("w"), "inv-1", entries).await;
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
     assert!(s.thread_doc("t1")["execution"]["pending"]["perm-1"].is_object());
 }
@@ -940,10 +624,9 @@ async fn the_pending_interrupt_gauge_holds_across_a_restart_and_an_expiry() {
     use crate::support::metric;
     let k = FakeKernel::start().await;
     let clock = Arc::new(OffsetClock::default());
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .clock(clock.clone())
-        .ttl(60)
+        .config(move |c| c.interrupt_ttl_secs = 60)
         .start()
         .await;
     interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
@@ -952,7 +635,7 @@ async fn the_pending_interrupt_gauge_holds_across_a_restart_and_an_expiry() {
     // A refused admission (the same run id again) saves nothing, and counts no save.
     let saves = metric(&s, "agui_state_save_duration_seconds_count");
     assert!(saves >= 2.0);
-    let again = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let again = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_eq!(again.status, 409);
     assert_eq!(metric(&s, "agui_state_save_duration_seconds_count"), saves);
     assert_eq!(metric(&s, "agui_admission_duration_seconds_count"), 2.0);
@@ -962,7 +645,7 @@ async fn the_pending_interrupt_gauge_holds_across_a_restart_and_an_expiry() {
         .dir(dir)
         .a2a(&k.url(), None)
         .clock(clock.clone())
-        .ttl(60)
+        .config(move |c| c.interrupt_ttl_secs = 60)
         .start()
         .await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -976,7 +659,7 @@ async fn the_pending_interrupt_gauge_holds_across_a_restart_and_an_expiry() {
     );
     clock.offset_ms.store(61_000, Ordering::SeqCst);
     let entries = json!([{"interruptId": "perm-1", "status": "resolved", "payload": {"decision": "allow_once"}}]);
-    let res = post(&s.url, &resume_body("t1", "r2", &ws, "inv-1", entries), &[]).await;
+    let res = post_resume(&s.url, "t1", "r2", &ws, "inv-1", entries).await;
     assert_valid_run(&res, "t1", "r2");
     assert_eq!(res.last()["code"], "EXECUTION_EXPIRED");
     assert_eq!(

@@ -6,23 +6,24 @@ use super::*;
 
 #[tokio::test]
 async fn full_turn_mapping_and_request_shape() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
-    k.on("SendStreamingMessage", Reply::Sse(vec![
-        r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({"iacCodeSessionId": "sess-1"}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))),
-        r(items::text("task-1", &c, "Hello ", "msg-a", json!({}))),
-        Item::Raw(": ping - 2026-11-29 19:00:00\r\n\r\n".into()),
-        r(items::text("task-1", &c, "world", "msg-a", json!({}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "read", "toolInput": {"path": "a", "b": 1}}}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": {"ok": true}}}))),
-        r(items::status("task-1", &c, "TASK_STATE_WORKING", json!({"usage": {"provider": "p", "model": "m", "inputTokens": 10.0, "outputTokens": 5.0, "totalTokens": 15.0}}))),
-        r(items::artifact("task-1", &c, json!({"artifactId": "a1", "name": "f.txt"}))),
-        r(json!({"statusUpdate": {"taskId": "task-1", "contextId": c, "status": {"state": "TASK_STATE_WORKING",
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({"iacCodeSessionId": "sess-1"}))
+            .working(json!({"thinking": {"type": "raw_thinking", "text": "hmm"}}))
+            .text("Hello ", "msg-a")
+            .then(Item::Raw(": ping - 2026-11-29 19:00:00\r\n\r\n".into()))
+            .text("world", "msg-a")
+            .working(json!({"tool": {"status": "input_complete", "toolUseId": "tu1", "name": "read", "toolInput": {"path": "a", "b": 1}}}))
+            .working(json!({"tool": {"status": "completed", "toolUseId": "tu1", "result": {"ok": true}}}))
+            .working(json!({"usage": {"provider": "p", "model": "m", "inputTokens": 10.0, "outputTokens": 5.0, "totalTokens": 15.0}}))
+            .artifact(json!({"artifactId": "a1", "name": "f.txt"}))
+            .then(Item::Result(json!({"statusUpdate": {"taskId": "task-1", "contextId": c, "status": {"state": "TASK_STATE_WORKING",
             "message": {"role": "ROLE_AGENT", "parts": [{"text": "Hello world"}], "messageId": "task-1-2"}},
-            "metadata": {"iac_code": {"assistantFinal": {"complete": true}}}}})),
-        r(items::status("task-1", &c, "TASK_STATE_INPUT_REQUIRED", json!({}))),
-    ]));
+            "metadata": {"iac_code": {"assistantFinal": {"complete": true}}}}})))
+            .input_required(json!({})),
+    );
     let b = body(
         "t1",
         "r1",
@@ -115,13 +116,9 @@ async fn full_turn_mapping_and_request_shape() {
 
 #[tokio::test]
 async fn minimal_metadata_and_accept_language() {
-    let (s, k) = setup().await;
-    let res = post(
-        &s.url,
-        &body("t1", "r1", "x", &s.ws("w"), json!({})),
-        &[("accept-language", "fr")],
-    )
-    .await;
+    let (s, k) = fake_gateway().await;
+    let french = [("accept-language", "fr")];
+    let res = post_turn_as(&s.url, "t1", "r1", "x", &s.ws("w"), &french).await;
     assert_valid_run(&res, "t1", "r1");
     let meta =
         &k.calls("SendStreamingMessage")[0].body["params"]["message"]["metadata"]["iac_code"];
@@ -255,7 +252,7 @@ async fn kernel_faults_end_with_a2a_unavailable_and_cancel() {
         assert_eq!(cancels[0].body["params"]["id"], "task-1", "{what}");
     }
     // A JSON-RPC error body where a stream was expected, and backup-not-ready.
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     k.on(
         "SendStreamingMessage",
         Reply::Json(
@@ -263,19 +260,16 @@ async fn kernel_faults_end_with_a2a_unavailable_and_cancel() {
             json!({"error": {"code": -32602, "message": "Unsupported run mode."}}),
         ),
     );
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
     k.on("SendStreamingMessage", Reply::Json(200, json!({"error": {"code": -32602, "message": "Session backup is still synchronizing. Retry after 3 seconds.",
         "data": {"code": "SESSION_BACKUP_NOT_READY", "retryable": true}}})));
-    let res = post(&s.url, &body("t1", "r2", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r2", "x", &s.ws("w")).await;
     assert_eq!(res.last()["code"], "SESSION_BACKUP_NOT_READY");
     // Kernel down.
-    let s = Builder::new()
-        .a2a("http://127.0.0.1:9/", None)
-        .start()
-        .await;
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let s = Builder::new().kernel_unreachable().start().await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     assert_eq!(res.last()["code"], "A2A_UNAVAILABLE");
 }
@@ -283,26 +277,18 @@ async fn kernel_faults_end_with_a2a_unavailable_and_cancel() {
 #[tokio::test]
 async fn heartbeat_after_silence() {
     let k = FakeKernel::start().await;
-    let s = Builder::new()
-        .a2a(&k.url(), None)
+    let s = Builder::for_fake(&k)
         .heartbeat(Duration::from_millis(300))
         .start()
         .await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task("task-1", &c, "TASK_STATE_SUBMITTED", json!({}))),
-            Item::Sleep(Duration::from_millis(1000)),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_INPUT_REQUIRED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .submitted(json!({}))
+            .then(Item::Sleep(Duration::from_millis(1000)))
+            .input_required(json!({})),
     );
-    let res = post(&s.url, &body("t1", "r1", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r1", "x", &s.ws("w")).await;
     assert_valid_run(&res, "t1", "r1");
     assert!(res.heartbeats >= 2, "{}", res.raw);
     assert!(res.raw.contains("\n\n: heartbeat\n\n"));
@@ -310,16 +296,14 @@ async fn heartbeat_after_silence() {
 
 #[tokio::test]
 async fn client_disconnect_cancels_the_task() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task("task-1", &c, "TASK_STATE_WORKING", json!({}))),
-            Item::Stall,
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({}))
+            .then(Item::Stall),
     );
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let resp = client
         .post(&s.url)
         .header("content-type", "application/json")
@@ -338,47 +322,25 @@ async fn client_disconnect_cancels_the_task() {
     // The thread is released and the execution terminal.
     tokio::time::sleep(Duration::from_millis(100)).await;
     k.on("SendStreamingMessage", Reply::Sse(vec![]));
-    let res = post(&s.url, &body("t1", "r2", "x", &s.ws("w"), json!({})), &[]).await;
+    let res = post_turn(&s.url, "t1", "r2", "x", &s.ws("w")).await;
     assert_eq!(res.status, 200);
 }
 
 #[tokio::test]
 async fn cancel_extension_during_a_run() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
-    k.on(
-        "SendStreamingMessage",
-        Reply::Sse(vec![
-            r(items::task(
-                "task-1",
-                &c,
-                "TASK_STATE_WORKING",
-                json!({"iacCodeSessionId": "s"}),
-            )),
-            r(items::text("task-1", &c, "tick", "m", json!({}))),
-            Item::Sleep(Duration::from_millis(800)),
-            r(items::status(
-                "task-1",
-                &c,
-                "TASK_STATE_CANCELED",
-                json!({}),
-            )),
-        ]),
+    k.stream(
+        Stream::of("task-1", &c)
+            .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
+            .text("tick", "m")
+            .then(Item::Sleep(Duration::from_millis(800)))
+            .status("TASK_STATE_CANCELED", json!({})),
     );
-    let url = s.url.clone();
-    let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
-    let run = tokio::spawn(async move { post(&url, &b, &[]).await });
+    let run = spawn_post(&s.url, body("t1", "r1", "x", &s.ws("w"), json!({})));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let exec = s.thread_doc("t1")["execution"]["executionId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let r1 = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "t1", "rosInvocationId": "nope"}),
-        &[],
-    )
-    .await;
+    let exec = s.execution_id("t1");
+    let r1 = s.cancel(&exec, "t1", "nope").await;
     assert_eq!(
         (r1.status, r1.error_code()),
         (404, Some("EXECUTION_NOT_FOUND"))
@@ -397,19 +359,9 @@ async fn cancel_extension_during_a_run() {
     let res = run.await.unwrap();
     assert_valid_run(&res, "t1", "r1");
     assert_eq!(res.last()["code"], "CANCELLED");
-    let r2 = post(
-        &s.cancel_url(&exec),
-        &json!({"threadId": "t1", "rosInvocationId": "whatever"}),
-        &[],
-    )
-    .await;
+    let r2 = s.cancel(&exec, "t1", "whatever").await;
     assert_eq!(r2.json.unwrap()["status"], "already_terminal");
-    let r3 = post(
-        &s.cancel_url("zzz"),
-        &json!({"threadId": "t1", "rosInvocationId": "inv-1"}),
-        &[],
-    )
-    .await;
+    let r3 = s.cancel("zzz", "t1", "inv-1").await;
     assert_eq!(r3.status, 404);
 }
 
@@ -424,11 +376,7 @@ async fn failed_recovery_critical_writes_fail_closed() {
         let dir = tempfile::tempdir().unwrap();
         let (store, switch) =
             FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
-        let s = Builder::new()
-            .a2a(&k.url(), None)
-            .store(Arc::new(store))
-            .start()
-            .await;
+        let s = Builder::for_fake(&k).store(Arc::new(store)).start().await;
         switch.fail_saves(skip, 1);
         let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
         assert_eq!(res.last()["code"], "STATE_PERSISTENCE_FAILED");
@@ -450,11 +398,7 @@ async fn failed_session_id_write_fails_closed() {
     let dir = tempfile::tempdir().unwrap();
     let (store, switch) =
         FaultyStore::new(FileStore::open(dir.path().join("state")).expect("store"));
-    let s = Builder::new()
-        .a2a(&k.url(), None)
-        .store(Arc::new(store))
-        .start()
-        .await;
+    let s = Builder::for_fake(&k).store(Arc::new(store)).start().await;
     // Saves: admission, task id, session id (fails).
     switch.fail_saves(2, 1);
     let res = interrupted(&s, &k, perm("perm-1", "tu1", "t1")).await;
@@ -478,7 +422,7 @@ async fn failed_session_id_write_fails_closed() {
 /// A slow client slows its kernel stream: the gateway buffers a bounded number of events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_client_backpressure_bounds_memory() {
-    let (s, k) = setup().await;
+    let (s, k) = fake_gateway().await;
     let c = ctx("t1");
     let n = 100_000;
     let mut script = vec![r(items::task(
@@ -498,7 +442,7 @@ async fn slow_client_backpressure_bounds_memory() {
         json!({}),
     )));
     k.on("SendStreamingMessage", Reply::Sse(script));
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = client();
     let resp = client
         .post(&s.url)
         .header("content-type", "application/json")
