@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates crates/gateway/tests/data/canonical-vectors.json with python3's own json module.
+"""Regenerates crates/engine/tests/data/canonical-vectors.json with python3's own json module.
 
 Each vector holds a raw JSON document, the canonical form Python produces with
 json.dumps(v, ensure_ascii=False, sort_keys=True, separators=(",", ":")), and its SHA-256.
@@ -30,6 +30,6 @@ for raw in RAW:
         "sha256": hashlib.sha256(canon.encode("utf-8")).hexdigest(),
     })
 
-out = pathlib.Path(__file__).resolve().parent.parent / "crates/gateway/tests/data/canonical-vectors.json"
+out = pathlib.Path(__file__).resolve().parent.parent / "crates/engine/tests/data/canonical-vectors.json"
 out.write_text(json.dumps(vectors, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
 print(f"wrote {len(vectors)} vectors to {out}")

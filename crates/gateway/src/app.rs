@@ -8,11 +8,12 @@ use tokio::sync::watch;
 
 use crate::api::{self, AppState};
 use crate::config::{Config, Env};
-use crate::run::Runtime;
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::Metrics;
 use crate::urls;
 use clock::{Clock, SystemClock};
+use engine::run::Runtime;
+use engine::telemetry::Telemetry as _;
 use kernel::{ChildSpec, Kernel, Launch, Pool};
 use store::{FileStore, PgStore, Store, StoreError, Unavailable};
 
@@ -198,21 +199,17 @@ pub fn build(opts: Options) -> AppState {
         .unwrap_or_else(|| Arc::new(crate::auth::Auth::unread(&opts.cfg)));
     // The key set is read again on its timer for as long as the gateway serves.
     auth.spawn_refresh(refresh);
-    let rt = Runtime::new(
-        opts.cfg,
-        store,
-        kernels,
-        clock,
-        opts.env,
-        opts.channel_capacity,
-        metrics,
-    );
+    let settings = opts.cfg.engine_settings(opts.channel_capacity);
+    let store = crate::telemetry::metered(store, metrics.clone());
+    let rt = Runtime::new(settings, store, kernels, clock, metrics.clone());
     let rt = Arc::new(rt);
     // Interrupts already waiting in the store count before their threads are loaded.
     let counting = rt.clone();
     tokio::spawn(async move { counting.threads().count_stored_interrupts().await });
     AppState {
         rt,
+        cfg: Arc::new(opts.cfg),
+        metrics,
         heartbeat: opts.heartbeat,
         auth,
         forwarding: Default::default(),
@@ -243,16 +240,16 @@ pub async fn serve_with_admin(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let rt = state.rt.clone();
-    let tls = listener_tls(rt.cfg().tls.as_ref())?;
-    let admin_tls = listener_tls(rt.cfg().metrics_tls.as_ref())?;
+    let (rt, cfg) = (state.rt.clone(), state.cfg.clone());
+    let tls = listener_tls(cfg.tls.as_ref())?;
+    let admin_tls = listener_tls(cfg.metrics_tls.as_ref())?;
     let (admin_stop, admin_done) = tokio::sync::oneshot::channel::<()>();
     // Several external kernels are probed for placement; one for `agui_kernel_up` when the
     // metrics are served. A managed one is watched anyway.
     rt.kernels().probe_external(admin.is_some());
     let admin_task = admin.map(|l| {
         let router = api::admin::router(state.clone());
-        let stall = rt.cfg().client_stall_timeout;
+        let stall = cfg.client_stall_timeout;
         // Not capped: an operator's probe and scrape still answer when the public listener is
         // full.
         tokio::spawn(crate::server::serve(
@@ -276,10 +273,10 @@ pub async fn serve_with_admin(
         });
     }
     // Idle shutdown: no open stream, no thread held by a run or waiting for answers.
-    if !rt.cfg().idle_shutdown.is_zero() {
+    if !cfg.idle_shutdown.is_zero() {
         let rt = rt.clone();
         let stop_tx = stop_tx.clone();
-        let idle = rt.cfg().idle_shutdown.as_secs_f64();
+        let idle = cfg.idle_shutdown.as_secs_f64();
         tokio::spawn(async move {
             let tick = Duration::from_secs_f64((idle / 4.0).clamp(0.1, 5.0));
             loop {
@@ -297,16 +294,16 @@ pub async fn serve_with_admin(
             }
         });
     }
+    let metrics = state.metrics.clone();
     let app = api::router(state);
     let rt2 = rt.clone();
-    let stall = rt.cfg().client_stall_timeout;
+    let stall = cfg.client_stall_timeout;
     let graceful = async move {
         let _ = stop_rx.wait_for(|v| *v).await;
         rt2.shutdown().begin();
     };
-    let metrics = rt.metrics().clone();
     let cap = crate::server::ConnectionCap {
-        max: rt.cfg().caps.max_connections,
+        max: cfg.caps.max_connections,
         on_full: Box::new(move || metrics.limit_reached(crate::telemetry::Limit::Connections)),
     };
     let server = async move {
@@ -316,7 +313,7 @@ pub async fn serve_with_admin(
     // One deadline for the whole drain, from the stop signal: open connections, then runs
     // without a connection (detached), whose last writes (the run's end on the thread) land
     // before the store is flushed. The kernel's own stop (SIGTERM, SIGKILL after 5 s) follows.
-    let timeout = rt.cfg().shutdown_timeout + Duration::from_secs(2);
+    let timeout = cfg.shutdown_timeout + Duration::from_secs(2);
     let drain_deadline = Arc::new(std::sync::OnceLock::new());
     let mut stop_rx2 = stop_tx.subscribe();
     let result = tokio::select! {

@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use crate::run::Runtime;
+use engine::run::Runtime;
 
 /// The answer.
 pub async fn answer(rt: &Runtime, cache: &kernel::CardCache) -> Value {
@@ -40,7 +40,7 @@ pub fn describe(rt: &Runtime, card: &Value) -> Value {
             identity[key] = json!(v);
         }
     }
-    let cfg = rt.cfg();
+    let cfg = rt.settings();
     json!({
         "identity": identity,
         "transport": {

@@ -31,10 +31,10 @@ use tokio::sync::{broadcast, mpsc};
 use crate::auth::access::CONNECT_ROUTE;
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
-use crate::mapping::interrupt;
-use crate::run::replay::{Attached, RunEvents};
-use crate::run::{sink, Runtime};
 use crate::threads_api::{read_theirs, sse};
+use engine::mapping::interrupt;
+use engine::run::replay::{Attached, RunEvents};
+use engine::run::{sink, Runtime};
 
 /// What a connect asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +78,7 @@ pub fn connect_query(headers: &HeaderMap, query: Option<&str>) -> Result<Connect
         let v = v.to_str().map_err(|_| bad())?.trim();
         if !v.is_empty() {
             let (run, n) = v.rsplit_once(':').ok_or_else(bad)?;
-            if run.is_empty() || crate::run::hold::check_thread_id(run).is_err() {
+            if run.is_empty() || engine::run::hold::check_thread_id(run).is_err() {
                 return Err(bad());
             }
             if n.is_empty() || n.len() > 19 || !n.bytes().all(|b| b.is_ascii_digit()) {
@@ -240,7 +240,7 @@ async fn stream(
     mut starts: Option<broadcast::Receiver<(String, String)>>,
     tx: &mpsc::Sender<Bytes>,
 ) {
-    let stall = rt.cfg().client_stall_timeout;
+    let stall = rt.settings().client_stall_timeout;
     for f in start.snapshot.into_iter().flatten() {
         if sink::deliver(tx, f, stall, None).await != sink::Delivery::Sent {
             return;
@@ -306,7 +306,7 @@ async fn follow_run(
     after: u64,
     tx: &mpsc::Sender<Bytes>,
 ) -> bool {
-    let stall = rt.cfg().client_stall_timeout;
+    let stall = rt.settings().client_stall_timeout;
     let mut cursor = after;
     loop {
         // Events dropped from the front of the buffer: this run cannot be given whole.

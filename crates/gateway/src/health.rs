@@ -7,7 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use crate::run::Runtime;
+use engine::run::Runtime;
 
 /// How long the state store may take to say whether it can be written.
 const STORE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);

@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use crate::auth::access::{AGENTS_STATE_ROUTE, MESSAGES_ROUTE};
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
-use crate::run::Runtime;
 use crate::threads_api::read_theirs;
+use engine::run::Runtime;
 use store::listing::{self, Cursor, ListQuery};
 
 /// The most messages one page of a transcript holds, and its default.
@@ -139,7 +139,7 @@ pub async fn agents_state(
     thread_id: &str,
 ) -> Result<Value, ApiError> {
     let absent = json!({"threadId": thread_id, "threadExists": false, "state": {}, "messages": []});
-    if crate::run::hold::check_thread_id(thread_id).is_err() {
+    if engine::run::hold::check_thread_id(thread_id).is_err() {
         return Ok(absent);
     }
     match read_theirs(rt, AGENTS_STATE_ROUTE, caller, thread_id, |_, _| ()).await {

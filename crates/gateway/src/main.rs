@@ -78,7 +78,7 @@ fn main() {
         }
     }
     // Without configured roots, workspaces live in a private directory of the state dir.
-    match iac_code_agui::validate::cwd::ensure_default_root(&cfg) {
+    match engine::validate::cwd::ensure_default_root(&cfg.workspace_roots()) {
         Ok(_) => {}
         Err(e) => {
             eprintln!(
@@ -104,7 +104,7 @@ fn main() {
         let metrics = Arc::new(Metrics::new());
         let telemetry = telemetry::init(&cfg, &env, metrics.clone());
         // Room for the descriptors the bounds allow (said in the log when there is too little).
-        let files = iac_code_agui::limits::make_room_for_descriptors(&cfg.caps);
+        let files = engine::limits::make_room_for_descriptors(&cfg.caps);
         let addr = format!("{}:{}", cfg.host, cfg.port);
         let listener = match app::bind(&addr).await {
             Ok(l) => l,
@@ -168,8 +168,8 @@ fn main() {
             tracing::info!(addr = %a, "metrics listening");
         }
         tracing::info!(%addr, open_file_limit = files, "iac-code-agui listening");
-        if state.rt.cfg().allowed_cwds.is_none() {
-            let root = state.rt.cfg().default_workspace_root();
+        if state.cfg.allowed_cwds.is_none() {
+            let root = state.cfg.default_workspace_root();
             tracing::info!(root = %root.display(), "workspaces: under the default root (IAC_CODE_AGUI_ALLOWED_CWDS sets others)");
         }
         if !state.auth.required() {

@@ -32,14 +32,14 @@ use tokio::sync::mpsc;
 
 use crate::auth::access::OBSERVE_ROUTE;
 use crate::auth::Caller;
-use crate::bounded::is_bounded;
 use crate::error::{msg, ApiError, Code};
-use crate::i18n::{self, Lang};
-use crate::limits::RunSlot;
-use crate::mapping::{interrupt, Mapper};
-use crate::run::sink::{Sink, Stop};
-use crate::run::Runtime;
 use crate::threads_api::read_theirs;
+use engine::bounded::is_bounded;
+use engine::i18n::{self, Lang};
+use engine::limits::RunSlot;
+use engine::mapping::{interrupt, Mapper};
+use engine::run::sink::{Sink, Stop};
+use engine::run::Runtime;
 use store::ThreadDoc;
 
 /// How long the kernel may take to show the task before the stream starts.
@@ -241,7 +241,7 @@ pub async fn observe(
     };
     let (sink, rx) = Sink::new(
         rt.channel_capacity(),
-        rt.cfg().client_stall_timeout,
+        rt.settings().client_stall_timeout,
         Arc::new(Draining(rt.clone())),
         rt.clock().clone(),
         None,

@@ -12,9 +12,9 @@ use serde_json::{json, Map, Value};
 use crate::auth::access::{self, DELETE_ROUTE, PATCH_ROUTE};
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
-use crate::run::hold::check_thread_id;
-use crate::run::Runtime;
 use crate::threads_api::read_theirs;
+use engine::run::hold::check_thread_id;
+use engine::run::Runtime;
 use store::listing::{self, ThreadPatch, ThreadSummary};
 
 /// The largest `PATCH` body read.
@@ -94,7 +94,7 @@ pub async fn delete(rt: &Runtime, caller: &Caller, thread_id: &str) -> Result<Va
         return Err(missing());
     };
     if !caller.may_touch(doc.owner_or_user()) {
-        access::not_theirs(rt.metrics(), DELETE_ROUTE, caller, thread_id);
+        access::not_theirs(&**rt.metrics(), DELETE_ROUTE, caller, thread_id);
         return Err(missing());
     }
     if st.active().is_some() {

@@ -21,12 +21,12 @@ use tokio::sync::mpsc;
 use crate::auth::access::{self, EVENTS_ROUTE, THREAD_ROUTE};
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
-use crate::mapping::interrupt;
-use crate::run::hold::read_thread;
-use crate::run::replay::{Attached, Batch, RunEvents};
-use crate::run::{sink, Runtime, ThreadState};
 use crate::telemetry::Limit;
 use clock::rfc3339_ms;
+use engine::mapping::interrupt;
+use engine::run::hold::read_thread;
+use engine::run::replay::{Attached, Batch, RunEvents};
+use engine::run::{sink, Runtime, ThreadState};
 use store::ThreadDoc;
 
 /// A `Last-Event-ID` or `after` that is not an event id.
@@ -151,7 +151,7 @@ pub async fn events(
     })
     .await?;
     // A run id beyond the ids' bound is one no run has (a thread's ids are bounded alike).
-    if !crate::bounded::is_bounded(run_id) {
+    if !engine::bounded::is_bounded(run_id) {
         return Err(ApiError::new(Code::RunNotFound, msg::RUN_NOT_FOUND));
     }
     let Some(events) = rt.replays().get(caller, thread_id, run_id) else {
@@ -177,7 +177,7 @@ pub async fn events(
                 first,
                 rt.channel_capacity(),
                 heartbeat,
-                rt.cfg().client_stall_timeout,
+                rt.settings().client_stall_timeout,
             ))
         }
         Plan::Done => Ok(StatusCode::NO_CONTENT.into_response()),
@@ -220,7 +220,7 @@ pub(crate) async fn read_theirs<R>(
     })
     .await?;
     theirs.ok_or_else(|| {
-        access::not_theirs(rt.metrics(), route, caller, thread_id);
+        access::not_theirs(&**rt.metrics(), route, caller, thread_id);
         ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND)
     })
 }
@@ -268,7 +268,7 @@ fn describe(
 /// longer names it as active, `lastRun` says how it ended) a moment before it frees the thread,
 /// while its client takes the terminal event: from that write on it is the last run, not the
 /// active one, as the thread list has it.
-fn running<'a>(st: &'a ThreadState, doc: &ThreadDoc) -> Option<&'a crate::run::ActiveRun> {
+fn running<'a>(st: &'a ThreadState, doc: &ThreadDoc) -> Option<&'a engine::run::ActiveRun> {
     st.active().filter(|a| {
         doc.active_run
             .as_ref()
@@ -333,7 +333,7 @@ mod tests {
 
     #[test]
     fn a_run_whose_end_is_written_is_the_last_run_not_the_active_one() {
-        use crate::run::{ActiveRun, RunControl};
+        use engine::run::{ActiveRun, RunControl};
         use store::{Execution, LastRun, RunMark};
         let mut doc = ThreadDoc::new("t", "ctx", "/w", None, Execution::new("e", "inv"));
         let mut st = ThreadState::default();

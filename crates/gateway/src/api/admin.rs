@@ -48,7 +48,7 @@ async fn not_found() -> Response {
 /// The admin listener's router: `/metrics`, the probes, and with the console here
 /// (`--console admin`) every other path the gateway's.
 pub fn router(state: AppState) -> Router {
-    let (rt, metrics) = (state.rt.clone(), state.rt.metrics().clone());
+    let (rt, metrics) = (state.rt.clone(), state.metrics.clone());
     let ready = rt.clone();
     let router = Router::new()
         .route("/metrics", get(scrape))
@@ -70,6 +70,7 @@ pub fn router(state: AppState) -> Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use engine::telemetry::Telemetry as _;
 
     #[test]
     fn the_prometheus_text_names_counters_after_their_samples_and_has_no_trace_of_openmetrics() {

@@ -2,6 +2,7 @@
 //! (its body checked like a run's, its ids bounded before any store or forward sees them; the
 //! cancellation itself: `run::cancel`).
 
+use crate::error::Respond as _;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, Uri};
 use serde_json::{json, Value};
@@ -13,8 +14,8 @@ use super::rules::CancelRoute;
 use super::{json_ok, Answer, AppState, Refusal};
 use crate::auth::access::CANCEL_ROUTE;
 use crate::error::{msg, ApiError, Code};
-use crate::run::cancel;
-use crate::telemetry::{observer, otel};
+use crate::telemetry::otel;
+use engine::run::cancel;
 
 pub(super) async fn cancel(
     State(s): State<AppState>,
@@ -42,7 +43,7 @@ pub(super) async fn cancel(
     if let Some(r) = held_elsewhere(&s, thread_id, out, CANCEL_ROUTE, missing, hl).await {
         return Ok(r);
     }
-    let cancelled = observer::with_incoming(
+    let cancelled = engine::trace::with_incoming(
         otel::client_headers(&trace),
         cancel::cancel(rt, &caller, &execution_id, thread_id, ros),
     );

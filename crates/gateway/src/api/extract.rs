@@ -4,6 +4,7 @@
 //! body a forward's signature names, a JSON object (400)). A handler takes them in that order,
 //! which is the order of the checks.
 
+use crate::error::Respond as _;
 use std::marker::PhantomData;
 
 use axum::body::Bytes;
@@ -19,9 +20,8 @@ use crate::auth::access::{self, Refused};
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::forward;
-use crate::i18n::Lang;
 use crate::request_body;
-use crate::run::Runtime;
+use engine::i18n::Lang;
 
 /// The authenticated caller of route `R`, and the language of the request's headers.
 pub(super) struct Authed<R> {
@@ -38,7 +38,7 @@ impl<R: Route> FromRequestParts<AppState> for Authed<R> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Self, Response> {
-        let hl = header_lang(&s.rt, &parts.headers);
+        let hl = header_lang(&s.cfg, &parts.headers);
         let path = path_and_query(&parts.uri);
         let (caller, signed) =
             authenticate(s, &parts.method, &path, &parts.headers, R::NAME, hl).await?;
@@ -70,7 +70,7 @@ impl<R: BodyRoute> FromRequest<AppState> for JsonBody<R> {
     type Rejection = Response;
 
     async fn from_request(req: Request, s: &AppState) -> Result<Self, Response> {
-        let (raw, obj) = json_body(&s.rt, req, &R::RULES).await?;
+        let (raw, obj) = json_body(&s.cfg, req, &R::RULES).await?;
         Ok(JsonBody {
             raw,
             obj,
@@ -83,11 +83,11 @@ impl<R: BodyRoute> FromRequest<AppState> for JsonBody<R> {
 /// time, the forward's signature, JSON, an object.
 #[allow(clippy::result_large_err)]
 pub(super) async fn json_body(
-    rt: &Runtime,
+    cfg: &crate::config::Config,
     req: Request,
     rules: &super::rules::BodyRules,
 ) -> Result<(Bytes, Map<String, Value>), Response> {
-    let hl = header_lang(rt, req.headers());
+    let hl = header_lang(cfg, req.headers());
     let err = |code: Code, m: &'static str| Err(ApiError::new(code, m).into_response_in(hl));
     if !is_json(req.headers()) {
         return err(Code::UnsupportedMediaType, msg::UNSUPPORTED_MEDIA_TYPE);
@@ -146,7 +146,7 @@ pub(super) async fn authenticate(
     match s.auth.authenticate(headers).await {
         Ok(caller) => Ok((caller, None)),
         Err(denied) => {
-            access::record(rt.metrics(), route, Refused::Auth(denied), None, None);
+            access::record(&**rt.metrics(), route, Refused::Auth(denied), None, None);
             Err(denied.error().into_response_in(hl))
         }
     }

@@ -94,8 +94,8 @@ mod tests {
         assert_eq!(decoded("a+b"), "a+b");
         assert_eq!(decoded("%E4%BD%A0"), "你");
         assert_eq!(decoded("%FF"), NOBODYS);
-        assert!(!crate::bounded::is_bounded(NOBODYS));
-        assert!(crate::run::hold::check_thread_id(NOBODYS).is_err());
+        assert!(!engine::bounded::is_bounded(NOBODYS));
+        assert!(engine::run::hold::check_thread_id(NOBODYS).is_err());
         let pattern = "/threads/{thread_id}/runs/{run_id}/events";
         let pair = <(String, String)>::from_ids(ids_of(pattern, "/threads/t%201/runs/%FF/events"));
         assert_eq!(pair, ("t 1".to_owned(), NOBODYS.to_owned()));

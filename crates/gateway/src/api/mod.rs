@@ -27,6 +27,7 @@ mod rules;
 mod run;
 mod threads;
 
+use crate::error::Respond as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,10 +40,10 @@ use axum::Router;
 
 use crate::config::Served;
 use crate::error::{msg, ApiError, Code};
-use crate::i18n::Lang;
 use crate::request_body;
-use crate::run::{sink, Runtime};
 use crate::telemetry;
+use engine::i18n::Lang;
+use engine::run::{sink, Runtime};
 
 pub const RUN_BODY_LIMIT: usize = 12 * 1024 * 1024;
 pub const CANCEL_BODY_LIMIT: usize = 64 * 1024;
@@ -52,6 +53,10 @@ pub const HEARTBEAT: Duration = Duration::from_secs(15);
 #[derive(Clone)]
 pub struct AppState {
     pub rt: Arc<Runtime>,
+    /// The configuration the gateway started with.
+    pub cfg: Arc<crate::config::Config>,
+    /// The gateway's metrics (the engine reports into them as its `Telemetry`).
+    pub metrics: Arc<crate::telemetry::Metrics>,
     pub heartbeat: Duration,
     /// How callers authenticate.
     pub auth: Arc<crate::auth::Auth>,
@@ -70,7 +75,7 @@ impl AppState {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         f(crate::forward::Trust {
-            secret: self.rt.cfg().cluster_secret.as_deref().map(str::as_bytes),
+            secret: self.cfg.cluster_secret.as_deref().map(str::as_bytes),
             key: key.as_deref(),
             me: me.as_deref(),
             now,
@@ -102,14 +107,14 @@ pub fn router(state: AppState) -> Router {
 /// What the admin listener serves besides its own routes when the console is there: the
 /// gateway's routes (the console calls them on its own origin) and the console.
 fn admin_routes(state: AppState) -> Option<Router> {
-    (state.rt.cfg().console == Served::Admin).then(|| routes(state, Served::Admin))
+    (state.cfg.console == Served::Admin).then(|| routes(state, Served::Admin))
 }
 
 /// The gateway's routes, with the console's when it is served on `listener`.
 fn routes(state: AppState, listener: Served) -> Router {
-    let bounds = state.rt.cfg().body_bounds();
-    let cors = state.rt.cfg().cors_origins.clone();
-    let metrics = state.rt.metrics().clone();
+    let bounds = state.cfg.body_bounds();
+    let cors = state.cfg.cors_origins.clone();
+    let metrics = state.metrics.clone();
     let hosts = state.clone();
     // The routes a page calls: a CORS preflight of an allowed origin is answered before the
     // method is (a route layer: an unknown path stays 404).
@@ -155,7 +160,7 @@ fn routes(state: AppState, listener: Served) -> Router {
         .route("/cluster/v1/hello", any(relay::cluster_hello))
         .fallback(not_found);
     // The console's routes exist only when it is asked for: otherwise its paths are 404.
-    let router = match state.rt.cfg().console == listener {
+    let router = match state.cfg.console == listener {
         true => router.merge(console::routes(
             state.auth.required(),
             listener == Served::Admin,
@@ -226,12 +231,7 @@ async fn preflight(
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
-    match s
-        .rt
-        .cfg()
-        .cors_origins
-        .preflight(req.method(), req.headers())
-    {
+    match s.cfg.cors_origins.preflight(req.method(), req.headers()) {
         Some(answer) => answer,
         None => next.run(req).await,
     }
@@ -245,10 +245,10 @@ async fn host_check(
     next: axum::middleware::Next,
 ) -> Response {
     let probe = matches!(req.uri().path(), "/health" | "/live" | "/ready");
-    if probe || host_allowed(s.rt.cfg(), req.uri(), req.headers()) {
+    if probe || host_allowed(&s.cfg, req.uri(), req.headers()) {
         return next.run(req).await;
     }
-    let hl = header_lang(&s.rt, req.headers());
+    let hl = header_lang(&s.cfg, req.headers());
     ApiError::new(Code::HostNotAllowed, msg::HOST_NOT_ALLOWED).into_response_in(hl)
 }
 
@@ -286,11 +286,11 @@ async fn not_found() -> Response {
     plain(StatusCode::NOT_FOUND, "Not Found")
 }
 
-fn header_lang(rt: &Runtime, headers: &HeaderMap) -> Lang {
+fn header_lang(cfg: &crate::config::Config, headers: &HeaderMap) -> Lang {
     let al = headers
         .get(header::ACCEPT_LANGUAGE)
         .and_then(|v| v.to_str().ok());
-    Lang::from_accept_language(al, rt.cfg().fallback_lang)
+    Lang::from_accept_language(al, cfg.fallback_lang)
 }
 
 fn json_ok(v: &serde_json::Value) -> Response {

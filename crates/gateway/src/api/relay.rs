@@ -2,6 +2,7 @@
 //! (`forward`), marked as this instance's forward; and the question an instance answers before
 //! anything is forwarded to it (`/cluster/v1/hello`).
 
+use crate::error::Respond as _;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -12,8 +13,8 @@ use crate::auth::access;
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::forward;
-use crate::i18n::Lang;
-use crate::run::{Holder, Runtime};
+use engine::i18n::Lang;
+use engine::run::{Holder, Runtime};
 use store::Peer;
 
 /// A request as it goes to the thread's holder.
@@ -42,7 +43,7 @@ pub(super) async fn to_holder(
     }
     let store = rt.threads().store();
     let (key, me) = (store.forward_key(), store.instance_id().unwrap_or_default());
-    let mark = match rt.cfg().cluster_secret.as_deref() {
+    let mark = match s.cfg.cluster_secret.as_deref() {
         Some(secret) => forward::Mark::Signed {
             secret: secret.as_bytes(),
             peers: &s.forwarding.peers,
@@ -53,7 +54,7 @@ pub(super) async fn to_holder(
         me: &me,
         caller: out.caller,
         mark,
-        tls: s.forwarding.tls(rt.cfg().cluster_ca.as_deref()),
+        tls: s.forwarding.tls(s.cfg.cluster_ca.as_deref()),
     };
     match forward::forward(holder, out.method, out.path, out.headers, out.body, &hop).await {
         Ok(r) => r,
@@ -112,10 +113,10 @@ pub(super) async fn theirs(
     missing: ApiError,
     lang: Lang,
 ) -> Result<(), Response> {
-    match crate::run::hold::may_touch(rt.threads(), caller, thread_id).await {
+    match engine::run::hold::may_touch(rt.threads(), caller, thread_id).await {
         Ok(true) => Ok(()),
         Ok(false) => {
-            access::not_theirs(rt.metrics(), route, caller, thread_id);
+            access::not_theirs(&**rt.metrics(), route, caller, thread_id);
             Err(missing.into_response_in(lang))
         }
         Err(e) => Err(e.into_response_in(lang)),
@@ -126,7 +127,7 @@ pub(super) async fn theirs(
 /// proves it knows the secret (`forward::hello_answer`) to one about to forward to it; else 404.
 pub(super) async fn cluster_hello(State(s): State<AppState>, req: Request) -> Response {
     let (Some(secret), Some(me)) = (
-        s.rt.cfg().cluster_secret.as_deref(),
+        s.cfg.cluster_secret.as_deref(),
         s.rt.threads().store().instance_id(),
     ) else {
         return not_found().await;
@@ -141,7 +142,7 @@ pub(super) async fn cluster_hello(State(s): State<AppState>, req: Request) -> Re
     let nonce = url::form_urlencoded::parse(query.as_bytes())
         .find_map(|(k, v)| (k == "nonce").then(|| v.into_owned()))
         .unwrap_or_default();
-    let url = &s.rt.cfg().advertise_url;
+    let url = &s.cfg.advertise_url;
     match forward::hello_answer(secret.as_bytes(), &me, url, &nonce) {
         Some(v) => (
             StatusCode::OK,

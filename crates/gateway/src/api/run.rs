@@ -3,6 +3,7 @@
 //! a plain JSON error and the run id is not consumed; a thread another instance holds is
 //! forwarded there.
 
+use crate::error::Respond as _;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -16,13 +17,13 @@ use super::rules::{BodyRoute, RunRoute};
 use super::{header_lang, sse_response, AppState};
 use crate::auth::access::{self, Refused, RUN_ROUTE};
 use crate::auth::Caller;
-use crate::canonical;
 use crate::error::{msg, ApiError, Code};
-use crate::i18n::Lang;
-use crate::run::admit::{self, RunRequest};
-use crate::run::{spawn_run, Runtime};
 use crate::telemetry::otel;
-use crate::validate::{self, content, cwd, props};
+use engine::canonical;
+use engine::i18n::Lang;
+use engine::run::admit::{self, RunRequest};
+use engine::run::{spawn_run, Runtime};
+use engine::validate::{self, content, cwd, props};
 
 /// The trace span of a run: from its request to its end. Its fields are the attributes an
 /// operator filters on, filled in as they become known (never a secret).
@@ -68,7 +69,7 @@ async fn run_request(
 ) -> Response {
     let rt = s.rt.clone();
     let read = async {
-        let hl = header_lang(&rt, req.headers());
+        let hl = header_lang(&s.cfg, req.headers());
         let path = path_and_query(req.uri());
         let (caller, signed) =
             authenticate(&s, req.method(), &path, req.headers(), RUN_ROUTE, hl).await?;
@@ -76,7 +77,7 @@ async fn run_request(
         if let Some(digest) = signed {
             super::extract::sign(&mut req, digest);
         }
-        let (body, obj) = json_body(&rt, req, &RunRoute::RULES).await?;
+        let (body, obj) = json_body(&s.cfg, req, &RunRoute::RULES).await?;
         Ok::<_, Response>((hl, caller, body, obj))
     };
     let (hl, caller, body, obj) = match read.await {
@@ -128,7 +129,7 @@ async fn run_request(
                 return r;
             }
             // A user's secrets cross to another instance only to one proven by the secret.
-            if secrets && rt.cfg().cluster_secret.is_none() {
+            if secrets && s.cfg.cluster_secret.is_none() {
                 tracing::error!(
                     "a request carrying credentials (llmApiKey, llmHeaders, alibabaCloud) is for a \
                      thread another instance holds: it is not forwarded without a cluster secret \
@@ -171,7 +172,13 @@ async fn prepare(
     // The run acts for the authenticated user: the kernel gets them as `userId`.
     iac.user_id = access::run_user(&caller, iac.user_id.as_deref()).inspect_err(|_| {
         let (user, thread) = (caller.user.as_deref(), Some(envelope.thread_id.as_str()));
-        access::record(rt.metrics(), RUN_ROUTE, Refused::UserMismatch, user, thread);
+        access::record(
+            &**rt.metrics(),
+            RUN_ROUTE,
+            Refused::UserMismatch,
+            user,
+            thread,
+        );
     })?;
     let digest = canonical::digest_bytes(raw)
         .map_err(|_| ApiError::new(Code::InvalidInput, msg::INVALID_PROPS))?;
@@ -186,7 +193,7 @@ async fn prepare(
     // nothing: images are decoded and the workspace created only once the thread would admit
     // the request (`run::prepare`).
     let (workspace, user_message) = tokio::task::spawn_blocking(move || {
-        let workspace = cwd::resolve(&raw_cwd, rt2.cfg())?;
+        let workspace = cwd::resolve(&raw_cwd, &rt2.settings().workspaces)?;
         if tools_len > 0 {
             return Err(ApiError::new(Code::InvalidInput, msg::TOOLS_UNSUPPORTED));
         }

@@ -162,7 +162,7 @@ fn refusal_of(kind: &ErrorKind) -> Refusal {
 /// The user the claims name.
 fn user(claims: &Value, claim: &str) -> Result<String, Refusal> {
     match claims.get(claim).and_then(Value::as_str) {
-        Some(u) if !u.is_empty() && crate::bounded::is_bounded(u) => Ok(u.to_owned()),
+        Some(u) if !u.is_empty() && engine::bounded::is_bounded(u) => Ok(u.to_owned()),
         _ => Err(Refusal::User),
     }
 }

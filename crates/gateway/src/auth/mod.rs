@@ -12,6 +12,8 @@
 //! checks themselves are in `access`.
 
 pub mod access;
+
+pub use engine::caller::{Caller, Via};
 pub mod jwt;
 pub mod keys;
 pub mod source;
@@ -28,58 +30,6 @@ use source::{KeySource, Origin};
 
 /// The header by which the service token's caller names the user it acts for.
 pub const USER_HEADER: &str = "x-iac-code-user";
-
-/// How a caller authenticated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Via {
-    /// No authentication is configured.
-    Open,
-    /// The service token.
-    Service,
-    /// A JWT.
-    Jwt,
-}
-
-/// Who a request comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Caller {
-    pub via: Via,
-    /// The user it acts for: a JWT's, or the one the service token's caller names. `None`: no
-    /// user (no authentication, or the service token acting for nobody in particular).
-    pub user: Option<String>,
-}
-
-impl Caller {
-    pub const OPEN: Caller = Caller {
-        via: Via::Open,
-        user: None,
-    };
-
-    /// A user with a JWT (tests).
-    #[cfg(test)]
-    pub fn jwt_user(user: &str) -> Caller {
-        Caller {
-            via: Via::Jwt,
-            user: Some(user.into()),
-        }
-    }
-
-    /// Whether this caller may touch a thread owned by `owner` (see
-    /// [`store::ThreadDoc::owner_or_user`]): a caller without a user (no authentication,
-    /// the service token acting for nobody) any thread; a user only their own.
-    pub fn may_touch(&self, owner: Option<&str>) -> bool {
-        match &self.user {
-            None => true,
-            Some(u) => owner == Some(u.as_str()),
-        }
-    }
-
-    /// Whether this caller operates the gateway (sees what `/health` tells an operator): anyone
-    /// without authentication, the service token; not an end user's JWT.
-    pub fn is_operator(&self) -> bool {
-        self.via != Via::Jwt
-    }
-}
 
 /// Why a request was not authenticated: the label of `agui_auth_refusals_total` and the audit
 /// line's reason.
@@ -196,7 +146,7 @@ impl Auth {
             Some(v) => Some(
                 v.to_str()
                     .ok()
-                    .filter(|u| !u.is_empty() && crate::bounded::is_bounded(u))
+                    .filter(|u| !u.is_empty() && engine::bounded::is_bounded(u))
                     .ok_or(Denied::BadUserHeader)?,
             ),
         };

@@ -5,49 +5,11 @@
 
 use super::layers::{Integer, Layers, Opt};
 
+pub use engine::limits::Caps;
+
 /// The largest value a bound takes: more is no bound in practice (and stays far below what a
 /// semaphore counts).
 pub const MOST: i64 = 1_000_000;
-
-/// The bounds (see the book's "Bounds").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caps {
-    /// Open client connections on the main listener; beyond, new ones wait in the accept queue.
-    pub max_connections: usize,
-    /// Runs being served at once (attached, detached and guidance runs alike).
-    pub max_runs: usize,
-    /// Runs going on without a client at once; beyond, a client that leaves cancels its run.
-    pub max_detached_runs: usize,
-    /// Readers of one run's events route at once.
-    pub max_readers_per_run: usize,
-    /// Guidance runs of one thread at once.
-    pub max_guidance_per_thread: usize,
-    /// Messages one thread's transcript keeps (the oldest go first).
-    pub transcript_limit: usize,
-}
-
-impl Default for Caps {
-    fn default() -> Caps {
-        Caps {
-            // Every run is a connection, and so is every re-attached reader and every idle
-            // keep-alive connection: four times the runs, within the accept queue's depth and
-            // well within a service's usual descriptor limit (65,536).
-            max_connections: 4096,
-            // A run costs the gateway about 40 KiB (BENCHMARKS.md) and the kernel a task: 1,024
-            // are 40 MiB here, more than one kernel serves with an LLM behind it.
-            max_runs: 1024,
-            // A detached run keeps its replay buffer (1 MiB by default) with nobody reading it:
-            // 256 of them are at most 256 MiB.
-            max_detached_runs: 256,
-            // A page, its reloads and a few tabs.
-            max_readers_per_run: 8,
-            // Guidance is a person steering a running pipeline: one or two at a time.
-            max_guidance_per_thread: 4,
-            // A long conversation with its tool calls (each message within 64 KiB of text).
-            transcript_limit: 1000,
-        }
-    }
-}
 
 pub(super) const MAX_CONNECTIONS: &str =
     "--max-connections must be a whole number from 1 to 1000000.";

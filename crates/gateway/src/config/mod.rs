@@ -26,9 +26,9 @@ use layers::{Count, Integer, Layers, List, Number, Opt, Place, Switch, Text, Yam
 
 use crate::cors::Origins;
 use crate::hosts::AllowedHosts;
-use crate::i18n::Lang;
-use crate::paths;
 use crate::urls;
+use engine::i18n::Lang;
+use engine::paths;
 
 /// The validated configuration. Its `Debug` shows no secret.
 #[derive(Clone)]
@@ -400,6 +400,30 @@ impl Config {
     /// shared temporary one, where anyone could plant a workspace or read one.
     pub fn default_workspace_root(&self) -> PathBuf {
         self.state_dir.join("workspaces")
+    }
+
+    /// What the engine is told of this configuration, with `channel_capacity` events buffered
+    /// per run towards a slow client.
+    pub fn engine_settings(&self, channel_capacity: usize) -> engine::Settings {
+        engine::Settings {
+            caps: self.caps,
+            client_stall_timeout: self.client_stall_timeout,
+            detach_grace: self.detach_grace,
+            interrupt_ttl_secs: self.interrupt_ttl_secs,
+            replay_buffer_bytes: self.replay_buffer_bytes,
+            max_image_decodes: self.max_image_decodes,
+            channel_capacity,
+            workspaces: self.workspace_roots(),
+        }
+    }
+
+    /// Where clients' workspaces may be.
+    pub fn workspace_roots(&self) -> engine::validate::cwd::Roots {
+        engine::validate::cwd::Roots::new(
+            self.allowed_cwds.as_deref(),
+            self.home.as_deref(),
+            self.default_workspace_root(),
+        )
     }
 
     /// Whether callers must authenticate (a service token, JWTs, or both).

@@ -108,7 +108,7 @@ async fn ask(base: &str, dest: &Dest, secret: &[u8]) -> Result<String, Unreachab
         .as_bytes()
         .ct_eq(given.as_bytes())
         .into();
-    if !ok || !crate::bounded::is_bounded(id) {
+    if !ok || !engine::bounded::is_bounded(id) {
         return Err(refused(
             "wrong proof (another cluster secret, or not an instance)",
         ));

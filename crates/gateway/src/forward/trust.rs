@@ -234,7 +234,7 @@ fn decode_caller(v: &str) -> Option<Caller> {
         None => (v, None),
         Some((via, u)) => {
             let user = String::from_utf8(B64.decode(u).ok()?).ok()?;
-            if user.is_empty() || !crate::bounded::is_bounded(&user) {
+            if user.is_empty() || !engine::bounded::is_bounded(&user) {
                 return None;
             }
             (via, Some(user))

@@ -18,21 +18,8 @@ use prometheus_client::registry::Registry;
 
 use crate::error::Code;
 
+pub use engine::telemetry::{InterruptEvent, Limit, Telemetry};
 pub use store::RunOutcome;
-
-/// What happened to an interrupt (`agui_interrupts_total{event}`: its name in snake case).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
-#[strum(serialize_all = "snake_case")]
-pub enum InterruptEvent {
-    /// Announced to a client, pending.
-    Created = 0,
-    /// Answered (allowed, denied or cancelled by its answer) and accepted by the kernel.
-    Resolved = 1,
-    /// Cleared because it expired.
-    Expired = 2,
-    /// Cleared by the cancellation extension.
-    Cancelled = 3,
-}
 
 /// Why trace spans were lost (`agui_trace_spans_dropped_total{reason}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
@@ -42,29 +29,6 @@ pub enum DropReason {
     QueueFull = 0,
     /// Their batch could not be exported.
     ExportFailed = 1,
-}
-
-/// A bound on concurrent work that was reached (`agui_limit_reached_total{limit}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr, strum::VariantArray)]
-#[strum(serialize_all = "snake_case")]
-pub enum Limit {
-    /// The accept loop waited for a connection to close (`--max-connections`).
-    Connections = 0,
-    /// A run was refused (`--max-runs`).
-    Runs = 1,
-    /// A client left a run that could not be detached: the run was cancelled
-    /// (`--max-detached-runs`).
-    DetachedRuns = 2,
-    /// A reader of a run's events was refused (`--max-readers-per-run`).
-    Readers = 3,
-    /// A guidance run was refused (`--max-guidance-per-thread`).
-    Guidance = 4,
-}
-
-impl Limit {
-    pub fn as_str(self) -> &'static str {
-        self.into()
-    }
 }
 
 /// One counter of `family` per value of `E`, in the order of its values (its index is the
@@ -455,63 +419,11 @@ impl Metrics {
         out
     }
 
-    pub fn run_started(&self) {
-        self.runs_started.inc();
-        self.active_runs.inc();
-    }
-
-    pub fn run_finished(&self, outcome: RunOutcome, code: Option<Code>, took: Duration) {
-        self.active_runs.dec();
-        self.run_duration.observe(took.as_secs_f64());
-        let labels = FinishedLabels {
-            outcome: outcome.as_str(),
-            code: code.map_or("", Code::as_str),
-        };
-        self.runs_finished.get_or_create(&labels).inc();
-        if outcome == RunOutcome::Disconnected {
-            self.client_disconnects.inc();
-        }
-    }
-
-    /// One event of type `index` ([`agui::Event::type_index`]) sent: one atomic add.
-    #[inline]
-    pub fn event_sent(&self, index: usize) {
-        if let Some(c) = self.events_sent.get(index) {
-            c.inc();
-        }
-    }
-
-    pub fn interrupts(&self, event: InterruptEvent, n: usize) {
-        if n > 0 {
-            self.interrupts[event as usize].inc_by(n as u64);
-        }
-    }
-
-    /// The number of pending interrupts changed by `delta`.
-    pub fn pending_changed(&self, delta: i64) {
-        if delta != 0 {
-            self.pending_interrupts.inc_by(delta);
-        }
-    }
-
-    /// `n` images are about to be decoded.
-    pub fn images_decoded(&self, n: usize) {
-        self.images_decoded.inc_by(n as u64);
-    }
-
-    pub fn admission(&self, took: Duration) {
-        self.admission_duration.observe(took.as_secs_f64());
-    }
-
     pub fn state_save(&self, took: Duration, ok: bool) {
         self.state_save_duration.observe(took.as_secs_f64());
         if !ok {
             self.state_save_failures.inc();
         }
-    }
-
-    pub fn transcript_write_failed(&self) {
-        self.transcript_write_failures.inc();
     }
 
     pub fn kernel_request(&self, method: &'static str, took: Duration) {
@@ -529,13 +441,67 @@ impl Metrics {
     pub fn spans_dropped(&self, reason: DropReason, n: u64) {
         self.spans_dropped[reason as usize].inc_by(n);
     }
+}
 
-    pub fn limit_reached(&self, limit: Limit) {
+impl Telemetry for Metrics {
+    fn run_started(&self) {
+        self.runs_started.inc();
+        self.active_runs.inc();
+    }
+
+    fn run_finished(&self, outcome: RunOutcome, code: Option<Code>, took: Duration) {
+        self.active_runs.dec();
+        self.run_duration.observe(took.as_secs_f64());
+        let labels = FinishedLabels {
+            outcome: outcome.as_str(),
+            code: code.map_or("", Code::as_str),
+        };
+        self.runs_finished.get_or_create(&labels).inc();
+        if outcome == RunOutcome::Disconnected {
+            self.client_disconnects.inc();
+        }
+    }
+
+    /// One event of type `index` ([`agui::Event::type_index`]) sent: one atomic add.
+    #[inline]
+    fn event_sent(&self, index: usize) {
+        if let Some(c) = self.events_sent.get(index) {
+            c.inc();
+        }
+    }
+
+    fn interrupts(&self, event: InterruptEvent, n: usize) {
+        if n > 0 {
+            self.interrupts[event as usize].inc_by(n as u64);
+        }
+    }
+
+    /// The number of pending interrupts changed by `delta`.
+    fn pending_changed(&self, delta: i64) {
+        if delta != 0 {
+            self.pending_interrupts.inc_by(delta);
+        }
+    }
+
+    /// `n` images are about to be decoded.
+    fn images_decoded(&self, n: usize) {
+        self.images_decoded.inc_by(n as u64);
+    }
+
+    fn admission(&self, took: Duration) {
+        self.admission_duration.observe(took.as_secs_f64());
+    }
+
+    fn transcript_write_failed(&self) {
+        self.transcript_write_failures.inc();
+    }
+
+    fn limit_reached(&self, limit: Limit) {
         self.limits_reached[limit as usize].inc();
     }
 
     /// A request refused access, for `reason` (a fixed set: see `auth::access`).
-    pub fn auth_refused(&self, reason: &'static str) {
+    fn auth_refused(&self, reason: &'static str) {
         self.auth_refusals
             .get_or_create(&ReasonLabel { reason })
             .inc();

@@ -12,6 +12,7 @@
 
 pub mod access;
 pub mod logs;
+mod metered;
 pub mod metrics;
 pub mod observer;
 mod one_line;
@@ -29,6 +30,7 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
 
+pub use metered::metered;
 pub use metrics::{
     DropReason, InterruptEvent, KernelGauges, Limit, Metrics, RunOutcome, SlotGauges,
 };
@@ -42,7 +44,7 @@ pub struct Telemetry {
 }
 
 /// The crates whose spans become trace spans (at info and above).
-const TRACED: [&str; 3] = ["iac_code_agui", "kernel", "a2a"];
+const TRACED: [&str; 4] = ["iac_code_agui", "engine", "kernel", "a2a"];
 
 /// Installs the global log subscriber: the format and writer of `cfg`, the level of
 /// `IAC_CODE_AGUI_LOG` (an `EnvFilter` directive) or `--debug`, and the trace exporter when the
@@ -53,7 +55,7 @@ pub fn init(cfg: &Config, env: &Env, metrics: Arc<Metrics>) -> Telemetry {
         .and_then(|v| EnvFilter::try_new(v).ok())
         .unwrap_or_else(|| {
             EnvFilter::new(format!(
-                "iac_code_agui={level},kernel={level},a2a={level},warn"
+                "iac_code_agui={level},engine={level},kernel={level},a2a={level},warn"
             ))
         });
     use std::io::IsTerminal as _;

@@ -2,31 +2,12 @@
 //! call's span (or, with tracing off, the client's own headers, passed on unchanged), and the
 //! call's duration by method.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue};
 
 use super::{otel, Metrics};
-
-tokio::task_local! {
-    /// The client's `traceparent`/`tracestate` of the request a task serves.
-    static INCOMING: Vec<(HeaderName, HeaderValue)>;
-}
-
-/// Runs `fut` with the client's trace headers at hand for its kernel calls.
-pub fn with_incoming<F: Future>(
-    headers: Vec<(HeaderName, HeaderValue)>,
-    fut: F,
-) -> impl Future<Output = F::Output> {
-    INCOMING.scope(headers, fut)
-}
-
-/// The client's trace headers of the current task (empty outside [`with_incoming`]).
-pub fn incoming() -> Vec<(HeaderName, HeaderValue)> {
-    INCOMING.try_with(Clone::clone).unwrap_or_default()
-}
 
 /// The observer every kernel client of the gateway has.
 pub struct KernelObserver {
@@ -43,7 +24,7 @@ impl a2a::Observer for KernelObserver {
     fn headers(&self) -> Vec<(HeaderName, HeaderValue)> {
         let ours = otel::current_headers();
         if ours.is_empty() {
-            incoming()
+            engine::trace::incoming()
         } else {
             ours
         }

@@ -315,8 +315,8 @@ fn check_digests(produced: &Files, requests: &str) -> Vec<String> {
     let mut sent: HashMap<(String, String), Vec<String>> = HashMap::new();
     for line in requests.lines().filter(|l| !l.trim().is_empty()) {
         let r: Value = serde_json::from_str(line).expect("request log line");
-        let digest = iac_code_agui::canonical::digest_bytes(str_at(&r, "raw").as_bytes())
-            .expect("canonical");
+        let digest =
+            engine::canonical::digest_bytes(str_at(&r, "raw").as_bytes()).expect("canonical");
         sent.entry((
             str_at(&r, "threadId").to_owned(),
             str_at(&r, "runId").to_owned(),
@@ -419,7 +419,7 @@ fn another_recording(committed: &Files) -> Files {
                     "uuid" => u.to_string(),
                     "permission" => format!("permission-{hex}"),
                     "call" => format!("call_{}", &hex[..12]),
-                    _ => iac_code_agui::canonical::sha256_hex(hex.as_bytes()),
+                    _ => engine::canonical::sha256_hex(hex.as_bytes()),
                 }
             })
             .clone()
@@ -611,7 +611,7 @@ fn another_recording_matches_and_every_alteration_is_noticed() {
 fn a_digest_the_harness_did_not_send_is_noticed() {
     let name = "S01_after_run.thread-s1.json";
     let raw = r#"{"threadId":"thread-s1","runId":"run-s1-1"}"#;
-    let digest = iac_code_agui::canonical::digest_bytes(raw.as_bytes()).unwrap();
+    let digest = engine::canonical::digest_bytes(raw.as_bytes()).unwrap();
     let log =
         serde_json::json!({"threadId": "thread-s1", "runId": "run-s1-1", "raw": raw}).to_string();
     let committed = read_files(&committed_dir());

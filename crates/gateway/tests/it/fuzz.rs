@@ -12,8 +12,8 @@
 
 use std::time::{Duration, Instant};
 
-use iac_code_agui::canonical;
-use iac_code_agui::validate::{content, envelope, props};
+use engine::canonical;
+use engine::validate::{content, envelope, props};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
@@ -146,7 +146,7 @@ fn bounded_id() -> impl Strategy<Value = String> {
         Just("é".repeat(128)),
     ]
     .prop_map(|s| {
-        let mut end = s.len().min(iac_code_agui::validate::MAX_ID_BYTES);
+        let mut end = s.len().min(engine::validate::MAX_ID_BYTES);
         while !s.is_char_boundary(end) {
             end -= 1;
         }
@@ -632,7 +632,7 @@ fn kernel_frame() -> impl Strategy<Value = Value> {
 
 #[test]
 fn fuzz_fast_text_path_agrees_with_the_generic_path() {
-    use iac_code_agui::mapping::fast::{text_delta, Known};
+    use engine::mapping::fast::{text_delta, Known};
     let known = Known {
         task_id: "task-1",
         context_id: "C",

@@ -7,8 +7,8 @@
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use engine::validate::cwd;
 use iac_code_agui::config::Config;
-use iac_code_agui::validate::cwd;
 use proptest::prelude::*;
 
 use crate::fuzz::fuzz;
@@ -91,7 +91,7 @@ fn fuzz_client_workspaces_never_expand_escape_or_create() {
         (start, prop::collection::vec(segment(), 0..6)),
         |(start, segments)| {
             let raw = format!("{start}{}", segments.join("/"));
-            let resolved = cwd::resolve(&raw, &cfg);
+            let resolved = cwd::resolve(&raw, &cfg.workspace_roots());
             seen[usize::from(resolved.is_ok())].fetch_add(1, Ordering::Relaxed);
             if raw.starts_with('~') || raw.contains('$') {
                 prop_assert!(resolved.is_err(), "expanded {raw:?}");

@@ -932,7 +932,7 @@ async fn concurrent_admissions_on_distinct_threads_do_not_serialise() {
 /// Every pre-SSE error code with its status, in English and in another language (catalogue text).
 #[tokio::test]
 async fn every_pre_sse_error_in_two_languages() {
-    use iac_code_agui::i18n::{tr, Lang};
+    use engine::i18n::{tr, Lang};
     let k = FakeKernel::start().await;
     let s = Builder::new().auth("tok").a2a(&k.url(), None).start().await;
     let ws = s.ws("w");

@@ -500,7 +500,7 @@ async fn secrets_never_reach_logs_or_spans(format: &str) {
     use testkit::fake_kernel::{FakeKernel, Item, Stream};
     let k = FakeKernel::start().await;
     let otlp = testkit::otlp::OtlpReceiver::start().await;
-    let c = iac_code_agui::run::context_id("t1");
+    let c = engine::run::context_id("t1");
     // The kernel echoes the request metadata (with secrets) in its first task event, like the real one.
     k.stream(
         Stream::of("task-1", &c)
@@ -641,7 +641,7 @@ async fn graceful_shutdown_drains_open_streams() {
         "tools": [], "context": [], "forwardedProps": {"iacCode": {"schemaVersion": 1, "rosInvocationId": "i", "cwd": ws}}})
     };
     // One paused execution (an interrupt) that must survive the shutdown.
-    let ctx = iac_code_agui::run::context_id("paused");
+    let ctx = engine::run::context_id("paused");
     k.stream(
         Stream::of("task-p", &ctx)
             .submitted(json!({}))
@@ -652,7 +652,7 @@ async fn graceful_shutdown_drains_open_streams() {
     let mut streams = vec![];
     for i in 0..100 {
         let t = format!("s{i}");
-        let c = iac_code_agui::run::context_id(&t);
+        let c = engine::run::context_id(&t);
         k.stream(
             Stream::of(&format!("task-{i}"), &c)
                 .task("TASK_STATE_WORKING", json!({}))

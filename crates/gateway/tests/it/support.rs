@@ -469,7 +469,7 @@ pub fn permission(thread: &str) -> Value {
 
 /// `agui-` + sha256(thread)[..40]
 pub fn ctx(thread: &str) -> String {
-    iac_code_agui::run::context_id(thread)
+    engine::run::context_id(thread)
 }
 
 /// A managed real kernel for `env`, ready (or the test fails).
@@ -713,8 +713,7 @@ impl Documents for FaultyStore {
 /// A sample of the server's metrics (`name{labels}` as exposed), 0 when absent.
 pub fn metric(s: &TestServer, key: &str) -> f64 {
     s.state
-        .rt
-        .metrics()
+        .metrics
         .encode()
         .lines()
         .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())

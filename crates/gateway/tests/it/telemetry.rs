@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use engine::telemetry::Telemetry as _;
 use serde_json::{json, Value};
 use testkit::fake_kernel::{FakeKernel, Item, Stream};
 use testkit::otlp::{OtlpReceiver, Span};

@@ -2,6 +2,7 @@
 //! accepted and not used: the caller is who authenticated). The transcript is in the shared
 //! store: any instance answers, none forwards.
 
+use crate::error::Respond as _;
 use axum::extract::State;
 
 use super::super::extract::{Authed, JsonBody};

@@ -1,6 +1,7 @@
 //! `GET /threads/{threadId}/runs/{runId}/events`: a run's events, replayed from `Last-Event-ID`
 //! or `?after=` and then followed (`threads_api::events`), at the run's holder.
 
+use crate::error::Respond as _;
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 

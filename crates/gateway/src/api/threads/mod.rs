@@ -10,6 +10,7 @@ pub(super) mod list;
 pub(super) mod messages;
 pub(super) mod state;
 
+use crate::error::Respond as _;
 use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 
@@ -17,12 +18,12 @@ use super::relay::{held_elsewhere, Outgoing};
 use super::AppState;
 use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
-use crate::i18n::Lang;
+use engine::i18n::Lang;
 
 /// A thread id within the bound of ids, or the route's refusal.
 #[allow(clippy::result_large_err)]
 fn checked(thread_id: &str, hl: Lang) -> Result<(), Response> {
-    crate::run::hold::check_thread_id(thread_id).map_err(|e| e.into_response_in(hl))
+    engine::run::hold::check_thread_id(thread_id).map_err(|e| e.into_response_in(hl))
 }
 
 /// [`held_elsewhere`] for the GET routes (no body): another user's thread is not found.

@@ -119,7 +119,7 @@ async fn pipeline_steps_and_recovery_across_runs() {
 async fn pipeline_custom_allow_list_through_the_gateway() {
     let (s, k) = fake_gateway().await;
     let c = ctx("t1");
-    let mut events: Vec<Value> = iac_code_agui::mapping::ALLOW_LIST
+    let mut events: Vec<Value> = engine::mapping::ALLOW_LIST
         .iter()
         .enumerate()
         .map(|(i, t)| json!({"schemaVersion": "1.0", "eventId": format!("e{i}"), "sequence": (i + 1) as f64, "eventType": t, "data": {"n": i}}))
@@ -148,7 +148,7 @@ async fn pipeline_custom_allow_list_through_the_gateway() {
         .iter()
         .map(|v| v["eventType"].as_str().unwrap())
         .collect();
-    let mut expected: Vec<&str> = iac_code_agui::mapping::ALLOW_LIST.to_vec();
+    let mut expected: Vec<&str> = engine::mapping::ALLOW_LIST.to_vec();
     expected.push("step_failed");
     assert_eq!(types, expected);
     assert_eq!(customs[0]["data"]["n"], 0, "envelopes pass unchanged");

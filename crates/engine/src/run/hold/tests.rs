@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use super::*;
 use crate::run::decide::testing::doc_with_pending;
 use crate::run::{ActiveRun, RunControl};
-use crate::telemetry::{Metrics, RunOutcome};
+use crate::telemetry::testing::Counts;
+use store::RunOutcome;
 use store::{BoxFuture, Documents, Store};
 
 /// A store in memory; `fail` makes every save fail, `refuse` makes it answer "not held".
@@ -62,10 +63,9 @@ async fn held(waiting: bool) -> (Arc<Memory>, Arc<Threads>, ThreadHold) {
     let store = Arc::new(Memory::default());
     let doc = doc_with_pending(if waiting { &[("p1", None)] } else { &[] });
     store.docs.lock().unwrap().insert("thread-1".into(), doc);
-    let metrics = Arc::new(Metrics::new());
     let threads = Arc::new(Threads::new(
-        crate::run::metered::metered(Store::documents_only(store.clone()), metrics.clone()),
-        metrics,
+        Store::documents_only(store.clone()),
+        Arc::new(Counts::default()),
     ));
     let slot = threads.slot("thread-1");
     let hold = {

@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::Config;
 use crate::error::{msg, ApiError, Code};
 use crate::paths;
 
@@ -11,18 +10,38 @@ fn err(m: &'static str) -> ApiError {
     ApiError::new(Code::InvalidInput, m)
 }
 
-/// The allowed roots that currently exist as directories: the configured ones, else the private
-/// default, `<state-dir>/workspaces` (never the process's directory or the shared temporary one,
-/// the reference's defaults: the first is often a checkout, the second anyone's).
-pub fn allowed_roots(cfg: &Config) -> Vec<PathBuf> {
-    let candidates: Vec<PathBuf> = match cfg.allowed_cwds.as_deref() {
-        Some(list) => list
-            .split(':')
-            .filter(|s| !s.is_empty())
-            .map(|s| PathBuf::from(paths::expand_user(s, cfg.home.as_deref())))
-            .filter(|p| p.is_absolute())
-            .collect(),
-        None => vec![cfg.default_workspace_root()],
+/// Where clients' workspaces may be: the configured roots (`--allowed-cwds`, each with `~`
+/// expanded), or the private default, `<state-dir>/workspaces` (never the process's directory or
+/// the shared temporary one, the reference's defaults: the first is often a checkout, the second
+/// anyone's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Roots {
+    Configured(Vec<PathBuf>),
+    Default(PathBuf),
+}
+
+impl Roots {
+    /// The roots of `--allowed-cwds` (colon-separated, `~` expanded against `home`, relative ones
+    /// dropped), or the default root when it is not given.
+    pub fn new(allowed: Option<&str>, home: Option<&str>, default: PathBuf) -> Roots {
+        match allowed {
+            Some(list) => Roots::Configured(
+                list.split(':')
+                    .filter(|s| !s.is_empty())
+                    .map(|s| PathBuf::from(paths::expand_user(s, home)))
+                    .filter(|p| p.is_absolute())
+                    .collect(),
+            ),
+            None => Roots::Default(default),
+        }
+    }
+}
+
+/// The allowed roots that currently exist as directories.
+pub fn allowed_roots(roots: &Roots) -> Vec<PathBuf> {
+    let candidates = match roots {
+        Roots::Configured(list) => list.clone(),
+        Roots::Default(root) => vec![root.clone()],
     };
     candidates
         .into_iter()
@@ -31,20 +50,19 @@ pub fn allowed_roots(cfg: &Config) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Creates the default workspace root, `<state-dir>/workspaces`, when no root is configured:
-/// 0700, as are the missing directories above it (an existing one keeps its mode). The root it
-/// stands for, `None` when roots are configured. Called at start-up. Blocking I/O.
-pub fn ensure_default_root(cfg: &Config) -> std::io::Result<Option<PathBuf>> {
+/// Creates the default workspace root when no root is configured: 0700, as are the missing
+/// directories above it (an existing one keeps its mode). The root it stands for, `None` when
+/// roots are configured. Called at start-up. Blocking I/O.
+pub fn ensure_default_root(roots: &Roots) -> std::io::Result<Option<PathBuf>> {
     use std::os::unix::fs::DirBuilderExt;
-    if cfg.allowed_cwds.is_some() {
+    let Roots::Default(root) = roots else {
         return Ok(None);
-    }
-    let root = cfg.default_workspace_root();
+    };
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(&root)?;
-    Ok(Some(root))
+        .create(root)?;
+    Ok(Some(root.clone()))
 }
 
 /// A workspace that passed every check; it may not exist yet.
@@ -73,7 +91,7 @@ pub fn asks_for_expansion(raw: &str) -> bool {
 /// Resolves and checks a client's `raw` workspace without changing anything: written out in
 /// full (nothing is expanded), absolute, under an allowed root after symlinks. Blocking I/O:
 /// call it off the async runtime.
-pub fn resolve(raw: &str, cfg: &Config) -> Result<Workspace, ApiError> {
+pub fn resolve(raw: &str, roots: &Roots) -> Result<Workspace, ApiError> {
     if asks_for_expansion(raw) {
         return Err(err(msg::CWD_NOT_EXPANDED));
     }
@@ -82,7 +100,7 @@ pub fn resolve(raw: &str, cfg: &Config) -> Result<Workspace, ApiError> {
     }
     let logical = paths::normalize(Path::new(raw));
     let resolved = paths::resolve(&logical).map_err(|_| err(msg::CWD_INVALID))?;
-    let roots = allowed_roots(cfg);
+    let roots = allowed_roots(roots);
     if !roots.iter().any(|r| resolved.starts_with(r)) {
         return Err(err(msg::CWD_OUTSIDE_ROOTS));
     }
@@ -116,8 +134,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let root = paths::resolve(dir.path()).unwrap();
-        let c = Config::for_state_dir(root.join("state"), &|_| None);
-        assert!(c.allowed_cwds.is_none());
+        let c = Roots::new(None, None, root.join("state/workspaces"));
         assert!(allowed_roots(&c).is_empty(), "not created yet");
         let made = ensure_default_root(&c).unwrap().unwrap();
         assert_eq!(made, root.join("state/workspaces"));
@@ -138,19 +155,20 @@ mod tests {
             );
         }
         // Configured roots: nothing is created.
-        let mut configured = c.clone();
-        configured.allowed_cwds = Some(root.join("elsewhere").display().to_string());
+        let elsewhere = root.join("elsewhere").display().to_string();
+        let configured = Roots::new(Some(&elsewhere), None, made.clone());
         assert_eq!(ensure_default_root(&configured).unwrap(), None);
         assert!(!root.join("elsewhere").exists());
     }
 
-    fn cfg(root: &Path) -> Config {
+    fn cfg(root: &Path) -> Roots {
         let r = root.to_str().unwrap().to_owned();
-        let mut c = Config::for_state_dir(root.join("state"), &|k| {
-            (k == "HOME").then(|| "/home/u".into())
-        });
-        c.allowed_cwds = Some(format!("{r}/ws:/nonexistent-root"));
-        c
+        let allowed = format!("{r}/ws:/nonexistent-root");
+        Roots::new(
+            Some(&allowed),
+            Some("/home/u"),
+            root.join("state/workspaces"),
+        )
     }
 
     #[test]

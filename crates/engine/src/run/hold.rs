@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use crate::auth::Caller;
+use crate::caller::Caller;
 use crate::error::{msg, ApiError, Code};
 use store::{LastRun, StoreError, ThreadDoc, TranscriptAppend};
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::telemetry::{InterruptEvent, Metrics};
+use crate::telemetry::{InterruptEvent, Telemetry};
 use store::{Admission, Claim, Decide, Peer, Store, StoreError, ThreadDoc};
 
 /// Controls of an active run, shared with the cancellation extension.
@@ -83,7 +83,7 @@ impl ThreadState {
     }
 
     /// A run takes the thread (admission), or lets it go (`None`).
-    pub(crate) fn set_active(&mut self, run: Option<ActiveRun>) {
+    pub fn set_active(&mut self, run: Option<ActiveRun>) {
         self.active = run;
     }
 }
@@ -124,7 +124,7 @@ pub struct Threads {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Soft cap of threads kept in memory.
     cap: usize,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Telemetry>,
     unloaded: Mutex<Unloaded>,
 }
 
@@ -183,7 +183,7 @@ pub(crate) fn interrupt_changes(before: Option<&ThreadDoc>, after: &ThreadDoc) -
 }
 
 impl Threads {
-    pub fn new(store: Store, metrics: Arc<Metrics>) -> Threads {
+    pub fn new(store: Store, metrics: Arc<dyn Telemetry>) -> Threads {
         Threads {
             store,
             slots: Mutex::new(HashMap::new()),
@@ -514,6 +514,7 @@ impl Threads {
 mod tests {
     use super::*;
     use crate::run::decide::testing::doc_with_pending;
+    use crate::telemetry::testing::Counts;
     use store::{AppliedDigest, BoxFuture, Lease, Ownership};
 
     /// A shared store that remembers which threads it was told to forget (nothing else of it
@@ -565,13 +566,9 @@ mod tests {
     #[test]
     fn evicted_threads_are_forgotten_by_the_store() {
         let store = Arc::new(Forgetful::default());
-        let metrics = Arc::new(Metrics::new());
         let documents = Arc::new(store::Unavailable("not asked".into()));
         let parts = Store::from_parts(documents, Some(store.clone()), None);
-        let mut threads = Threads::new(
-            super::super::metered::metered(parts, metrics.clone()),
-            metrics,
-        );
+        let mut threads = Threads::new(parts, Arc::new(Counts::default()));
         threads.cap = 3;
         let kept = threads.slot("kept");
         threads.slot("a");

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use a2a::{Message, MessageMetadata, Part, Role, Thinking, TurnMetadata};
 
-use crate::auth::Caller;
+use crate::caller::Caller;
 use crate::error::ApiError;
 use crate::i18n::Lang;
 use crate::validate::props::CandidatePresentation;

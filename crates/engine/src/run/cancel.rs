@@ -9,8 +9,8 @@
 use super::decide::expiry::expire_if_due;
 use super::hold::ThreadHold;
 use super::Runtime;
-use crate::auth::access::{self, CANCEL_ROUTE};
-use crate::auth::Caller;
+use crate::caller::Caller;
+use crate::caller::{self as access, CANCEL_ROUTE};
 use crate::error::{msg, ApiError, Code};
 
 /// Result of a cancellation request.
@@ -68,7 +68,7 @@ pub async fn cancel(
     // Another user's thread is, to this caller, one that does not exist: checked before the
     // claim, which may take a thread over (a write); nothing expires, nothing is cancelled.
     if !super::hold::may_touch(threads, caller, thread_id).await? {
-        access::not_theirs(rt.metrics(), CANCEL_ROUTE, caller, thread_id);
+        access::not_theirs(&**rt.metrics(), CANCEL_ROUTE, caller, thread_id);
         return Err(not_found());
     }
     let slot = threads.slot(thread_id);
@@ -95,7 +95,7 @@ pub async fn cancel(
         // Another user's thread is, to this caller, one that does not exist: nothing expires,
         // nothing is cancelled.
         if !caller.may_touch(doc.owner_or_user()) {
-            access::not_theirs(rt.metrics(), CANCEL_ROUTE, caller, thread_id);
+            access::not_theirs(&**rt.metrics(), CANCEL_ROUTE, caller, thread_id);
             return Err(not_found());
         }
         // Interrupts expire on any access to their thread (a run holding it owns its state).

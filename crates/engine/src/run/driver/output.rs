@@ -20,8 +20,9 @@ use crate::i18n::{self, Lang};
 use crate::mapping::Mapper;
 use crate::run::record::Recorder;
 use crate::run::sink::{GoneSignal, Sink};
-use crate::telemetry::RunOutcome;
+use crate::telemetry::Telemetry;
 use clock::{rfc3339_ms, Clock};
+use store::RunOutcome;
 use store::TranscriptAppend;
 
 use super::end::{is_cancelled_outcome, Ending, Flow};
@@ -31,7 +32,7 @@ pub(super) struct Keep {
     /// `--transcript-limit`.
     pub limit: usize,
     pub clock: Arc<dyn Clock>,
-    pub metrics: Arc<crate::telemetry::Metrics>,
+    pub metrics: Arc<dyn Telemetry>,
 }
 
 /// The events of one run.

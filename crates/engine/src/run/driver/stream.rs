@@ -255,7 +255,7 @@ impl Driver {
 
     /// When a new interrupt expires (none when expiry is off).
     pub(super) fn expires_at(&self) -> Option<String> {
-        let ttl = self.rt.cfg().interrupt_ttl_secs;
+        let ttl = self.rt.settings().interrupt_ttl_secs;
         (ttl > 0).then(|| {
             let ms = i64::try_from(ttl).unwrap_or(i64::MAX).saturating_mul(1000);
             clock::rfc3339_ms(self.rt.now_ms().saturating_add(ms))

@@ -16,7 +16,6 @@ pub mod cancel;
 pub mod decide;
 mod driver;
 pub mod hold;
-mod metered;
 pub mod prepare;
 pub mod record;
 pub mod replay;
@@ -26,11 +25,11 @@ mod threads;
 
 use std::sync::Arc;
 
-use crate::auth::Caller;
-use crate::config::{Config, Env};
+use crate::caller::Caller;
 use crate::limits::Limits;
+use crate::settings::Settings;
 use crate::shutdown::{Activity, Shutdown};
-use crate::telemetry::Metrics;
+use crate::telemetry::Telemetry;
 use clock::Clock;
 use kernel::Pool;
 use store::Store;
@@ -41,19 +40,16 @@ pub use threads::{ActiveRun, Holder, Locked, RunControl, Slot, ThreadState, Thre
 
 /// Everything runs share.
 pub struct Runtime {
-    cfg: Arc<Config>,
+    settings: Settings,
     threads: Arc<Threads>,
     kernels: Arc<Pool>,
     clock: Arc<dyn Clock>,
-    env: Env,
     activity: Activity,
     shutdown: Shutdown,
-    /// Events buffered per run towards a slow client.
-    channel_capacity: usize,
     /// The replay buffers of runs that may outlive their client (with a detach grace): live runs,
     /// and ended ones for the grace period after their end.
     replays: Replays,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Telemetry>,
     /// The bounds on runs, detached runs, readers and guidance runs.
     limits: Arc<Limits>,
     /// Bounds the image decodes running at once (`--max-image-decodes`).
@@ -157,30 +153,22 @@ impl Replays {
 
 impl Runtime {
     pub fn new(
-        cfg: Config,
+        settings: Settings,
         store: Store,
         kernels: Arc<Pool>,
         clock: Arc<dyn Clock>,
-        env: Env,
-        channel_capacity: usize,
-        metrics: Arc<Metrics>,
+        metrics: Arc<dyn Telemetry>,
     ) -> Runtime {
-        let cfg_caps = cfg.caps;
-        let decode_gate = Arc::new(prepare::DecodeGate::new(cfg.max_image_decodes));
+        let decode_gate = Arc::new(prepare::DecodeGate::new(settings.max_image_decodes));
         let rt = Runtime {
-            cfg: Arc::new(cfg),
-            threads: Arc::new(Threads::new(
-                metered::metered(store, metrics.clone()),
-                metrics.clone(),
-            )),
+            threads: Arc::new(Threads::new(store, metrics.clone())),
             kernels,
             clock,
-            env,
             activity: Activity::default(),
             shutdown: Shutdown::default(),
-            channel_capacity,
             replays: Replays::default(),
-            limits: Arc::new(Limits::new(&cfg_caps, metrics.clone())),
+            limits: Arc::new(Limits::new(&settings.caps, metrics.clone())),
+            settings,
             metrics,
             decode_gate,
         };
@@ -188,8 +176,8 @@ impl Runtime {
         rt
     }
 
-    pub fn cfg(&self) -> &Config {
-        &self.cfg
+    pub fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     pub fn threads(&self) -> &Threads {
@@ -214,10 +202,6 @@ impl Runtime {
         &self.clock
     }
 
-    pub fn env(&self) -> &Env {
-        &self.env
-    }
-
     pub fn activity(&self) -> &Activity {
         &self.activity
     }
@@ -227,10 +211,10 @@ impl Runtime {
     }
 
     pub fn channel_capacity(&self) -> usize {
-        self.channel_capacity
+        self.settings.channel_capacity
     }
 
-    pub fn metrics(&self) -> &Arc<Metrics> {
+    pub fn metrics(&self) -> &Arc<dyn Telemetry> {
         &self.metrics
     }
 
@@ -248,7 +232,7 @@ impl Runtime {
 
     /// How long a run goes on without a client (zero: a disconnect ends it).
     pub fn detach_grace(&self) -> std::time::Duration {
-        self.cfg.detach_grace
+        self.settings.detach_grace
     }
 
     /// Records activity now (idle shutdown).

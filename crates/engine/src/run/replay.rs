@@ -388,12 +388,15 @@ mod tests {
     }
 
     fn limits(detached: usize, readers: usize) -> Arc<Limits> {
-        let caps = crate::config::Caps {
+        let caps = crate::limits::Caps {
             max_detached_runs: detached,
             max_readers_per_run: readers,
             ..Default::default()
         };
-        Arc::new(Limits::new(&caps, Arc::default()))
+        Arc::new(Limits::new(
+            &caps,
+            Arc::new(crate::telemetry::testing::Counts::default()),
+        ))
     }
 
     /// Past the cap of detached runs, a run whose last client leaves is abandoned at once; a

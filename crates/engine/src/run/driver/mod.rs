@@ -37,7 +37,7 @@ use tracing::Instrument as _;
 use crate::error::{msg, Code};
 use crate::limits::RunSlot;
 use crate::mapping::{interrupt, Mapper};
-use crate::telemetry::observer::with_incoming;
+use crate::trace::with_incoming;
 use clock::rfc3339_ms;
 use store::{Lapse, LastRun, ThreadDoc};
 
@@ -63,11 +63,15 @@ pub fn spawn_run(
     adm: Admitted,
     slot: RunSlot,
     span: tracing::Span,
-    trace_headers: Vec<(axum::http::HeaderName, axum::http::HeaderValue)>,
+    trace_headers: Vec<(http::HeaderName, http::HeaderValue)>,
 ) -> mpsc::Receiver<Bytes> {
     let grace = rt.detach_grace();
     let replay = (!grace.is_zero()).then(|| {
-        let events = RunEvents::limited(rt.cfg().replay_buffer_bytes, grace, rt.limits().clone());
+        let events = RunEvents::limited(
+            rt.settings().replay_buffer_bytes,
+            grace,
+            rt.limits().clone(),
+        );
         let (thread, run) = (&adm.req.envelope.thread_id, &adm.req.envelope.run_id);
         rt.replays()
             .insert(thread, run, adm.owner.clone(), events.clone());
@@ -83,7 +87,7 @@ pub fn spawn_run(
     });
     let (sink, rx) = Sink::new(
         rt.channel_capacity(),
-        rt.cfg().client_stall_timeout,
+        rt.settings().client_stall_timeout,
         stop,
         rt.clock().clone(),
         replay.as_ref().map(|(_, _, e)| e.clone()),
@@ -179,7 +183,7 @@ impl Driver {
         let envelope = &adm.req.envelope;
         let mapper = Mapper::new(&envelope.run_id, Default::default(), &envelope.thread_id);
         // `--transcript-limit 0`: no transcript.
-        let limit = rt.cfg().caps.transcript_limit;
+        let limit = rt.settings().caps.transcript_limit;
         let keep = (limit > 0).then(|| output::Keep {
             limit,
             clock: rt.clock().clone(),

@@ -26,7 +26,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
 
 use super::replay::{Attached, RunEvents};
-use crate::telemetry::Metrics;
+use crate::telemetry::Telemetry;
 use tokio_util::sync::CancellationToken;
 
 /// Bytes of frames a stopping run keeps for its client beyond the channel (the spans it closes
@@ -152,7 +152,7 @@ pub struct Sink {
     last_id: u64,
     life: Life,
     replay: Option<Replay>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Telemetry>,
 }
 
 impl Sink {
@@ -164,7 +164,7 @@ impl Sink {
         stop: Arc<dyn Stop>,
         clock: Arc<dyn clock::Clock>,
         replay: Option<Arc<RunEvents>>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<dyn Telemetry>,
     ) -> (Sink, mpsc::Receiver<Bytes>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let replay = replay.map(|events| {
@@ -473,7 +473,7 @@ mod tests {
             stop.clone(),
             Arc::new(clock::SystemClock),
             replay,
-            Arc::new(Metrics::new()),
+            Arc::new(crate::telemetry::testing::Counts::default()),
         );
         (sink, rx, stop)
     }

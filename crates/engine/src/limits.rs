@@ -11,18 +11,56 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::config::Caps;
-use crate::telemetry::{Limit, Metrics};
+use crate::telemetry::{Limit, Telemetry};
+
+/// The bounds (see the book's "Bounds").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Open client connections on the main listener; beyond, new ones wait in the accept queue.
+    pub max_connections: usize,
+    /// Runs being served at once (attached, detached and guidance runs alike).
+    pub max_runs: usize,
+    /// Runs going on without a client at once; beyond, a client that leaves cancels its run.
+    pub max_detached_runs: usize,
+    /// Readers of one run's events route at once.
+    pub max_readers_per_run: usize,
+    /// Guidance runs of one thread at once.
+    pub max_guidance_per_thread: usize,
+    /// Messages one thread's transcript keeps (the oldest go first).
+    pub transcript_limit: usize,
+}
+
+impl Default for Caps {
+    fn default() -> Caps {
+        Caps {
+            // Every run is a connection, and so is every re-attached reader and every idle
+            // keep-alive connection: four times the runs, within the accept queue's depth and
+            // well within a service's usual descriptor limit (65,536).
+            max_connections: 4096,
+            // A run costs the gateway about 40 KiB (BENCHMARKS.md) and the kernel a task: 1,024
+            // are 40 MiB here, more than one kernel serves with an LLM behind it.
+            max_runs: 1024,
+            // A detached run keeps its replay buffer (1 MiB by default) with nobody reading it:
+            // 256 of them are at most 256 MiB.
+            max_detached_runs: 256,
+            // A page, its reloads and a few tabs.
+            max_readers_per_run: 8,
+            // Guidance is a person steering a running pipeline: one or two at a time.
+            max_guidance_per_thread: 4,
+            // A long conversation with its tool calls (each message within 64 KiB of text).
+            transcript_limit: 1000,
+        }
+    }
+}
 
 /// The runtime's bounds.
-#[derive(Debug)]
 pub struct Limits {
     runs: Arc<Semaphore>,
     max_runs: usize,
     detached: Arc<Semaphore>,
     readers_per_run: usize,
     guidance: Arc<PerKey>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Telemetry>,
 }
 
 /// A run's slot among `--max-runs`, held for the run's whole life (detached included).
@@ -84,7 +122,7 @@ impl PerKey {
 }
 
 impl Limits {
-    pub fn new(caps: &Caps, metrics: Arc<Metrics>) -> Limits {
+    pub fn new(caps: &Caps, metrics: Arc<dyn Telemetry>) -> Limits {
         Limits {
             runs: Arc::new(Semaphore::new(caps.max_runs)),
             max_runs: caps.max_runs,
@@ -207,6 +245,8 @@ pub fn make_room_for_descriptors(caps: &Caps) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::testing::Counts;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn the_open_file_limit_is_raised_as_far_as_the_bounds_need() {
@@ -237,7 +277,7 @@ mod tests {
     #[test]
     fn a_slot_comes_back_when_its_holder_drops_it() {
         let c = caps(2, 1, 1);
-        let l = Limits::new(&c, Arc::new(Metrics::new()));
+        let l = Limits::new(&c, Arc::new(Counts::default()));
         let (a, b) = (l.run().unwrap(), l.run().unwrap());
         assert!(l.run().is_none(), "a third run over a cap of two");
         assert_eq!(l.runs_in_use(), 2);
@@ -254,7 +294,8 @@ mod tests {
 
     #[test]
     fn guidance_is_counted_per_thread_and_forgotten_at_zero() {
-        let l = Limits::new(&caps(10, 10, 2), Arc::new(Metrics::new()));
+        let counts = Arc::new(Counts::default());
+        let l = Limits::new(&caps(10, 10, 2), counts.clone());
         let g1 = l.guidance("t1").unwrap();
         let g2 = l.guidance("t1").unwrap();
         assert!(l.guidance("t1").is_none(), "a third on one thread");
@@ -263,14 +304,8 @@ mod tests {
         drop((g1, g2, other));
         assert_eq!(l.threads_with_guidance(), 0, "no memory for idle threads");
         assert!(l.guidance("t1").is_some());
-        let text = l.metrics.encode();
-        assert!(
-            text.contains("agui_limit_reached_total{limit=\"runs\"} 0"),
-            "{text}"
-        );
-        assert!(
-            text.contains("agui_limit_reached_total{limit=\"guidance\"} 1"),
-            "{text}"
-        );
+        let reached = |l: Limit| counts.limits[l as usize].load(Ordering::Relaxed);
+        assert_eq!(reached(Limit::Runs), 0);
+        assert_eq!(reached(Limit::Guidance), 1);
     }
 }

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use super::*;
 use crate::run::replay::RunEvents;
-use crate::telemetry::Metrics;
+use crate::telemetry::testing::Counts;
 use clock::SystemClock;
 use store::{BoxFuture, StoreError};
 
@@ -38,7 +38,7 @@ fn output(dialect: Dialect, replay: Option<Arc<RunEvents>>) -> (Output, mpsc::Re
         Arc::new(tokio_util::sync::CancellationToken::new()),
         Arc::new(SystemClock),
         replay,
-        Arc::new(Metrics::new()),
+        Arc::new(Counts::default()),
     );
     let mapper = Mapper::new("run-1", Default::default(), "thread-1");
     (

@@ -2,6 +2,7 @@
 //! directory and the test kit's scripted fake kernel; each run admitted as `POST /` would.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -9,14 +10,17 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply};
 use tokio::sync::mpsc;
 
 use super::*;
-use crate::config::{Config, Env};
 use crate::i18n::Lang;
+use crate::limits::Caps;
 use crate::run::admit::{admit, RunRequest};
-use crate::telemetry::{Metrics, RunOutcome};
+use crate::settings::Settings;
+use crate::telemetry::testing::Counts;
+use crate::validate::cwd::Roots;
 use crate::validate::{content, envelope, props};
 use clock::SystemClock;
 use kernel::{Kernel, Pool};
 use store::FileStore;
+use store::RunOutcome;
 
 struct Harness {
     rt: Arc<Runtime>,
@@ -38,21 +42,27 @@ async fn harness_of(kernels: usize) -> Harness {
         more.push(FakeKernel::start().await);
     }
     let dir = tempfile::tempdir().unwrap();
-    let cfg = Config::for_state_dir(dir.path().join("state"), &|_| None);
+    let settings = Settings {
+        caps: Caps::default(),
+        client_stall_timeout: Duration::from_secs(60),
+        detach_grace: Duration::ZERO,
+        interrupt_ttl_secs: 86400,
+        replay_buffer_bytes: 1 << 20,
+        max_image_decodes: 2,
+        channel_capacity: 64,
+        workspaces: Roots::Default(dir.path().join("state/workspaces")),
+    };
     let store = store::Store::file(FileStore::open(dir.path().join("state")).unwrap());
-    let env: Env = Arc::new(|_| None);
     let slots = std::iter::once(&kernel)
         .chain(&more)
         .map(|k| Kernel::external(&k.url(), None, Default::default(), None))
         .collect();
     let rt = Arc::new(Runtime::new(
-        cfg,
+        settings,
         store,
         Pool::new(slots).unwrap(),
         Arc::new(SystemClock),
-        env,
-        64,
-        Arc::new(Metrics::new()),
+        Arc::new(Counts::default()),
     ));
     Harness {
         rt,
@@ -91,7 +101,7 @@ impl Harness {
             digest: format!("digest-{run}"),
             user_message,
             lang: Lang::En,
-            caller: crate::auth::Caller::OPEN,
+            caller: crate::caller::Caller::OPEN,
         }
     }
 
@@ -592,7 +602,7 @@ async fn a_cancellation_goes_to_the_threads_kernel() {
             .unwrap()
             .unwrap();
     let exec = doc.execution.execution_id.clone();
-    let caller = crate::auth::Caller::OPEN;
+    let caller = crate::caller::Caller::OPEN;
     crate::run::cancel::cancel(&h.rt, &caller, &exec, "t1", "inv-1")
         .await
         .unwrap();

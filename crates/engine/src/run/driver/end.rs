@@ -13,8 +13,8 @@ use super::super::admit::{Admitted, Mode};
 use super::super::hold::{ThreadHold, Unsaved};
 use super::super::sink::Disconnected;
 use super::super::Runtime;
-use crate::telemetry::RunOutcome;
 use clock::rfc3339_ms;
+use store::RunOutcome;
 use store::{BoxFuture, LastRun, StoreError, TranscriptAppend};
 
 /// What a run's end writes before its terminal event (the driver's: the thread's document and

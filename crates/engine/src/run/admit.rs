@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::auth::access;
+use crate::caller as access;
 use crate::error::{msg, ApiError, Code};
 use crate::limits::GuidanceSlot;
 use crate::validate::RunMode;
@@ -151,7 +151,7 @@ pub async fn trial(rt: &Runtime, req: &RunRequest) -> Result<(), ApiError> {
 /// The audit of a request refused for another user's thread.
 fn strangers_refused(rt: &Runtime, req: &RunRequest) {
     access::not_theirs(
-        rt.metrics(),
+        &**rt.metrics(),
         access::RUN_ROUTE,
         &req.caller,
         &req.envelope.thread_id,
