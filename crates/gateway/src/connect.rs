@@ -34,6 +34,7 @@ use crate::error::{msg, ApiError, Code};
 use crate::threads_api::{read_theirs, sse};
 use engine::mapping::interrupt;
 use engine::run::replay::{Attached, RunEvents};
+use engine::run::terminal::Terminal;
 use engine::run::{sink, Runtime};
 
 /// What a connect asks for.
@@ -127,12 +128,12 @@ pub fn snapshot_frames(
             protocol_version: (dialect == Dialect::V1).then_some(agui::PROTOCOL_VERSION),
         },
         Event::MessagesSnapshot { messages },
-        Event::RunFinished {
-            thread_id: thread_id.to_owned(),
-            run_id: run_id.to_owned(),
-            outcome,
+        Terminal {
+            thread_id,
+            run_id,
             usage: None,
-        },
+        }
+        .finished(outcome),
     ];
     events
         .iter()

@@ -35,10 +35,11 @@ use crate::auth::Caller;
 use crate::error::{msg, ApiError, Code};
 use crate::threads_api::read_theirs;
 use engine::bounded::is_bounded;
-use engine::i18n::{self, Lang};
+use engine::i18n::Lang;
 use engine::limits::RunSlot;
 use engine::mapping::{interrupt, Mapper};
 use engine::run::sink::{Sink, Stop};
+use engine::run::terminal::Terminal;
 use engine::run::Runtime;
 use store::ThreadDoc;
 
@@ -413,12 +414,7 @@ impl Observer {
     }
 
     fn finished(&self, outcome: Outcome) -> Event {
-        Event::RunFinished {
-            thread_id: self.o.thread_id.clone(),
-            run_id: self.o.run_id.clone(),
-            outcome,
-            usage: self.mapper.usage(),
-        }
+        self.terminal().finished(outcome)
     }
 
     fn failure(&self, code: Code, message: &str) -> Stopped {
@@ -426,9 +422,13 @@ impl Observer {
     }
 
     fn error_event(&self, code: Code, message: &str) -> Event {
-        Event::RunError {
-            message: i18n::tr(self.lang, message),
-            code: code.as_str().into(),
+        self.terminal().error(self.lang, code, message)
+    }
+
+    fn terminal(&self) -> Terminal<'_> {
+        Terminal {
+            thread_id: &self.o.thread_id,
+            run_id: &self.o.run_id,
             usage: self.mapper.usage(),
         }
     }

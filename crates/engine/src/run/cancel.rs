@@ -127,6 +127,8 @@ pub async fn cancel(
             slot.clone(),
             st.hold(),
             execution_id.to_owned(),
+            // The cancellation's own writes; no run of this instance's lease is watched.
+            None,
         );
         let kernel = rt.kernels().of_thread(doc.kernel.as_deref()).clone();
         (doc.execution.task_id.clone(), control, hold, kernel)

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::caller::Caller;
 use crate::error::{msg, ApiError, Code};
-use store::{LastRun, StoreError, ThreadDoc, TranscriptAppend};
+use store::{Lapse, LastRun, StoreError, ThreadDoc, TranscriptAppend};
 
 use super::threads::{Slot, ThreadState, Threads};
 
@@ -40,16 +40,31 @@ pub struct ThreadHold {
     hold: u64,
     /// The execution the run belongs to: only its document may be changed.
     execution_id: String,
+    /// With a shared store: the lapse of this instance's lease as of the run's start, which
+    /// ends the hold.
+    lapse: Option<Arc<Lapse>>,
 }
 
 impl ThreadHold {
-    pub fn new(threads: Arc<Threads>, slot: Arc<Slot>, hold: u64, execution_id: String) -> Self {
+    pub fn new(
+        threads: Arc<Threads>,
+        slot: Arc<Slot>,
+        hold: u64,
+        execution_id: String,
+        lapse: Option<Arc<Lapse>>,
+    ) -> Self {
         ThreadHold {
             threads,
             slot,
             hold,
             execution_id,
+            lapse,
         }
+    }
+
+    /// The lapse of this instance's lease that ends the hold (a store of one instance: none).
+    pub fn lapse(&self) -> Option<&Arc<Lapse>> {
+        self.lapse.as_ref()
     }
 
     pub fn execution_id(&self) -> &str {

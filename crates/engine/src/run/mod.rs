@@ -21,6 +21,7 @@ pub mod record;
 pub mod replay;
 mod request;
 pub mod sink;
+pub mod terminal;
 mod threads;
 
 use std::sync::Arc;

@@ -5,7 +5,6 @@
 use std::borrow::Cow;
 
 use a2a::TaskState;
-use agui::Dialect;
 
 use crate::error::{msg, ApiError, Code};
 
@@ -220,16 +219,6 @@ pub(super) fn ending(last_state: Option<&TaskState>, cancel_requested: bool) -> 
     }
 }
 
-/// Whether a run that ended with `code` is told as AG-UI 1.0's `cancelled` outcome: the run was
-/// stopped on request and did not fail. That is every `CANCELLED` ending (the cancellation
-/// extension, the kernel reporting the task cancelled, a question the resume cancelled), and only
-/// for a client that declared 1.0: 0.0.58 and 0.0.59 reject the outcome, and get
-/// `RUN_ERROR CANCELLED` as always. A gateway shutting down, a kernel that went away or an expired
-/// interrupt are failures the client did not ask for: they stay `RUN_ERROR`.
-pub(super) fn is_cancelled_outcome(dialect: Dialect, code: Code) -> bool {
-    dialect == Dialect::V1 && code == Code::Cancelled
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,20 +228,6 @@ mod tests {
         match e {
             End::Failed(f) => Some((f.code, f.cancel_task)),
             _ => None,
-        }
-    }
-
-    #[test]
-    fn only_a_1_0_client_is_told_a_cancellation_as_the_cancelled_outcome() {
-        assert!(is_cancelled_outcome(Dialect::V1, Code::Cancelled));
-        assert!(!is_cancelled_outcome(Dialect::Legacy, Code::Cancelled));
-        for other in [
-            Code::A2aUnavailable,
-            Code::A2aExecutionFailed,
-            Code::ExecutionExpired,
-            Code::StatePersistenceFailed,
-        ] {
-            assert!(!is_cancelled_outcome(Dialect::V1, other), "{other:?}");
         }
     }
 

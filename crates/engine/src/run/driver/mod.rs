@@ -174,8 +174,6 @@ struct Driver {
     out: Output,
     task: KernelTask,
     answers: Answers,
-    /// With a shared store: the lapse of this instance's lease, as of the run's start.
-    lapse: Option<Arc<Lapse>>,
 }
 
 impl Driver {
@@ -208,6 +206,7 @@ impl Driver {
             adm.slot.clone(),
             adm.hold,
             adm.execution_id.clone(),
+            lapse,
         );
         Driver {
             task: KernelTask::new(rt.kernels().first().clone()),
@@ -217,7 +216,6 @@ impl Driver {
             hold,
             out,
             answers: Answers::default(),
-            lapse,
         }
     }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use agui::{Dialect, Event, Outcome};
 
 use crate::error::{msg, Code};
-use crate::i18n::{self, Lang};
+use crate::i18n::Lang;
 use crate::mapping::Mapper;
 use crate::run::record::Recorder;
 use crate::run::sink::{GoneSignal, Sink};
@@ -25,7 +25,8 @@ use clock::{rfc3339_ms, Clock};
 use store::RunOutcome;
 use store::TranscriptAppend;
 
-use super::end::{is_cancelled_outcome, Ending, Flow};
+use super::end::{Ending, Flow};
+use crate::run::terminal::Terminal;
 
 /// How a run's messages are kept (its [`Ending`] writes them).
 pub(super) struct Keep {
@@ -157,12 +158,7 @@ impl Output {
             Some(i) => (Outcome::Interrupt(i), RunOutcome::Interrupt),
             None => (Outcome::Success, RunOutcome::Success),
         };
-        let terminal = Event::RunFinished {
-            thread_id: self.thread_id.clone(),
-            run_id: self.run_id.clone(),
-            outcome,
-            usage: self.mapper.usage(),
-        };
+        let terminal = self.terminal().finished(outcome);
         self.end(terminal, (recorded, None), ending).await;
     }
 
@@ -261,19 +257,15 @@ impl Output {
     }
 
     fn failure_event(&self, code: Code, message: &str) -> Event {
-        if is_cancelled_outcome(self.dialect, code) {
-            Event::RunFinished {
-                thread_id: self.thread_id.clone(),
-                run_id: self.run_id.clone(),
-                outcome: Outcome::Cancelled,
-                usage: self.mapper.usage(),
-            }
-        } else {
-            Event::RunError {
-                message: i18n::tr(self.lang, message),
-                code: code.as_str().into(),
-                usage: self.mapper.usage(),
-            }
+        self.terminal()
+            .failed(self.dialect, self.lang, code, message)
+    }
+
+    fn terminal(&self) -> Terminal<'_> {
+        Terminal {
+            thread_id: &self.thread_id,
+            run_id: &self.run_id,
+            usage: self.mapper.usage(),
         }
     }
 

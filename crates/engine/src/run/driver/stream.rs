@@ -46,7 +46,7 @@ impl Driver {
         let mut drained = pin!(rt.shutdown().drained());
         let mut cancel_asked = pin!(control.cancelled());
         let mut client_gone = pin!(gone.wait());
-        let lapse = self.lapse.clone();
+        let lapse = self.hold.lapse().cloned();
         let mut lapsed = pin!(async {
             match &lapse {
                 Some(l) => l.wait().await,

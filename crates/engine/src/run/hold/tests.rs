@@ -78,7 +78,7 @@ async fn held(waiting: bool) -> (Arc<Memory>, Arc<Threads>, ThreadHold) {
         }));
         st.hold()
     };
-    let h = ThreadHold::new(threads.clone(), slot, hold, "exec-0".into());
+    let h = ThreadHold::new(threads.clone(), slot, hold, "exec-0".into(), None);
     (store, threads, h)
 }
 
@@ -135,6 +135,7 @@ async fn only_the_current_execution_may_be_changed() {
         threads.slot("thread-1"),
         0,
         "exec-9".into(),
+        None,
     );
     let saves = store.saves.load(Ordering::SeqCst);
     assert_eq!(

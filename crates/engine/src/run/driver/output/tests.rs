@@ -119,7 +119,10 @@ async fn a_failure_is_run_error_after_balanced_spans_in_the_requests_language() 
     let last = events.last().unwrap();
     assert_eq!(last["type"], "RUN_ERROR");
     assert_eq!(last["code"], "A2A_UNAVAILABLE");
-    assert_eq!(last["message"], i18n::tr(Lang::En, msg::A2A_UNAVAILABLE));
+    assert_eq!(
+        last["message"],
+        crate::i18n::tr(Lang::En, msg::A2A_UNAVAILABLE)
+    );
     assert_eq!(events[events.len() - 2]["type"], "TEXT_MESSAGE_END");
     assert_eq!(
         out.outcome(),
