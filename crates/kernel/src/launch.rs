@@ -436,13 +436,19 @@ mod tests {
         assert!(!file.exists());
     }
 
-    /// A listener answering every connection with `answer` once.
-    async fn answering(answer: &'static str) -> u16 {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// A listener on a free loopback port, and the port.
+    async fn listener() -> (tokio::net::TcpListener, u16) {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let port = l.local_addr().expect("addr").port();
+        (l, port)
+    }
+
+    /// A listener answering every connection with `answer` once.
+    async fn answering(answer: &'static str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (l, port) = listener().await;
         tokio::spawn(async move {
             while let Ok((mut s, _)) = l.accept().await {
                 let mut buf = [0u8; 1024];
@@ -476,10 +482,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_kernel_that_does_not_answer_is_not_ready_when_the_time_is_up() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = l.local_addr().expect("addr").port();
+        let (l, port) = listener().await;
         let started = std::time::Instant::now();
         assert!(!ready(port, "t", Duration::from_millis(200)).await);
         assert!(started.elapsed() < Duration::from_secs(2));
@@ -489,10 +492,7 @@ mod tests {
     #[tokio::test]
     async fn the_probe_carries_the_token() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = l.local_addr().expect("addr").port();
+        let (l, port) = listener().await;
         let seen = tokio::spawn(async move {
             let (mut s, _) = l.accept().await.expect("accept");
             let mut buf = vec![0u8; 4096];

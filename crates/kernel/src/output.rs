@@ -42,26 +42,14 @@ pub fn forward(pid: u32, stream: Stream, pipe: impl Read + Send + 'static) {
 fn log(pid: u32, stream: Stream, line: &[u8], cut: usize) {
     let text = String::from_utf8_lossy(line);
     let name = stream.name();
-    match (stream, cut) {
-        (Stream::Stdout, 0) => tracing::info!(source = "kernel", stream = name, pid, "{text}"),
-        (Stream::Stderr, 0) => tracing::warn!(source = "kernel", stream = name, pid, "{text}"),
-        (Stream::Stdout, cut) => {
-            tracing::info!(
-                source = "kernel",
-                stream = name,
-                pid,
-                cut_bytes = cut,
-                "{text}"
-            )
+    // Only a cut line says how much was cut: a `None` field is not recorded.
+    let cut_bytes = (cut > 0).then_some(cut);
+    match stream {
+        Stream::Stdout => {
+            tracing::info!(source = "kernel", stream = name, pid, cut_bytes, "{text}")
         }
-        (Stream::Stderr, cut) => {
-            tracing::warn!(
-                source = "kernel",
-                stream = name,
-                pid,
-                cut_bytes = cut,
-                "{text}"
-            )
+        Stream::Stderr => {
+            tracing::warn!(source = "kernel", stream = name, pid, cut_bytes, "{text}")
         }
     }
 }

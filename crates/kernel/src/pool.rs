@@ -401,6 +401,9 @@ mod tests {
         )
     }
 
+    /// How long a test's bind may wait for a kernel.
+    const WAIT: Duration = Duration::from_secs(1);
+
     fn new_thread() -> Ask<'static> {
         Ask {
             recorded: None,
@@ -415,11 +418,10 @@ mod tests {
     #[tokio::test]
     async fn a_run_counts_in_its_kernels_load_until_it_ends() {
         let pool = Pool::new(vec![ext(1), ext(2)]).unwrap();
-        let wait = Duration::from_secs(1);
         let slot = |b: &Bound| pool.slots().iter().position(|k| Arc::ptr_eq(k, &b.kernel));
-        let a = pool.bind(&new_thread(), wait).await.unwrap();
-        let b = pool.bind(&new_thread(), wait).await.unwrap();
-        let c = pool.bind(&new_thread(), wait).await.unwrap();
+        let a = pool.bind(&new_thread(), WAIT).await.unwrap();
+        let b = pool.bind(&new_thread(), WAIT).await.unwrap();
+        let c = pool.bind(&new_thread(), WAIT).await.unwrap();
         assert_eq!((slot(&a), slot(&b), slot(&c)), (Some(0), Some(1), Some(0)));
         let active = |p: &Pool| -> Vec<u64> { p.slot_gauges().iter().map(|g| g.active).collect() };
         assert_eq!(active(&pool), [2, 1]);
@@ -429,14 +431,14 @@ mod tests {
         drop(c);
         // The first has had more threads but now has fewer runs.
         assert_eq!(active(&pool), [0, 1]);
-        let d = pool.bind(&new_thread(), wait).await.unwrap();
+        let d = pool.bind(&new_thread(), WAIT).await.unwrap();
         assert_eq!(slot(&d), Some(0));
         let recorded = b.record.clone().unwrap();
         let stay = Ask {
             recorded: Some(&recorded),
             ..new_thread()
         };
-        let e = pool.bind(&stay, wait).await.unwrap();
+        let e = pool.bind(&stay, WAIT).await.unwrap();
         assert_eq!((slot(&e), e.record.as_deref()), (Some(1), None));
         assert!(Arc::ptr_eq(
             pool.of_thread(Some(&recorded)),
@@ -456,9 +458,8 @@ mod tests {
     async fn an_external_kernel_is_dead_after_probes_fail_in_a_row_and_back_after_one_answer() {
         use super::super::DEAD_AFTER_PROBES;
         let pool = Pool::new(vec![ext(1), ext(2)]).unwrap();
-        let wait = Duration::from_secs(1);
         let slot = |b: &Bound| pool.slots().iter().position(|k| Arc::ptr_eq(k, &b.kernel));
-        let first = pool.bind(&new_thread(), wait).await.unwrap();
+        let first = pool.bind(&new_thread(), WAIT).await.unwrap();
         let home = first.record.clone().unwrap();
         drop(first);
         let on = |may_move| Ask {
@@ -475,7 +476,7 @@ mod tests {
             k.probed(false);
         }
         // Failures not in a row, and fewer than enough in a row: it stays the thread's kernel.
-        let b = pool.bind(&on(true), wait).await.unwrap();
+        let b = pool.bind(&on(true), WAIT).await.unwrap();
         assert_eq!((slot(&b), b.moved), (Some(0), false));
         drop(b);
         let slots = |p: &Pool| p.health(true)["slots"].clone();
@@ -493,19 +494,19 @@ mod tests {
             ),
             (json!(false), json!("external"))
         );
-        let moved = pool.bind(&on(true), wait).await.unwrap();
+        let moved = pool.bind(&on(true), WAIT).await.unwrap();
         assert_eq!((slot(&moved), moved.moved), (Some(1), true));
         assert!(moved.record.as_deref().is_some_and(|r| r != home));
         assert_eq!(
-            pool.bind(&on(false), wait).await.err(),
+            pool.bind(&on(false), WAIT).await.err(),
             Some(Unplaced::Gone)
         );
         // New threads go to the live kernel, though it has more runs.
-        let new = pool.bind(&new_thread(), wait).await.unwrap();
+        let new = pool.bind(&new_thread(), WAIT).await.unwrap();
         assert_eq!(slot(&new), Some(1));
         k.probed(true);
         assert!(!k.lost());
-        let back = pool.bind(&on(true), wait).await.unwrap();
+        let back = pool.bind(&on(true), WAIT).await.unwrap();
         assert_eq!((slot(&back), back.moved), (Some(0), false));
         // None answers: a run is refused at once (no external kernel is on its way).
         for k in pool.slots() {

@@ -823,9 +823,7 @@ mod journal_tests {
 
     #[test]
     fn saves_are_read_back_at_once_and_flush_leaves_only_thread_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("state");
-        let s = FileStore::open_with(&root, false).unwrap();
+        let (dir, root, s) = journaled();
         let made: Vec<_> = std::fs::read_dir(&root).unwrap().flatten().collect();
         assert_eq!(made.len(), 1, "opening makes the lock file only");
         assert!(root.join(".lock").is_file());
@@ -891,9 +889,7 @@ mod journal_tests {
     #[test]
     fn checkpoints_write_in_place_and_a_cut_file_is_replayed() {
         use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("state");
-        let s = FileStore::open_with(&root, false).unwrap();
+        let (dir, root, s) = journaled();
         let file = root.join("threads/t.json");
         s.save_blocking(&doc("t", Some("a-much-longer-task-id")))
             .unwrap();
@@ -942,9 +938,7 @@ mod journal_tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(300);
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("state");
-        let s = FileStore::open_with(&root, false).unwrap();
+        let (_dir, root, s) = journaled();
         let path = |i: usize| root.join(format!("threads/t{i}.json"));
         for i in 0..n {
             s.save_blocking(&doc(&format!("t{i}"), Some("a-longer-first-task-id")))
@@ -1037,6 +1031,22 @@ mod journal_tests {
         assert!(root.join("transcripts/t.jsonl").exists(), "written at once");
     }
 
+    /// A journaled store in a new state directory, `root` (there while the directory is).
+    fn journaled() -> (tempfile::TempDir, std::path::PathBuf, FileStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let s = FileStore::open_with(&root, false).unwrap();
+        (dir, root, s)
+    }
+
+    /// [`journaled`], with the thread `t` and its first run's two messages.
+    async fn with_a_run() -> (tempfile::TempDir, std::path::PathBuf, FileStore) {
+        let (dir, root, s) = journaled();
+        s.save(&doc("t", None)).await.unwrap();
+        s.append_transcript("t", turn("r1", 2)).await.unwrap();
+        (dir, root, s)
+    }
+
     fn turn(run: &str, n: usize) -> crate::TranscriptAppend {
         crate::TranscriptAppend {
             run_id: run.into(),
@@ -1062,9 +1072,7 @@ mod journal_tests {
     /// checkpoint writes and syncs the files and leaves no journal.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn transcript_appends_share_the_journals_syncs_and_are_replayed() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("state");
-        let s = FileStore::open_with(&root, false).unwrap();
+        let (dir, root, s) = journaled();
         // Transcripts are kept for threads that exist.
         let saves: Vec<_> = (0..256)
             .map(|i| s.save(&doc(&format!("t{i}"), None)))
@@ -1153,11 +1161,7 @@ mod journal_tests {
     /// it; the runs' lines that wait after a checkpoint go on numbering from the file.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_rename_writes_the_waiting_lines_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("state");
-        let s = FileStore::open_with(&root, false).unwrap();
-        s.save(&doc("t", None)).await.unwrap();
-        s.append_transcript("t", turn("r1", 2)).await.unwrap();
+        let (_dir, root, s) = with_a_run().await;
         s.append_transcript("t", turn("r2", 1)).await.unwrap();
         let file = root.join("transcripts/t.jsonl");
         assert!(!file.exists());
@@ -1195,9 +1199,7 @@ mod journal_tests {
     /// their file at once: nothing is lost, and the checkpoint syncs them all the same.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn past_the_bound_lines_are_written_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("state");
-        let s = FileStore::open_with(&root, false).unwrap();
+        let (_dir, root, s) = journaled();
         for i in 0..32 {
             let t = format!("t{i}");
             s.save(&doc(&t, None)).await.unwrap();
@@ -1226,9 +1228,7 @@ mod journal_tests {
     /// back; an end without messages is a plain save.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_runs_end_writes_its_document_and_messages_in_one_sync() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("state");
-        let s = FileStore::open_with(&root, false).unwrap();
+        let (dir, root, s) = journaled();
         s.save(&doc("t", None)).await.unwrap();
         for (task, run, seqs) in [("2", "r1", vec![1, 2]), ("3", "r2", vec![1, 2, 3, 4])] {
             let before = s.journal_syncs();
@@ -1258,11 +1258,7 @@ mod journal_tests {
     /// but before its journal was written out does not bring the transcript back.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deleted_thread_stays_deleted() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("state");
-        let s = FileStore::open_with(&root, false).unwrap();
-        s.save(&doc("t", None)).await.unwrap();
-        s.append_transcript("t", turn("r1", 2)).await.unwrap();
+        let (dir, root, s) = with_a_run().await;
         assert!(s.delete_thread("t").await.unwrap());
         assert!(
             journal_logs(&root).is_empty(),
@@ -1305,11 +1301,7 @@ mod journal_tests {
     /// again with the id would continue.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_delete_that_fails_leaves_the_thread_not_an_orphan_history() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("state");
-        let s = FileStore::open_with(&root, false).unwrap();
-        s.save(&doc("t", None)).await.unwrap();
-        s.append_transcript("t", turn("r1", 2)).await.unwrap();
+        let (_dir, root, s) = with_a_run().await;
         s.flush_blocking().unwrap();
         // The transcript cannot be removed (a directory where the file was; even for root).
         let file = root.join("transcripts/t.jsonl");
@@ -1329,10 +1321,7 @@ mod journal_tests {
     #[tokio::test]
     async fn transcript_reads_at_once_are_bounded() {
         use crate::transcript_file::{READERS, READ_WAIT};
-        let dir = tempfile::tempdir().unwrap();
-        let s = FileStore::open_with(dir.path().join("state"), false).unwrap();
-        s.save(&doc("t", None)).await.unwrap();
-        s.append_transcript("t", turn("r1", 2)).await.unwrap();
+        let (_dir, _, s) = with_a_run().await;
         let readers = s.transcript_locks.readers.clone();
         let held: Vec<_> = (0..READERS)
             .map(|_| readers.clone().try_acquire_owned().unwrap())

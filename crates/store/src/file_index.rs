@@ -202,32 +202,18 @@ mod tests {
         assert_eq!(s.title.as_deref(), Some("Hello"));
         // What a previous process wrote: an older thread of alice's, one of bob's, a file that
         // names another thread.
-        let header = |id: &str, owner: &str, at: &str| {
+        for (file, id, owner, at) in [
+            ("t0", "t0", "alice", "2025-12-31T00:00:00.000Z"),
+            ("tb", "tb", "bob", "2026-01-02T00:00:00.000Z"),
+            ("tx", "other", "alice", "2026-01-02T00:00:00.000Z"),
+            ("t1", "t1", "alice", "2025-06-01T00:00:00.000Z"),
+        ] {
             let mut s = ThreadSummary::new(id, at);
             s.owner = Some(owner.into());
             s.active_run = Some("lost".into());
-            format!("{}\n", serde_json::to_string(&Header::of(s)).unwrap())
-        };
-        std::fs::write(
-            dir.path().join("t0.jsonl"),
-            header("t0", "alice", "2025-12-31T00:00:00.000Z"),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join("tb.jsonl"),
-            header("tb", "bob", "2026-01-02T00:00:00.000Z"),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join("tx.jsonl"),
-            header("other", "alice", "2026-01-02T00:00:00.000Z"),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join("t1.jsonl"),
-            header("t1", "alice", "2025-06-01T00:00:00.000Z"),
-        )
-        .unwrap();
+            let header = format!("{}\n", serde_json::to_string(&Header::of(s)).unwrap());
+            std::fs::write(dir.path().join(format!("{file}.jsonl")), header).unwrap();
+        }
         let p = idx.list(dir.path(), &q(Some("alice")));
         let ids: Vec<&str> = p.threads.iter().map(|t| t.thread_id.as_str()).collect();
         assert_eq!(ids, ["t1", "t0"]);

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, Uri};
 use serde_json::{json, Value};
 
-use super::extract::{path_and_query, Authed, JsonBody};
+use super::extract::{Authed, JsonBody};
 use super::ids::ExecutionId;
 use super::relay::{held_elsewhere, Outgoing};
 use super::rules::CancelRoute;
@@ -31,14 +31,7 @@ pub(super) async fn cancel(
         return Err(ApiError::new(Code::InvalidInput, msg::CANCEL_FIELDS).into_response_in(hl));
     };
     cancel::check_ids(&execution_id, thread_id, ros).or_answer(hl)?;
-    let path = path_and_query(&uri);
-    let out = Outgoing {
-        method: Method::POST,
-        path: &path,
-        headers: &trace,
-        body: raw,
-        caller: &caller,
-    };
+    let out = Outgoing::of(Method::POST, &uri, &trace, raw, &caller);
     let missing = cancel::not_found();
     if let Some(r) = held_elsewhere(&s, thread_id, out, CANCEL_ROUTE, missing, hl).await {
         return Ok(r);

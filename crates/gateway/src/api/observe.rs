@@ -5,7 +5,7 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, Uri};
 
-use super::extract::{path_and_query, Authed, JsonBody};
+use super::extract::{Authed, JsonBody};
 use super::ids::ExecutionId;
 use super::relay::{held_elsewhere, Outgoing};
 use super::rules::ObserveRoute;
@@ -23,14 +23,7 @@ pub(super) async fn observe(
 ) -> Answer {
     let rt = &s.rt;
     let observation = crate::observe::parse(&obj).or_answer(hl)?;
-    let path = path_and_query(&uri);
-    let out = Outgoing {
-        method: Method::POST,
-        path: &path,
-        headers: &headers,
-        body: raw,
-        caller: &caller,
-    };
+    let out = Outgoing::of(Method::POST, &uri, &headers, raw, &caller);
     let missing = ApiError::new(Code::ExecutionNotFound, msg::EXECUTION_NOT_FOUND);
     let thread_id = observation.thread_id.clone();
     if let Some(r) = held_elsewhere(&s, &thread_id, out, OBSERVE_ROUTE, missing, hl).await {

@@ -5,9 +5,10 @@
 use crate::error::Respond as _;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 
+use super::extract::path_and_query;
 use super::{not_found, plain, AppState};
 use crate::auth::access;
 use crate::auth::Caller;
@@ -20,11 +21,32 @@ use store::Peer;
 /// A request as it goes to the thread's holder.
 pub(super) struct Outgoing<'a> {
     pub(super) method: Method,
-    pub(super) path: &'a str,
+    /// Its path and query.
+    pub(super) path: String,
     pub(super) headers: &'a HeaderMap,
     pub(super) body: Bytes,
     /// Who the client is, as authenticated here (the holder takes it as it is).
     pub(super) caller: &'a Caller,
+}
+
+impl<'a> Outgoing<'a> {
+    /// The request a route was asked, as it goes on (`uri`: its path and query).
+    pub(super) fn of(
+        method: Method,
+        uri: &Uri,
+        headers: &'a HeaderMap,
+        body: Bytes,
+        caller: &'a Caller,
+    ) -> Self {
+        let path = path_and_query(uri);
+        Outgoing {
+            method,
+            path,
+            headers,
+            body,
+            caller,
+        }
+    }
 }
 
 /// Answers with what the instance holding the thread answers (a forwarded request is never
@@ -37,7 +59,7 @@ pub(super) async fn to_holder(
 ) -> Response {
     let unreachable = || ApiError::new(Code::StateUnavailable, msg::HOLDER_UNREACHABLE);
     let rt = &s.rt;
-    let forwarded = s.with_trust(|t| forward::is_forwarded(&out.method, out.path, out.headers, t));
+    let forwarded = s.with_trust(|t| forward::is_forwarded(&out.method, &out.path, out.headers, t));
     if forwarded || holder.url.is_empty() {
         return unreachable().into_response_in(lang);
     }
@@ -56,7 +78,7 @@ pub(super) async fn to_holder(
         mark,
         tls: s.forwarding.tls(s.cfg.cluster_ca.as_deref()),
     };
-    match forward::forward(holder, out.method, out.path, out.headers, out.body, &hop).await {
+    match forward::forward(holder, out.method, &out.path, out.headers, out.body, &hop).await {
         Ok(r) => r,
         Err(forward::Unreachable(why)) => {
             let url = holder.url.as_str();

@@ -144,7 +144,7 @@ async fn run_request(
             let (headers, path) = forwardable.unwrap_or_default();
             let out = Outgoing {
                 method: Method::POST,
-                path: &path,
+                path,
                 headers: &headers,
                 body,
                 caller: &who,

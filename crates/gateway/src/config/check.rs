@@ -383,19 +383,15 @@ mod tests {
         ] {
             assert_eq!(a2a_url(bad), Err(LOOPBACK.to_owned()), "{bad}");
         }
-        assert_eq!(a2a_url("http://[::1]:1/").unwrap(), "http://[::1]:1/");
-        assert_eq!(
-            a2a_url("http://LOCALHOST:1").unwrap(),
-            "http://LOCALHOST:1/"
-        );
-        assert_eq!(
-            a2a_url(" HTTP://127.0.0.1:9/x// ").unwrap(),
-            "HTTP://127.0.0.1:9/x/"
-        );
-        assert_eq!(
-            a2a_url(" HTTPS://127.0.0.1:9/x// "),
-            Err(A2A_HTTPS.to_owned())
-        );
+        for (url, want) in [
+            ("http://[::1]:1/", Ok("http://[::1]:1/")),
+            ("http://LOCALHOST:1", Ok("http://LOCALHOST:1/")),
+            (" HTTP://127.0.0.1:9/x// ", Ok("HTTP://127.0.0.1:9/x/")),
+            (" HTTPS://127.0.0.1:9/x// ", Err(A2A_HTTPS)),
+        ] {
+            let want = want.map(str::to_owned).map_err(str::to_owned);
+            assert_eq!(a2a_url(url), want, "{url}");
+        }
     }
 
     #[test]

@@ -1388,18 +1388,13 @@ linger_timeout: 3
         ] {
             assert_eq!(validate_a2a_url(bad).unwrap_err(), check::LOOPBACK, "{bad}");
         }
-        assert_eq!(
-            validate_a2a_url("http://[::1]:1/").unwrap(),
-            "http://[::1]:1/"
-        );
-        assert_eq!(
-            validate_a2a_url("http://LOCALHOST:1").unwrap(),
-            "http://LOCALHOST:1/"
-        );
-        assert_eq!(
-            validate_a2a_url("http://127.0.0.1:9/x//").unwrap(),
-            "http://127.0.0.1:9/x/"
-        );
+        for (url, kept) in [
+            ("http://[::1]:1/", "http://[::1]:1/"),
+            ("http://LOCALHOST:1", "http://LOCALHOST:1/"),
+            ("http://127.0.0.1:9/x//", "http://127.0.0.1:9/x/"),
+        ] {
+            assert_eq!(validate_a2a_url(url).unwrap(), kept, "{url}");
+        }
         // Loopback, but TLS the kernel client does not speak: refused, saying why.
         for tls in [
             "https://127.0.0.1:9/",

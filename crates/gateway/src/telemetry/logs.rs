@@ -128,33 +128,17 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
-    use tracing_subscriber::layer::SubscriberExt as _;
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::telemetry::captured::{logged, Captured};
 
     #[test]
     fn lines_carry_the_ids_of_their_spans_at_the_top_level() {
-        let buf = Buf::default();
-        let out = buf.clone();
-        let subscriber = tracing_subscriber::registry().with(
+        let layer = |out: Captured| {
             tracing_subscriber::fmt::layer()
                 .fmt_fields(JsonFields)
                 .event_format(JsonLines)
-                .with_writer(move || out.clone()),
-        );
-        tracing::subscriber::with_default(subscriber, || {
+                .with_writer(move || out.clone())
+        };
+        let text = logged(layer, || {
             let run = tracing::info_span!(
                 "agui.run",
                 thread_id = "t-1",
@@ -166,7 +150,6 @@ mod tests {
             let _s = save.enter();
             tracing::warn!(attempt = 2, level = "not me", "the \"save\" failed");
         });
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         let line: Value = serde_json::from_str(text.trim()).expect("one JSON line");
         assert_eq!(line["level"], "WARN");
         assert_eq!(line["message"], "the \"save\" failed");

@@ -119,3 +119,36 @@ impl Telemetry {
                 .await;
     }
 }
+
+/// Log lines written to memory, for the tests of the log formats.
+#[cfg(test)]
+mod captured {
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// Where the lines go.
+    #[derive(Clone, Default)]
+    pub(super) struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `log` logs through `layer` (made with where its lines go).
+    pub(super) fn logged<L>(layer: impl FnOnce(Captured) -> L, log: impl FnOnce()) -> String
+    where
+        L: tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync + 'static,
+    {
+        let buf = Captured::default();
+        let subscriber = tracing_subscriber::registry().with(layer(buf.clone()));
+        tracing::subscriber::with_default(subscriber, log);
+        let text = buf.0.lock().unwrap().clone();
+        String::from_utf8(text).unwrap()
+    }
+}

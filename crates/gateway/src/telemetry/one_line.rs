@@ -84,8 +84,7 @@ fn escape(event: &[u8], ansi: bool) -> std::borrow::Cow<'_, [u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
-    use tracing_subscriber::layer::SubscriberExt as _;
+    use crate::telemetry::captured::{logged, Captured};
 
     #[test]
     fn inner_breaks_and_controls_are_escaped_and_the_last_break_kept() {
@@ -105,36 +104,20 @@ mod tests {
         );
     }
 
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Buf {
-        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// A kernel error message with a line break in it, logged through the text format, is one
     /// line: no line starts with the forged text.
     #[test]
     fn a_value_with_a_line_break_cannot_forge_a_log_line() {
-        let buf = Buf::default();
-        let out = buf.clone();
-        let subscriber = tracing_subscriber::registry().with(
+        let layer = |out: Captured| {
             tracing_subscriber::fmt::layer()
                 .with_ansi(false)
-                .with_writer(OneLine::new(move || out.clone(), false)),
-        );
-        tracing::subscriber::with_default(subscriber, || {
+                .with_writer(OneLine::new(move || out.clone(), false))
+        };
+        let text = logged(layer, || {
             let e = "kernel said x\n2026-12-02T00:00:00Z  INFO FAKE LINE";
             tracing::warn!(error = %e, "kernel call failed");
             tracing::info!("next");
         });
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 2, "{text}");
         assert!(
             text.lines().all(|l| !l.starts_with("2026-12-02T00:00:00Z")),

@@ -14,8 +14,8 @@ use testkit::postgres::{Cluster, Stop};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
-    bin, body, client, ctx, free_port, post_resume, post_turn, post_turn_as, resume_body,
-    spawn_post, wait_health,
+    assert_cancelled_once, bin, body, client, ctx, free_port, post_resume, post_turn, post_turn_as,
+    resume_body, spawn_post, wait_health,
 };
 
 /// One gateway process on the shared database.
@@ -1080,12 +1080,7 @@ async fn a_lease_lapsed_with_the_database_down_ends_the_runs_in_flight() {
         "ended within the TTL: {:?}",
         down.elapsed()
     );
-    assert_eq!(
-        k.wait_calls("CancelTask", 1, Duration::from_secs(5))
-            .await
-            .len(),
-        1
-    );
+    assert_cancelled_once(&k).await;
     pg.start_again();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

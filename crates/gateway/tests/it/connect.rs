@@ -11,7 +11,8 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, parse};
 
 use crate::support::{
-    body, ctx, detaching_gateway, get_as, permission, post_turn, spawn_post, Builder, TestServer,
+    assert_invalid_input, body, capped_gateway, ctx, detaching_gateway, get_as, permission,
+    post_turn, spawn_post, Builder, TestServer,
 };
 
 /// A turn that says `text` after `pause` and ends (or stops at a permission).
@@ -204,11 +205,9 @@ async fn connect_refuses_strangers_and_bad_requests() {
         "?protocolVersion=9",
         "?follow=true&follow=false",
     ] {
-        let (status, e) = get_as(&format!("{}threads/none/connect{q}", s.url), &tok).await;
-        assert_eq!(
-            (status, e["error"]["code"].as_str()),
-            (400, Some("INVALID_INPUT")),
-            "{q}"
+        assert_invalid_input(
+            get_as(&format!("{}threads/none/connect{q}", s.url), &tok).await,
+            q,
         );
     }
     let r = reqwest::Client::new()
@@ -294,16 +293,7 @@ async fn a_run_no_longer_buffered_from_the_asked_point_gets_the_snapshot() {
 /// an end.
 #[tokio::test]
 async fn a_connect_to_a_run_with_all_its_readers_is_refused() {
-    let k = FakeKernel::start().await;
-    let caps = iac_code_agui::config::Caps {
-        max_readers_per_run: 1,
-        ..Default::default()
-    };
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.detach_grace = Duration::from_secs(30))
-        .config(move |c| c.caps = caps)
-        .start()
-        .await;
+    let (s, k) = capped_gateway(Duration::from_secs(30), |c| c.max_readers_per_run = 1).await;
     script(
         &k,
         "t1",

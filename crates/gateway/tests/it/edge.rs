@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{Builder, TestServer};
+use crate::support::{locked_gateway, Builder, TestServer};
 
 /// 13 MiB: over the run route's 12 MiB.
 const LARGE: usize = 13 * 1024 * 1024;
@@ -133,11 +133,7 @@ fn answered(r: &Value) -> (u64, String) {
 /// connection under the client's upload, which failed with EPIPE or a reset ("fetch failed").
 async fn early_answers_reach(client: Client) {
     let open = Builder::new().kernel_unreachable().start().await;
-    let locked = Builder::new()
-        .auth("tok")
-        .kernel_unreachable()
-        .start()
-        .await;
+    let locked = locked_gateway("tok").await;
     let json_type = json!({"content-type": "application/json"});
     // Whether the client saw the answer before its write failed was a race (Node's `fetch` won
     // it about half the time, `http.client` never): each case several times.
@@ -487,11 +483,7 @@ async fn a_foreign_host_is_refused_without_a_token() {
 /// (a proxy's name, say), one without it is 401 (never 421).
 #[tokio::test]
 async fn with_a_token_the_token_is_the_check() {
-    let s = Builder::new()
-        .auth("tok")
-        .kernel_unreachable()
-        .start()
-        .await;
+    let s = locked_gateway("tok").await;
     assert_eq!(
         ask(
             &s,

@@ -2,7 +2,6 @@
 //! the run's terminal event, bounded by `--transcript-limit`, paged by
 //! `GET /threads/{id}/messages`, without a secret, across a restart of the gateway.
 
-use iac_code_agui::config::Caps;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -10,8 +9,8 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Stream};
 use testkit::sse::{assert_valid_run, post};
 
 use crate::support::{
-    bearer_for, body, ctx, get_as, jwks_file, permission, post_resume, post_turn, post_turn_as,
-    resume_body, Builder, TestServer,
+    assert_invalid_input, bearer_for, body, capped_gateway, ctx, get_as, jwks_file, permission,
+    post_resume, post_turn, post_turn_as, resume_body, Builder, TestServer,
 };
 
 /// A turn that says something, calls a tool, gets its result and stops at a permission.
@@ -223,15 +222,7 @@ async fn each_run_leaves_its_messages_in_the_thread_transcript() {
 /// `--transcript-limit` keeps the newest messages; the page parameters are checked.
 #[tokio::test]
 async fn the_transcript_keeps_the_newest_messages_and_pages_are_checked() {
-    let k = FakeKernel::start().await;
-    let caps = Caps {
-        transcript_limit: 3,
-        ..Caps::default()
-    };
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.caps = caps)
-        .start()
-        .await;
+    let (s, k) = capped_gateway(Duration::ZERO, |c| c.transcript_limit = 3).await;
     let ws = s.ws("t2");
     for i in 1..=3 {
         script_done(&k, "t2", &format!("task-{i}"), &format!("answer {i}"));
@@ -272,15 +263,7 @@ async fn the_transcript_keeps_the_newest_messages_and_pages_are_checked() {
 /// pages are empty; the thread itself is listed (without a title) and runs as before.
 #[tokio::test]
 async fn a_limit_of_zero_keeps_no_transcript() {
-    let k = FakeKernel::start().await;
-    let caps = Caps {
-        transcript_limit: 0,
-        ..Caps::default()
-    };
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.caps = caps)
-        .start()
-        .await;
+    let (s, k) = capped_gateway(Duration::ZERO, |c| c.transcript_limit = 0).await;
     script_done(&k, "t0", "task-1", "an answer");
     let r = post_turn(&s.url, "t0", "r1", "a question", &s.ws("t0")).await;
     assert_valid_run(&r, "t0", "r1");
@@ -405,12 +388,7 @@ async fn each_user_lists_their_own_threads_newest_first() {
         "archived=1",
         "limit=1&limit=2",
     ] {
-        let (status, e) = get_as(&format!("{}threads?{bad}", s.url), &a).await;
-        assert_eq!(
-            (status, e["error"]["code"].as_str()),
-            (400, Some("INVALID_INPUT")),
-            "{bad}"
-        );
+        assert_invalid_input(get_as(&format!("{}threads?{bad}", s.url), &a).await, bad);
     }
     let (status, _) = get_as(&format!("{}threads", s.url), &[]).await;
     assert_eq!(status, 401);
@@ -523,11 +501,9 @@ async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
         json!({"title": "x", "owner": "bob"}),
         json!([1]),
     ] {
-        let (status, e) = send(Method::PATCH, &url("t-e1"), &a, Some(bad.clone())).await;
-        assert_eq!(
-            (status, e["error"]["code"].as_str()),
-            (400, Some("INVALID_INPUT")),
-            "{bad}"
+        assert_invalid_input(
+            send(Method::PATCH, &url("t-e1"), &a, Some(bad.clone())).await,
+            &bad,
         );
     }
     let r = reqwest::Client::new()
@@ -682,11 +658,9 @@ async fn agents_state_answers_in_adks_shape() {
         json!({"threadId": ""}),
         json!([]),
     ] {
-        let (status, e) = send(reqwest::Method::POST, &url, &a, Some(bad.clone())).await;
-        assert_eq!(
-            (status, e["error"]["code"].as_str()),
-            (400, Some("INVALID_INPUT")),
-            "{bad}"
+        assert_invalid_input(
+            send(reqwest::Method::POST, &url, &a, Some(bad.clone())).await,
+            &bad,
         );
     }
     let (status, _) = send(

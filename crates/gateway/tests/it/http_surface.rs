@@ -12,8 +12,8 @@ use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{self, post, post_raw};
 
 use crate::support::{
-    body, client, ctx, fake_gateway, get_as, http_get, post_resume, post_turn, post_turn_as,
-    resume_body, spawn_post, Builder,
+    body, client, ctx, fake_gateway, get_as, http_get, locked_gateway, post_resume, post_turn,
+    post_turn_as, resume_body, spawn_post, Builder,
 };
 
 /// A burst of connects larger than a default accept queue (128) is queued, not dropped: a dropped
@@ -43,11 +43,7 @@ async fn the_listener_queues_a_burst_of_connections() {
 
 #[tokio::test]
 async fn health_routes_and_methods() {
-    let s = Builder::new()
-        .auth("s3cret")
-        .kernel_unreachable()
-        .start()
-        .await;
+    let s = locked_gateway("s3cret").await;
     let r = http_get(format!("{}health", s.url)).await;
     assert_eq!(r.status(), 200);
     let v: Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
@@ -98,11 +94,7 @@ async fn health_routes_and_methods() {
 
 #[tokio::test]
 async fn authentication() {
-    let s = Builder::new()
-        .auth("s3cret")
-        .kernel_unreachable()
-        .start()
-        .await;
+    let s = locked_gateway("s3cret").await;
     let b = body("t1", "r1", "hi", &s.ws("w"), json!({}));
     let r = post(&s.url, &b, &[]).await;
     assert_eq!(r.status, 401);
@@ -171,11 +163,7 @@ async fn authentication() {
 /// order (401 without the token) and its JSON answer for an unknown id, never a plain-text 400.
 #[tokio::test]
 async fn a_path_id_that_does_not_decode_is_an_unknown_id_after_authentication() {
-    let s = Builder::new()
-        .auth("s3cret")
-        .kernel_unreachable()
-        .start()
-        .await;
+    let s = locked_gateway("s3cret").await;
     let token = [("authorization", "Bearer s3cret")];
     for path in [
         "threads/%FF",

@@ -404,12 +404,8 @@ async fn a_strangers_guidance_takes_no_place_of_the_owners() {
     let k = FakeKernel::start().await;
     let keys = tempfile::tempdir().unwrap();
     let jwks = jwks_file(keys.path(), &[testkit::jwt::ec()]);
-    let caps = iac_code_agui::config::Caps {
-        max_guidance_per_thread: 1,
-        ..Default::default()
-    };
     let s = Builder::for_fake(&k)
-        .config(move |c| c.caps = caps)
+        .caps(|c| c.max_guidance_per_thread = 1)
         .jwks(&jwks, Duration::from_secs(300))
         .start()
         .await;

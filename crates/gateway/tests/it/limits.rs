@@ -5,21 +5,15 @@
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use iac_code_agui::config::Caps;
 use serde_json::{json, Value};
 use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::{
-    body, ctx, http_get, metric, png_base64, post_json, post_turn, Builder, TestServer,
+    body, capped_gateway, ctx, http_get, metric, png_base64, post_json, post_turn, Builder,
+    TestServer,
 };
-
-fn caps(f: impl FnOnce(&mut Caps)) -> Caps {
-    let mut c = Caps::default();
-    f(&mut c);
-    c
-}
 
 fn alive_tasks() -> usize {
     tokio::runtime::Handle::current()
@@ -44,12 +38,13 @@ async fn health(url: &str, limit: Duration) -> Option<String> {
     tokio::time::timeout(limit, ask).await.ok().flatten()
 }
 
-/// A kernel turn for `thread` that starts its task and then stays open until the gateway goes.
-fn held(thread: &str, task: &str) -> Reply {
-    Stream::of(task, &ctx(thread))
+/// Queues `thread`'s next kernel turn: it starts its task and then stays open until the
+/// gateway goes.
+fn hold(k: &FakeKernel, thread: &str, task: &str) {
+    let held = Stream::of(task, &ctx(thread))
         .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}))
-        .then(Item::Stall)
-        .reply()
+        .then(Item::Stall);
+    k.on_context("SendStreamingMessage", &ctx(thread), held);
 }
 
 /// A kernel turn for `thread` that completes at once.
@@ -94,7 +89,7 @@ async fn a_flood_of_idle_connections_over_the_cap_waits_and_health_still_answers
     const CAP: usize = 4;
     const FLOOD: usize = 200;
     let s = Builder::new()
-        .config(move |c| c.caps = caps(|c| c.max_connections = CAP))
+        .caps(|c| c.max_connections = CAP)
         .admin()
         .start()
         .await;
@@ -149,17 +144,9 @@ async fn a_flood_of_idle_connections_over_the_cap_waits_and_health_still_answers
 /// run is admitted.
 #[tokio::test]
 async fn the_run_over_the_cap_is_refused_before_anything_is_touched() {
-    let k = FakeKernel::start().await;
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.caps = caps(|c| c.max_runs = 2))
-        .start()
-        .await;
+    let (s, k) = capped_gateway(Duration::ZERO, |c| c.max_runs = 2).await;
     for t in ["t1", "t2"] {
-        k.on_context(
-            "SendStreamingMessage",
-            &ctx(t),
-            held(t, &format!("task-{t}")),
-        );
+        hold(&k, t, &format!("task-{t}"));
     }
     let first = start(&s, &body("t1", "r1", "x", &s.ws("w1"), json!({}))).await;
     let _second = start(&s, &body("t2", "r2", "x", &s.ws("w2"), json!({}))).await;
@@ -201,23 +188,13 @@ async fn the_run_over_the_cap_is_refused_before_anything_is_touched() {
 /// grace.
 #[tokio::test]
 async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
-    let k = FakeKernel::start().await;
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.detach_grace = Duration::from_secs(60))
-        .config(move |c| {
-            c.caps = caps(|c| {
-                c.max_detached_runs = 1;
-                c.max_runs = 2;
-            })
-        })
-        .start()
-        .await;
+    let (s, k) = capped_gateway(Duration::from_secs(60), |c| {
+        c.max_detached_runs = 1;
+        c.max_runs = 2;
+    })
+    .await;
     for t in ["t1", "t2", "t3"] {
-        k.on_context(
-            "SendStreamingMessage",
-            &ctx(t),
-            held(t, &format!("task-{t}")),
-        );
+        hold(&k, t, &format!("task-{t}"));
     }
     let first = start(&s, &body("t1", "r1", "x", &s.ws("w"), json!({}))).await;
     let second = start(&s, &body("t2", "r2", "x", &s.ws("w"), json!({}))).await;
@@ -263,13 +240,8 @@ async fn beyond_the_detached_cap_a_client_that_leaves_cancels_its_run() {
 /// `TOO_MANY_READERS`; once a reader leaves, another may follow.
 #[tokio::test]
 async fn the_reader_over_the_cap_is_refused() {
-    let k = FakeKernel::start().await;
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.detach_grace = Duration::from_secs(60))
-        .config(move |c| c.caps = caps(|c| c.max_readers_per_run = 2))
-        .start()
-        .await;
-    k.on_context("SendStreamingMessage", &ctx("t1"), held("t1", "task-1"));
+    let (s, k) = capped_gateway(Duration::from_secs(60), |c| c.max_readers_per_run = 2).await;
+    hold(&k, "t1", "task-1");
     let _run = start(&s, &body("t1", "r1", "x", &s.ws("w"), json!({}))).await;
     let events = format!("{}threads/t1/runs/r1/events?after=0", s.url);
     let read = || async {
@@ -308,15 +280,11 @@ async fn the_reader_over_the_cap_is_refused() {
 /// once the first ends, another is admitted.
 #[tokio::test]
 async fn the_guidance_run_over_the_cap_is_refused() {
-    let k = FakeKernel::start().await;
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.caps = caps(|c| c.max_guidance_per_thread = 1))
-        .start()
-        .await;
+    let (s, k) = capped_gateway(Duration::ZERO, |c| c.max_guidance_per_thread = 1).await;
     let c1 = ctx("t1");
     let pipeline = json!({"runMode": "pipeline"});
     let guidance = json!({"runMode": "pipeline", "activeGuidance": true});
-    k.on_context("SendStreamingMessage", &c1, held("t1", "task-1"));
+    hold(&k, "t1", "task-1");
     let _main = start(&s, &body("t1", "r1", "deploy", &s.ws("w"), pipeline)).await;
     // Guidance needs the task the main run is in.
     k.wait_calls("SendStreamingMessage", 1, Duration::from_secs(5))

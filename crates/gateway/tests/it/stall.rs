@@ -7,38 +7,17 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
+use testkit::fake_kernel::{items, FakeKernel, Item, Stream};
 use testkit::sse::assert_valid_run;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{body, ctx, http_get, post_turn, Builder, TestServer};
+use crate::support::{
+    assert_cancelled_once, body, ctx, flood, http_get, post_turn, Builder, TestServer,
+};
 
 const STALL: Duration = Duration::from_secs(2);
 const ITEMS: usize = 100_000;
-
-/// A turn of [`ITEMS`] text deltas of 200 bytes; then `end` (a final state, or a stall).
-fn flood(thread: &str, end: Item) -> Reply {
-    let c = ctx(thread);
-    let mut script = vec![Item::Result(items::task(
-        "task-1",
-        &c,
-        "TASK_STATE_WORKING",
-        json!({"iacCodeSessionId": "s"}),
-    ))];
-    let chunk = "x".repeat(200);
-    for _ in 0..ITEMS {
-        script.push(Item::Result(items::text(
-            "task-1",
-            &c,
-            &chunk,
-            "m",
-            json!({}),
-        )));
-    }
-    script.push(end);
-    Reply::Sse(script)
-}
 
 fn completed(thread: &str) -> Item {
     Item::Result(items::status(
@@ -110,6 +89,16 @@ async fn until(
     None
 }
 
+/// Waits for the run to end, which it must within `within` of `start` (`why`: what it ended
+/// by); the thread's state then.
+async fn ended_within(s: &TestServer, start: Instant, within: Duration, why: &str) -> Value {
+    let (t, _) = until(s, within * 2, |t| t["activeRun"].is_null())
+        .await
+        .unwrap_or_else(|| panic!("the {why} run never ended"));
+    assert!(start.elapsed() < within, "{:?}", start.elapsed());
+    t
+}
+
 /// Waits until the kernel, after it started, stops being read (the run blocked on its client).
 async fn until_blocked(k: &FakeKernel) -> usize {
     let mut last = k.items_written();
@@ -121,6 +110,22 @@ async fn until_blocked(k: &FakeKernel) -> usize {
         }
         last = now;
     }
+}
+
+/// A run (`t1`, `r1`) of a [`flood`] that then completes, on a gateway with `stall` as its
+/// client stall timeout, whose client stopped reading: returned once the server is blocked on it,
+/// with the stalled connection and how many items the kernel had written by then.
+async fn a_blocked_run(stall: Duration) -> (FakeKernel, TestServer, TcpStream, usize) {
+    let k = FakeKernel::start().await;
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.client_stall_timeout = stall)
+        .start()
+        .await;
+    k.on("SendStreamingMessage", flood("t1", ITEMS, completed("t1")));
+    let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
+    let client = stalled_request(&s.url, "POST", "", Some(&b)).await;
+    let written = until_blocked(&k).await;
+    (k, s, client, written)
 }
 
 /// A new turn on the thread is admitted and runs to its end.
@@ -139,15 +144,7 @@ async fn next_turn_admitted(s: &TestServer, k: &FakeKernel) {
 
 #[tokio::test]
 async fn a_client_that_stops_reading_is_gone_after_the_stall_timeout() {
-    let k = FakeKernel::start().await;
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.client_stall_timeout = STALL)
-        .start()
-        .await;
-    k.on("SendStreamingMessage", flood("t1", completed("t1")));
-    let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
-    let mut client = stalled_request(&s.url, "POST", "", Some(&b)).await;
-    let written = until_blocked(&k).await;
+    let (k, s, mut client, written) = a_blocked_run(STALL).await;
     assert!(written < ITEMS, "the kernel was read to its end: {written}");
     let blocked = Instant::now();
     let (t, _) = until(&s, STALL * 5, |t| t["activeRun"].is_null())
@@ -182,16 +179,8 @@ async fn a_client_that_stops_reading_is_gone_after_the_stall_timeout() {
 
 #[tokio::test]
 async fn the_cancellation_extension_ends_a_run_blocked_on_its_client_at_once() {
-    let k = FakeKernel::start().await;
     // A stall timeout far beyond the test: only the cancellation can end the run in time.
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.client_stall_timeout = Duration::from_secs(600))
-        .start()
-        .await;
-    k.on("SendStreamingMessage", flood("t1", completed("t1")));
-    let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
-    let _client = stalled_request(&s.url, "POST", "", Some(&b)).await;
-    until_blocked(&k).await;
+    let (k, s, _client, _) = a_blocked_run(Duration::from_secs(600)).await;
     let exec = s.execution_id("t1");
     let start = Instant::now();
     let answer = s.cancel(&exec, "t1", "inv-1").await;
@@ -199,14 +188,7 @@ async fn the_cancellation_extension_ends_a_run_blocked_on_its_client_at_once() {
         answer.json.unwrap(),
         json!({"executionId": exec, "status": "cancelled"})
     );
-    let (t, _) = until(&s, Duration::from_secs(60), |t| t["activeRun"].is_null())
-        .await
-        .expect("the cancelled run never ended");
-    assert!(
-        start.elapsed() < Duration::from_secs(30),
-        "{:?}",
-        start.elapsed()
-    );
+    let t = ended_within(&s, start, Duration::from_secs(30), "cancelled").await;
     // The answer and the run's end agree.
     assert_eq!(t["lastRun"]["outcome"], "cancelled", "{t}");
     assert!(!k.calls("CancelTask").is_empty());
@@ -215,36 +197,17 @@ async fn the_cancellation_extension_ends_a_run_blocked_on_its_client_at_once() {
 
 #[tokio::test]
 async fn the_drain_ends_a_run_blocked_on_its_client_at_once() {
-    let k = FakeKernel::start().await;
-    let s = Builder::for_fake(&k)
-        .config(move |c| c.client_stall_timeout = Duration::from_secs(600))
-        .start()
-        .await;
-    k.on("SendStreamingMessage", flood("t1", completed("t1")));
-    let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
-    let _client = stalled_request(&s.url, "POST", "", Some(&b)).await;
-    until_blocked(&k).await;
+    // Only the drain can end the run in time.
+    let (k, s, _client, _) = a_blocked_run(Duration::from_secs(600)).await;
     let start = Instant::now();
     s.state.rt.shutdown().begin();
-    let (t, _) = until(&s, Duration::from_secs(30), |t| t["activeRun"].is_null())
-        .await
-        .expect("the drained run never ended");
-    assert!(
-        start.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        start.elapsed()
-    );
+    let t = ended_within(&s, start, Duration::from_secs(10), "drained").await;
     assert_eq!(
         (&t["lastRun"]["outcome"], &t["lastRun"]["code"]),
         (&json!("error"), &json!("A2A_UNAVAILABLE")),
         "{t}"
     );
-    assert_eq!(
-        k.wait_calls("CancelTask", 1, Duration::from_secs(5))
-            .await
-            .len(),
-        1
-    );
+    assert_cancelled_once(&k).await;
 }
 
 #[tokio::test]
@@ -258,7 +221,7 @@ async fn a_reattached_reader_that_stops_reading_is_dropped_and_lets_the_run_go()
         .start()
         .await;
     // The kernel keeps the task open after the flood: only the grace ends the run.
-    k.on("SendStreamingMessage", flood("t1", Item::Stall));
+    k.on("SendStreamingMessage", flood("t1", ITEMS, Item::Stall));
     let b = body("t1", "r1", "x", &s.ws("w"), json!({}));
     let client = stalled_request(&s.url, "POST", "", Some(&b)).await;
     drop(client);
@@ -281,11 +244,6 @@ async fn a_reattached_reader_that_stops_reading_is_dropped_and_lets_the_run_go()
         .await
         .expect("the run was never abandoned");
     assert_eq!(t["lastRun"]["outcome"], "disconnected", "{t}");
-    assert_eq!(
-        k.wait_calls("CancelTask", 1, Duration::from_secs(5))
-            .await
-            .len(),
-        1
-    );
+    assert_cancelled_once(&k).await;
     next_turn_admitted(&s, &k).await;
 }

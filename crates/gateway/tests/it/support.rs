@@ -7,11 +7,11 @@ use std::time::Duration;
 use clock::Clock;
 use iac_code_agui::api::AppState;
 use iac_code_agui::app::{self, Options};
-use iac_code_agui::config::{Config, Env};
+use iac_code_agui::config::{Caps, Config, Env};
 use kernel::{ChildSpec, Kernel, KernelState};
 use serde_json::{json, Value};
 use store::{BoxFuture, Documents, Store, StoreError, ThreadDoc};
-use testkit::fake_kernel::FakeKernel;
+use testkit::fake_kernel::{FakeKernel, Item, Reply, Stream};
 use testkit::real_kernel::KernelEnv;
 use testkit::sse::{post, RunResult};
 use tokio::sync::oneshot;
@@ -82,6 +82,13 @@ impl Builder {
     pub fn config(mut self, f: impl FnOnce(&mut Config) + Send + 'static) -> Self {
         self.configure.push(Box::new(f));
         self
+    }
+    /// The bounds on concurrent work: the defaults, as `f` changes them.
+    pub fn caps(self, f: impl FnOnce(&mut Caps) + Send + 'static) -> Self {
+        self.config(move |c| {
+            c.caps = Caps::default();
+            f(&mut c.caps);
+        })
     }
     /// Opens the admin listener too (`--metrics-listen`).
     pub fn admin(mut self) -> Self {
@@ -385,6 +392,31 @@ pub async fn detaching_gateway(k: &FakeKernel, grace: Duration) -> TestServer {
         .await
 }
 
+/// A fake kernel and a gateway in front of it with the bounds on concurrent work `f` sets, whose
+/// runs go on for `grace` without a client (`--detach-grace`; zero: none, the default).
+pub async fn capped_gateway(
+    grace: Duration,
+    f: impl FnOnce(&mut Caps) + Send + 'static,
+) -> (TestServer, FakeKernel) {
+    let k = FakeKernel::start().await;
+    let s = Builder::for_fake(&k)
+        .config(move |c| c.detach_grace = grace)
+        .caps(f)
+        .start()
+        .await;
+    (s, k)
+}
+
+/// A gateway that asks for the service token `token`, in front of no kernel: for what it
+/// answers before a run would reach one.
+pub async fn locked_gateway(token: &str) -> TestServer {
+    Builder::new()
+        .auth(token)
+        .kernel_unreachable()
+        .start()
+        .await
+}
+
 /// A minimal valid RunAgentInput.
 pub fn body(thread: &str, run: &str, msg: &str, cwd: &str, props: Value) -> Value {
     let mut iac = json!({"schemaVersion": 1, "rosInvocationId": "inv-1", "cwd": cwd});
@@ -441,6 +473,24 @@ pub async fn post_resume(
     entries: Value,
 ) -> RunResult {
     post(url, &resume_body(thread, run, cwd, ros, entries), &[]).await
+}
+
+/// Waits (at most 5 s) for the kernel's `CancelTask`: it must come, and only once.
+pub async fn assert_cancelled_once(k: &FakeKernel) {
+    let cancels = k.wait_calls("CancelTask", 1, Duration::from_secs(5)).await;
+    assert_eq!(cancels.len(), 1, "the kernel task was not cancelled once");
+}
+
+/// `task-1` of `thread`, working, streams `n` agent texts of 200 bytes, then `end` (a final
+/// state, or a stall): more than a client that stops reading lets through.
+pub fn flood(thread: &str, n: usize, end: Item) -> Reply {
+    let working = Stream::of("task-1", &ctx(thread))
+        .task("TASK_STATE_WORKING", json!({"iacCodeSessionId": "s"}));
+    let chunk = "x".repeat(200);
+    (0..n)
+        .fold(working, |s, _| s.text(&chunk, "m"))
+        .then(end)
+        .reply()
 }
 
 /// Posts `body` to `url` in a task of its own: a run the test acts on while it goes on.
@@ -548,6 +598,18 @@ pub async fn get_as(url: &str, headers: &[(&str, &str)]) -> (u16, Value) {
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     )
+}
+
+/// Asserts that `answer` (a status and a JSON body, as [`get_as`] gives them) is a 400
+/// `INVALID_INPUT`; `case` names what was asked in a failure.
+#[track_caller]
+pub fn assert_invalid_input(answer: (u16, Value), case: impl std::fmt::Display) {
+    let (status, e) = answer;
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (400, Some("INVALID_INPUT")),
+        "{case}"
+    );
 }
 
 /// A client that trusts the test's CA only, and reports the certificate each connection saw

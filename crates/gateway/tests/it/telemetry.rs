@@ -308,20 +308,13 @@ async fn a_real_prometheus_scrapes_what_real_kernel_runs_did() {
 
     // Only the admin listener has /metrics, and it has nothing else but /health (a probe that
     // answers while the public listener is full).
-    let public = c.get(format!("{}metrics", gw.url())).send().await.unwrap();
-    assert_eq!(public.status(), 404);
-    let other = c
-        .get(format!("http://{}/threads/t1", gw.admin()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(other.status(), 404);
-    let health = c
-        .get(format!("http://{}/health", gw.admin()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
+    for (url, status) in [
+        (format!("{}metrics", gw.url()), 404),
+        (format!("http://{}/threads/t1", gw.admin()), 404),
+        (format!("http://{}/health", gw.admin()), 200),
+    ] {
+        assert_eq!(c.get(&url).send().await.unwrap().status(), status, "{url}");
+    }
     let open = c
         .get(format!("http://{}/metrics", gw.admin()))
         .header("accept", "application/openmetrics-text; version=1.0.0")

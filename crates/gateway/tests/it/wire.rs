@@ -9,7 +9,7 @@ use testkit::fake_kernel::{FakeKernel, Stream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{body, ctx, Builder, TestServer};
+use crate::support::{body, ctx, locked_gateway, Builder, TestServer};
 
 /// One parsed response.
 #[derive(Debug)]
@@ -286,11 +286,7 @@ async fn request_bodies_chunked_length_and_continue() {
 
 #[tokio::test]
 async fn an_answer_without_reading_the_body_skips_no_continue() {
-    let s = Builder::new()
-        .auth("tok")
-        .kernel_unreachable()
-        .start()
-        .await;
+    let s = locked_gateway("tok").await;
     let mut c = Conn::open(&s).await;
     // Refused before the body is read: no 100 Continue, and the client need not send the body.
     c.send(b"POST / HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\nexpect: 100-continue\r\ncontent-length: 10\r\n\r\n").await;

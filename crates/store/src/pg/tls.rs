@@ -74,13 +74,20 @@ pub fn client_config(mode: Mode, ca_file: Option<&Path>) -> Result<rustls::Clien
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS to the state database: {e}"))?;
     let roots = Arc::new(tls::roots(ca_file, "--state-ca-file")?);
-    let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+    // Built for `require` too: its signature checks are the provider's, as the other modes'.
+    let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider)
         .build()
         .map_err(|e| format!("TLS to the state database: {e}"))?;
     let verifier: Arc<dyn ServerCertVerifier> = match mode {
         Mode::VerifyFull => webpki,
-        Mode::VerifyCa => Arc::new(AnyName(webpki)),
-        Mode::Require => Arc::new(Unchecked(provider)),
+        Mode::VerifyCa => Arc::new(Lenient {
+            webpki,
+            chain: true,
+        }),
+        Mode::Require => Arc::new(Lenient {
+            webpki,
+            chain: false,
+        }),
     };
     Ok(builder
         .dangerous()
@@ -120,11 +127,16 @@ pub(super) fn connect_error(e: &dyn std::error::Error, mode: Option<Mode>) -> St
     format!("cannot connect to the state database: {e}")
 }
 
-/// `verify-ca`: the chain must verify; the name it is for does not matter.
+/// `verify-ca` (`chain`: the chain must verify, the name it is for does not matter) or
+/// `require` (the certificate not checked); the handshake's signatures are checked either way,
+/// as `verify-full` checks them.
 #[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
+struct Lenient {
+    webpki: Arc<WebPkiServerVerifier>,
+    chain: bool,
+}
 
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -133,8 +145,11 @@ impl ServerCertVerifier for AnyName {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
+        if !self.chain {
+            return Ok(ServerCertVerified::assertion());
+        }
         match self
-            .0
+            .webpki
             .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
         {
             Err(Error::InvalidCertificate(CertificateError::NotValidForName))
@@ -150,7 +165,7 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.webpki.verify_tls12_signature(message, cert, dss)
     }
     fn verify_tls13_signature(
         &self,
@@ -158,56 +173,10 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.webpki.verify_tls13_signature(message, cert, dss)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `require`: encrypted, the certificate not checked (the handshake's signatures still are).
-#[derive(Debug)]
-struct Unchecked(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.webpki.supported_verify_schemes()
     }
 }
 

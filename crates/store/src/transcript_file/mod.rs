@@ -528,6 +528,15 @@ mod tests {
             }
         }
 
+        /// Files holding thread `t`'s first run (two messages): its file, and what it holds.
+        fn with_a_run() -> (Files, PathBuf, Vec<u8>) {
+            let f = Files::new();
+            f.append("t", add("r1", 2, 10));
+            let path = file(f.root(), "t");
+            let bytes = std::fs::read(&path).unwrap();
+            (f, path, bytes)
+        }
+
         fn root(&self) -> &Path {
             self.dir.as_ref().unwrap().path()
         }
@@ -688,10 +697,7 @@ mod tests {
     /// a line cut short) is not read, and the next write goes on from what was committed.
     #[test]
     fn a_torn_write_is_not_read_and_the_next_write_mends_it() {
-        let f = Files::new();
-        f.append("t", add("r1", 2, 10));
-        let path = file(f.root(), "t");
-        let committed = std::fs::read(&path).unwrap();
+        let (f, path, committed) = Files::with_a_run();
         for torn in [
             "{\"seq\":3,\"runId\":\"r2\",\"at\":\"x\",\"message\":{}}\n",
             "{\"seq\":3,\"runId\":\"r2\",\"at\":\"x\",\"message\":{}}\n{\"thread\":{\"threadI",
@@ -867,10 +873,7 @@ mod tests {
     /// all of them) reads every entry once: the lines wait until the file holds them.
     #[test]
     fn a_reader_during_a_checkpoints_write_reads_every_line_once() {
-        let f = Files::new();
-        f.append("t", add("r1", 2, 10));
-        let path = file(f.root(), "t");
-        let before = std::fs::read(&path).unwrap();
+        let (f, path, before) = Files::with_a_run();
         let c = committed_in(&path).unwrap();
         let messages = vec![json!({"id": "a"}), json!({"id": "b"})];
         let entries = transcript::number(c.last, "r2", "x", messages);

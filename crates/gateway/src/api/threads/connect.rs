@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 
-use super::super::extract::{path_and_query, Authed};
+use super::super::extract::Authed;
 use super::super::ids::PathIds;
 use super::super::rules::ConnectRoute;
 use super::super::{Answer, AppState, Refusal};
@@ -20,8 +20,7 @@ pub(in crate::api) async fn connect(
 ) -> Answer {
     checked(&thread_id, hl)?;
     let q = crate::connect::connect_query(&headers, uri.query()).or_answer(hl)?;
-    let path = path_and_query(&uri);
-    let elsewhere = get_held_elsewhere(&s, &thread_id, &headers, &path, &caller, CONNECT_ROUTE, hl);
+    let elsewhere = get_held_elsewhere(&s, &thread_id, &headers, &uri, &caller, CONNECT_ROUTE, hl);
     if let Some(r) = elsewhere.await {
         return Ok(r);
     }

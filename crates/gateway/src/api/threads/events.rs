@@ -5,7 +5,7 @@ use crate::error::Respond as _;
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 
-use super::super::extract::{path_and_query, Authed};
+use super::super::extract::Authed;
 use super::super::ids::PathIds;
 use super::super::rules::EventsRoute;
 use super::super::{Answer, AppState, Refusal};
@@ -25,8 +25,7 @@ pub(in crate::api) async fn events(
     let Ok(after) = threads_api::resume_point(&headers, uri.query()) else {
         return Err(ApiError::new(Code::InvalidInput, msg::BAD_LAST_EVENT_ID).into_response_in(hl));
     };
-    let path = path_and_query(&uri);
-    let elsewhere = get_held_elsewhere(&s, &thread_id, &headers, &path, &caller, EVENTS_ROUTE, hl);
+    let elsewhere = get_held_elsewhere(&s, &thread_id, &headers, &uri, &caller, EVENTS_ROUTE, hl);
     if let Some(r) = elsewhere.await {
         return Ok(r);
     }

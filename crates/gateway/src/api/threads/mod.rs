@@ -11,7 +11,7 @@ pub(super) mod messages;
 pub(super) mod state;
 
 use crate::error::Respond as _;
-use axum::http::{HeaderMap, Method};
+use axum::http::{HeaderMap, Method, Uri};
 use axum::response::Response;
 
 use super::relay::{held_elsewhere, Outgoing};
@@ -31,18 +31,12 @@ async fn get_held_elsewhere(
     s: &AppState,
     thread_id: &str,
     headers: &HeaderMap,
-    path: &str,
+    uri: &Uri,
     caller: &Caller,
     route: &'static str,
     lang: Lang,
 ) -> Option<Response> {
-    let out = Outgoing {
-        method: Method::GET,
-        path,
-        headers,
-        body: axum::body::Bytes::new(),
-        caller,
-    };
+    let out = Outgoing::of(Method::GET, uri, headers, axum::body::Bytes::new(), caller);
     let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
     held_elsewhere(s, thread_id, out, route, missing, lang).await
 }

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, Uri};
 
-use super::super::extract::{path_and_query, Authed, JsonBody};
+use super::super::extract::{Authed, JsonBody};
 use super::super::ids::PathIds;
 use super::super::relay::{held_elsewhere, Outgoing};
 use super::super::rules::{DeleteRoute, PatchRoute, ThreadRoute};
@@ -23,8 +23,7 @@ pub(in crate::api) async fn get(
     Authed { hl, caller, .. }: Authed<ThreadRoute>,
 ) -> Answer {
     checked(&thread_id, hl)?;
-    let path = path_and_query(&uri);
-    let elsewhere = get_held_elsewhere(&s, &thread_id, &headers, &path, &caller, THREAD_ROUTE, hl);
+    let elsewhere = get_held_elsewhere(&s, &thread_id, &headers, &uri, &caller, THREAD_ROUTE, hl);
     if let Some(r) = elsewhere.await {
         return Ok(r);
     }
@@ -44,14 +43,7 @@ pub(in crate::api) async fn patch(
 ) -> Answer {
     checked(&thread_id, hl)?;
     let patch = crate::thread_edit::parse_patch(&obj).or_answer(hl)?;
-    let path = path_and_query(&uri);
-    let out = Outgoing {
-        method: Method::PATCH,
-        path: &path,
-        headers: &headers,
-        body: raw,
-        caller: &caller,
-    };
+    let out = Outgoing::of(Method::PATCH, &uri, &headers, raw, &caller);
     let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
     if let Some(r) = held_elsewhere(&s, &thread_id, out, PATCH_ROUTE, missing, hl).await {
         return Ok(r);
@@ -71,14 +63,7 @@ pub(in crate::api) async fn delete(
 ) -> Answer {
     checked(&thread_id, hl)?;
     // The holder deletes it, so that nothing of it stays in its memory.
-    let path = path_and_query(&uri);
-    let out = Outgoing {
-        method: Method::DELETE,
-        path: &path,
-        headers: &headers,
-        body: Bytes::new(),
-        caller: &caller,
-    };
+    let out = Outgoing::of(Method::DELETE, &uri, &headers, Bytes::new(), &caller);
     let missing = ApiError::new(Code::ThreadNotFound, msg::THREAD_NOT_FOUND);
     if let Some(r) = held_elsewhere(&s, &thread_id, out, DELETE_ROUTE, missing, hl).await {
         return Ok(r);

@@ -19,8 +19,8 @@ use testkit::fake_kernel::{items, FakeKernel, Item, Reply, Stream};
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{
-    body, client, ctx, fake_gateway, guidance_body, post_resume, post_turn, post_turn_as,
-    resume_body, spawn_post, Builder, TestServer,
+    assert_cancelled_once, body, client, ctx, fake_gateway, flood, guidance_body, post_resume,
+    post_turn, post_turn_as, resume_body, spawn_post, Builder, TestServer,
 };
 
 fn r(v: Value) -> Item {

@@ -74,15 +74,8 @@ async fn pipeline_steps_and_recovery_across_runs() {
                 json!({"pipeline": env(10, "pipeline_completed", json!({"scope":"pipeline"}))}),
             ),
     );
-    let res = post_resume(
-        &s.url,
-        "t1",
-        "r2",
-        &s.ws("w"),
-        "inv-1",
-        json!([{"interruptId":"ask-1","status":"resolved","payload":{"selectedId":"a"}}]),
-    )
-    .await;
+    let entries = json!([{"interruptId":"ask-1","status":"resolved","payload":{"selectedId":"a"}}]);
+    let res = post_resume(&s.url, "t1", "r2", &s.ws("w"), "inv-1", entries).await;
     assert_valid_run(&res, "t1", "r2");
     let t = res.types();
     assert_eq!(
