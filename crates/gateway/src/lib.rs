@@ -23,6 +23,7 @@ pub mod i18n;
 pub mod limits;
 pub mod mapping;
 pub mod observe;
+pub mod outbound;
 pub mod paths;
 pub mod request_body;
 pub mod run;
