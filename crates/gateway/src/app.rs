@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use crate::api::{self, AppState};
 use crate::config::{Config, Env};
+use crate::outbound::Outbound;
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::Metrics;
 use crate::urls;
@@ -31,6 +32,9 @@ pub struct Options {
     /// How callers authenticate, its key set read (the binary opens it first: a key set that
     /// cannot be read stops the start). Without it the key set is read by its timer.
     pub auth: Option<Arc<crate::auth::Auth>>,
+    /// The client of requests that leave the cluster (the binary makes it first: the trace
+    /// exporter and the key set share it). Without it one is made.
+    pub outbound: Option<Outbound>,
 }
 
 impl Options {
@@ -45,6 +49,7 @@ impl Options {
             channel_capacity: 64,
             metrics: None,
             auth: None,
+            outbound: None,
         }
     }
 }
@@ -194,9 +199,12 @@ pub fn build(opts: Options) -> AppState {
     metrics.watch_kernel(kernels.clone());
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
     let refresh = opts.cfg.jwt.jwks_refresh;
+    let outbound = opts
+        .outbound
+        .unwrap_or_else(|| Outbound::public(&*opts.env));
     let auth = opts
         .auth
-        .unwrap_or_else(|| Arc::new(crate::auth::Auth::unread(&opts.cfg)));
+        .unwrap_or_else(|| Arc::new(crate::auth::Auth::unread(&opts.cfg, &outbound)));
     // The key set is read again on its timer for as long as the gateway serves.
     auth.spawn_refresh(refresh);
     let settings = opts.cfg.engine_settings(opts.channel_capacity);
@@ -206,13 +214,14 @@ pub fn build(opts: Options) -> AppState {
     // Interrupts already waiting in the store count before their threads are loaded.
     let counting = rt.clone();
     tokio::spawn(async move { counting.threads().count_stored_interrupts().await });
+    let forwarding = Arc::new(crate::forward::Forwarding::new(opts.cfg.cluster_ca.clone()));
     AppState {
         rt,
         cfg: Arc::new(opts.cfg),
         metrics,
         heartbeat: opts.heartbeat,
         auth,
-        forwarding: Default::default(),
+        forwarding,
         card: Default::default(),
     }
 }

@@ -18,6 +18,7 @@ pub mod health;
 pub mod history;
 pub mod hosts;
 pub mod observe;
+pub mod outbound;
 pub mod request_body;
 pub mod server;
 pub mod telemetry;

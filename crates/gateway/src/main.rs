@@ -102,7 +102,9 @@ fn main() {
         };
         // Logging (and the trace exporter, which runs on this runtime) first.
         let metrics = Arc::new(Metrics::new());
-        let telemetry = telemetry::init(&cfg, &env, metrics.clone());
+        // The client of what leaves the cluster: trace exports and the JWT key set.
+        let outbound = iac_code_agui::outbound::Outbound::public(&*env);
+        let telemetry = telemetry::init(&cfg, &env, metrics.clone(), &outbound);
         // Room for the descriptors the bounds allow (said in the log when there is too little).
         let files = engine::limits::make_room_for_descriptors(&cfg.caps);
         let addr = format!("{}:{}", cfg.host, cfg.port);
@@ -152,7 +154,7 @@ fn main() {
             },
             () = &mut signals => return 0,
         };
-        let auth = match iac_code_agui::auth::Auth::open(&cfg).await {
+        let auth = match iac_code_agui::auth::Auth::open(&cfg, &outbound).await {
             Ok(a) => Arc::new(a),
             Err(e) => {
                 eprintln!("{e}");
@@ -163,6 +165,7 @@ fn main() {
         opts.store = Some(store);
         opts.metrics = Some(metrics);
         opts.auth = Some(auth);
+        opts.outbound = Some(outbound);
         let state = app::build(opts);
         if let Some(a) = admin.as_ref().and_then(|l| l.local_addr().ok()) {
             tracing::info!(addr = %a, "metrics listening");

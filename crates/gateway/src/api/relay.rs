@@ -76,7 +76,7 @@ pub(super) async fn to_holder(
         me: &me,
         caller: out.caller,
         mark,
-        tls: s.forwarding.tls(s.cfg.cluster_ca.as_deref()),
+        client: &s.forwarding.client,
     };
     match forward::forward(holder, out.method, &out.path, out.headers, out.body, &hop).await {
         Ok(r) => r,

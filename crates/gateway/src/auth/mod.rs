@@ -26,6 +26,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::Config;
 use crate::error::{msg, ApiError, Code};
+use crate::outbound::Outbound;
 use source::{KeySource, Origin};
 
 /// The header by which the service token's caller names the user it acts for.
@@ -95,22 +96,26 @@ impl std::fmt::Debug for Auth {
 impl Auth {
     /// The authentication `cfg` configures, its key set read (an error when it cannot be: the
     /// gateway does not start with keys it cannot use).
-    pub async fn open(cfg: &Config) -> Result<Auth, String> {
+    /// A key set URL is read with `client`.
+    pub async fn open(cfg: &Config, client: &Outbound) -> Result<Auth, String> {
         let jwt = match &cfg.jwt.jwks {
             None => None,
-            Some(j) => Some(KeySource::open(Origin::parse(j), source::MIN_INTERVAL).await?),
+            Some(j) => {
+                let origin = Origin::parse(j);
+                Some(KeySource::open(origin, source::MIN_INTERVAL, client.clone()).await?)
+            }
         };
         Ok(Auth::with_source(cfg, jwt))
     }
 
     /// [`Auth::open`] without reading: a key set is read by its timer (at once), and until then
     /// every JWT is refused.
-    pub fn unread(cfg: &Config) -> Auth {
+    pub fn unread(cfg: &Config, client: &Outbound) -> Auth {
         let jwt = cfg
             .jwt
             .jwks
             .as_deref()
-            .map(|j| KeySource::empty(Origin::parse(j), source::MIN_INTERVAL));
+            .map(|j| KeySource::empty(Origin::parse(j), source::MIN_INTERVAL, client.clone()));
         Auth::with_source(cfg, jwt)
     }
 

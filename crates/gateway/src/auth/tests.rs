@@ -20,6 +20,10 @@ fn config(token: Option<&str>, jwks: Option<&std::path::Path>) -> Config {
     c
 }
 
+fn client() -> crate::outbound::Outbound {
+    crate::outbound::Outbound::public(&|_| None)
+}
+
 fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
     let mut h = HeaderMap::new();
     for (k, v) in pairs {
@@ -37,7 +41,7 @@ fn bearer(t: &str) -> String {
 
 #[tokio::test]
 async fn without_authentication_anyone_is_the_one_user() {
-    let auth = Auth::open(&config(None, None)).await.unwrap();
+    let auth = Auth::open(&config(None, None), &client()).await.unwrap();
     assert!(!auth.required());
     assert_eq!(auth.authenticate(&headers(&[])).await, Ok(Caller::OPEN));
     // A bearer is ignored, as before; a user header is not honoured without the service token.
@@ -50,7 +54,9 @@ async fn without_authentication_anyone_is_the_one_user() {
 
 #[tokio::test]
 async fn the_service_token_acts_for_the_user_it_names() {
-    let auth = Auth::open(&config(Some("s3cret"), None)).await.unwrap();
+    let auth = Auth::open(&config(Some("s3cret"), None), &client())
+        .await
+        .unwrap();
     let service = |user: Option<&str>| Caller {
         via: Via::Service,
         user: user.map(str::to_owned),
@@ -96,7 +102,7 @@ async fn a_jwt_names_its_user_and_every_refusal_says_why() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jwks.json");
     std::fs::write(&path, set_json(&[rsa(), ec(), ed()])).unwrap();
-    let auth = Auth::open(&config(Some("s3cret"), Some(&path)))
+    let auth = Auth::open(&config(Some("s3cret"), Some(&path)), &client())
         .await
         .unwrap();
     assert!(auth.describe().starts_with("the service token and JWTs"));
@@ -144,7 +150,7 @@ async fn an_unread_key_set_refuses_until_its_timer_reads_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("jwks.json");
     std::fs::write(&path, set_json(&[ec()])).unwrap();
-    let auth = Auth::unread(&config(None, Some(&path)));
+    let auth = Auth::unread(&config(None, Some(&path)), &client());
     let h = headers(&[("authorization", &bearer(&sign(ec(), None, &claims())))]);
     assert!(auth.authenticate(&h).await.is_err());
     let _timer = auth.spawn_refresh(Duration::from_secs(3600)).unwrap();
@@ -155,5 +161,7 @@ async fn an_unread_key_set_refuses_until_its_timer_reads_it() {
     }
     // A key set that cannot be read stops the start.
     std::fs::remove_file(&path).unwrap();
-    assert!(Auth::open(&config(None, Some(&path))).await.is_err());
+    assert!(Auth::open(&config(None, Some(&path)), &client())
+        .await
+        .is_err());
 }

@@ -13,14 +13,15 @@
 //! instead of passing it back and forth. A client that goes away drops the relay, and the
 //! holder sees its client go; a holder that falls silent ends the relay (`idle`).
 
-use std::sync::Arc;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper_util::rt::TokioIo;
+
+use crate::outbound::{Outbound, Setup};
 
 mod idle;
 mod peer;
@@ -30,26 +31,29 @@ pub use peer::{hello_answer, Peers};
 pub use trust::{body_digest, forwarded, is_forwarded, signed_mark, At, Forwarded, Seen, Trust};
 
 /// What an instance keeps of forwarding for as long as it serves: the peers proven to share the
-/// cluster secret, the signed forwards taken lately (each counts once), and the TLS client of
-/// forwards to `https://` holders (made at the first).
-#[derive(Default)]
+/// cluster secret, the signed forwards taken lately (each counts once), and the one client of
+/// all forwards, whose pool keeps connections to the holders open between forwards.
 pub struct Forwarding {
     pub peers: Peers,
     pub seen: Seen,
-    tls: std::sync::OnceLock<Option<Arc<rustls::ClientConfig>>>,
+    pub client: Outbound,
 }
 
 impl Forwarding {
-    /// The TLS client of forwards to `https://` holders: trusting `cluster_ca`, else the system's
-    /// and Mozilla's roots (`None` when `cluster_ca` cannot be read: logged).
-    pub fn tls(&self, cluster_ca: Option<&std::path::Path>) -> Option<Arc<rustls::ClientConfig>> {
-        self.tls
-            .get_or_init(|| {
-                tls::client(cluster_ca, "--cluster-ca")
-                    .inspect_err(|e| tracing::error!(error = %e, "no TLS client for forwards"))
-                    .ok()
-            })
-            .clone()
+    /// `https://` holders are checked against `cluster_ca`, else the system's and Mozilla's roots
+    /// (read at the first: a `cluster_ca` that cannot be read is logged then, and every forward
+    /// to an `https://` holder fails).
+    pub fn new(cluster_ca: Option<PathBuf>) -> Forwarding {
+        Forwarding {
+            peers: Peers::default(),
+            seen: Seen::default(),
+            client: Outbound::new(Setup {
+                ca: cluster_ca.map(|p| (p, "--cluster-ca")),
+                connect_timeout: CONNECT_TIMEOUT,
+                // The cluster's hosts are reached straight.
+                proxy: None,
+            }),
+        }
     }
 }
 
@@ -98,47 +102,36 @@ pub enum Mark<'a> {
     Key(&'a str),
 }
 
-/// Who forwards: this instance's id, the caller as authenticated here, the mark, and the TLS
-/// client for holders advertised with `https://`.
+/// Who forwards: this instance's id, the caller as authenticated here, the mark, and the client
+/// of forwards ([`Forwarding::client`]).
 pub struct Hop<'a> {
     pub me: &'a str,
     pub caller: &'a Caller,
     pub mark: Mark<'a>,
-    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub client: &'a Outbound,
 }
 
 /// Where a request goes: an advertised URL's parts.
-pub(super) struct Dest {
-    authority: String,
-    host: String,
-    port: u16,
+pub(super) struct Dest<'a> {
+    /// `http://host:port` or `https://…`.
+    origin: String,
     base_path: String,
-    /// `https://`: the TLS client that checks the holder's certificate.
-    tls: Option<Arc<rustls::ClientConfig>>,
+    client: &'a Outbound,
 }
 
-impl Dest {
-    fn parse(base: &str, client: Option<Arc<rustls::ClientConfig>>) -> Result<Dest, Unreachable> {
+impl Dest<'_> {
+    fn parse<'a>(base: &str, client: &'a Outbound) -> Result<Dest<'a>, Unreachable> {
         let bad = || Unreachable(format!("invalid holder URL {base:?}"));
         let uri: hyper::Uri = base.parse().map_err(|_| bad())?;
-        let authority = uri.authority().ok_or_else(bad)?.clone();
-        let tls = match uri.scheme_str() {
-            Some("https") => Some(client.ok_or_else(|| {
-                Unreachable("no TLS client for an https holder (see --cluster-ca)".into())
-            })?),
-            _ => None,
+        let authority = uri.authority().ok_or_else(bad)?;
+        let scheme = match uri.scheme_str() {
+            Some("https") => "https",
+            _ => "http",
         };
-        let default_port = if tls.is_some() { 443 } else { 80 };
         Ok(Dest {
-            tls,
-            authority: authority.as_str().to_owned(),
-            host: authority
-                .host()
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned(),
-            port: authority.port_u16().unwrap_or(default_port),
+            origin: format!("{scheme}://{authority}"),
             base_path: uri.path().trim_end_matches('/').to_owned(),
+            client,
         })
     }
 }
@@ -152,7 +145,7 @@ pub async fn forward(
     body: Bytes,
     hop: &Hop<'_>,
 ) -> Result<Response<Body>, Unreachable> {
-    let dest = Dest::parse(&holder.url, hop.tls.clone())?;
+    let dest = Dest::parse(&holder.url, hop.client)?;
     let target = format!("{}{path_and_query}", dest.base_path);
     let caller = trust::encode_caller(hop.caller);
     let me = HeaderValue::from_str(hop.me).map_err(|_| Unreachable("bad instance id".into()))?;
@@ -194,65 +187,28 @@ pub async fn forward(
         .map_err(|e| Unreachable(format!("answer: {e}")))
 }
 
-/// One request to `dest` on a connection of its own; its answer's head within the timeouts.
+/// One request to `dest`, on a connection of the pool's or a new one (within [`CONNECT_TIMEOUT`]
+/// for TCP and again for TLS); its answer's head within [`HEAD_TIMEOUT`], connecting included.
 pub(super) async fn send(
-    dest: &Dest,
+    dest: &Dest<'_>,
     method: Method,
     target: &str,
     headers: Vec<(&str, HeaderValue)>,
     body: Bytes,
 ) -> Result<Response<hyper::body::Incoming>, Unreachable> {
-    let tcp = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio::net::TcpStream::connect((dest.host.as_str(), dest.port)),
-    )
-    .await
-    .map_err(|_| Unreachable("connect timed out".into()))?
-    .map_err(|e| Unreachable(format!("connect: {e}")))?;
-    let _ = tcp.set_nodelay(true);
     let mut req = Request::builder()
         .method(method)
-        .uri(target)
-        .header(header::HOST, dest.authority.as_str());
+        .uri(format!("{}{target}", dest.origin));
     for (name, v) in headers {
         req = req.header(name, v);
     }
     let req = req
         .body(Full::new(body))
         .map_err(|e| Unreachable(format!("request: {e}")))?;
-    match &dest.tls {
-        None => exchange(tcp, req).await,
-        Some(client) => {
-            let name = rustls::pki_types::ServerName::try_from(dest.host.clone())
-                .map_err(|e| Unreachable(format!("holder name: {e}")))?;
-            let connect = tokio_rustls::TlsConnector::from(client.clone()).connect(name, tcp);
-            let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
-                .await
-                .map_err(|_| Unreachable("TLS handshake timed out".into()))?
-                .map_err(|e| Unreachable(format!("TLS: {e}")))?;
-            exchange(stream, req).await
-        }
-    }
-}
-
-/// One request and its answer's head over `io`.
-async fn exchange<IO>(
-    io: IO,
-    req: Request<Full<Bytes>>,
-) -> Result<Response<hyper::body::Incoming>, Unreachable>
-where
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| Unreachable(format!("handshake: {e}")))?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    tokio::time::timeout(HEAD_TIMEOUT, sender.send_request(req))
+    tokio::time::timeout(HEAD_TIMEOUT, dest.client.send(req))
         .await
         .map_err(|_| Unreachable("no answer in time".into()))?
-        .map_err(|e| Unreachable(format!("answer: {e}")))
+        .map_err(|e| Unreachable(e.0))
 }
 
 #[cfg(test)]
@@ -273,5 +229,50 @@ mod tests {
         ] {
             assert_eq!(kept(&HeaderName::from_static(name)), keep, "{name}");
         }
+    }
+
+    /// Forwards to a holder share one connection; a relayed stream its client left closes its
+    /// own connection and nothing else.
+    #[tokio::test]
+    async fn forwards_to_a_holder_reuse_one_connection() {
+        use http_body_util::BodyExt as _;
+        let holder = crate::outbound::tests::Server::start(None).await;
+        let forwarding = Forwarding::new(None);
+        let peer = Peer {
+            url: format!("{}/", holder.url),
+            id: "holder".into(),
+        };
+        let hop = Hop {
+            me: "me",
+            caller: &Caller::OPEN,
+            mark: Mark::Key("k"),
+            client: &forwarding.client,
+        };
+        let go = |path: &'static str| {
+            let (peer, hop) = (&peer, &hop);
+            async move {
+                let headers = HeaderMap::new();
+                forward(peer, Method::GET, path, &headers, Bytes::new(), hop)
+                    .await
+                    .unwrap()
+                    .into_body()
+            }
+        };
+        for path in ["/threads/t1", "/threads/t2"] {
+            let body = go(path).await.collect().await.unwrap().to_bytes();
+            assert_eq!(body, format!("GET {path}"));
+        }
+        assert_eq!(holder.accepted(), 1);
+        let mut stream = go("/stream").await;
+        let first = stream.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"first");
+        drop(stream);
+        // The holder sees its client go.
+        holder.until_closed(1).await;
+        for _ in 0..2 {
+            let body = go("/threads/t1").await.collect().await.unwrap().to_bytes();
+            assert_eq!(body, "GET /threads/t1");
+        }
+        assert_eq!(holder.accepted(), 2);
     }
 }

@@ -40,7 +40,7 @@ impl Peers {
     pub(super) async fn prove(
         &self,
         holder: &Peer,
-        dest: &Dest,
+        dest: &Dest<'_>,
         secret: &[u8],
     ) -> Result<String, Unreachable> {
         let base = holder.url.as_str();
@@ -78,7 +78,7 @@ fn proof(secret: &[u8], nonce: &str, instance: &str, url: &str) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
-async fn ask(base: &str, dest: &Dest, secret: &[u8]) -> Result<String, Unreachable> {
+async fn ask(base: &str, dest: &Dest<'_>, secret: &[u8]) -> Result<String, Unreachable> {
     let nonce = hex::encode(rand::random::<[u8; 24]>());
     let target = format!("{}/cluster/v1/hello?nonce={nonce}", dest.base_path);
     let answer = send(dest, Method::GET, &target, Vec::new(), bytes::Bytes::new()).await?;

@@ -37,6 +37,7 @@ pub use metrics::{
 
 use crate::config::Env;
 use crate::config::{Config, LogFormat};
+use crate::outbound::Outbound;
 
 /// What [`init`] set up that shutdown must finish: the trace exporter's queue.
 pub struct Telemetry {
@@ -48,8 +49,8 @@ const TRACED: [&str; 4] = ["iac_code_agui", "engine", "kernel", "a2a"];
 
 /// Installs the global log subscriber: the format and writer of `cfg`, the level of
 /// `IAC_CODE_AGUI_LOG` (an `EnvFilter` directive) or `--debug`, and the trace exporter when the
-/// environment sets an OTLP endpoint.
-pub fn init(cfg: &Config, env: &Env, metrics: Arc<Metrics>) -> Telemetry {
+/// environment sets an OTLP endpoint (exported with `client`).
+pub fn init(cfg: &Config, env: &Env, metrics: Arc<Metrics>, client: &Outbound) -> Telemetry {
     let level = if cfg.debug { "debug" } else { "info" };
     let filter = env("IAC_CODE_AGUI_LOG")
         .and_then(|v| EnvFilter::try_new(v).ok())
@@ -85,7 +86,7 @@ pub fn init(cfg: &Config, env: &Env, metrics: Arc<Metrics>) -> Telemetry {
             .with_filter(filter)
             .boxed(),
     };
-    let traces = otel::provider(env, metrics);
+    let traces = otel::provider(env, metrics, client);
     let traced = Targets::new().with_targets(TRACED.map(|t| (t, Level::INFO)));
     tracing_subscriber::registry()
         .with(fmt)

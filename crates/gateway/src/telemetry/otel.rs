@@ -23,8 +23,6 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry_http::{HeaderExtractor, HeaderInjector, HttpClient, HttpError};
@@ -39,6 +37,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::metrics::{DropReason, Metrics};
 use crate::config::Env;
+use crate::outbound::Outbound;
 
 /// The tracer provider when tracing is on; why it is off otherwise (`None`: not asked for).
 pub struct Tracing {
@@ -52,9 +51,9 @@ fn var(env: &Env, k: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-/// Builds the tracer provider the environment asks for. Call inside the tokio runtime: exports
-/// run on it.
-pub fn provider(env: &Env, metrics: Arc<Metrics>) -> Tracing {
+/// Builds the tracer provider the environment asks for, exporting with `client`. Call inside the
+/// tokio runtime: exports run on it.
+pub fn provider(env: &Env, metrics: Arc<Metrics>, client: &Outbound) -> Tracing {
     let endpoint = var(env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .or_else(|| var(env, "OTEL_EXPORTER_OTLP_ENDPOINT"));
     let disabled = var(env, "OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
@@ -86,7 +85,7 @@ pub fn provider(env: &Env, metrics: Arc<Metrics>) -> Tracing {
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_timeout(timeout)
-        .with_http_client(RuntimeClient::new(timeout))
+        .with_http_client(RuntimeClient::new(client.clone(), timeout))
         .build();
     let exporter = match exporter {
         Ok(e) => e,
@@ -169,19 +168,19 @@ pub fn current_headers() -> Vec<(HeaderName, HeaderValue)> {
         .collect()
 }
 
-/// A hyper client whose requests run on the gateway's runtime: the SDK exports from a thread of
-/// its own (no runtime there), which waits for the spawned request's result.
+/// The gateway's client, its requests run on the gateway's runtime: the SDK exports from a
+/// thread of its own (no runtime there), which waits for the spawned request's result.
 #[derive(Debug, Clone)]
 struct RuntimeClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Outbound,
     rt: tokio::runtime::Handle,
     timeout: Duration,
 }
 
 impl RuntimeClient {
-    fn new(timeout: Duration) -> RuntimeClient {
+    fn new(client: Outbound, timeout: Duration) -> RuntimeClient {
         RuntimeClient {
-            client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+            client,
             rt: tokio::runtime::Handle::current(),
             timeout,
         }
@@ -197,7 +196,7 @@ impl HttpClient for RuntimeClient {
         let (client, timeout) = (self.client.clone(), self.timeout);
         let task = self.rt.spawn(async move {
             tokio::time::timeout(timeout, async move {
-                let (parts, body) = client.request(req.map(Full::new)).await?.into_parts();
+                let (parts, body) = client.send(req.map(Full::new)).await?.into_parts();
                 let body = Limited::new(body, 1 << 20).collect().await?.to_bytes();
                 Ok::<_, HttpError>(http::Response::from_parts(parts, body))
             })

@@ -260,10 +260,12 @@ impl Builder {
         opts.kernel = self.kernel;
         opts.channel_capacity = self.channel_capacity;
         if self.jwks.is_some() {
-            let auth = iac_code_agui::auth::Auth::open(&opts.cfg)
+            let outbound = iac_code_agui::outbound::Outbound::public(&*opts.env);
+            let auth = iac_code_agui::auth::Auth::open(&opts.cfg, &outbound)
                 .await
                 .expect("key set");
             opts.auth = Some(Arc::new(auth));
+            opts.outbound = Some(outbound);
         }
         let state = app::build(opts);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
