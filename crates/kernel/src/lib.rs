@@ -8,6 +8,7 @@
 //! and a run waits (bounded) for it to be ready.
 
 mod card;
+pub mod confine;
 pub mod environment;
 pub mod launch;
 mod output;
