@@ -186,6 +186,13 @@ fn main() {
         } else {
             let how = state.auth.describe();
             tracing::info!(%addr, "authentication: {how}; a caller with a user reaches only that user's threads");
+            if state.cfg.jwt.jwks.is_some() {
+                iac_code_agui::auth::shared_kernels_warning("JWTs name users");
+            }
+        }
+        // A managed kernel runs its tools with the gateway's uid.
+        if state.cfg.a2a_urls.is_empty() && is_root() {
+            tracing::warn!("the gateway runs as root, and so does its managed kernel: the agent's shell and file tools act as root on this machine; run the gateway as an unprivileged user");
         }
         let code = match app::serve_with_admin(listener, admin, state, signals).await {
             Ok(()) => 0,
@@ -198,4 +205,12 @@ fn main() {
         code
     });
     std::process::exit(code);
+}
+
+/// Whether the process runs as root (its effective uid).
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    let uid = unsafe { libc::geteuid() };
+    uid == 0
 }

@@ -18,6 +18,7 @@ pub mod jwt;
 pub mod keys;
 pub mod source;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -79,6 +80,8 @@ impl Denied {
 pub struct Auth {
     service_token: Option<String>,
     jwt: Option<(Arc<KeySource>, jwt::Rules)>,
+    /// The service token's caller has named a user (the warning of shared kernels is given once).
+    named_a_user: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Auth {
@@ -129,6 +132,7 @@ impl Auth {
         Auth {
             service_token: cfg.auth_token.clone().filter(|t| !t.is_empty()),
             jwt: source.map(|s| (Arc::new(s), rules)),
+            named_a_user: Default::default(),
         }
     }
 
@@ -165,6 +169,9 @@ impl Auth {
         let bearer = bearer(headers).ok_or(Denied::Missing)?;
         if let Some(token) = &self.service_token {
             if bool::from(bearer.ct_eq(token.as_bytes())) {
+                if named.is_some() && !self.named_a_user.swap(true, Ordering::Relaxed) {
+                    shared_kernels_warning("the service token's caller names users");
+                }
                 return Ok(Caller {
                     via: Via::Service,
                     user: named.map(str::to_owned),
@@ -202,6 +209,17 @@ impl Auth {
             (Some(_), Some(j)) => format!("the service token and {j}"),
         }
     }
+}
+
+/// Says, once, that users who have names still share the kernel processes (`why`: what names
+/// them): their tools reach each other's files and more.
+pub fn shared_kernels_warning(why: &str) {
+    tracing::warn!(
+        "{why}, but every user's runs share the kernel processes: one user's agent (its shell and \
+         file tools) can read and change other users' workspaces, the credentials their requests \
+         carry, their pending approvals, the kernel's system-prompt files and the gateway's state; \
+         see the book's \"Authentication and who may touch a thread\""
+    );
 }
 
 /// The credential of `Authorization: Bearer <credential>` (the scheme in any case).

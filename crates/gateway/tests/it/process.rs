@@ -192,6 +192,24 @@ fn the_managed_kernel_gets_no_secret_of_the_gateway_and_its_output_is_logged() {
     let kept = err["message"].as_str().unwrap().len();
     assert_eq!(kept, 8192, "{err}");
     assert_eq!(err["cut_bytes"], 20021 - 8192, "{err}");
+    // A managed kernel of a root gateway runs its tools as root: said at start-up.
+    let warned = lines.iter().any(|l| {
+        l["level"] == "WARN"
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("so does its managed kernel"))
+    });
+    assert_eq!(warned, is_root(), "{text}");
+}
+
+/// Whether the tests run as root (CI does).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
+        .unwrap()
 }
 
 /// The layers of a flagged option: the flag beats its variable, which beats the YAML key.
@@ -797,6 +815,9 @@ async fn authentication_off_is_logged_and_an_empty_variable_keeps_the_yaml_token
     let out = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("authentication is off"), "{log}");
+    // Nobody is named, and the kernel is external: neither warning.
+    assert!(!log.contains("share the kernel processes"), "{log}");
+    assert!(!log.contains("so does its managed kernel"), "{log}");
 
     let yaml = dir.path().join("agui.yaml");
     std::fs::write(&yaml, "auth_token: from-yaml\n").unwrap();
@@ -814,6 +835,47 @@ async fn authentication_off_is_logged_and_an_empty_variable_keeps_the_yaml_token
     let out = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(!log.contains("authentication is off"), "{log}");
+}
+
+/// The service token's caller that names a user is told once that users share the kernels; a
+/// caller that names nobody is not.
+#[tokio::test]
+async fn a_service_token_naming_users_is_warned_once_of_shared_kernels() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = offline(bin(), port, dir.path())
+        .args(["--idle-shutdown", "2"])
+        .env("IAC_CODE_AGUI_AUTH_TOKEN", "svc-token")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_health(port, Duration::from_secs(10)).expect("health");
+    let c = client();
+    let get = |user: Option<&str>| {
+        let mut r = c
+            .get(format!("http://127.0.0.1:{port}/threads/t1"))
+            .header("authorization", "Bearer svc-token");
+        if let Some(u) = user {
+            r = r.header("x-iac-code-user", u);
+        }
+        r.send()
+    };
+    assert_eq!(get(None).await.unwrap().status(), 404);
+    for user in ["alice", "bob"] {
+        assert_eq!(get(Some(user)).await.unwrap().status(), 404);
+    }
+    let out = tokio::task::spawn_blocking(move || {
+        let _ = child.wait();
+        let mut s = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut s).unwrap();
+        s
+    })
+    .await
+    .unwrap();
+    let warnings = out
+        .matches("the service token's caller names users, but every user's runs share the kernel processes")
+        .count();
+    assert_eq!(warnings, 1, "{out}");
 }
 
 /// With `--auth-jwks` the start-up says how callers authenticate, a non-loopback address needs
@@ -865,6 +927,10 @@ async fn jwt_authentication_is_announced_and_an_unreadable_key_set_stops_the_sta
     let out = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("authentication: JWTs (keys from"), "{log}");
+    assert!(
+        log.contains("JWTs name users, but every user's runs share the kernel processes"),
+        "{log}"
+    );
     // Each refusal is one audit line (route and reason), and no token is ever written.
     let audit: Vec<&str> = log
         .lines()
