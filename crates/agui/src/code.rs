@@ -48,6 +48,7 @@ pub enum Code {
     TooManyRuns,
     TooManyReaders,
     TooManyGuidanceRuns,
+    TooManyUserRuns,
     HostNotAllowed,
     BodyTimeout,
     UserMismatch,
@@ -92,6 +93,7 @@ impl Code {
             Code::TooManyRuns => "TOO_MANY_RUNS",
             Code::TooManyReaders => "TOO_MANY_READERS",
             Code::TooManyGuidanceRuns => "TOO_MANY_GUIDANCE_RUNS",
+            Code::TooManyUserRuns => "TOO_MANY_USER_RUNS",
             Code::HostNotAllowed => "HOST_NOT_ALLOWED",
             Code::BodyTimeout => "BODY_TIMEOUT",
             Code::UserMismatch => "USER_MISMATCH",
@@ -128,7 +130,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 37);
+        assert_eq!(names.len(), 38);
         assert_eq!(Code::from_wire("thread_busy"), None);
         assert_eq!(Code::from_wire(""), None);
     }

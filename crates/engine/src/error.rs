@@ -164,6 +164,7 @@ pub mod msg {
         TOO_MANY_RUNS = "The gateway is serving as many runs as it may. Retry later.";
         TOO_MANY_READERS = "This run has as many readers as it may. Retry later.";
         TOO_MANY_GUIDANCE_RUNS = "This thread has as many guidance runs as it may. Retry later.";
+        TOO_MANY_USER_RUNS = "This user has as many runs as they may. Retry later.";
     }
 }
 

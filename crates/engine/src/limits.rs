@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::error::{msg, ApiError, Code};
 use crate::telemetry::{Limit, Telemetry};
 
 /// The bounds (see the book's "Bounds").
@@ -20,6 +21,8 @@ pub struct Caps {
     pub max_connections: usize,
     /// Runs being served at once (attached, detached and guidance runs alike).
     pub max_runs: usize,
+    /// Runs of one user at once, within `max_runs` (a caller without a user: `max_runs` only).
+    pub max_runs_per_user: usize,
     /// Runs going on without a client at once; beyond, a client that leaves cancels its run.
     pub max_detached_runs: usize,
     /// Readers of one run's events route at once.
@@ -40,6 +43,9 @@ impl Default for Caps {
             // A run costs the gateway about 40 KiB (BENCHMARKS.md) and the kernel a task: 1,024
             // are 40 MiB here, more than one kernel serves with an LLM behind it.
             max_runs: 1024,
+            // One user cannot hold every run slot: a person runs a few at once, a busy
+            // service for one user a few dozen.
+            max_runs_per_user: 64,
             // A detached run keeps its replay buffer (1 MiB by default) with nobody reading it:
             // 256 of them are at most 256 MiB.
             max_detached_runs: 256,
@@ -60,12 +66,17 @@ pub struct Limits {
     detached: Arc<Semaphore>,
     readers_per_run: usize,
     guidance: Arc<PerKey>,
+    per_user: Arc<PerKey>,
     metrics: Arc<dyn Telemetry>,
 }
 
-/// A run's slot among `--max-runs`, held for the run's whole life (detached included).
+/// A run's slot among `--max-runs` (and its user's among `--max-runs-per-user`), held for the
+/// run's whole life (detached included).
 #[derive(Debug)]
-pub struct RunSlot(#[allow(dead_code)] OwnedSemaphorePermit);
+pub struct RunSlot {
+    _run: OwnedSemaphorePermit,
+    _user: Option<KeySlot>,
+}
 
 /// A detached run's slot among `--max-detached-runs`, held while no client is attached.
 #[derive(Debug)]
@@ -73,12 +84,16 @@ pub struct DetachedSlot(#[allow(dead_code)] OwnedSemaphorePermit);
 
 /// A guidance run's slot among its thread's `--max-guidance-per-thread`.
 #[derive(Debug)]
-pub struct GuidanceSlot {
+pub struct GuidanceSlot(#[allow(dead_code)] KeySlot);
+
+/// One of a key's slots in a [`PerKey`], given back when dropped.
+#[derive(Debug)]
+struct KeySlot {
     counts: Arc<PerKey>,
     key: String,
 }
 
-impl Drop for GuidanceSlot {
+impl Drop for KeySlot {
     fn drop(&mut self) {
         self.counts.put_back(&self.key);
     }
@@ -121,6 +136,25 @@ impl PerKey {
     }
 }
 
+/// What a run refused at `limit` (by [`Limits::run`]) is answered: 429 for its user's bound,
+/// 503 for the gateway's.
+pub fn refused_run(limit: Limit) -> ApiError {
+    match limit {
+        Limit::UserRuns => ApiError::new(Code::TooManyUserRuns, msg::TOO_MANY_USER_RUNS),
+        _ => ApiError::new(Code::TooManyRuns, msg::TOO_MANY_RUNS),
+    }
+}
+
+impl KeySlot {
+    /// One of `key`'s slots, or `None` when it has all it may.
+    fn take(counts: &Arc<PerKey>, key: &str) -> Option<KeySlot> {
+        counts.take(key).then(|| KeySlot {
+            counts: counts.clone(),
+            key: key.to_owned(),
+        })
+    }
+}
+
 impl Limits {
     pub fn new(caps: &Caps, metrics: Arc<dyn Telemetry>) -> Limits {
         Limits {
@@ -130,6 +164,10 @@ impl Limits {
             readers_per_run: caps.max_readers_per_run,
             guidance: Arc::new(PerKey {
                 max: caps.max_guidance_per_thread,
+                counts: Mutex::default(),
+            }),
+            per_user: Arc::new(PerKey {
+                max: caps.max_runs_per_user,
                 counts: Mutex::default(),
             }),
             metrics,
@@ -147,13 +185,28 @@ impl Limits {
         );
     }
 
-    /// A slot for a new run, or `None` (counted) when `--max-runs` are being served.
-    pub fn run(&self) -> Option<RunSlot> {
+    /// A slot for a new run of `user`, or the bound reached (counted): `--max-runs-per-user` of
+    /// that user's runs, or `--max-runs` in all. A caller without a user is bounded by
+    /// `--max-runs` alone.
+    pub fn run(&self, user: Option<&str>) -> Result<RunSlot, Limit> {
+        let user = match user {
+            Some(u) => Some(
+                KeySlot::take(&self.per_user, u)
+                    .ok_or(Limit::UserRuns)
+                    .inspect_err(|l| {
+                        self.reached(*l);
+                    })?,
+            ),
+            None => None,
+        };
         match self.runs.clone().try_acquire_owned() {
-            Ok(p) => Some(RunSlot(p)),
+            Ok(p) => Ok(RunSlot {
+                _run: p,
+                _user: user,
+            }),
             Err(_) => {
                 self.reached(Limit::Runs);
-                None
+                Err(Limit::Runs)
             }
         }
     }
@@ -178,14 +231,13 @@ impl Limits {
     /// A slot for a guidance run of `thread_id`, or `None` (counted) when the thread has
     /// `--max-guidance-per-thread` already.
     pub fn guidance(&self, thread_id: &str) -> Option<GuidanceSlot> {
-        if !self.guidance.take(thread_id) {
-            self.reached(Limit::Guidance);
-            return None;
+        match KeySlot::take(&self.guidance, thread_id) {
+            Some(slot) => Some(GuidanceSlot(slot)),
+            None => {
+                self.reached(Limit::Guidance);
+                None
+            }
         }
-        Some(GuidanceSlot {
-            counts: self.guidance.clone(),
-            key: thread_id.to_owned(),
-        })
     }
 
     /// Runs being served now.
@@ -278,11 +330,15 @@ mod tests {
     fn a_slot_comes_back_when_its_holder_drops_it() {
         let c = caps(2, 1, 1);
         let l = Limits::new(&c, Arc::new(Counts::default()));
-        let (a, b) = (l.run().unwrap(), l.run().unwrap());
-        assert!(l.run().is_none(), "a third run over a cap of two");
+        let (a, b) = (l.run(None).unwrap(), l.run(None).unwrap());
+        assert_eq!(
+            l.run(None).unwrap_err(),
+            Limit::Runs,
+            "a third run over a cap of two"
+        );
         assert_eq!(l.runs_in_use(), 2);
         drop(a);
-        let c2 = l.run().expect("a slot came back");
+        let c2 = l.run(None).expect("a slot came back");
         drop((b, c2));
         assert_eq!(l.runs_in_use(), 0);
 
@@ -290,6 +346,43 @@ mod tests {
         assert!(l.detach().is_none());
         drop(d);
         assert!(l.detach().is_some());
+    }
+
+    /// A user's runs count against their own bound and the global one; a caller without a user
+    /// against the global one alone; a refused run takes no slot of either.
+    #[test]
+    fn a_users_runs_are_bounded_within_the_global_bound() {
+        let counts = Arc::new(Counts::default());
+        let l = Limits::new(
+            &Caps {
+                max_runs: 3,
+                max_runs_per_user: 2,
+                ..Caps::default()
+            },
+            counts.clone(),
+        );
+        let a1 = l.run(Some("alice")).unwrap();
+        let a2 = l.run(Some("alice")).unwrap();
+        assert_eq!(l.run(Some("alice")).unwrap_err(), Limit::UserRuns);
+        assert_eq!(l.runs_in_use(), 2, "the refused run holds no global slot");
+        let b1 = l
+            .run(Some("bob"))
+            .expect("another user has their own bound");
+        assert_eq!(
+            l.run(Some("bob")).unwrap_err(),
+            Limit::Runs,
+            "the global bound"
+        );
+        assert_eq!(l.run(None).unwrap_err(), Limit::Runs);
+        drop(a1);
+        let anyone = l
+            .run(None)
+            .expect("a caller without a user: the global bound only");
+        drop((a2, b1, anyone));
+        assert_eq!(l.runs_in_use(), 0);
+        let _ = (l.run(Some("alice")).unwrap(), l.run(Some("alice")).unwrap());
+        let reached = |l: Limit| counts.limits[l as usize].load(Ordering::Relaxed);
+        assert_eq!((reached(Limit::UserRuns), reached(Limit::Runs)), (1, 2));
     }
 
     #[test]

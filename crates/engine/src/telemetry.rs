@@ -60,6 +60,8 @@ pub enum Limit {
     Readers = 3,
     /// A guidance run was refused (`--max-guidance-per-thread`).
     Guidance = 4,
+    /// A run was refused for its user (`--max-runs-per-user`).
+    UserRuns = 5,
 }
 
 impl Limit {
@@ -77,7 +79,7 @@ pub(crate) mod testing {
     /// Counts what it is told, for the engine's own tests.
     #[derive(Default)]
     pub(crate) struct Counts {
-        pub(crate) limits: [AtomicUsize; 5],
+        pub(crate) limits: [AtomicUsize; 6],
         pub(crate) pending: std::sync::atomic::AtomicI64,
         pub(crate) transcript_failures: AtomicUsize,
     }

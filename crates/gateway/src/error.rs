@@ -62,6 +62,7 @@ impl Status for Code {
             Code::TooManyRuns => StatusCode::SERVICE_UNAVAILABLE,
             Code::TooManyReaders => StatusCode::TOO_MANY_REQUESTS,
             Code::TooManyGuidanceRuns => StatusCode::TOO_MANY_REQUESTS,
+            Code::TooManyUserRuns => StatusCode::TOO_MANY_REQUESTS,
             Code::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
             Code::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Code::UserMismatch => StatusCode::FORBIDDEN,
@@ -73,9 +74,10 @@ impl Status for Code {
 
     fn retry_after(self) -> Option<u32> {
         match self {
-            Code::TooManyRuns | Code::TooManyReaders | Code::TooManyGuidanceRuns => {
-                Some(RETRY_AFTER_SECS)
-            }
+            Code::TooManyRuns
+            | Code::TooManyReaders
+            | Code::TooManyGuidanceRuns
+            | Code::TooManyUserRuns => Some(RETRY_AFTER_SECS),
             _ => None,
         }
     }
@@ -135,7 +137,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 37);
+        assert_eq!(names.len(), 38);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);
         assert_eq!(Code::StateUnavailable.status().as_u16(), 503);
         assert_eq!(Code::ExecutionNotFound.status().as_u16(), 404);

@@ -216,10 +216,11 @@ pub async fn observe(
     if rt.shutdown().is_draining() {
         return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN));
     }
+    // An observer holds a run's slot, its user's included: watching is bounded as running is.
     let slot = rt
         .limits()
-        .run()
-        .ok_or_else(|| ApiError::new(Code::TooManyRuns, msg::TOO_MANY_RUNS))?;
+        .run(caller.user.as_deref())
+        .map_err(engine::limits::refused_run)?;
     let unavailable = || ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE);
     let client = rt
         .kernels()

@@ -21,6 +21,7 @@ use crate::error::{msg, ApiError, Code};
 use crate::telemetry::otel;
 use engine::canonical;
 use engine::i18n::Lang;
+use engine::limits;
 use engine::run::admit::{self, RunRequest};
 use engine::run::{spawn_run, Runtime};
 use engine::validate::{self, content, cwd, props};
@@ -98,8 +99,9 @@ async fn run_request(
     };
     // A slot among `--max-runs` before anything is touched (workspace, store, kernel): a refusal
     // leaves nothing behind. It goes with the run to its end (forwarded requests give it back).
-    let Some(slot) = rt.limits().run() else {
-        return refused(ApiError::new(Code::TooManyRuns, msg::TOO_MANY_RUNS));
+    let slot = match rt.limits().run(caller.user.as_deref()) {
+        Ok(slot) => slot,
+        Err(limit) => return refused(limits::refused_run(limit)),
     };
     let who = caller.clone();
     let request = match prepare(&rt, obj, &body, lang, caller).await {

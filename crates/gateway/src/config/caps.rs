@@ -1,4 +1,4 @@
-//! The bounds on concurrent work: connections, runs, detached runs, readers of one run, guidance
+//! The bounds on concurrent work: connections, runs, runs of one user, detached runs, readers of one run, guidance
 //! runs of one thread; and the messages one thread's transcript keeps. Each has a flag, a variable, a YAML key and a default sized for one
 //! gateway in front of one kernel on one machine; each must be a whole number from 1 to
 //! [`MOST`] (a bound that could be switched off would not be one).
@@ -14,6 +14,8 @@ pub const MOST: i64 = 1_000_000;
 pub(super) const MAX_CONNECTIONS: &str =
     "--max-connections must be a whole number from 1 to 1000000.";
 pub(super) const MAX_RUNS: &str = "--max-runs must be a whole number from 1 to 1000000.";
+pub(super) const MAX_RUNS_PER_USER: &str =
+    "--max-runs-per-user must be a whole number from 1 to 1000000.";
 pub(super) const MAX_DETACHED_RUNS: &str =
     "--max-detached-runs must be a whole number from 1 to 1000000.";
 pub(super) const MAX_READERS_PER_RUN: &str =
@@ -23,6 +25,7 @@ pub(super) const MAX_GUIDANCE_PER_THREAD: &str =
 
 const CONNECTIONS: Opt<Integer> = Opt::new("max_connections", MAX_CONNECTIONS);
 const RUNS: Opt<Integer> = Opt::new("max_runs", MAX_RUNS);
+const RUNS_PER_USER: Opt<Integer> = Opt::new("max_runs_per_user", MAX_RUNS_PER_USER);
 const DETACHED: Opt<Integer> = Opt::new("max_detached_runs", MAX_DETACHED_RUNS);
 const READERS: Opt<Integer> = Opt::new("max_readers_per_run", MAX_READERS_PER_RUN);
 pub(super) const TRANSCRIPT_LIMIT: &str =
@@ -40,13 +43,13 @@ fn bound(v: i64, err: &str) -> Result<usize, String> {
 }
 
 /// The flags of the bounds (each `None` when not given), in [`Caps`] order.
-pub(super) type Flags = [Option<String>; 6];
+pub(super) type Flags = [Option<String>; 7];
 
 /// The bounds from their layers (flag or variable, YAML, default), in order: the first invalid
 /// one is reported.
 pub(super) fn load(l: &Layers<'_>, flags: Flags) -> Result<Caps, String> {
     let d = Caps::default();
-    let [connections, runs, detached, readers, guidance, transcript] = flags;
+    let [connections, runs, per_user, detached, readers, guidance, transcript] = flags;
     let one = |opt: &Opt<Integer>, flag, default: usize| match l.get(opt, flag)? {
         Some(v) => bound(v, opt.err()),
         None => Ok(default),
@@ -54,6 +57,7 @@ pub(super) fn load(l: &Layers<'_>, flags: Flags) -> Result<Caps, String> {
     Ok(Caps {
         max_connections: one(&CONNECTIONS, connections, d.max_connections)?,
         max_runs: one(&RUNS, runs, d.max_runs)?,
+        max_runs_per_user: one(&RUNS_PER_USER, per_user, d.max_runs_per_user)?,
         max_detached_runs: one(&DETACHED, detached, d.max_detached_runs)?,
         max_readers_per_run: one(&READERS, readers, d.max_readers_per_run)?,
         max_guidance_per_thread: one(&GUIDANCE, guidance, d.max_guidance_per_thread)?,
@@ -125,6 +129,8 @@ mod layer_tests {
                 "5",
                 "--transcript-limit",
                 "6",
+                "--max-runs-per-user",
+                "7",
             ],
             &[],
             None,
@@ -135,6 +141,7 @@ mod layer_tests {
             Caps {
                 max_connections: 10,
                 max_runs: 2,
+                max_runs_per_user: 7,
                 max_detached_runs: 3,
                 max_readers_per_run: 4,
                 max_guidance_per_thread: 5,
@@ -143,7 +150,7 @@ mod layer_tests {
         );
         let yaml = "max-connections: 11\nmax_runs: 12\nmax-detached-runs: 13\n\
                     max_readers_per_run: 14\nmax-guidance-per-thread: 15\n\
-                    transcript-limit: 16\n";
+                    transcript-limit: 16\nmax_runs_per_user: 17\n";
         let c = load(&[], &[], Some(yaml)).unwrap();
         assert_eq!(
             (
@@ -152,9 +159,10 @@ mod layer_tests {
                 c.max_detached_runs,
                 c.max_readers_per_run,
                 c.max_guidance_per_thread,
-                c.transcript_limit
+                c.transcript_limit,
+                c.max_runs_per_user
             ),
-            (11, 12, 13, 14, 15, 16)
+            (11, 12, 13, 14, 15, 16, 17)
         );
         // The flag (or its variable) wins over YAML.
         let c = load(&["--max-runs", "7"], &[], Some("max_runs: 12\n")).unwrap();

@@ -10,7 +10,7 @@ pub struct Cli {
     /// idle_shutdown, auth_token, a2a_token, cluster_secret, interrupt_ttl, a2a_command, shutdown_timeout,
     /// kernel_idle_timeout, client_stall_timeout, cors_origins, detach_grace, replay_buffer, metrics_listen,
     /// log_format, state_url, lease_ttl, advertise_url, kernel_backup_dir,
-    /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_detached_runs,
+    /// kernel_persistence_dir, kernel_env, max_connections, max_runs, max_runs_per_user, max_detached_runs,
     /// max_readers_per_run, max_guidance_per_thread, transcript_limit, max_image_decodes, kernels, body_timeout,
     /// linger_timeout, allowed_hosts, allow_unauthenticated, auth_jwks, auth_issuer,
     /// auth_audience, auth_user_claim, auth_jwks_refresh, state_ca_file, tls_cert, tls_key,
@@ -178,6 +178,15 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub max_runs: Option<String>,
+    /// Runs of one user served at once, within --max-runs (a caller without a user is bounded by
+    /// --max-runs alone); beyond, 429 TOO_MANY_USER_RUNS with Retry-After [default: 64].
+    #[arg(
+        long,
+        value_name = "N",
+        env = "IAC_CODE_AGUI_MAX_RUNS_PER_USER",
+        allow_hyphen_values = true
+    )]
+    pub max_runs_per_user: Option<String>,
     /// Runs going on without a client at once (with --detach-grace); beyond, a client that
     /// leaves cancels its run as without a grace [default: 256].
     #[arg(
@@ -333,6 +342,7 @@ impl Cli {
         [
             self.max_connections.take(),
             self.max_runs.take(),
+            self.max_runs_per_user.take(),
             self.max_detached_runs.take(),
             self.max_readers_per_run.take(),
             self.max_guidance_per_thread.take(),

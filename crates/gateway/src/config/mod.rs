@@ -633,6 +633,7 @@ mod tests {
             ("kernel_env", "IAC_CODE_AGUI_KERNEL_ENV"),
             ("max_connections", "IAC_CODE_AGUI_MAX_CONNECTIONS"),
             ("max_runs", "IAC_CODE_AGUI_MAX_RUNS"),
+            ("max_runs_per_user", "IAC_CODE_AGUI_MAX_RUNS_PER_USER"),
             ("max_detached_runs", "IAC_CODE_AGUI_MAX_DETACHED_RUNS"),
             ("max_readers_per_run", "IAC_CODE_AGUI_MAX_READERS_PER_RUN"),
             (

@@ -231,7 +231,7 @@ pub struct Metrics {
     kernel_request_duration: HistogramFamily<MethodLabel>,
     http_requests: Family<HttpLabels, Counter>,
     spans_dropped: [Counter; 2],
-    limits_reached: [Counter; 5],
+    limits_reached: [Counter; 6],
     auth_refusals: Family<ReasonLabel, Counter>,
     kernel: Arc<OnceLock<Arc<dyn KernelGauges>>>,
 }
@@ -355,7 +355,7 @@ impl Metrics {
              (a run cancelled instead of detached), readers, guidance (refused)",
             limit_family.clone(),
         );
-        let limits_reached = per_value::<Limit, _, 5>(&limit_family, |limit| LimitLabel { limit });
+        let limits_reached = per_value::<Limit, _, 6>(&limit_family, |limit| LimitLabel { limit });
         let auth_refusals = Family::<ReasonLabel, Counter>::default();
         r.register(
             "agui_auth_refusals",

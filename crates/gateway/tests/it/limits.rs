@@ -62,7 +62,16 @@ async fn start(
     s: &TestServer,
     b: &Value,
 ) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> {
-    let resp = post_json(&s.url, b, &[]).await;
+    start_with(s, b, &[]).await
+}
+
+/// [`start`], with the request's `headers`.
+async fn start_with(
+    s: &TestServer,
+    b: &Value,
+    headers: &[(&str, &str)],
+) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> {
+    let resp = post_json(&s.url, b, headers).await;
     assert_eq!(resp.status(), 200, "admitted");
     let mut stream = Box::pin(resp.bytes_stream());
     stream.next().await.expect("a first event").unwrap();
@@ -181,6 +190,79 @@ async fn the_run_over_the_cap_is_refused_before_anything_is_touched() {
     })
     .await;
     assert!(admitted, "a slot came back when a run ended");
+}
+
+/// `--max-runs-per-user 1`: with alice's run held open, her second is refused 429
+/// `TOO_MANY_USER_RUNS` with `Retry-After`, before anything is touched, while bob's run and a run
+/// of the service token acting for nobody are admitted; once hers ends, she runs again.
+#[tokio::test]
+async fn a_users_run_over_their_cap_is_refused_and_others_still_run() {
+    let k = FakeKernel::start().await;
+    let s = Builder::for_fake(&k)
+        .auth("svc")
+        .caps(|c| c.max_runs_per_user = 1)
+        .start()
+        .await;
+    let as_user = |user: &'static str| [("authorization", "Bearer svc"), ("x-iac-code-user", user)];
+    for t in ["t1", "t2", "t3"] {
+        hold(&k, t, &format!("task-{t}"));
+    }
+    let hers = start_with(
+        &s,
+        &body("t1", "r1", "x", &s.ws("w1"), json!({})),
+        &as_user("alice"),
+    )
+    .await;
+
+    let again = body("t4", "r4", "x", &s.ws("w4"), json!({}));
+    let res = post(&s.url, &again, &as_user("alice")).await;
+    assert_eq!(res.status, 429, "{}", res.raw);
+    assert_eq!(res.error_code(), Some("TOO_MANY_USER_RUNS"));
+    let retry = res.headers.iter().find(|(k, _)| k == "retry-after");
+    assert_eq!(retry.map(|(_, v)| v.as_str()), Some("5"));
+    assert!(
+        !std::path::Path::new(&s.ws("w4")).exists(),
+        "workspace created"
+    );
+    assert!(!s.thread_file("t4").exists(), "thread state written");
+    assert_eq!(
+        metric(&s, "agui_limit_reached_total{limit=\"user_runs\"}"),
+        1.0
+    );
+
+    // Another user, and the service token acting for nobody, have their own room.
+    let _his = start_with(
+        &s,
+        &body("t2", "r2", "x", &s.ws("w2"), json!({})),
+        &as_user("bob"),
+    )
+    .await;
+    let nobody = [("authorization", "Bearer svc")];
+    let resp = post_json(
+        &s.url,
+        &body("t3", "r3", "x", &s.ws("w3"), json!({})),
+        &nobody,
+    )
+    .await;
+    assert_eq!(
+        resp.status(),
+        200,
+        "a caller without a user is bounded by --max-runs alone"
+    );
+    drop(resp);
+
+    // Her run ends (she leaves): she is admitted again.
+    drop(hers);
+    k.on_context("SendStreamingMessage", &ctx("t4"), quick("t4", "task-t4"));
+    let admitted = eventually(async || {
+        let res = post(&s.url, &again, &as_user("alice")).await;
+        if res.status == 200 {
+            assert_valid_run(&res, "t4", "r4");
+        }
+        res.status == 200
+    })
+    .await;
+    assert!(admitted, "her slot came back when her run ended");
 }
 
 /// `--max-detached-runs 1`: the first client that leaves leaves its run detached (it goes on,

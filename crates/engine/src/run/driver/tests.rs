@@ -108,7 +108,7 @@ impl Harness {
     /// Admits and drives a run; its receiving end.
     async fn run(&self, req: RunRequest) -> mpsc::Receiver<Bytes> {
         let adm = admit(&self.rt, req).await.expect("admitted");
-        let slot = self.rt.limits().run().expect("a run slot");
+        let slot = self.rt.limits().run(None).expect("a run slot");
         spawn_run(
             self.rt.clone(),
             adm,
