@@ -1,28 +1,30 @@
 //! `iac-code-agui`: an AG-UI gateway (HTTP + SSE) in front of iac-code's A2A execution kernel.
 //!
-//! Data flow: `http` (auth, limits, error envelope, language) → `validate` (envelope, strict
-//! `iacCode`, cwd, content) → `run` (admission, per-thread state machine, `store`) → `a2a` client →
-//! `mapping` (pure: kernel item → AG-UI events, span balancing) → SSE encoder.
+//! Data flow: `server` and `api` (host, authentication, bounds, the JSON error envelope) → the
+//! `engine` crate (validation, admission, the run's driver, the mapping to AG-UI events) → the
+//! kernel (`kernel`, `a2a`) and the thread state (`store`); a request for a thread another
+//! instance holds goes there through `forward`. The modules that are public are those the binary
+//! and the integration tests use.
 
 pub mod api;
 pub mod app;
 pub mod auth;
-pub mod capabilities;
+mod capabilities;
 pub mod config;
-pub mod connect;
-pub mod console;
+mod connect;
+mod console;
 pub mod cors;
 pub mod error;
 pub mod forward;
-pub mod health;
-pub mod history;
+mod health;
+mod history;
 pub mod hosts;
-pub mod observe;
+mod observe;
 pub mod outbound;
-pub mod request_body;
+mod request_body;
 pub mod server;
 pub mod telemetry;
-pub mod thread_edit;
-pub mod threads_api;
-pub mod urls;
-pub mod write_deadline;
+mod thread_edit;
+mod threads_api;
+mod urls;
+mod write_deadline;
