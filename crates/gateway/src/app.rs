@@ -261,7 +261,7 @@ pub async fn serve_with_admin(
         let stall = cfg.client_stall_timeout;
         // Not capped: an operator's probe and scrape still answer when the public listener is
         // full.
-        tokio::spawn(crate::server::serve(
+        tokio::spawn(crate::edge::server::serve(
             l,
             router,
             stall,
@@ -311,12 +311,12 @@ pub async fn serve_with_admin(
         let _ = stop_rx.wait_for(|v| *v).await;
         rt2.shutdown().begin();
     };
-    let cap = crate::server::ConnectionCap {
+    let cap = crate::edge::server::ConnectionCap {
         max: cfg.caps.max_connections,
         on_full: Box::new(move || metrics.limit_reached(crate::telemetry::Limit::Connections)),
     };
     let server = async move {
-        crate::server::serve(listener, app, stall, Some(cap), tls, graceful).await;
+        crate::edge::server::serve(listener, app, stall, Some(cap), tls, graceful).await;
         Ok::<(), std::io::Error>(())
     };
     // One deadline for the whole drain, from the stop signal: open connections, then runs

@@ -18,9 +18,9 @@ use super::rules::{BodyRoute, Route};
 use super::{header_lang, AppState};
 use crate::auth::access::{self, Refused};
 use crate::auth::Caller;
+use crate::edge::request_body;
 use crate::error::{msg, ApiError, Code};
 use crate::forward;
-use crate::request_body;
 use engine::i18n::Lang;
 
 /// The authenticated caller of route `R`, and the language of the request's headers.

@@ -39,8 +39,8 @@ use axum::routing::{any, get, post};
 use axum::Router;
 
 use crate::config::Served;
+use crate::edge::request_body;
 use crate::error::{msg, ApiError, Code};
-use crate::request_body;
 use crate::telemetry;
 use engine::i18n::Lang;
 use engine::run::{sink, Runtime};

@@ -24,8 +24,8 @@ pub use cli::Cli;
 pub use layers::Served;
 use layers::{Count, Integer, Layers, List, Number, Opt, Place, Switch, Text, YamlFile};
 
-use crate::cors::Origins;
-use crate::hosts::AllowedHosts;
+use crate::edge::cors::Origins;
+use crate::edge::hosts::AllowedHosts;
 use crate::urls;
 use engine::i18n::Lang;
 use engine::paths;
@@ -195,7 +195,7 @@ const LINGER_TIMEOUT: Opt<Number> = Opt::new(
     "linger_timeout",
     "--linger-timeout must be a non-negative number.",
 );
-const ALLOWED_HOSTS: Opt<List> = Opt::new("allowed_hosts", crate::hosts::INVALID);
+const ALLOWED_HOSTS: Opt<List> = Opt::new("allowed_hosts", crate::edge::hosts::INVALID);
 const ALLOW_UNAUTHENTICATED: Opt<Switch> = Opt::new(
     "allow_unauthenticated",
     "allow_unauthenticated must be a boolean.",
@@ -452,11 +452,11 @@ impl Config {
     }
 
     /// The bounds of request bodies.
-    pub fn body_bounds(&self) -> crate::request_body::Bounds {
-        crate::request_body::Bounds {
+    pub fn body_bounds(&self) -> crate::edge::request_body::Bounds {
+        crate::edge::request_body::Bounds {
             deadline: self.body_timeout,
             linger: self.linger_timeout,
-            linger_bytes: crate::request_body::LINGER_BYTES,
+            linger_bytes: crate::edge::request_body::LINGER_BYTES,
         }
     }
 
@@ -983,7 +983,7 @@ mod tests {
         );
         assert_eq!(
             c.body_bounds().linger_bytes,
-            crate::request_body::LINGER_BYTES
+            crate::edge::request_body::LINGER_BYTES
         );
         let c = load(&["--body-timeout", "2.5", "--linger-timeout", "0"], &[]).unwrap();
         assert_eq!(
@@ -1055,13 +1055,13 @@ linger_timeout: 3
         for bad in ["agui.example.com:8000", "http://a.test"] {
             assert_eq!(
                 load(&["--allowed-host", bad], &[]).unwrap_err(),
-                crate::hosts::INVALID
+                crate::edge::hosts::INVALID
             );
         }
         let f = yaml("allowed_hosts: 5\n");
         assert_eq!(
             load(&["--config", f.path().to_str().unwrap()], &[]).unwrap_err(),
-            crate::hosts::INVALID
+            crate::edge::hosts::INVALID
         );
     }
 

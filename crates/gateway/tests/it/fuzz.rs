@@ -493,7 +493,7 @@ fn fuzz_http_server_answers_any_request() {
         rt.block_on(async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let (mut client, conn) = tokio::io::duplex(1 << 20);
-            let served = tokio::spawn(iac_code_agui::server::serve_connection(conn, app));
+            let served = tokio::spawn(iac_code_agui::edge::server::serve_connection(conn, app));
             for piece in input {
                 if client.write_all(&piece).await.is_err() {
                     break;

@@ -97,7 +97,7 @@ fn fuzz_body_limits_answer_exactly_and_keep_connections_usable() {
             let out = rt.block_on(async move {
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};
                 let (mut client, conn) = tokio::io::duplex(1 << 16);
-                let served = tokio::spawn(iac_code_agui::server::serve_connection(conn, app));
+                let served = tokio::spawn(iac_code_agui::edge::server::serve_connection(conn, app));
                 // The client never closes its side (hyper drops what a half-closed client
                 // asked): it reads until the answers are in, or the server closes.
                 let reader = async move {

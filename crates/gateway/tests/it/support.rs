@@ -245,14 +245,14 @@ impl Builder {
         for f in self.configure {
             f(&mut cfg);
         }
-        cfg.allowed_hosts = iac_code_agui::hosts::AllowedHosts::new(
+        cfg.allowed_hosts = iac_code_agui::edge::hosts::AllowedHosts::new(
             &self.allowed_hosts,
             &cfg.host,
             &cfg.advertise_url,
         )
         .expect("valid allowed hosts");
         cfg.cors_origins =
-            iac_code_agui::cors::Origins::parse(&self.cors).expect("valid CORS origins");
+            iac_code_agui::edge::cors::Origins::parse(&self.cors).expect("valid CORS origins");
         let mut opts = Options::new(cfg, env);
         opts.heartbeat = self.heartbeat;
         opts.store = self.store;

@@ -30,7 +30,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::write_deadline::WriteDeadline;
+use crate::edge::write_deadline::WriteDeadline;
 
 /// Largest request head: 16 KiB, as uvicorn's default. hyper's read buffer is bounded by it, so
 /// a head still arriving holds at most this much memory.
