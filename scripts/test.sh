@@ -57,6 +57,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   # A stale package list names versions the mirror no longer has: refresh it and retry once.
   apt_install || { "${as_root[@]}" apt-get update -q && apt_install; }
 fi
+echo "== a kernel venv other users can run (the isolation tier: as root, users' kernels run as nobody,"
+echo "   who cannot enter root's home; the venv is made from the system's Python under /var/cache)"
+if [ "$(id -u)" -eq 0 ]; then
+  shared=/var/cache/iac-code-agui
+  install -d -m 755 "$shared"
+  /usr/bin/python3 -m venv --help > /dev/null 2>&1 || {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv ||
+      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv; }
+  }
+  IAC_CODE_AGUI_KERNEL_BIN_SHARED=$(IAC_CODE_AGUI_CACHE=$shared PYTHON=/usr/bin/python3 bash scripts/kernel-venv.sh)
+  chmod -R a+rX "$shared/kernel-venv"
+else
+  # Kernels run as the gateway's own user, who runs the one in the cache.
+  IAC_CODE_AGUI_KERNEL_BIN_SHARED=$IAC_CODE_AGUI_KERNEL_BIN
+fi
+export IAC_CODE_AGUI_KERNEL_BIN_SHARED
 echo "== the wheel (packaging/python; built once a run, installed by its test into a fresh venv)"
 IAC_CODE_AGUI_WHEEL=$(bash scripts/wheel.sh)
 export IAC_CODE_AGUI_WHEEL

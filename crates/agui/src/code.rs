@@ -49,6 +49,7 @@ pub enum Code {
     TooManyReaders,
     TooManyGuidanceRuns,
     TooManyUserRuns,
+    KernelsBusy,
     HostNotAllowed,
     BodyTimeout,
     UserMismatch,
@@ -94,6 +95,7 @@ impl Code {
             Code::TooManyReaders => "TOO_MANY_READERS",
             Code::TooManyGuidanceRuns => "TOO_MANY_GUIDANCE_RUNS",
             Code::TooManyUserRuns => "TOO_MANY_USER_RUNS",
+            Code::KernelsBusy => "KERNELS_BUSY",
             Code::HostNotAllowed => "HOST_NOT_ALLOWED",
             Code::BodyTimeout => "BODY_TIMEOUT",
             Code::UserMismatch => "USER_MISMATCH",
@@ -130,7 +132,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 38);
+        assert_eq!(names.len(), 39);
         assert_eq!(Code::from_wire("thread_busy"), None);
         assert_eq!(Code::from_wire(""), None);
     }

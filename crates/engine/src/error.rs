@@ -165,6 +165,7 @@ pub mod msg {
         TOO_MANY_READERS = "This run has as many readers as it may. Retry later.";
         TOO_MANY_GUIDANCE_RUNS = "This thread has as many guidance runs as it may. Retry later.";
         TOO_MANY_USER_RUNS = "This user has as many runs as they may. Retry later.";
+        KERNELS_BUSY = "Every kernel is running other users' turns. Retry later.";
     }
 }
 

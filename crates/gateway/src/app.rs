@@ -7,15 +7,17 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::api::{self, AppState};
+use crate::config::isolation::Mode;
 use crate::config::{Config, Env};
 use crate::outbound::Outbound;
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::Metrics;
+use crate::tenancy;
 use crate::urls;
 use clock::{Clock, SystemClock};
 use engine::run::Runtime;
 use engine::telemetry::Telemetry as _;
-use kernel::{ChildSpec, Kernel, Launch, Pool};
+use kernel::{ChildSpec, Kernel, Pool};
 use store::{FileStore, PgStore, Store, StoreError, Unavailable};
 
 /// Options for building a runtime (tests inject the store, clock and kernel).
@@ -59,6 +61,15 @@ impl Options {
 /// configuration directory). Their calls are timed in `metrics` and carry the trace context.
 pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
     let observer = || -> Arc<dyn a2a::Observer> { KernelObserver::new(metrics.clone()) };
+    if cfg.isolation.mode == Mode::User {
+        let tenants = kernel::Tenants::new(
+            cfg.kernels.max(1),
+            tenancy::isolation(cfg, env),
+            cfg.isolation.idle_stop,
+            Some(observer()),
+        );
+        return Pool::isolated(tenants);
+    }
     let slots = if cfg.a2a_urls.is_empty() {
         (0..cfg.kernels.max(1))
             .map(|_| managed_kernel(cfg, env, observer()))
@@ -81,15 +92,7 @@ pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
 /// A managed kernel of a configuration: an `iac-code a2a` child with what the gateway's
 /// environment may give it.
 fn managed_kernel(cfg: &Config, env: &Env, observer: Arc<dyn a2a::Observer>) -> Arc<Kernel> {
-    let exe = std::env::current_exe().ok();
-    let mut launch = Launch::new(kernel::launch::resolve_program(
-        &cfg.a2a_command,
-        exe.as_deref(),
-    ));
-    // Of the gateway's environment, what the kernel may have (names: the process's,
-    // which the gateway never changes; values: the snapshot).
-    let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
-    launch.inherit(names, &**env, &cfg.kernel_env);
+    let mut launch = tenancy::base_launch(cfg, env);
     if let Some(v) = env("IAC_CODE_AGUI_ALLOWED_CWDS").filter(|v| !v.is_empty()) {
         if env("IACCODE_A2A_ALLOWED_CWDS")
             .filter(|v| !v.is_empty())

@@ -6,12 +6,21 @@
 
 use serde_json::{json, Value};
 
+use engine::caller::Caller;
 use engine::run::Runtime;
 
 /// The answer.
-pub async fn answer(rt: &Runtime, cache: &kernel::CardCache) -> Value {
+pub async fn answer(rt: &Runtime, cache: &kernel::CardCache, caller: &Caller) -> Value {
     let card = cache.card(rt.kernels()).await;
-    describe(rt, &card)
+    let mut v = describe(rt, &card);
+    // With users' own kernels: where this caller's workspaces may be (the first of their roots).
+    if let Some(t) = rt.kernels().tenants() {
+        let key = kernel::tenant::user_key(caller.user.as_deref());
+        if let Some(root) = t.isolation().workspaces_of(&key).first() {
+            v["custom"]["iacCode"]["workspaceRoot"] = json!(root.display().to_string());
+        }
+    }
+    v
 }
 
 /// The capabilities for a kernel card (`Null`: none could be read).
@@ -59,7 +68,7 @@ pub fn describe(rt: &Runtime, card: &Value) -> Value {
             "input": {"image": true, "audio": false, "video": false, "pdf": false, "file": false},
             "output": {"image": false, "audio": false},
         },
-        "execution": {"codeExecution": true, "sandboxed": false},
+        "execution": {"codeExecution": true, "sandboxed": rt.kernels().tenants().is_some()},
         "humanInTheLoop": {
             "supported": true,
             "approvals": true,

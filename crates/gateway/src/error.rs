@@ -63,6 +63,7 @@ impl Status for Code {
             Code::TooManyReaders => StatusCode::TOO_MANY_REQUESTS,
             Code::TooManyGuidanceRuns => StatusCode::TOO_MANY_REQUESTS,
             Code::TooManyUserRuns => StatusCode::TOO_MANY_REQUESTS,
+            Code::KernelsBusy => StatusCode::SERVICE_UNAVAILABLE,
             Code::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
             Code::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Code::UserMismatch => StatusCode::FORBIDDEN,
@@ -77,7 +78,8 @@ impl Status for Code {
             Code::TooManyRuns
             | Code::TooManyReaders
             | Code::TooManyGuidanceRuns
-            | Code::TooManyUserRuns => Some(RETRY_AFTER_SECS),
+            | Code::TooManyUserRuns
+            | Code::KernelsBusy => Some(RETRY_AFTER_SECS),
             _ => None,
         }
     }
@@ -137,7 +139,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 38);
+        assert_eq!(names.len(), 39);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);
         assert_eq!(Code::StateUnavailable.status().as_u16(), 503);
         assert_eq!(Code::ExecutionNotFound.status().as_u16(), 404);

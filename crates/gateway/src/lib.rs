@@ -21,6 +21,7 @@ mod history;
 mod observe;
 pub mod outbound;
 pub mod telemetry;
+pub mod tenancy;
 mod thread_edit;
 mod threads_api;
 mod urls;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use iac_code_agui::app;
+use iac_code_agui::config::isolation::Mode;
 use iac_code_agui::config::Env;
 use iac_code_agui::config::{Cli, Config};
 use iac_code_agui::telemetry::{self, Metrics};
@@ -88,6 +89,11 @@ fn main() {
             std::process::exit(1);
         }
     }
+    // Users' own kernels: refused where they could not be confined as promised.
+    if let Err(e) = iac_code_agui::tenancy::check(&cfg, &env) {
+        eprintln!("{e}");
+        std::process::exit(1);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -171,6 +177,14 @@ fn main() {
             tracing::info!(addr = %a, "metrics listening");
         }
         tracing::info!(%addr, open_file_limit = files, "iac-code-agui listening");
+        let isolated = state.cfg.isolation.mode == Mode::User;
+        if isolated {
+            tracing::info!(
+                kernels = state.cfg.kernels,
+                idle_stop_s = state.cfg.isolation.idle_stop.as_secs(),
+                "kernel isolation: each user's runs in a kernel of their own, confined by Landlock"
+            );
+        }
         if state.cfg.allowed_cwds.is_none() {
             let root = state.cfg.default_workspace_root();
             tracing::info!(root = %root.display(), "workspaces: under the default root (IAC_CODE_AGUI_ALLOWED_CWDS sets others)");
@@ -186,12 +200,12 @@ fn main() {
         } else {
             let how = state.auth.describe();
             tracing::info!(%addr, "authentication: {how}; a caller with a user reaches only that user's threads");
-            if state.cfg.jwt.jwks.is_some() {
+            if state.cfg.jwt.jwks.is_some() && !isolated {
                 iac_code_agui::auth::shared_kernels_warning("JWTs name users");
             }
         }
         // A managed kernel runs its tools with the gateway's uid.
-        if state.cfg.a2a_urls.is_empty() && is_root() {
+        if state.cfg.a2a_urls.is_empty() && iac_code_agui::tenancy::is_root() && !isolated {
             tracing::warn!("the gateway runs as root, and so does its managed kernel: the agent's shell and file tools act as root on this machine; run the gateway as an unprivileged user");
         }
         let code = match app::serve_with_admin(listener, admin, state, signals).await {
@@ -205,12 +219,4 @@ fn main() {
         code
     });
     std::process::exit(code);
-}
-
-/// Whether the process runs as root (its effective uid).
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    #[allow(unsafe_code)]
-    let uid = unsafe { libc::geteuid() };
-    uid == 0
 }

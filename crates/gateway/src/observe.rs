@@ -225,7 +225,7 @@ pub async fn observe(
     let client = rt
         .kernels()
         .of_thread(target.kernel.as_deref())
-        .client()
+        .and_then(|k| k.client())
         .ok_or_else(unavailable)?;
     let snapshot = match tokio::time::timeout(
         GET_TASK_WAIT,

@@ -354,6 +354,12 @@ pub fn check_supported() -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// [`check_supported`] as a machine with Landlock ABI `abi` would answer (`None`: no Landlock
+/// at all): what a test of the refusal runs on a machine that has it.
+pub fn check_abi(abi: Option<i64>) -> Result<(), String> {
+    verdict(abi.ok_or(libc::ENOSYS))
+}
+
 /// The running kernel's Landlock ABI, or the errno of the query.
 #[allow(unsafe_code)]
 fn landlock_abi() -> Result<i64, i32> {

@@ -19,6 +19,7 @@ use http::{Request, StatusCode};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 
+use super::confine::Confinement;
 use super::environment;
 
 /// What a managed kernel is started with: the `iac-code` executable, its whole environment, and a
@@ -31,6 +32,11 @@ pub struct Launch {
     /// gateway exits); written again by a start that finds it gone (a temporary directory's
     /// clean-up took it from a long-running gateway).
     config_file: Option<(Arc<tempfile::TempPath>, String)>,
+    /// What the kernel may reach (isolation `user`): enforced by the child before it executes,
+    /// with its own port added to what it may bind.
+    confinement: Option<Confinement>,
+    /// The uid and gid it runs as, when not the gateway's.
+    identity: Option<(u32, u32)>,
 }
 
 impl Launch {
@@ -40,6 +46,8 @@ impl Launch {
             program: program.into(),
             env: Vec::new(),
             config_file: None,
+            confinement: None,
+            identity: None,
         }
     }
 
@@ -88,6 +96,44 @@ impl Launch {
     pub fn persistence_dir(&mut self, dir: &Path) -> std::io::Result<&mut Launch> {
         self.config_file = Some(config_file(dir)?);
         Ok(self)
+    }
+
+    /// Confines the kernel (see [`crate::confine`]): it may bind its own port besides.
+    pub fn confine(&mut self, confinement: Confinement) -> &mut Launch {
+        self.confinement = Some(confinement);
+        self
+    }
+
+    /// Runs the kernel as `uid` and `gid` (supplementary groups dropped).
+    pub fn run_as(&mut self, uid: u32, gid: u32) -> &mut Launch {
+        self.identity = Some((uid, gid));
+        self
+    }
+
+    /// Whether the kernel must not listen on `port`: a port it may connect to (another kernel
+    /// there would be reachable from it).
+    pub fn avoids(&self, port: u16) -> bool {
+        self.confinement
+            .as_ref()
+            .is_some_and(|c| c.connect_ports.contains(&port))
+    }
+
+    /// [`Launch::command`], as its uid and confined when the launch says so: the ruleset is built
+    /// here, in the parent, with `port` the one port the kernel may bind.
+    pub fn spawnable(&self, port: u16, token: &str) -> Result<Command, String> {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = self.command(port, token);
+        if let Some((uid, gid)) = self.identity {
+            // Applied by the child before the `pre_exec` steps, which then keep the
+            // parent-death signal (a change of uid clears one set earlier).
+            cmd.uid(uid).gid(gid);
+        }
+        if let Some(c) = &self.confinement {
+            let mut c = c.clone();
+            c.bind_ports = vec![port];
+            c.prepare().map_err(|e| e.to_string())?.apply(&mut cmd);
+        }
+        Ok(cmd)
     }
 
     /// The command that starts the kernel on `port` with `token`, with the launch's environment

@@ -7,15 +7,19 @@
 //! Runs ask for a [`a2a::Client`] here; there is none while a managed kernel starts or restarts,
 //! and a run waits (bounded) for it to be ready.
 
+mod bound;
 mod card;
 pub mod confine;
 pub mod environment;
+pub mod isolate;
 pub mod launch;
 mod output;
 mod owner;
 pub mod place;
 mod pool;
 mod supervisor;
+pub mod tenant;
+mod tenants;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,10 +27,12 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+pub use bound::{Bound, SlotGauges, Unplaced};
 pub use card::CardCache;
 pub use launch::Launch;
-pub use pool::{Bound, Pool, SlotGauges, Unplaced};
+pub use pool::Pool;
 pub use supervisor::ChildSpec;
+pub use tenants::{TenantCounts, Tenants};
 
 /// How long an external kernel's `/health` may take to answer a probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);

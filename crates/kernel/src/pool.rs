@@ -4,77 +4,35 @@
 //! decides (counted while it runs, so that a burst of new threads spreads), and every call about
 //! its task goes there.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+use super::bound::{Bound, Load, SlotGauges, Unplaced};
 use super::place::{self, Ask, Placement, SlotView};
+use super::tenants::Tenants;
 use super::{Kernel, KernelState};
-
-/// One kernel of a pool, at a scrape of the metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotGauges {
-    pub up: bool,
-    pub restarts: u64,
-    /// Runs bound to it.
-    pub active: u64,
-}
 
 /// How often each of several external kernels is probed: one is dead after
 /// [`super::DEAD_AFTER_PROBES`] failures in a row: 4 to 6 s after it stopped accepting
 /// connections, up to 21 s when it accepts them and never answers (5 s a probe).
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
 
-/// A slot's counters.
-#[derive(Debug, Default)]
-struct Load {
-    /// Runs bound to it now.
-    active: AtomicUsize,
-    /// Threads placed on it so far.
-    placed: AtomicU64,
-}
-
-/// The gateway's kernels (never none).
+/// The gateway's kernels: fixed slots shared by every user (never none), or seats of users'
+/// own kernels started on demand (isolation `user`: `tenants`, and no slot).
 #[derive(Debug)]
 pub struct Pool {
     slots: Vec<Arc<Kernel>>,
+    tenants: Option<Arc<Tenants>>,
     /// What a thread records of its slot: `managed:<n>`, or `url:` and a digest of the URL (a
     /// URL may carry credentials; it is never written).
     keys: Vec<String>,
-    load: Arc<Vec<Load>>,
+    load: Vec<Arc<Load>>,
     /// Held while a placement reads and counts, so that concurrent placements see each other.
     placing: Mutex<()>,
-}
-
-/// A run's place on a slot: its kernel, and its count in the slot's load until dropped.
-#[derive(Debug)]
-pub struct Bound {
-    pub kernel: Arc<Kernel>,
-    /// The slot's key, when the thread must record it before the kernel is asked anything.
-    pub record: Option<String>,
-    /// The thread comes from another kernel: its session is restored first.
-    pub moved: bool,
-    lease: Option<(Arc<Vec<Load>>, usize)>,
-}
-
-impl Drop for Bound {
-    fn drop(&mut self) {
-        if let Some((load, slot)) = self.lease.take() {
-            load[slot].active.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Where a run cannot go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unplaced {
-    /// No kernel became ready in time.
-    NoneReady,
-    /// The thread's kernel is dead and this run may not move it.
-    Gone,
 }
 
 impl Pool {
@@ -88,13 +46,30 @@ impl Pool {
             .enumerate()
             .map(|(i, k)| key_of(i, k))
             .collect();
-        let load = Arc::new(slots.iter().map(|_| Load::default()).collect());
+        let load = slots.iter().map(|_| Arc::default()).collect();
         Some(Arc::new(Pool {
             slots,
+            tenants: None,
             keys,
             load,
             placing: Mutex::new(()),
         }))
+    }
+
+    /// A pool of users' own kernels, in `tenants`' seats.
+    pub fn isolated(tenants: Arc<Tenants>) -> Arc<Pool> {
+        Arc::new(Pool {
+            slots: Vec::new(),
+            tenants: Some(tenants),
+            keys: Vec::new(),
+            load: Vec::new(),
+            placing: Mutex::new(()),
+        })
+    }
+
+    /// The users' own kernels, with isolation `user`.
+    pub fn tenants(&self) -> Option<&Arc<Tenants>> {
+        self.tenants.as_ref()
     }
 
     /// A pool of one kernel.
@@ -106,21 +81,30 @@ impl Pool {
         &self.slots
     }
 
-    /// The first kernel (the only one of a pool of one).
-    pub fn first(&self) -> &Arc<Kernel> {
-        &self.slots[0]
+    /// The first kernel (the only one of a pool of one); none with users' own kernels (a run
+    /// is bound to its user's).
+    pub fn first(&self) -> Option<&Arc<Kernel>> {
+        self.slots.first()
     }
 
     /// The kernel a thread that recorded `key` is on: the first for a thread that recorded
-    /// none (or one of a kernel no longer configured: its task is nowhere else to ask).
-    pub fn of_thread(&self, key: Option<&str>) -> &Arc<Kernel> {
-        key.and_then(|k| self.keys.iter().position(|x| x == k))
-            .map_or(&self.slots[0], |i| &self.slots[i])
+    /// none (or one of a kernel no longer configured: its task is nowhere else to ask). With
+    /// users' own kernels: the one it recorded, while that one is alive.
+    pub fn of_thread(&self, key: Option<&str>) -> Option<Arc<Kernel>> {
+        if let Some(t) = &self.tenants {
+            return t.of_thread(key);
+        }
+        let at = key.and_then(|k| self.keys.iter().position(|x| x == k));
+        Some(at.map_or(&self.slots[0], |i| &self.slots[i]).clone())
     }
 
     /// Binds a run to the kernel `ask` goes to, waiting up to `wait` for one to be ready when
     /// none is.
     pub async fn bind(&self, ask: &Ask<'_>, wait: Duration) -> Result<Bound, Unplaced> {
+        if self.tenants.is_some() {
+            // A run of users' own kernels is bound by its user (`bind_user`).
+            return Err(Unplaced::NoneReady);
+        }
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             // Made before the states are read: a change in between still wakes the wait.
@@ -171,12 +155,12 @@ impl Pool {
                 if record {
                     load.placed.fetch_add(1, Ordering::Relaxed);
                 }
-                Ok(Some(Bound {
-                    kernel: self.slots[slot].clone(),
-                    record: record.then(|| self.keys[slot].clone()),
+                Ok(Some(Bound::new(
+                    self.slots[slot].clone(),
+                    record.then(|| self.keys[slot].clone()),
                     moved,
-                    lease: Some((self.load.clone(), slot)),
-                }))
+                    self.load[slot].clone(),
+                )))
             }
             Placement::Wait => Ok(None),
             Placement::Gone => Err(Unplaced::Gone),
@@ -186,6 +170,9 @@ impl Pool {
     /// A client of a kernel that can be reached now, the first such (what does not concern a
     /// thread, such as the agent card).
     pub fn any_client(&self) -> Option<a2a::Client> {
+        if let Some(t) = &self.tenants {
+            return t.any_client();
+        }
         self.slots.iter().find_map(|k| k.client())
     }
 
@@ -193,6 +180,9 @@ impl Pool {
     /// summary (`state` is the best of theirs, `restarts` their sum, `size`) and each one's in
     /// `slots`. `strip` removes what only an authorised caller sees (pids, start errors).
     pub fn health(&self, strip: bool) -> Value {
+        if let Some(t) = &self.tenants {
+            return t.health(strip);
+        }
         let several = self.slots.len() > 1;
         let each = |k: &Arc<Kernel>| {
             let mut v = k.health();
@@ -242,6 +232,10 @@ impl Pool {
     /// metrics, when asked (every 5 s). Called once.
     /// Whether some kernel would take a run now (see [`Kernel::ready`]); several are asked at once.
     pub async fn ready(&self) -> bool {
+        // Users' kernels start on demand: a run is taken while one can be started.
+        if let Some(t) = &self.tenants {
+            return t.up();
+        }
         let asked = self.slots.iter().map(|k| k.ready());
         futures_util::future::join_all(asked).await.contains(&true)
     }
@@ -259,6 +253,9 @@ impl Pool {
 
     /// Stops every kernel, all at once (one after another would add their stops up).
     pub async fn stop(&self) {
+        if let Some(t) = &self.tenants {
+            return t.stop().await;
+        }
         futures_util::future::join_all(self.slots.iter().map(|k| k.stop())).await;
     }
 }
@@ -278,17 +275,26 @@ fn key_of(slot: usize, k: &Kernel) -> String {
 impl Pool {
     /// Some kernel takes runs.
     pub fn up(&self) -> bool {
+        if let Some(t) = &self.tenants {
+            return t.up();
+        }
         self.slots.iter().any(|k| k.up())
     }
 
     /// Restarts of its managed kernels, all told.
     pub fn restarts(&self) -> u64 {
+        if let Some(t) = &self.tenants {
+            return t.restarts();
+        }
         self.slots.iter().map(|k| k.restarts()).sum()
     }
 
     /// Each kernel of a pool of several, in slot order; none with one kernel (its figures are
     /// the pool's).
     pub fn slot_gauges(&self) -> Vec<SlotGauges> {
+        if let Some(t) = &self.tenants {
+            return t.slot_gauges();
+        }
         if self.slots.len() == 1 {
             return Vec::new();
         }
@@ -440,15 +446,10 @@ mod tests {
         };
         let e = pool.bind(&stay, WAIT).await.unwrap();
         assert_eq!((slot(&e), e.record.as_deref()), (Some(1), None));
-        assert!(Arc::ptr_eq(
-            pool.of_thread(Some(&recorded)),
-            &pool.slots()[1]
-        ));
-        assert!(Arc::ptr_eq(
-            pool.of_thread(Some("url:gone")),
-            &pool.slots()[0]
-        ));
-        assert!(Arc::ptr_eq(pool.of_thread(None), &pool.slots()[0]));
+        let on = |key| pool.of_thread(key).expect("a kernel of a pool of slots");
+        assert!(Arc::ptr_eq(&on(Some(&recorded)), &pool.slots()[1]));
+        assert!(Arc::ptr_eq(&on(Some("url:gone")), &pool.slots()[0]));
+        assert!(Arc::ptr_eq(&on(None), &pool.slots()[0]));
     }
 
     /// An external kernel is dead after [`DEAD_AFTER_PROBES`] failed probes in a row, not

@@ -34,11 +34,20 @@ pub struct ChildSpec {
 /// How long one readiness probe may take (connecting and the answer's head).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A port free now. Released before the kernel binds it, so another process may take it first:
-/// the probe makes sure whose listener it is before it sends the token (`owner`).
-fn free_port() -> std::io::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+/// A port free now, and not one the kernel's confinement lets kernels connect to. Released
+/// before the kernel binds it, so another process may take it first: the probe makes sure whose
+/// listener it is before it sends the token (`owner`).
+fn free_port(launch: &Launch) -> std::io::Result<u16> {
+    for _ in 0..16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = l.local_addr()?.port();
+        if !launch.avoids(port) {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::other(
+        "only ports kernels may connect to were free",
+    ))
 }
 
 fn random_token() -> String {
@@ -176,7 +185,7 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
     };
     let mut backoff = Backoff::new();
     while !k.stop.load(Ordering::SeqCst) {
-        let port = match free_port() {
+        let port = match free_port(&spec.launch) {
             Ok(p) => p,
             Err(e) => {
                 k.set_state(KernelState::Failed(format!("no free port: {e}")));
@@ -185,7 +194,17 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
             }
         };
         let token = random_token();
-        let mut cmd = spec.launch.command(port, &token);
+        let mut cmd = match spec.launch.spawnable(port, &token) {
+            Ok(cmd) => cmd,
+            Err(e) => {
+                k.set_state(KernelState::Failed(e.clone()));
+                tracing::error!(error = %e, "managed kernel cannot be confined");
+                if sleep_or_stop(&k, backoff.next()) {
+                    break;
+                }
+                continue;
+            }
+        };
         // Its output goes through the gateway's log, line by line (`output`).
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = match cmd.spawn() {

@@ -125,6 +125,13 @@ pub async fn trial(rt: &Runtime, req: &RunRequest) -> Result<(), ApiError> {
     if rt.shutdown().is_draining() {
         return Err(ApiError::new(Code::A2aUnavailable, msg::SHUTTING_DOWN));
     }
+    // With users' own kernels: a user without one, when every kernel runs other users' turns,
+    // is told before the stream starts (with a time to retry).
+    if let Some(tenants) = rt.kernels().tenants() {
+        if !tenants.would_seat(&kernel::tenant::user_key(req.caller.user.as_deref())) {
+            return Err(ApiError::new(Code::KernelsBusy, msg::KERNELS_BUSY));
+        }
+    }
     let mode = mode_of(req);
     let thread_id = req.envelope.thread_id.as_str();
     let slot = rt.threads().slot(thread_id);

@@ -130,13 +130,14 @@ pub async fn cancel(
             // The cancellation's own writes; no run of this instance's lease is watched.
             None,
         );
-        let kernel = rt.kernels().of_thread(doc.kernel.as_deref()).clone();
+        let kernel = rt.kernels().of_thread(doc.kernel.as_deref());
         (doc.execution.task_id.clone(), control, hold, kernel)
     };
 
     // The kernel call runs without the thread lock (it may take up to 30 s to drain).
     let mut outcome = CancelOutcome::Cancelled;
-    if let Some(task) = &task_id {
+    // A user's kernel stopped for idleness ran nothing of the thread's since: nothing to ask.
+    if let (Some(task), Some(kernel)) = (&task_id, kernel) {
         let client = kernel
             .client()
             .ok_or_else(|| ApiError::new(Code::A2aUnavailable, msg::A2A_UNAVAILABLE))?;

@@ -247,7 +247,7 @@ impl Runtime {
         let Some(task) = task else {
             return;
         };
-        if let Some(client) = self.kernels.of_thread(kernel).client() {
+        if let Some(client) = self.kernels.of_thread(kernel).and_then(|k| k.client()) {
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(driver::CANCEL_WAIT, client.cancel_task(&task)).await;
             });

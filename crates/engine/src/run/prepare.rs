@@ -95,9 +95,22 @@ pub async fn costly_part(rt: &Runtime, mut req: RunRequest) -> Result<RunRequest
     }
     if req.create_cwd {
         let path = req.cwd.clone();
-        tokio::task::spawn_blocking(move || cwd::create(&path))
-            .await
-            .map_err(|_| ApiError::new(Code::InvalidInput, msg::CWD_CANNOT_CREATE))??;
+        // With users' own kernels of another uid, what is created is handed to that uid.
+        let owner = rt.kernels().tenants().and_then(|t| {
+            let iso = t.isolation();
+            let key = kernel::tenant::user_key(req.caller.user.as_deref());
+            iso.identity.map(|id| (iso.workspaces_of(&key), id))
+        });
+        tokio::task::spawn_blocking(move || {
+            cwd::create(&path)?;
+            match owner {
+                Some((roots, id)) => kernel::isolate::hand_over(&path, &roots, id)
+                    .map_err(|_| ApiError::new(Code::InvalidInput, msg::CWD_CANNOT_CREATE)),
+                None => Ok(()),
+            }
+        })
+        .await
+        .map_err(|_| ApiError::new(Code::InvalidInput, msg::CWD_CANNOT_CREATE))??;
         req.create_cwd = false;
     }
     Ok(req)

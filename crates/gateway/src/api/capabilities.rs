@@ -9,7 +9,7 @@ use super::{json_ok, AppState};
 
 pub(super) async fn capabilities(
     State(s): State<AppState>,
-    _: Authed<CapabilitiesRoute>,
+    who: Authed<CapabilitiesRoute>,
 ) -> Response {
-    json_ok(&crate::capabilities::answer(&s.rt, &s.card).await)
+    json_ok(&crate::capabilities::answer(&s.rt, &s.card, &who.caller).await)
 }

@@ -186,6 +186,12 @@ async fn prepare(
         .map_err(|_| ApiError::new(Code::InvalidInput, msg::INVALID_PROPS))?;
     let rt2 = rt.clone();
     let raw_cwd = iac.cwd.clone();
+    // With users' own kernels, a caller's workspaces are under their own roots only.
+    let own_roots = rt.kernels().tenants().map(|t| {
+        let iso = t.isolation();
+        let key = kernel::tenant::user_key(caller.user.as_deref());
+        (iso.workspaces_of(&key), iso.identity)
+    });
     let tools_len = envelope.tools_len;
     let needs_message = envelope.resume.is_none() || iac.active_guidance;
     // Only the latest user message is used: the history leaves with the request instead of
@@ -195,7 +201,16 @@ async fn prepare(
     // nothing: images are decoded and the workspace created only once the thread would admit
     // the request (`run::prepare`).
     let (workspace, user_message) = tokio::task::spawn_blocking(move || {
-        let workspace = cwd::resolve(&raw_cwd, &rt2.settings().workspaces)?;
+        let workspace = match own_roots {
+            None => cwd::resolve(&raw_cwd, &rt2.settings().workspaces)?,
+            Some((dirs, identity)) => {
+                for d in dirs.iter().filter(|d| !d.is_dir()) {
+                    kernel::isolate::private_dir(d, identity)
+                        .map_err(|_| ApiError::new(Code::InvalidInput, msg::CWD_CANNOT_CREATE))?;
+                }
+                cwd::resolve(&raw_cwd, &cwd::Roots::Configured(dirs))?
+            }
+        };
         if tools_len > 0 {
             return Err(ApiError::new(Code::InvalidInput, msg::TOOLS_UNSUPPORTED));
         }

@@ -132,7 +132,8 @@ impl Auth {
         Auth {
             service_token: cfg.auth_token.clone().filter(|t| !t.is_empty()),
             jwt: source.map(|s| (Arc::new(s), rules)),
-            named_a_user: Default::default(),
+            // Users with kernels of their own share nothing to warn of.
+            named_a_user: (cfg.isolation.mode == crate::config::isolation::Mode::User).into(),
         }
     }
 

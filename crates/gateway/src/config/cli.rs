@@ -239,6 +239,38 @@ pub struct Cli {
         allow_hyphen_values = true
     )]
     pub kernels: Option<String>,
+    /// Whose kernel runs a user's turns: shared (every user's in the same kernels) or user (each
+    /// user's in a kernel of their own, at most --kernels alive, confined by Landlock to that
+    /// user's workspaces; the gateway refuses to start where Linux cannot enforce it)
+    /// [default: shared].
+    #[arg(
+        long,
+        value_name = "shared|user",
+        env = "IAC_CODE_AGUI_KERNEL_ISOLATION"
+    )]
+    pub kernel_isolation: Option<String>,
+    /// Seconds a user's own kernel lives without runs before it is stopped; their next run
+    /// starts another, which restores their sessions [default: 900].
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "IAC_CODE_AGUI_KERNEL_IDLE_STOP",
+        allow_hyphen_values = true
+    )]
+    pub kernel_idle_stop: Option<String>,
+    /// The numeric UID (and GID) users' own kernels run as; required when the gateway runs as
+    /// root with --kernel-isolation user (kernels never run as root) [default: the gateway's].
+    #[arg(long, value_name = "UID[:GID]", env = "IAC_CODE_AGUI_KERNEL_USER")]
+    pub kernel_user: Option<String>,
+    /// A TCP port users' own kernels may connect to (any address); repeatable, or a
+    /// comma-separated list [default: 443 and the port of the kernel's IAC_CODE_BASE_URL].
+    #[arg(
+        long = "kernel-connect-ports",
+        value_name = "PORT",
+        env = "IAC_CODE_AGUI_KERNEL_CONNECT_PORTS",
+        value_delimiter = ','
+    )]
+    pub kernel_connect_ports: Vec<String>,
     /// Seconds a request body may take to arrive whole after its head; past them the request is
     /// answered 408 BODY_TIMEOUT and the connection closed [default: 60].
     #[arg(
@@ -348,6 +380,16 @@ impl Cli {
             self.max_guidance_per_thread.take(),
             self.transcript_limit.take(),
         ]
+    }
+
+    /// The flags of the isolation options, in `isolation::Isolation` order.
+    pub(super) fn isolation_flags(&mut self) -> super::isolation::Flags {
+        (
+            self.kernel_isolation.take(),
+            self.kernel_idle_stop.take(),
+            self.kernel_user.take(),
+            std::mem::take(&mut self.kernel_connect_ports),
+        )
     }
 
     /// The flags of the JWT options, in `auth::JwtConfig` order.

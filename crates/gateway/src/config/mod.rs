@@ -15,6 +15,7 @@ pub mod auth;
 mod caps;
 mod check;
 mod cli;
+pub mod isolation;
 mod layers;
 mod machine;
 
@@ -87,8 +88,13 @@ pub struct Config {
     pub caps: Caps,
     /// Images decoded at once across requests (the others wait their turn).
     pub max_image_decodes: usize,
-    /// Managed kernels (`--kernels`; 1 with an external one).
+    /// Managed kernels (`--kernels`; 1 with an external one); with isolation `user`, the most
+    /// users' kernels alive at once.
     pub kernels: usize,
+    /// Whose kernel runs a user's turns (`--kernel-isolation` and its options).
+    pub isolation: isolation::Isolation,
+    /// The YAML configuration file (`--config`), when one was read.
+    pub config_file: Option<PathBuf>,
     /// How long a request body may take to arrive whole after its head.
     pub body_timeout: Duration,
     /// How long a request body an early answer left unread is read on and discarded; zero ⇒
@@ -210,10 +216,16 @@ impl Config {
             Some(path) => YamlFile::read(path)?,
             None => YamlFile::default(),
         };
+        let config_file = cli
+            .config
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            .map(PathBuf::from);
         let l = Layers { file: &file, env };
         let log_stdout_flag = cli.log_stdout_flag();
         let caps_flags = cli.caps_flags();
         let jwt_flags = cli.jwt_flags();
+        let isolation_flags = cli.isolation_flags();
         let seconds = |opt: &Opt<Number>, flag, default| {
             check::seconds(l.get(opt, flag)?.unwrap_or(default), opt.err())
         };
@@ -322,6 +334,7 @@ impl Config {
             cores,
             machine::memory_bytes(),
         )?;
+        let isolation = isolation::load(&l, isolation_flags, !a2a_urls.is_empty())?;
         let body_timeout = l.get(&BODY_TIMEOUT, cli.body_timeout)?.unwrap_or(60.0);
         let body_timeout = check::body_timeout(body_timeout)?;
         let linger_timeout = seconds(&LINGER_TIMEOUT, cli.linger_timeout, 10.0)?;
@@ -372,6 +385,8 @@ impl Config {
             caps,
             max_image_decodes,
             kernels,
+            isolation,
+            config_file,
             body_timeout,
             linger_timeout,
             allowed_hosts,
@@ -515,6 +530,8 @@ impl fmt::Debug for Config {
             caps,
             max_image_decodes,
             kernels,
+            isolation,
+            config_file,
             body_timeout,
             linger_timeout,
             allowed_hosts,
@@ -560,6 +577,8 @@ impl fmt::Debug for Config {
             .field("caps", caps)
             .field("max_image_decodes", max_image_decodes)
             .field("kernels", kernels)
+            .field("isolation", isolation)
+            .field("config_file", config_file)
             .field("body_timeout", body_timeout)
             .field("linger_timeout", linger_timeout)
             .field("allowed_hosts", allowed_hosts)

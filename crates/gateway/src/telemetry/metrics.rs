@@ -122,9 +122,14 @@ pub trait KernelGauges: Send + Sync + std::fmt::Debug + 'static {
     fn slots(&self) -> Vec<SlotGauges> {
         Vec::new()
     }
+    /// Users' own kernels (isolation `user`): how many are alive, started, stopped and
+    /// restored; none in `shared` mode.
+    fn tenants(&self) -> Option<TenantCounts> {
+        None
+    }
 }
 
-pub use kernel::SlotGauges;
+pub use kernel::{SlotGauges, TenantCounts};
 
 impl KernelGauges for kernel::Pool {
     fn up(&self) -> bool {
@@ -135,6 +140,9 @@ impl KernelGauges for kernel::Pool {
     }
     fn slots(&self) -> Vec<SlotGauges> {
         self.slot_gauges()
+    }
+    fn tenants(&self) -> Option<TenantCounts> {
+        kernel::Pool::tenants(self).map(|t| t.counts())
     }
 }
 
@@ -207,6 +215,23 @@ impl prometheus_client::collector::Collector for KernelCollector {
             &slots,
             |s| ConstGauge::new(s.active as i64),
         )?;
+        if let Some(t) = kernel.tenants() {
+            let alive = ConstGauge::new(t.alive as i64);
+            alive.encode(encoder.encode_descriptor(
+                "agui_kernels_alive",
+                "Users' own kernels alive (isolation user)",
+                None,
+                alive.metric_type(),
+            )?)?;
+            for (name, help, n) in [
+                ("agui_kernels_started", "Users' own kernels started", t.started),
+                ("agui_kernels_stopped", "Users' own kernels stopped (idle, or a seat needed)", t.stopped),
+                ("agui_kernels_restored", "Users' own kernels started again for a user who had one, restoring their sessions", t.restored),
+            ] {
+                let c = ConstCounter::new(n);
+                c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+            }
+        }
         Ok(())
     }
 }
@@ -554,6 +579,14 @@ mod tests {
         fn restarts(&self) -> u64 {
             5
         }
+        fn tenants(&self) -> Option<TenantCounts> {
+            Some(TenantCounts {
+                alive: 2,
+                started: 7,
+                stopped: 5,
+                restored: 3,
+            })
+        }
         fn slots(&self) -> Vec<SlotGauges> {
             vec![
                 SlotGauges {
@@ -578,6 +611,10 @@ mod tests {
         for l in [
             "agui_kernel_up 1",
             "agui_kernel_restarts_total 5",
+            "agui_kernels_alive 2",
+            "agui_kernels_started_total 7",
+            "agui_kernels_stopped_total 5",
+            "agui_kernels_restored_total 3",
             "# TYPE agui_kernel_slot_up gauge",
             "agui_kernel_slot_up{slot=\"0\"} 1",
             "agui_kernel_slot_up{slot=\"1\"} 0",
@@ -591,7 +628,8 @@ mod tests {
         }
         let one = Metrics::new();
         one.watch_kernel(Arc::new(Down));
-        assert!(!one.encode().contains("agui_kernel_slot"));
+        let text = one.encode();
+        assert!(!text.contains("agui_kernel_slot") && !text.contains("agui_kernels_"));
     }
 
     fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {

@@ -41,6 +41,7 @@ mod store_pg;
 mod store_tls;
 mod support;
 mod telemetry;
+mod tenants_real;
 mod tls_listener;
 mod wire;
 mod workspace;

@@ -82,6 +82,50 @@ fn configuration_errors_exit_1_with_a_message() {
     );
 }
 
+/// Users' own kernels are refused where they could not be confined as promised: with external
+/// kernels, without Landlock (or with too old an ABI: the test seam answers as such a machine),
+/// as root without a kernel user, with the kernels' user unable to reach its directories.
+#[test]
+fn kernel_isolation_is_refused_where_it_cannot_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state").display().to_string();
+    let user = ["--kernel-isolation", "user", "--state-dir", &state];
+    let (code, err) = run(
+        &[&user[..], &["--a2a-url", "http://127.0.0.1:9/"]].concat(),
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("--kernel-isolation user needs managed kernels"),
+        "{err}"
+    );
+    let nobody = [&user[..], &["--kernel-user", "65534"]].concat();
+    let (code, err) = run(&nobody, &[("IAC_CODE_AGUI_TEST_LANDLOCK_ABI", "none")]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("--kernel-isolation user: kernel confinement is not possible: Landlock is not in this Linux kernel"),
+        "{err}"
+    );
+    let (code, err) = run(&nobody, &[("IAC_CODE_AGUI_TEST_LANDLOCK_ABI", "5")]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("Landlock ABI 6 or newer is needed; this kernel has ABI 5"),
+        "{err}"
+    );
+    if is_root() {
+        let (code, err) = run(&user, &[]);
+        assert_eq!(code, 1);
+        assert!(err.contains("kernels never do: set --kernel-user"), "{err}");
+        // The temporary directory is 0700: nobody cannot enter it.
+        let (code, err) = run(&nobody, &[]);
+        assert_eq!(code, 1);
+        assert!(
+            err.contains("the kernels' user (uid 65534) cannot reach"),
+            "{err}"
+        );
+    }
+}
+
 /// The managed kernel gets an allow-list of the gateway's environment, and its output goes
 /// through the gateway's log: a stub kernel dumps its environment, writes a line to each stream
 /// (one far too long) and exits.
@@ -390,6 +434,14 @@ fn help_documents_every_option() {
         "--metrics-tls-key",
         "--cluster-ca",
         "IAC_CODE_AGUI_TLS_CERT",
+        "--kernel-isolation",
+        "IAC_CODE_AGUI_KERNEL_ISOLATION",
+        "--kernel-idle-stop",
+        "IAC_CODE_AGUI_KERNEL_IDLE_STOP",
+        "--kernel-user",
+        "IAC_CODE_AGUI_KERNEL_USER",
+        "--kernel-connect-ports",
+        "IAC_CODE_AGUI_KERNEL_CONNECT_PORTS",
     ] {
         assert!(help.contains(opt), "{opt} missing from --help");
     }

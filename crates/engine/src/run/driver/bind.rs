@@ -5,6 +5,7 @@
 
 use crate::error::{msg, Code};
 use kernel::place::Ask;
+use kernel::Unplaced;
 use store::ThreadDoc;
 
 use super::super::admit::Mode;
@@ -17,6 +18,20 @@ impl Driver {
     /// another; guidance joins a task that died with its kernel, and may not.
     pub(super) async fn bind_kernel(&mut self, doc: Option<&ThreadDoc>, may_move: bool) -> Flow {
         let pool = self.rt.kernels().clone();
+        if let Some(tenants) = pool.tenants() {
+            let tenant = kernel::tenant::user_key(self.adm.req.caller.user.as_deref());
+            let recorded = doc.and_then(|d| d.kernel.as_deref());
+            let bound = tenants.bind(&tenant, recorded).map_err(|e| match e {
+                Unplaced::Busy => End::fail(Code::KernelsBusy, msg::KERNELS_BUSY),
+                _ => End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE),
+            })?;
+            // The thread's task ran on a kernel of its user's that is gone: guidance has
+            // nothing to join (as when a kernel of a pool died).
+            if bound.moved && !may_move && recorded.is_some() {
+                return Err(End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE));
+            }
+            return self.bound(bound).await;
+        }
         if pool.slots().len() == 1 {
             return Ok(());
         }
@@ -30,6 +45,11 @@ impl Driver {
             .bind(&ask, KERNEL_WAIT)
             .await
             .map_err(|_| End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE))?;
+        self.bound(bound).await
+    }
+
+    /// Takes the run's place, recording its kernel with the thread when it is new to it.
+    async fn bound(&mut self, bound: kernel::Bound) -> Flow {
         let record = bound.record.clone();
         self.task.bind(bound);
         // A guidance run does not hold the thread: it writes nothing (the thread's own runs do).

@@ -209,7 +209,7 @@ impl Driver {
             lapse,
         );
         Driver {
-            task: KernelTask::new(rt.kernels().first().clone()),
+            task: KernelTask::new(rt.kernels().first().cloned()),
             rt,
             cwd: adm.req.cwd.to_string_lossy().into_owned(),
             adm,

@@ -22,7 +22,8 @@ pub(in crate::run) const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 /// What the kernel told this run of its task so far.
 pub(super) struct KernelTask {
-    kernel: Arc<Kernel>,
+    /// None until the run is bound to its user's own kernel (isolation `user`).
+    kernel: Option<Arc<Kernel>>,
     /// The run's place in a pool of several kernels (counted in its slot's load until the run
     /// ends); none with one kernel.
     bound: Option<Bound>,
@@ -40,7 +41,7 @@ pub(super) struct KernelTask {
 }
 
 impl KernelTask {
-    pub(super) fn new(kernel: Arc<Kernel>) -> KernelTask {
+    pub(super) fn new(kernel: Option<Arc<Kernel>>) -> KernelTask {
         KernelTask {
             kernel,
             bound: None,
@@ -55,7 +56,7 @@ impl KernelTask {
 
     /// Binds the run to the kernel of its place in the pool.
     pub(super) fn bind(&mut self, bound: Bound) {
-        self.kernel = bound.kernel.clone();
+        self.kernel = Some(bound.kernel.clone());
         self.bound = Some(bound);
     }
 
@@ -136,19 +137,19 @@ impl KernelTask {
 
     /// A kernel client, waiting (bounded) for a managed kernel that is starting.
     pub(super) async fn client(&self) -> Flow<a2a::Client> {
-        if let Some(c) = self.kernel.client() {
+        let unavailable = || End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE);
+        let kernel = self.kernel.as_ref().ok_or_else(unavailable)?;
+        if let Some(c) = kernel.client() {
             return Ok(c);
         }
-        self.kernel.wait_ready(KERNEL_WAIT).await;
-        self.kernel
-            .client()
-            .ok_or_else(|| End::fail(Code::A2aUnavailable, msg::A2A_UNAVAILABLE))
+        kernel.wait_ready(KERNEL_WAIT).await;
+        kernel.client().ok_or_else(unavailable)
     }
 
     /// A client of a kernel that is up now, without waiting (the best-effort calls of a run
     /// that is ending or following its task).
     pub(super) fn client_now(&self) -> Option<a2a::Client> {
-        self.kernel.client()
+        self.kernel.as_ref()?.client()
     }
 
     /// Sends a streaming message, noticing a client disconnect meanwhile without abandoning the
@@ -179,7 +180,7 @@ impl KernelTask {
             return;
         }
         self.cancel_sent = true;
-        if let Some(c) = self.kernel.client() {
+        if let Some(c) = self.client_now() {
             let _ = tokio::time::timeout(CANCEL_WAIT, c.cancel_task(&task)).await;
         }
     }
@@ -195,12 +196,12 @@ mod tests {
     use super::*;
 
     fn task() -> KernelTask {
-        KernelTask::new(Kernel::external(
+        KernelTask::new(Some(Kernel::external(
             "http://127.0.0.1:9/",
             None,
             Default::default(),
             None,
-        ))
+        )))
     }
 
     fn code(e: End) -> Code {
@@ -258,12 +259,12 @@ mod tests {
     #[tokio::test]
     async fn a_task_is_cancelled_once_and_only_when_known() {
         let kernel = testkit::fake_kernel::FakeKernel::start().await;
-        let mut t = KernelTask::new(Kernel::external(
+        let mut t = KernelTask::new(Some(Kernel::external(
             &kernel.url(),
             None,
             Default::default(),
             None,
-        ));
+        )));
         t.cancel().await;
         assert_eq!(
             kernel.calls("CancelTask").len(),

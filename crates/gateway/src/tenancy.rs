@@ -1,0 +1,333 @@
+//! Users' own kernels (`--kernel-isolation user`) as this configuration makes them: the one
+//! kernel launch every user's starts from, where their directories go, the uid they run as and
+//! what they may reach (`kernel::isolate`); and the start-up checks that refuse a machine or a
+//! configuration where the confinement could not hold as promised.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::isolation::{self, Mode};
+use crate::config::{Config, Env};
+use kernel::confine::Confinement;
+use kernel::isolate::Isolation;
+use kernel::{ChildSpec, Launch};
+
+/// The variable that makes the start-up check answer as a machine with that Landlock ABI would
+/// (`none`: no Landlock): the refusal is tested on machines that have it.
+pub const TEST_LANDLOCK_ABI: &str = "IAC_CODE_AGUI_TEST_LANDLOCK_ABI";
+
+/// Whether the gateway runs as root (its effective uid).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    #[allow(unsafe_code)]
+    let uid = unsafe { libc::geteuid() };
+    uid == 0
+}
+
+/// The kernel program as the spawn would find it: a path as it is, a bare name on `PATH`.
+fn program_path(program: &str, path_var: Option<&str>) -> PathBuf {
+    if program.contains('/') {
+        return PathBuf::from(program);
+    }
+    path_var
+        .into_iter()
+        .flat_map(|p| p.split(':'))
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(program))
+}
+
+/// The launch every managed kernel starts from: the program, and what of the gateway's
+/// environment it may have.
+pub fn base_launch(cfg: &Config, env: &Env) -> Launch {
+    let exe = std::env::current_exe().ok();
+    let mut launch = Launch::new(kernel::launch::resolve_program(
+        &cfg.a2a_command,
+        exe.as_deref(),
+    ));
+    // Of the gateway's environment, what the kernel may have (names: the process's, which the
+    // gateway never changes; values: the snapshot).
+    let names = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok());
+    launch.inherit(names, &**env, &cfg.kernel_env);
+    launch
+}
+
+/// Where users' kernels keep their HOME and TMPDIR: `<state-dir>/kernels`.
+pub fn kernels_root(cfg: &Config) -> PathBuf {
+    cfg.state_dir.join("kernels")
+}
+
+/// How every user's kernel is made under `cfg` (isolation `user`).
+pub fn isolation(cfg: &Config, env: &Env) -> Isolation {
+    let launch = base_launch(cfg, env);
+    let program = program_path(launch.program(), env("PATH").as_deref());
+    let mut runtime = Confinement::runtime(&program);
+    runtime.connect_ports = match &cfg.isolation.connect_ports {
+        Some(ports) => ports.clone(),
+        None => isolation::default_connect_ports(env("IAC_CODE_BASE_URL").as_deref()),
+    };
+    Isolation {
+        base: ChildSpec {
+            launch,
+            ready_timeout: std::time::Duration::from_secs(20),
+            timeouts: cfg.kernel_timeouts(),
+        },
+        kernels_root: kernels_root(cfg),
+        workspace_roots: workspace_roots(cfg),
+        persistence_root: cfg.kernel_persistence_dir.clone(),
+        backup_root: cfg.kernel_backup_dir.clone(),
+        identity: cfg.isolation.user,
+        runtime,
+    }
+}
+
+/// The workspace roots (each user's workspaces are under `<root>/<user-key>`).
+fn workspace_roots(cfg: &Config) -> Vec<PathBuf> {
+    match cfg.workspace_roots() {
+        engine::validate::cwd::Roots::Configured(list) => list,
+        engine::validate::cwd::Roots::Default(root) => vec![root],
+    }
+}
+
+/// Refuses what users' own kernels could not be confined with: no Landlock (or too old), a root
+/// gateway without `--kernel-user`, directories the kernels' uid cannot reach, and any of the
+/// gateway's secrets (state, configuration, keys) within what every kernel may read. Nothing to
+/// check in `shared` mode. The message names what is wrong and what to do.
+pub fn check(cfg: &Config, env: &Env) -> Result<(), String> {
+    if cfg.isolation.mode != Mode::User {
+        return Ok(());
+    }
+    let refuse = |why: String| format!("--kernel-isolation user: {why}");
+    let landlock = match env(TEST_LANDLOCK_ABI) {
+        Some(v) => kernel::confine::check_abi(v.trim().parse().ok()),
+        None => kernel::confine::check_supported(),
+    };
+    landlock.map_err(|e| refuse(format!("kernel confinement is not possible: {e}")))?;
+    if is_root() && cfg.isolation.user.is_none() {
+        return Err(refuse(
+            "the gateway runs as root, and kernels never do: set --kernel-user UID[:GID] \
+             (an unprivileged user the kernels run as), or run the gateway as one"
+                .into(),
+        ));
+    }
+    let iso = isolation(cfg, env);
+    // Made now, 0711 (entered, not listed), so that the check below sees them as they will be.
+    for dir in [Some(&iso.kernels_root)]
+        .into_iter()
+        .chain(iso.workspace_roots.iter().map(Some))
+        .chain([iso.persistence_root.as_ref(), iso.backup_root.as_ref()])
+        .flatten()
+    {
+        passable_dir(dir, iso.identity.is_some())
+            .map_err(|e| refuse(format!("cannot make {}: {e}", dir.display())))?;
+    }
+    if let Some((uid, gid)) = iso.identity {
+        let program = iso.base.launch.program().to_owned();
+        let program = program_path(&program, env("PATH").as_deref());
+        let needed = [&iso.kernels_root, &program]
+            .into_iter()
+            .chain(&iso.workspace_roots)
+            .chain(iso.persistence_root.iter())
+            .chain(iso.backup_root.iter());
+        for path in needed {
+            if let Some(blocked) = kernel::isolate::unreachable_by(path, uid, gid) {
+                return Err(refuse(format!(
+                    "the kernels' user (uid {uid}) cannot reach {}: {} does not let it in \
+                     (give it search permission, e.g. chmod o+x, or choose a place it can reach)",
+                    path.display(),
+                    blocked.display()
+                )));
+            }
+        }
+    }
+    let secrets = secrets(cfg);
+    if let Some(p) = secrets
+        .iter()
+        .find(|p| iso.runtime.exposes(p) && readable_by(p, iso.identity))
+    {
+        return Err(refuse(format!(
+            "{} is readable by every user's kernel (it is under a path kernels may read): move it, \
+             or make it unreadable to the kernels' user",
+            p.display()
+        )));
+    }
+    Ok(())
+}
+
+/// What no kernel may read: the state directory, the configuration file, the key set file, the
+/// TLS keys and certificates' directories' keys, the CA files.
+fn secrets(cfg: &Config) -> Vec<PathBuf> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut out = vec![canonical(&cfg.state_dir)];
+    out.extend(cfg.config_file.as_deref().map(canonical));
+    for pair in [&cfg.tls, &cfg.metrics_tls].into_iter().flatten() {
+        out.push(canonical(&pair.key));
+    }
+    if let Some(j) = cfg.jwt.jwks.as_deref().filter(|j| !j.contains("://")) {
+        out.push(canonical(Path::new(j)));
+    }
+    out
+}
+
+/// Whether a kernel running as `identity` (none: the gateway's own uid) could read `path`, by
+/// its modes and its ancestors'.
+fn readable_by(path: &Path, identity: Option<(u32, u32)>) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Some((uid, gid)) = identity else {
+        return true;
+    };
+    let Ok(m) = std::fs::metadata(path) else {
+        return false;
+    };
+    let bit = if m.uid() == uid {
+        0o400
+    } else if m.gid() == gid {
+        0o040
+    } else {
+        0o004
+    };
+    m.mode() & bit != 0
+        && kernel::isolate::unreachable_by(path.parent().unwrap_or(path), uid, gid).is_none()
+}
+
+/// Makes `dir` (0700 when new) and, for kernels of another uid, lets everyone enter it without
+/// listing it (0711): each user's directory beneath is theirs alone.
+fn passable_dir(dir: &Path, other_uid: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    if other_uid {
+        let mode = std::fs::metadata(dir)?.permissions().mode();
+        if mode & 0o011 != 0o011 {
+            std::fs::set_permissions(
+                dir,
+                std::fs::Permissions::from_mode((mode & 0o7777) | 0o011),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn cfg_with(dir: &Path, args: &[&str], vars: &[(&str, &str)]) -> (Config, Env) {
+        use clap::Parser as _;
+        let vars: std::collections::HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let env: Env = Arc::new(move |k: &str| vars.get(k).cloned());
+        let mut argv = vec!["iac-code-agui", "--state-dir"];
+        let state = dir.join("state").display().to_string();
+        argv.push(&state);
+        argv.extend_from_slice(args);
+        let cli = crate::config::Cli::try_parse_from(argv).unwrap();
+        (Config::load(cli, &*env).unwrap(), env)
+    }
+
+    #[test]
+    fn shared_mode_checks_nothing_and_user_mode_refuses_a_machine_without_landlock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, env) = cfg_with(dir.path(), &[], &[(TEST_LANDLOCK_ABI, "none")]);
+        assert_eq!(check(&cfg, &env), Ok(()));
+        let (cfg, env) = cfg_with(
+            dir.path(),
+            &["--kernel-isolation", "user", "--kernel-user", "4242"],
+            &[(TEST_LANDLOCK_ABI, "none")],
+        );
+        let e = check(&cfg, &env).unwrap_err();
+        assert!(
+            e.starts_with("--kernel-isolation user: kernel confinement is not possible: Landlock is not in this Linux kernel"),
+            "{e}"
+        );
+        let (cfg, env) = cfg_with(
+            dir.path(),
+            &["--kernel-isolation", "user", "--kernel-user", "4242"],
+            &[(TEST_LANDLOCK_ABI, "3")],
+        );
+        let e = check(&cfg, &env).unwrap_err();
+        assert!(e.contains("this kernel has ABI 3"), "{e}");
+    }
+
+    #[test]
+    fn a_root_gateway_needs_a_kernel_user() {
+        if !is_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, env) = cfg_with(dir.path(), &["--kernel-isolation", "user"], &[]);
+        let e = check(&cfg, &env).unwrap_err();
+        assert!(e.contains("set --kernel-user"), "{e}");
+    }
+
+    #[test]
+    fn the_kernels_user_must_reach_its_directories_and_no_secret() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let (cfg, env) = cfg_with(
+            dir.path(),
+            &["--kernel-isolation", "user", "--kernel-user", "4242"],
+            &[("PATH", "/usr/bin:/bin")],
+        );
+        if is_root() {
+            let e = check(&cfg, &env).unwrap_err();
+            assert!(
+                e.contains("uid 4242") && e.contains(&dir.path().display().to_string()),
+                "{e}"
+            );
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+            std::fs::set_permissions(
+                dir.path().join("state"),
+                std::fs::Permissions::from_mode(0o711),
+            )
+            .unwrap();
+            // The program (`iac-code` not on PATH: as it is) is not a path to check.
+            assert_eq!(check(&cfg, &env), Ok(()));
+            assert_eq!(
+                std::fs::metadata(kernels_root(&cfg))
+                    .unwrap()
+                    .permissions()
+                    .mode()
+                    & 0o777,
+                0o711
+            );
+        }
+        // A configuration file under a path every kernel reads is refused while their uid can
+        // read it.
+        let mut cfg = cfg;
+        let inside = std::fs::canonicalize("/etc/passwd").unwrap();
+        cfg.config_file = Some(inside.clone());
+        cfg.isolation.user = Some((4242, 4242));
+        if is_root() {
+            let e = check(&cfg, &env).unwrap_err();
+            assert!(
+                e.contains("/etc/passwd is readable by every user's kernel"),
+                "{e}"
+            );
+        }
+        assert!(readable_by(&inside, Some((4242, 4242))));
+        assert!(!readable_by(Path::new("/etc/shadow"), Some((4242, 4242))));
+    }
+
+    #[test]
+    fn a_bare_program_is_found_on_the_path() {
+        assert_eq!(
+            program_path("/x/iac-code", Some("/usr/bin")),
+            PathBuf::from("/x/iac-code")
+        );
+        assert_eq!(
+            program_path("sh", Some("/nonexistent:/bin")),
+            PathBuf::from("/bin/sh")
+        );
+        assert_eq!(
+            program_path("nothing-by-this-name", Some("/bin")),
+            PathBuf::from("nothing-by-this-name")
+        );
+    }
+}

@@ -1,0 +1,296 @@
+//! A user's own kernel (isolation `user`): its directories, its environment, its uid and its
+//! confinement, made from the gateway's one kernel launch.
+//!
+//! Each tenant (see [`crate::tenant::user_key`]) has, each created 0700 on first use and owned by
+//! the kernels' uid:
+//! - `<kernels>/<key>/home`: HOME, and beneath it `.iac-code`, iac-code's configuration
+//!   directory (`IAC_CODE_CONFIG_DIR`: settings, `AGENTS.md`, tasks and contexts);
+//! - `<kernels>/<key>/tmp`: TMPDIR;
+//! - `<persistence>/<key>` instead of `.iac-code` with `--kernel-persistence-dir`, and
+//!   `<backup>/<key>` with `--kernel-backup-dir` (shared by several instances);
+//! - `<root>/<key>` under each workspace root: the only workspaces its kernel is allowed.
+//!
+//! The kernel may read and write those and nothing else; read the system and its installation;
+//! connect to the listed TCP ports; bind its own.
+
+use std::path::{Path, PathBuf};
+
+use super::confine::Confinement;
+use super::launch::Launch;
+use super::supervisor::ChildSpec;
+
+/// How every user's kernel is made.
+#[derive(Debug, Clone)]
+pub struct Isolation {
+    /// The launch every kernel starts from (program, inherited environment), the readiness
+    /// timeout and the client's timeouts.
+    pub base: ChildSpec,
+    /// Where each tenant's HOME and TMPDIR are made.
+    pub kernels_root: PathBuf,
+    /// The workspace roots: a tenant's workspaces are under `<root>/<key>` of each.
+    pub workspace_roots: Vec<PathBuf>,
+    /// `--kernel-persistence-dir`: a tenant's iac-code configuration directory is `<it>/<key>`.
+    pub persistence_root: Option<PathBuf>,
+    /// `--kernel-backup-dir`: a tenant's session backups are under `<it>/<key>`.
+    pub backup_root: Option<PathBuf>,
+    /// The uid and gid kernels run as; `None`: the gateway's.
+    pub identity: Option<(u32, u32)>,
+    /// What every kernel may read and execute, and the ports it may connect to.
+    pub runtime: Confinement,
+}
+
+/// A tenant's kernel, ready to start.
+#[derive(Debug)]
+pub struct TenantSpec {
+    pub spec: ChildSpec,
+    /// The tenant had a kernel before (its configuration directory exists): this one restores
+    /// its sessions.
+    pub restored: bool,
+}
+
+impl Isolation {
+    /// The directories of `key`'s kernel, as they are named (see the module).
+    fn config_dir(&self, key: &str) -> PathBuf {
+        match &self.persistence_root {
+            Some(root) => root.join(key),
+            None => self.kernels_root.join(key).join("home/.iac-code"),
+        }
+    }
+
+    /// The workspace roots of tenant `key`.
+    pub fn workspaces_of(&self, key: &str) -> Vec<PathBuf> {
+        self.workspace_roots.iter().map(|r| r.join(key)).collect()
+    }
+
+    /// The kernel of tenant `key`: its directories made, its environment and confinement set.
+    /// Blocking I/O.
+    pub fn spec_for(&self, key: &str) -> Result<TenantSpec, String> {
+        let own = self.kernels_root.join(key);
+        let home = own.join("home");
+        let tmp = own.join("tmp");
+        let config = self.config_dir(key);
+        let restored = config.is_dir();
+        let backup = self.backup_root.as_ref().map(|b| b.join(key));
+        let workspaces = self.workspaces_of(key);
+        let mut writable = vec![own.clone(), config.clone()];
+        writable.extend(backup.iter().cloned());
+        writable.extend(workspaces.iter().cloned());
+        for dir in [&own, &home, &tmp].into_iter().chain(&writable) {
+            private_dir(dir, self.identity)
+                .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        }
+        let mut launch: Launch = self.base.launch.clone();
+        launch
+            .env("HOME", home.display().to_string())
+            .env("TMPDIR", tmp.display().to_string())
+            .env("IAC_CODE_CONFIG_DIR", config.display().to_string())
+            .env("IACCODE_A2A_ALLOWED_CWDS", join_paths(&workspaces));
+        if let Some(b) = &backup {
+            launch.backup_dir(b);
+        }
+        if let Some((uid, gid)) = self.identity {
+            launch.run_as(uid, gid);
+        }
+        let mut confinement = self.runtime.clone();
+        confinement.read_write.extend(writable);
+        launch.confine(confinement);
+        Ok(TenantSpec {
+            spec: ChildSpec {
+                launch,
+                ready_timeout: self.base.ready_timeout,
+                timeouts: self.base.timeouts,
+            },
+            restored,
+        })
+    }
+}
+
+/// Makes `dir` (and its missing parents) and leaves it 0700, owned by `identity` when given.
+pub fn private_dir(dir: &Path, identity: Option<(u32, u32)>) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(std::io::Error::other("not a directory"));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    if let Some((uid, gid)) = identity {
+        std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?;
+    }
+    Ok(())
+}
+
+/// Gives the directories a workspace's creation just made (`path` and its ancestors beneath the
+/// one of `roots` it is in) to `identity`, the kernels' uid: the gateway creates them, the
+/// user's kernel writes in them.
+pub fn hand_over(path: &Path, roots: &[PathBuf], identity: (u32, u32)) -> std::io::Result<()> {
+    let Some(root) = roots.iter().find(|r| path.starts_with(r)) else {
+        return Ok(());
+    };
+    let mut at = Some(path);
+    while let Some(p) = at.filter(|p| p != root && p.starts_with(root)) {
+        std::os::unix::fs::lchown(p, Some(identity.0), Some(identity.1))?;
+        at = p.parent();
+    }
+    Ok(())
+}
+
+/// A colon-separated list of paths (the kernel's `IACCODE_A2A_ALLOWED_CWDS`).
+fn join_paths(paths: &[PathBuf]) -> String {
+    let each: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    each.join(":")
+}
+
+/// The first of `path` and its ancestors that `uid`/`gid` may not search (enter), if any: a
+/// kernel running as them could not reach `path`. Modes only (ACLs are not read); root searches
+/// everything.
+pub fn unreachable_by(path: &Path, uid: u32, gid: u32) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt as _;
+    if uid == 0 {
+        return None;
+    }
+    let mut at = Some(path);
+    let mut blocked = None;
+    while let Some(p) = at {
+        if let Ok(m) = std::fs::metadata(p) {
+            let bit = if m.uid() == uid {
+                0o100
+            } else if m.gid() == gid {
+                0o010
+            } else {
+                0o001
+            };
+            if m.mode() & bit == 0 {
+                blocked = Some(p.to_path_buf());
+            }
+        }
+        at = p.parent();
+    }
+    blocked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn isolation(root: &Path) -> Isolation {
+        let mut launch = Launch::new("/opt/venv/bin/iac-code");
+        launch.env("PATH", "/usr/bin:/bin");
+        Isolation {
+            base: ChildSpec {
+                launch,
+                ready_timeout: std::time::Duration::from_secs(20),
+                timeouts: a2a::Timeouts::default(),
+            },
+            kernels_root: root.join("kernels"),
+            workspace_roots: vec![root.join("ws1"), root.join("ws2")],
+            persistence_root: None,
+            backup_root: Some(root.join("backup")),
+            identity: None,
+            runtime: Confinement {
+                read_only: vec![PathBuf::from("/usr")],
+                connect_ports: vec![443],
+                ..Confinement::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_tenants_kernel_has_its_own_private_directories_and_nothing_else_writable() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = isolation(dir.path());
+        let t = iso.spec_for("ualice").unwrap();
+        assert!(!t.restored);
+        let own = dir.path().join("kernels/ualice");
+        for d in [
+            own.clone(),
+            own.join("home"),
+            own.join("home/.iac-code"),
+            own.join("tmp"),
+            dir.path().join("backup/ualice"),
+            dir.path().join("ws1/ualice"),
+            dir.path().join("ws2/ualice"),
+        ] {
+            let mode = std::fs::metadata(&d).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{}", d.display());
+        }
+        let cmd = t.spec.launch.spawnable(4711, "tok");
+        // Confinement is prepared at spawn: this machine has Landlock (the isolation tier
+        // requires it).
+        let cmd = cmd.unwrap();
+        let env: Vec<(String, String)> = cmd
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_str()?.into(), v?.to_str()?.into())))
+            .collect();
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("HOME"), Some(own.join("home").display().to_string()));
+        assert_eq!(get("TMPDIR"), Some(own.join("tmp").display().to_string()));
+        assert_eq!(
+            get("IAC_CODE_CONFIG_DIR"),
+            Some(own.join("home/.iac-code").display().to_string())
+        );
+        assert_eq!(
+            get("IACCODE_A2A_ALLOWED_CWDS"),
+            Some(format!(
+                "{}:{}",
+                dir.path().join("ws1/ualice").display(),
+                dir.path().join("ws2/ualice").display()
+            ))
+        );
+        assert_eq!(
+            get("IAC_CODE_CONFIG_BACKUP_DIR"),
+            Some(dir.path().join("backup/ualice").display().to_string())
+        );
+        // A second start of the same tenant restores; another tenant's directories are apart.
+        assert!(iso.spec_for("ualice").unwrap().restored);
+        assert!(!iso.spec_for("ubob").unwrap().restored);
+        assert!(!t.spec.launch.avoids(4711));
+        assert!(t.spec.launch.avoids(443));
+    }
+
+    #[test]
+    fn a_persistence_root_holds_each_tenants_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut iso = isolation(dir.path());
+        iso.persistence_root = Some(dir.path().join("persist"));
+        let t = iso.spec_for("ubob").unwrap();
+        let env: Vec<_> = t
+            .spec
+            .launch
+            .command(1, "t")
+            .get_envs()
+            .map(|(k, v)| (k.to_owned(), v.map(|v| v.to_owned())))
+            .collect();
+        let want = dir.path().join("persist/ubob");
+        assert!(env.contains(&(
+            "IAC_CODE_CONFIG_DIR".into(),
+            Some(want.clone().into_os_string())
+        )));
+        assert!(want.is_dir());
+    }
+
+    #[test]
+    fn a_directory_its_uid_cannot_enter_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = dir.path().join("a/b");
+        std::fs::create_dir_all(&inner).unwrap();
+        let set = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        set(dir.path(), 0o711);
+        set(&dir.path().join("a"), 0o700);
+        set(&inner, 0o755);
+        // Somebody else: the middle one stops them.
+        assert_eq!(
+            unreachable_by(&inner, 4242, 4242),
+            Some(dir.path().join("a"))
+        );
+        set(&dir.path().join("a"), 0o711);
+        assert_eq!(unreachable_by(&inner, 4242, 4242), None);
+        assert_eq!(unreachable_by(&inner, 0, 0), None);
+    }
+}
