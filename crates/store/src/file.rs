@@ -317,6 +317,10 @@ impl FileStore {
         };
         let existed =
             super::transcript_file::remove(&self.root, &self.transcript_locks, thread_id, || {
+                // The tombstone first: the id's next thread gets a kernel context of its own.
+                if std::fs::symlink_metadata(&path).is_ok() {
+                    super::file_tombstone::bump(&self.root, thread_id, &self.dir_sync)?;
+                }
                 let existed = match std::fs::remove_file(&path) {
                     Ok(()) => true,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
@@ -612,6 +616,14 @@ impl History for FileStore {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move {
             tokio::task::spawn_blocking(move || store.delete_blocking(&id))
+                .await
+                .map_err(blocking_failed)?
+        })
+    }
+    fn incarnation(&self, thread_id: &str) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let (root, id) = (self.root.clone(), thread_id.to_owned());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || super::file_tombstone::read(&root, &id))
                 .await
                 .map_err(blocking_failed)?
         })
@@ -1259,7 +1271,13 @@ mod journal_tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deleted_thread_stays_deleted() {
         let (dir, root, s) = with_a_run().await;
+        assert_eq!(s.incarnation("t").await.unwrap(), 0);
         assert!(s.delete_thread("t").await.unwrap());
+        // Its tombstone: the id's next thread is its second incarnation; deleting no thread
+        // counts nothing.
+        assert_eq!(s.incarnation("t").await.unwrap(), 1);
+        assert!(!s.delete_thread("t").await.unwrap());
+        assert_eq!(s.incarnation("t").await.unwrap(), 1);
         assert!(
             journal_logs(&root).is_empty(),
             "written out after the delete"

@@ -25,9 +25,13 @@ fn script_interrupt(k: &FakeKernel, thread: &str) {
 
 /// The next turn completes.
 fn script_done(k: &FakeKernel, thread: &str, task: &str) {
-    let c = ctx(thread);
+    script_done_in(k, &ctx(thread), task);
+}
+
+/// [`script_done`] in the context `c`.
+fn script_done_in(k: &FakeKernel, c: &str, task: &str) {
     k.stream(
-        Stream::of(task, &c)
+        Stream::of(task, c)
             .submitted(json!({"iacCodeSessionId": "sess-1"}))
             .completed(),
     );
@@ -464,8 +468,8 @@ async fn a_thread_made_again_by_another_user_shares_no_runs_with_the_first() {
         .await
         .unwrap();
     assert_eq!(deleted.status(), 200);
-    // Alice makes a thread of the same id, and runs a turn on it.
-    script_done(&k, "x", "task-a");
+    // Alice makes a thread of the same id (its second incarnation), and runs a turn on it.
+    script_done_in(&k, &engine::run::incarnation_context_id("x", 1), "task-a");
     let hers = post_turn_as(&s.url, "x", "alices-run", "mine", &s.ws("xa"), &a).await;
     assert_valid_run(&hers, "x", "alices-run");
     let mut seen = String::new();
