@@ -14,6 +14,7 @@
 //! - `fs`: filesystem primitives both build on.
 //! - `pg`: the PostgreSQL store several instances share (`--state-url`): held threads, fenced
 //!   writes, heartbeats.
+//! - `owner_seal`: the file store's seal of whom a thread belongs to (`ownerMac`).
 //! - `file_tombstone`: the file store's count of the deleted threads of an id.
 //! - `listing`: a user's threads, listed; `file_index` is the file store's list, and
 //!   `transcript_file` its transcripts (`transcript_file::waiting`: their lines waiting for the
@@ -29,6 +30,7 @@ mod handle;
 mod journal;
 mod list_order;
 pub mod listing;
+mod owner_seal;
 mod pg;
 pub mod transcript;
 mod transcript_file;
