@@ -75,6 +75,10 @@ pub struct FileStore {
     index: Arc<super::file_index::Index>,
     /// The directory's lock while the store is open (`dir_lock`; none for `new`).
     _lock: Option<Arc<super::dir_lock::DirLock>>,
+    /// The seal of documents' owners (`owner_seal`; none for `new`: nothing sealed or checked).
+    seal: Option<Arc<super::owner_seal::Seal>>,
+    /// The threads refused for a forged owner, logged once each.
+    forged: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -96,13 +100,16 @@ impl FileStore {
             transcript_locks: Arc::default(),
             index: Arc::default(),
             _lock: None,
+            seal: None,
+            forged: Arc::default(),
         }
     }
 
     /// The gateway's store: locks the directory (one process; `dir_lock`), removes temporary files
     /// of interrupted writes, replays the journal a previous process left (each thread's newest
-    /// record, written durably to its file), journals every save from now on. Nothing but the
-    /// directory and its lock file is made until the first save.
+    /// record, written durably to its file), journals every save from now on, and seals the
+    /// documents' owners (`owner_seal`). Nothing but the directory, its lock file and the
+    /// owners' key is made until the first save.
     pub fn open(root: impl Into<PathBuf>) -> Result<FileStore, StoreError> {
         Self::open_with(root, true)
     }
@@ -162,7 +169,73 @@ impl FileStore {
             }
         }
         store.journal = Some(j);
+        // After the replay: the files are the documents to seal.
+        let (seal, making) = super::owner_seal::open(&store.root, &store.dir_sync)?;
+        if making {
+            let sealed = store.seal_all(&seal);
+            super::owner_seal::adopted(&store.root)?;
+            tracing::info!(
+                threads = sealed,
+                "sealed the owners of the thread documents"
+            );
+        }
+        store.seal = Some(Arc::new(seal));
         Ok(store)
+    }
+
+    /// Seals every document that names someone and has no seal (the key is new: blocking).
+    /// A file that is not a valid document of the thread it names is left as it is.
+    fn seal_all(&self, seal: &super::owner_seal::Seal) -> usize {
+        let mut sealed = 0;
+        for (id, bytes) in self.thread_files() {
+            let Ok((doc, None)) = ThreadDoc::from_json_sealed(&bytes, &id) else {
+                continue;
+            };
+            let Some(mac) = seal.mac(&doc) else {
+                continue;
+            };
+            let written = doc
+                .to_stored_sealed(Some(&mac))
+                .and_then(|b| self.replace_durably(&id, &b));
+            match written {
+                Ok(()) => sealed += 1,
+                Err(e) => {
+                    tracing::warn!(thread_id = %id, error = %e, "a document's owner could not be sealed: it will be refused")
+                }
+            }
+        }
+        sealed
+    }
+
+    /// The bytes a document is stored as: with its seal, when the store seals.
+    fn stored(&self, doc: &ThreadDoc) -> Result<Vec<u8>, StoreError> {
+        let mac = self.seal.as_ref().and_then(|s| s.mac(doc));
+        doc.to_stored_sealed(mac.as_deref())
+    }
+
+    /// A document read from the journal or its file, refused when it names someone without a
+    /// valid seal (its owner was changed outside the gateway), logged once per thread.
+    fn checked(&self, bytes: &[u8], thread_id: &str) -> Result<ThreadDoc, StoreError> {
+        let (doc, mac) = ThreadDoc::from_json_sealed(bytes, thread_id)?;
+        match &self.seal {
+            Some(seal) if !seal.admits(&doc, mac.as_deref()) => {
+                let first = self
+                    .forged
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(thread_id.to_owned());
+                if first {
+                    tracing::warn!(
+                        thread_id,
+                        "a thread document's owner was changed outside the gateway (its seal does not match): refused"
+                    );
+                }
+                Err(StoreError::Invalid(
+                    "the document's owner was changed outside the gateway".into(),
+                ))
+            }
+            _ => Ok(doc),
+        }
     }
 
     /// Journal syncs so far (group commit makes this smaller than the number of saves).
@@ -222,7 +295,7 @@ impl FileStore {
     /// Loads a thread (blocking): the journal's newest document, else its file.
     pub fn load_blocking(&self, thread_id: &str) -> Result<Option<ThreadDoc>, StoreError> {
         if let Some(bytes) = self.journal.as_ref().and_then(|j| j.newest(thread_id)) {
-            return ThreadDoc::from_json(&bytes, thread_id).map(Some);
+            return self.checked(&bytes, thread_id).map(Some);
         }
         let path = self
             .path_of(thread_id)
@@ -230,13 +303,13 @@ impl FileStore {
         match fs::read_private(&path, MAX_FILE)? {
             fs::Loaded::Missing => Ok(None),
             fs::Loaded::Refused(why) => Err(StoreError::Invalid(why.into())),
-            fs::Loaded::Bytes(b) => ThreadDoc::from_json(&b, thread_id).map(Some),
+            fs::Loaded::Bytes(b) => self.checked(&b, thread_id).map(Some),
         }
     }
 
     /// Saves a thread durably (blocking).
     pub fn save_blocking(&self, doc: &ThreadDoc) -> Result<(), StoreError> {
-        let bytes = Arc::new(doc.to_stored()?);
+        let bytes = Arc::new(self.stored(doc)?);
         if let Some(j) = &self.journal {
             if let Some(rx) = j.submit(&doc.thread_id, bytes.clone()) {
                 if rx.blocking_recv() == Ok(true) {
@@ -251,31 +324,35 @@ impl FileStore {
     /// The threads whose files hold pending interrupts, and how many (blocking). A file that is
     /// not a valid document of the thread it names is skipped, as a load would refuse it.
     pub fn pending_interrupts_blocking(&self) -> Vec<(String, usize)> {
-        let Ok(entries) = std::fs::read_dir(self.threads_dir()) else {
-            return Vec::new();
-        };
         let mut out = Vec::new();
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') || !name.ends_with(".json") {
-                continue;
-            }
-            let Ok(fs::Loaded::Bytes(bytes)) = fs::read_private(&e.path(), MAX_FILE) else {
-                continue;
-            };
-            let id = serde_json::from_slice::<serde_json::Value>(&bytes)
-                .ok()
-                .and_then(|v| v.get("threadId")?.as_str().map(str::to_owned));
-            let Some(id) = id.filter(|id| file_name(id).is_ok_and(|n| n == name)) else {
-                continue;
-            };
-            if let Ok(doc) = ThreadDoc::from_json(&bytes, &id) {
+        for (id, bytes) in self.thread_files() {
+            if let Ok(doc) = self.checked(&bytes, &id) {
                 if !doc.execution.pending.is_empty() {
                     out.push((id, doc.execution.pending.len()));
                 }
             }
         }
         out
+    }
+
+    /// Each thread file's thread id and bytes, read one at a time (blocking): a file whose
+    /// `threadId` does not name it is skipped, as a load would refuse it.
+    fn thread_files(&self) -> impl Iterator<Item = (String, Vec<u8>)> {
+        let entries = std::fs::read_dir(self.threads_dir()).into_iter().flatten();
+        entries.flatten().filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || !name.ends_with(".json") {
+                return None;
+            }
+            let Ok(fs::Loaded::Bytes(bytes)) = fs::read_private(&e.path(), MAX_FILE) else {
+                return None;
+            };
+            let id = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|v| v.get("threadId")?.as_str().map(str::to_owned));
+            let id = id.filter(|id| file_name(id).is_ok_and(|n| n == name))?;
+            Some((id, bytes))
+        })
     }
 
     /// [`History::update_thread`] (blocking): a thread listed nowhere yet (it has not been
@@ -317,6 +394,10 @@ impl FileStore {
         };
         let existed =
             super::transcript_file::remove(&self.root, &self.transcript_locks, thread_id, || {
+                // The tombstone first: the id's next thread gets a kernel context of its own.
+                if std::fs::symlink_metadata(&path).is_ok() {
+                    super::file_tombstone::bump(&self.root, thread_id, &self.dir_sync)?;
+                }
                 let existed = match std::fs::remove_file(&path) {
                     Ok(()) => true,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
@@ -472,7 +553,7 @@ impl Documents for FileStore {
     }
 
     fn save(&self, doc: &ThreadDoc) -> BoxFuture<'static, Result<(), StoreError>> {
-        let bytes = match doc.to_stored() {
+        let bytes = match self.stored(doc) {
             Ok(b) => Arc::new(b),
             Err(e) => return Box::pin(std::future::ready(Err(e))),
         };
@@ -536,7 +617,7 @@ impl History for FileStore {
             let saved = Documents::save(self, doc);
             return Box::pin(async move { (saved.await, appended.await) });
         }
-        let bytes = match doc.to_stored() {
+        let bytes = match self.stored(doc) {
             Ok(b) => Arc::new(b),
             Err(e) => return Box::pin(std::future::ready((Err(e), Ok(())))),
         };
@@ -616,6 +697,14 @@ impl History for FileStore {
                 .map_err(blocking_failed)?
         })
     }
+    fn incarnation(&self, thread_id: &str) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let (root, id) = (self.root.clone(), thread_id.to_owned());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || super::file_tombstone::read(&root, &id))
+                .await
+                .map_err(blocking_failed)?
+        })
+    }
 }
 
 /// Milliseconds since the epoch, for the list's activity times.
@@ -681,6 +770,52 @@ mod tests {
 
     fn doc(thread: &str) -> ThreadDoc {
         doc_with(thread, None)
+    }
+
+    fn owned(thread: &str, owner: &str) -> ThreadDoc {
+        let mut d = doc(thread);
+        d.owner = Some(owner.to_owned());
+        d
+    }
+
+    /// A document whose owner was changed on disk is refused, and so is one written without a
+    /// seal once the directory has its key; the documents of a directory that had no key are
+    /// sealed as it is made, and a document naming nobody needs no seal.
+    #[test]
+    fn a_document_whose_owner_changed_on_disk_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        // Written before seals (a store without a key): sealed at the key's making.
+        let legacy = owned("old", "alice");
+        FileStore::new(&root).save_blocking(&legacy).unwrap();
+        FileStore::new(&root)
+            .save_blocking(&doc("nobodys"))
+            .unwrap();
+        let s = FileStore::open_with(&root, false).unwrap();
+        assert!(root.join("owner.key").exists() && !root.join("owner.key.pending").exists());
+        assert_eq!(s.load_blocking("old").unwrap().unwrap(), legacy);
+        let mine = owned("t", "alice");
+        s.save_blocking(&mine).unwrap();
+        s.flush_blocking().unwrap();
+        assert_eq!(s.load_blocking("t").unwrap().unwrap(), mine);
+        drop(s);
+        let path = root.join("threads/t.json");
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"ownerMac\""), "{text}");
+        fs::write(&path, text.replace("\"alice\"", "\"mallory\"")).unwrap();
+        // Unsealed after the key exists: the owner is not the gateway's record.
+        FileStore::new(&root)
+            .save_blocking(&owned("late", "mallory"))
+            .unwrap();
+        let s = FileStore::open_with(&root, false).unwrap();
+        for forged in ["t", "late"] {
+            assert!(
+                matches!(s.load_blocking(forged), Err(StoreError::Invalid(_))),
+                "{forged}"
+            );
+        }
+        assert_eq!(s.load_blocking("old").unwrap().unwrap(), legacy);
+        assert_eq!(s.load_blocking("nobodys").unwrap().unwrap(), doc("nobodys"));
     }
 
     /// Concurrent direct saves all land (that they share directory syncs is shown in
@@ -825,8 +960,12 @@ mod journal_tests {
     fn saves_are_read_back_at_once_and_flush_leaves_only_thread_files() {
         let (dir, root, s) = journaled();
         let made: Vec<_> = std::fs::read_dir(&root).unwrap().flatten().collect();
-        assert_eq!(made.len(), 1, "opening makes the lock file only");
-        assert!(root.join(".lock").is_file());
+        assert_eq!(
+            made.len(),
+            2,
+            "opening makes the lock file and the owners' key only"
+        );
+        assert!(root.join(".lock").is_file() && root.join("owner.key").is_file());
         s.save_blocking(&doc("t", Some("task-1"))).unwrap();
         assert_eq!(
             s.load_blocking("t").unwrap().unwrap(),
@@ -1259,7 +1398,13 @@ mod journal_tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deleted_thread_stays_deleted() {
         let (dir, root, s) = with_a_run().await;
+        assert_eq!(s.incarnation("t").await.unwrap(), 0);
         assert!(s.delete_thread("t").await.unwrap());
+        // Its tombstone: the id's next thread is its second incarnation; deleting no thread
+        // counts nothing.
+        assert_eq!(s.incarnation("t").await.unwrap(), 1);
+        assert!(!s.delete_thread("t").await.unwrap());
+        assert_eq!(s.incarnation("t").await.unwrap(), 1);
         assert!(
             journal_logs(&root).is_empty(),
             "written out after the delete"

@@ -122,7 +122,8 @@ impl Store {
     }
 
     /// An admission: [`Ownership::admit`] in a shared store; in a store of one instance,
-    /// `decide` on `cached` (what this process has in memory) and its document saved.
+    /// `decide` on `cached` (what this process has in memory; without it, the id's incarnation
+    /// read first) and its document saved.
     pub fn admit<'a>(
         &'a self,
         thread_id: &'a str,
@@ -134,7 +135,11 @@ impl Store {
             return o.admit(thread_id, held, decide);
         }
         Box::pin(async move {
-            let current = match decide(cached.as_ref(), held) {
+            let incarnation = match &cached {
+                Some(_) => 0,
+                None => self.incarnation(thread_id).await?,
+            };
+            let current = match decide(cached.as_ref(), held, incarnation) {
                 Some(next) => {
                     self.documents.save(&next).await?;
                     Some(next)
@@ -232,6 +237,14 @@ impl Store {
         match &self.history {
             Some(h) => h.delete_thread(thread_id),
             None => Box::pin(std::future::ready(Ok(false))),
+        }
+    }
+
+    /// [`History::incarnation`]; without history nothing is deleted: always the first.
+    pub fn incarnation(&self, thread_id: &str) -> BoxFuture<'static, Result<u64, StoreError>> {
+        match &self.history {
+            Some(h) => h.incarnation(thread_id),
+            None => Box::pin(std::future::ready(Ok(0))),
         }
     }
 }

@@ -14,6 +14,8 @@
 //! - `fs`: filesystem primitives both build on.
 //! - `pg`: the PostgreSQL store several instances share (`--state-url`): held threads, fenced
 //!   writes, heartbeats.
+//! - `owner_seal`: the file store's seal of whom a thread belongs to (`ownerMac`).
+//! - `file_tombstone`: the file store's count of the deleted threads of an id.
 //! - `listing`: a user's threads, listed; `file_index` is the file store's list, and
 //!   `transcript_file` its transcripts (`transcript_file::waiting`: their lines waiting for the
 //!   journal's checkpoint).
@@ -22,11 +24,13 @@ mod dir_lock;
 mod doc;
 mod file;
 mod file_index;
+mod file_tombstone;
 mod fs;
 mod handle;
 mod journal;
 mod list_order;
 pub mod listing;
+mod owner_seal;
 mod pg;
 pub mod transcript;
 mod transcript_file;
@@ -107,9 +111,12 @@ pub struct Peer {
     pub id: String,
 }
 
-/// The decision of an admission: given the thread's current document and whether this
-/// instance's own runs hold it, the document to save (`None`: nothing changes).
-pub type Decide<'a> = Box<dyn FnOnce(Option<&ThreadDoc>, bool) -> Option<ThreadDoc> + Send + 'a>;
+/// The decision of an admission: given the thread's current document, whether this instance's
+/// own runs hold it and, when there is no document, the incarnation a thread made now would be
+/// ([`History::incarnation`]; 0 when there is a document), the document to save (`None`:
+/// nothing changes).
+pub type Decide<'a> =
+    Box<dyn FnOnce(Option<&ThreadDoc>, bool, u64) -> Option<ThreadDoc> + Send + 'a>;
 
 /// What an admission did.
 #[allow(clippy::large_enum_variant)] // As `Claim`.
@@ -223,4 +230,8 @@ pub trait History: Send + Sync + 'static {
     /// thread's lock and has checked that no run and no kernel task is open on it; a shared
     /// store deletes only a row with none either. Whether there was one to delete.
     fn delete_thread(&self, thread_id: &str) -> BoxFuture<'static, Result<bool, StoreError>>;
+    /// How many threads of this id were deleted (the store's tombstone of the id): a thread
+    /// made now under it is that incarnation of the id (0: the first), and gets a kernel context
+    /// of its own, never an earlier incarnation's.
+    fn incarnation(&self, thread_id: &str) -> BoxFuture<'static, Result<u64, StoreError>>;
 }

@@ -114,6 +114,8 @@ fn ask_of<'a>(req: &'a RunRequest, mode: &'a Mode, cwd: &'a str) -> Ask<'a> {
         pipeline: req.iac.run_mode == Some(RunMode::Pipeline),
         has_resume: req.envelope.resume.is_some(),
         owner: req.caller.user.as_deref(),
+        // Learnt from the store in the admission itself (a trial needs no context).
+        incarnation: 0,
     }
 }
 
@@ -187,7 +189,8 @@ async fn admit_now(
     let mut decided = None;
     // The decision is made on the thread's current document inside the store's admission (with
     // a shared store: under the row's lock, in one transaction with the save).
-    let decide = |doc: Option<&ThreadDoc>, held: bool| {
+    let decide = |doc: Option<&ThreadDoc>, held: bool, incarnation: u64| {
+        let ask = Ask { incarnation, ..ask };
         let mut decision = admission::decide(doc, held, &ask, now, &mut || {
             uuid::Uuid::new_v4().to_string()
         });

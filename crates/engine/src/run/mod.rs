@@ -35,7 +35,7 @@ use clock::Clock;
 use kernel::Pool;
 use store::Store;
 
-pub use decide::admission::context_id;
+pub use decide::admission::{context_id, incarnation_context_id};
 pub use driver::spawn_run;
 pub use threads::{ActiveRun, Holder, Locked, RunControl, Slot, ThreadState, Threads};
 

@@ -103,8 +103,8 @@ impl Ownership for Metered<dyn Ownership> {
     ) -> BoxFuture<'a, Result<Admission, StoreError>> {
         let wrote = Arc::new(AtomicBool::new(false));
         let noted = wrote.clone();
-        let decide: Decide<'a> = Box::new(move |doc, held| {
-            let next = decide(doc, held);
+        let decide: Decide<'a> = Box::new(move |doc, held, incarnation| {
+            let next = decide(doc, held, incarnation);
             noted.store(next.is_some(), Ordering::Relaxed);
             next
         });
@@ -179,5 +179,8 @@ impl History for Metered<dyn History> {
     }
     fn delete_thread(&self, thread_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         self.inner.delete_thread(thread_id)
+    }
+    fn incarnation(&self, thread_id: &str) -> BoxFuture<'static, Result<u64, StoreError>> {
+        self.inner.incarnation(thread_id)
     }
 }

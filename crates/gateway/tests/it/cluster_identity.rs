@@ -4,7 +4,7 @@
 //! credentials: a forward mark or a user header a client adds decides nothing.
 
 use serde_json::json;
-use testkit::fake_kernel::FakeKernel;
+use testkit::fake_kernel::{FakeKernel, Stream};
 use testkit::postgres::Cluster;
 use testkit::sse::{assert_valid_run, post};
 
@@ -230,4 +230,26 @@ async fn a_users_thread_is_theirs_on_every_instance() {
               + (SELECT count(*) FROM agui_transcript WHERE thread_id = 't1')",
     );
     assert_eq!(left.trim(), "0");
+    // Its tombstone: Bob's thread of the same id, made at B, is the id's second incarnation,
+    // in a kernel context of its own (the deleted thread's conversation is not his).
+    let deletions = pg.psql(
+        "identity",
+        "SELECT deletions FROM agui_deleted WHERE thread_id = 't1'",
+    );
+    assert_eq!(deletions.trim(), "1");
+    let again = engine::run::incarnation_context_id("t1", 1);
+    kb.stream(
+        Stream::of("task-b", &again)
+            .submitted(json!({"iacCodeSessionId": "sess-b"}))
+            .completed(),
+    );
+    let r = post_turn_as(&b.url(), "t1", "r1", "mine", &ws.cwd("t1b"), &bo).await;
+    assert_valid_run(&r, "t1", "r1");
+    let sent = kb.calls("SendStreamingMessage");
+    assert_eq!(sent[0].body["params"]["message"]["contextId"], json!(again));
+    let (_, _, doc) = row(&pg, "identity", "t1");
+    assert_eq!(
+        (&doc["contextId"], &doc["owner"]),
+        (&json!(again), &json!("bob"))
+    );
 }

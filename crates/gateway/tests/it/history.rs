@@ -42,9 +42,13 @@ fn script_tool_then_interrupt(k: &FakeKernel, thread: &str) {
 }
 
 fn script_done(k: &FakeKernel, thread: &str, task: &str, text: &str) {
-    let c = ctx(thread);
+    script_done_in(k, &ctx(thread), task, text);
+}
+
+/// [`script_done`] in the context `c`.
+fn script_done_in(k: &FakeKernel, c: &str, task: &str, text: &str) {
     k.stream(
-        Stream::of(task, &c)
+        Stream::of(task, c)
             .submitted(json!({"iacCodeSessionId": "sess-1"}))
             .text(text, &format!("m-{task}"))
             .completed(),
@@ -574,14 +578,57 @@ async fn threads_are_renamed_archived_and_deleted_by_their_owner_only() {
     let (_, archived) = get_as(&format!("{}threads?archived=true", s.url), &a).await;
     assert_eq!(ids(archived["threads"].as_array().unwrap()), ["t-e2"]);
     assert_eq!(archived["threads"][0]["archived"], true);
-    // The id starts afresh, for anyone.
-    script_done(&k, "t-e1", "task-10", "new");
+    // The id starts afresh, for anyone (a kernel context of its own: see
+    // `a_thread_made_again_under_a_deleted_id_has_a_kernel_context_of_its_own`).
+    let again = engine::run::incarnation_context_id("t-e1", 1);
+    script_done_in(&k, &again, "task-10", "new");
     let r = post_turn_as(&s.url, "t-e1", "r1", "Anew", &s.ws("t-e1"), &b).await;
     assert_valid_run(&r, "t-e1", "r1");
     let (_, p) = get_as(&format!("{}/messages", url("t-e1")), &b).await;
     assert_eq!(seqs(&p), [1, 2]);
     let (_, listed) = get_as(&format!("{}threads", s.url), &b).await;
     assert_eq!(listed["threads"][0]["title"], "Anew");
+}
+
+/// The context id of the `n`th `SendStreamingMessage` the kernel got.
+fn sent_context(k: &FakeKernel, n: usize) -> Value {
+    k.calls("SendStreamingMessage")[n].body["params"]["message"]["contextId"].clone()
+}
+
+/// A thread made again under a deleted thread's id, by another user, never continues the
+/// deleted one's kernel conversation: the kernel is sent another context than the first
+/// incarnation's (the reference's formula), which the thread keeps after a restart.
+#[tokio::test]
+async fn a_thread_made_again_under_a_deleted_id_has_a_kernel_context_of_its_own() {
+    let k = FakeKernel::start().await;
+    let (_keys, jwks) = key_set();
+    let s = jwt_gateway(&k, &jwks, None).await;
+    let (alice, bob) = (bearer_for("alice"), bearer_for("bob"));
+    let a = [("authorization", alice.as_str())];
+    let b = [("authorization", bob.as_str())];
+    script_done(&k, "t-re", "task-1", "first");
+    let r = post_turn_as(&s.url, "t-re", "r1", "One", &s.ws("t-re"), &a).await;
+    assert_valid_run(&r, "t-re", "r1");
+    assert_eq!(sent_context(&k, 0), json!(ctx("t-re")));
+    let url = format!("{}threads/t-re", s.url);
+    let (status, _) = send(reqwest::Method::DELETE, &url, &a, None).await;
+    assert_eq!(status, 200);
+
+    let again = engine::run::incarnation_context_id("t-re", 1);
+    assert_ne!(again, ctx("t-re"));
+    script_done_in(&k, &again, "task-2", "second");
+    let r = post_turn_as(&s.url, "t-re", "r1", "Two", &s.ws("t-re"), &b).await;
+    assert_valid_run(&r, "t-re", "r1");
+    assert_eq!(sent_context(&k, 1), json!(again));
+    assert_eq!(s.thread_doc("t-re")["contextId"], json!(again));
+
+    // Restarted: the thread's later turns stay in its own context.
+    let dir = s.stop().await;
+    let s = jwt_gateway(&k, &jwks, Some(dir)).await;
+    script_done_in(&k, &again, "task-3", "third");
+    let r = post_turn_as(&s.url, "t-re", "r2", "Three", &s.ws("t-re"), &b).await;
+    assert_valid_run(&r, "t-re", "r2");
+    assert_eq!(sent_context(&k, 2), json!(again));
 }
 
 /// `POST /agents/state` (ADK's convention): the thread's messages as AG-UI messages, oldest

@@ -25,9 +25,13 @@ fn script_interrupt(k: &FakeKernel, thread: &str) {
 
 /// The next turn completes.
 fn script_done(k: &FakeKernel, thread: &str, task: &str) {
-    let c = ctx(thread);
+    script_done_in(k, &ctx(thread), task);
+}
+
+/// [`script_done`] in the context `c`.
+fn script_done_in(k: &FakeKernel, c: &str, task: &str) {
     k.stream(
-        Stream::of(task, &c)
+        Stream::of(task, c)
             .submitted(json!({"iacCodeSessionId": "sess-1"}))
             .completed(),
     );
@@ -464,8 +468,8 @@ async fn a_thread_made_again_by_another_user_shares_no_runs_with_the_first() {
         .await
         .unwrap();
     assert_eq!(deleted.status(), 200);
-    // Alice makes a thread of the same id, and runs a turn on it.
-    script_done(&k, "x", "task-a");
+    // Alice makes a thread of the same id (its second incarnation), and runs a turn on it.
+    script_done_in(&k, &engine::run::incarnation_context_id("x", 1), "task-a");
     let hers = post_turn_as(&s.url, "x", "alices-run", "mine", &s.ws("xa"), &a).await;
     assert_valid_run(&hers, "x", "alices-run");
     let mut seen = String::new();
@@ -499,4 +503,80 @@ async fn a_thread_made_again_by_another_user_shares_no_runs_with_the_first() {
     let text = r.text().await.unwrap();
     assert!(!text.contains("mallorys-run"), "{text}");
     assert!(text.contains("MESSAGES_SNAPSHOT"), "{text}");
+}
+
+/// A thread document whose owner (and user) was rewritten on disk, by a process that cannot
+/// read the owners' key, is refused after a restart: served to nobody (the forger cannot read or
+/// connect to it, nor take its id over with a new turn, and the kernel is sent nothing), and a
+/// log line names the thread and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_whose_owner_was_forged_on_disk_is_served_to_nobody() {
+    use std::process::{Command, Stdio};
+    let k = FakeKernel::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (state, ws) = (dir.path().join("state"), dir.path().join("ws"));
+    std::fs::create_dir_all(&ws).unwrap();
+    let ws = ws.canonicalize().unwrap();
+    let port = crate::support::free_port();
+    let url = format!("http://127.0.0.1:{port}/");
+    let start = || {
+        let mut cmd: Command = crate::support::gateway_command(port, &state);
+        cmd.args(["--a2a-url", &k.url()])
+            .env("IAC_CODE_AGUI_AUTH_TOKEN", "svc")
+            .env("IAC_CODE_AGUI_ALLOWED_CWDS", &ws)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        crate::support::spawn_healthy(&mut cmd, port, Duration::from_secs(20))
+    };
+    let stop = |child: std::process::Child| {
+        #[allow(unsafe_code)]
+        // SAFETY: a signal to the child this test started.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let a = [
+        ("authorization", "Bearer svc"),
+        ("x-iac-code-user", "alice"),
+    ];
+    let m = [
+        ("authorization", "Bearer svc"),
+        ("x-iac-code-user", "mallory"),
+    ];
+    let cwd = ws.join("t-f").display().to_string();
+
+    let gateway = start();
+    script_done(&k, "t-f", "task-1");
+    let r = post_turn_as(&url, "t-f", "r1", "alice's secret plan", &cwd, &a).await;
+    assert_valid_run(&r, "t-f", "r1");
+    stop(gateway);
+    let file = state.join("threads/t-f.json");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("\"ownerMac\""), "{text}");
+    std::fs::write(&file, text.replace("\"alice\"", "\"mallory\"")).unwrap();
+
+    // Every route answers the state unavailable, to the forger and to alice alike.
+    let gateway = start();
+    for (route, who) in [("", &m), ("/connect", &m), ("/messages", &m), ("", &a)] {
+        let (status, v) = get_as(&format!("{url}threads/t-f{route}"), who).await;
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (503, Some("STATE_UNAVAILABLE")),
+            "{route}: {v}"
+        );
+    }
+    let sends = k.calls("SendStreamingMessage").len();
+    let taken = post_turn_as(&url, "t-f", "r2", "mine now", &cwd, &m).await;
+    assert_eq!(taken.status, 503, "{:?}", taken.json);
+    assert_eq!(k.calls("SendStreamingMessage").len(), sends);
+    let logs = stop(gateway);
+    let refused: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("its seal does not match") && l.contains("t-f"))
+        .collect();
+    assert_eq!(refused.len(), 1, "logged once: {logs}");
+    assert!(std::fs::read_to_string(&file).unwrap().contains("mallory"));
 }

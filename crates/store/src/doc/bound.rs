@@ -78,7 +78,12 @@ impl ThreadDoc {
     /// The document as a store writes it ([`ThreadDoc::to_json`]), refused over
     /// [`MAX_DOC_BYTES`].
     pub fn to_stored(&self) -> Result<Vec<u8>, StoreError> {
-        let bytes = self.to_json();
+        self.to_stored_sealed(None)
+    }
+
+    /// [`ThreadDoc::to_stored`] with the file store's `ownerMac`.
+    pub(crate) fn to_stored_sealed(&self, mac: Option<&str>) -> Result<Vec<u8>, StoreError> {
+        let bytes = self.to_json_sealed(mac);
         if bytes.len() > MAX_DOC_BYTES {
             return Err(StoreError::Invalid(format!(
                 "the document would have {} bytes, over the {MAX_DOC_BYTES} a thread may hold",

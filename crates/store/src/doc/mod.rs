@@ -338,12 +338,21 @@ impl ThreadDoc {
 
     /// The document as JSON text: sorted keys, 2-space indent, raw UTF-8, trailing newline.
     pub fn to_json(&self) -> Vec<u8> {
+        self.to_json_sealed(None)
+    }
+
+    /// [`ThreadDoc::to_json`] with `ownerMac`, the file store's seal of whom the thread belongs
+    /// to (`owner_seal`), when given: a member of the file, not of the document in memory.
+    pub(crate) fn to_json_sealed(&self, mac: Option<&str>) -> Vec<u8> {
         let doc = Versioned {
             schema_version: 1,
             doc: self,
         };
         // Sorted as a whole: the kernel inputs kept in `pending` have their own key order.
-        let v = serde_json::to_value(doc).expect("document serialises");
+        let mut v = serde_json::to_value(doc).expect("document serialises");
+        if let (Some(mac), Value::Object(members)) = (mac, &mut v) {
+            members.insert("ownerMac".to_owned(), Value::String(mac.to_owned()));
+        }
         let mut out = serde_json::to_vec_pretty(&sorted(v)).expect("document serialises");
         out.push(b'\n');
         out
@@ -351,6 +360,14 @@ impl ThreadDoc {
 
     /// Parses and validates a document for `thread_id`.
     pub fn from_json(bytes: &[u8], thread_id: &str) -> Result<ThreadDoc, StoreError> {
+        read::document(bytes, thread_id).map(|(doc, _)| doc)
+    }
+
+    /// [`ThreadDoc::from_json`], and the file's `ownerMac` (`None`: absent, or not a string).
+    pub(crate) fn from_json_sealed(
+        bytes: &[u8],
+        thread_id: &str,
+    ) -> Result<(ThreadDoc, Option<String>), StoreError> {
         read::document(bytes, thread_id)
     }
 }

@@ -14,15 +14,23 @@ use super::{
 };
 use crate::StoreError;
 
-/// Parses and validates a document for `thread_id`.
-pub(super) fn document(bytes: &[u8], thread_id: &str) -> Result<ThreadDoc, StoreError> {
+/// Parses and validates a document for `thread_id`; its `ownerMac`, when a string.
+pub(super) fn document(
+    bytes: &[u8],
+    thread_id: &str,
+) -> Result<(ThreadDoc, Option<String>), StoreError> {
     let v: Value = serde_json::from_slice(bytes).map_err(|_| invalid("not JSON"))?;
     if !v.is_object() {
         return Err(invalid("not an object"));
     }
     // Every member is taken as found: the shape of an object always reads.
-    let shape = DocShape::deserialize(v).map_err(|_| invalid("not an object"))?;
-    shape.validate(thread_id)
+    let mut shape = DocShape::deserialize(v).map_err(|_| invalid("not an object"))?;
+    // Not the document's: the file store checks it (a wrong one is no seal).
+    let mac = match std::mem::take(&mut shape.owner_mac) {
+        Found::Is(mac) => mac,
+        Found::Absent | Found::Wrong => None,
+    };
+    shape.validate(thread_id).map(|doc| (doc, mac))
 }
 
 fn invalid(what: &str) -> StoreError {
@@ -163,6 +171,7 @@ struct DocShape {
     active_run: Found<Option<Obj<RunMarkShape>>>,
     last_run: Found<Option<Obj<LastRunShape>>>,
     owner: Found<Option<String>>,
+    owner_mac: Found<Option<String>>,
     kernel: Found<Option<String>>,
 }
 

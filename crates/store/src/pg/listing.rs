@@ -46,6 +46,9 @@ fn update() -> String {
 const DELETE_ROW: &str = "DELETE FROM agui_threads
     WHERE thread_id = $1 AND active_run IS NULL AND pending = 0";
 const DELETE_TRANSCRIPT: &str = "DELETE FROM agui_transcript WHERE thread_id = $1";
+/// The deleted thread's tombstone: one more deletion of its id.
+const TOMBSTONE: &str = "INSERT INTO agui_deleted AS d (thread_id, deletions) VALUES ($1, 1)
+    ON CONFLICT (thread_id) DO UPDATE SET deletions = d.deletions + 1";
 
 /// The title of a thread, set by the first run whose messages have one.
 pub(super) const TITLE: &str =
@@ -82,7 +85,7 @@ impl PgStore {
         .await
     }
 
-    /// The row and its transcript in one transaction; this instance forgets the thread's epoch.
+    /// The row and its transcript in one transaction, with the id's tombstone; this instance forgets the thread's epoch.
     pub(super) async fn delete_thread_now(&self, thread_id: String) -> Result<bool, StoreError> {
         let deleted = bounded("delete", async {
             let mut c = self.client().await?;
@@ -93,6 +96,9 @@ impl PgStore {
                 .map_err(unavailable)?;
             if n > 0 {
                 tx.execute(DELETE_TRANSCRIPT, &[&thread_id])
+                    .await
+                    .map_err(unavailable)?;
+                tx.execute(TOMBSTONE, &[&thread_id])
                     .await
                     .map_err(unavailable)?;
             }

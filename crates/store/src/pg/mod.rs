@@ -22,7 +22,7 @@ mod sql;
 pub mod tls;
 mod transcript;
 
-use sql::{FORGET_INSTANCES, GONE, HOLD, HOLDER, LIVENESS, LOCK_ROW, SAVE};
+use sql::{DELETIONS, FORGET_INSTANCES, GONE, HOLD, HOLDER, LIVENESS, LOCK_ROW, SAVE};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -420,7 +420,12 @@ impl PgStore {
             return Ok(Admission::Elsewhere(peer));
         }
         let ours = self.ours(thread_id, &row);
-        match decide(row.doc.as_ref(), held && ours) {
+        // Read under the row's lock: a delete of the id (which takes it too) is before or after.
+        let incarnation = match &row.doc {
+            Some(_) => 0,
+            None => deletions(&tx, thread_id).await?,
+        };
+        match decide(row.doc.as_ref(), held && ours, incarnation) {
             Some(next) => {
                 let epoch = self.hold(&tx, thread_id, Some(&next)).await?;
                 tx.commit().await.map_err(unavailable)?;
@@ -441,6 +446,16 @@ impl PgStore {
             }
         }
     }
+}
+
+/// How many threads of `thread_id` were deleted ([`DELETIONS`]).
+async fn deletions(
+    c: &impl deadpool_postgres::GenericClient,
+    thread_id: &str,
+) -> Result<u64, StoreError> {
+    let st = c.prepare_cached(DELETIONS).await.map_err(unavailable)?;
+    let row = c.query_opt(&st, &[&thread_id]).await.map_err(unavailable)?;
+    Ok(row.map_or(0, |r| r.get::<_, i64>(0).max(0) as u64))
 }
 
 impl Documents for PgStore {
@@ -617,5 +632,12 @@ impl History for PgStore {
     fn delete_thread(&self, thread_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let (store, id) = (self.clone(), thread_id.to_owned());
         Box::pin(async move { store.delete_thread_now(id).await })
+    }
+
+    fn incarnation(&self, thread_id: &str) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let (store, id) = (self.clone(), thread_id.to_owned());
+        Box::pin(bounded("tombstone", async move {
+            deletions(&store.client().await?, &id).await
+        }))
     }
 }

@@ -88,6 +88,16 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     CREATE INDEX agui_threads_listed_all ON agui_threads
         (archived, updated_at DESC, thread_id COLLATE \"C\" DESC);",
     ),
+    (
+        5,
+        // Tombstones: how many threads of an id were deleted. A thread made again under the id
+        // is that incarnation of it and gets a kernel context of its own. A row per deleted id,
+        // kept for good (one that went would give the id's next thread the first's context).
+        "CREATE TABLE agui_deleted (
+        thread_id text PRIMARY KEY,
+        deletions bigint NOT NULL
+    );",
+    ),
 ];
 
 /// The cluster's forward key: made by the first instance (256 random bits), read by the others.

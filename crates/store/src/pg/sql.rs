@@ -45,3 +45,6 @@ pub(super) const GONE: &str = "UPDATE agui_instances SET heartbeat_at = '-infini
 pub(super) const FORGET_INSTANCES: &str = "DELETE FROM agui_instances i
     WHERE i.heartbeat_at < now() - interval '7 days'
       AND NOT EXISTS (SELECT 1 FROM agui_threads t WHERE t.owner = i.id)";
+
+/// How many threads of an id were deleted (its tombstone; no row: none).
+pub(super) const DELETIONS: &str = "SELECT deletions FROM agui_deleted WHERE thread_id = $1";

@@ -58,6 +58,9 @@ pub struct Ask<'a> {
     /// The authenticated user the request comes from (`None`: a caller without a user, who
     /// reaches every thread). A thread admitting it without an owner becomes theirs.
     pub owner: Option<&'a str>,
+    /// How many threads of this id were deleted before (the store's tombstone, read when the
+    /// thread has no document): a thread made now is that incarnation of the id.
+    pub incarnation: u64,
 }
 
 /// The kernel task a crashed run left behind.
@@ -105,6 +108,19 @@ pub fn stranger_answer(mode: &Mode) -> ApiError {
 /// The context id of a thread: `agui-` and the first 40 hex digits of SHA-256(threadId).
 pub fn context_id(thread_id: &str) -> String {
     let h = crate::canonical::sha256_hex(thread_id.as_bytes());
+    format!("agui-{}", &h[..40])
+}
+
+/// The context id of an incarnation of a thread id (`n`: how many threads of the id were deleted
+/// before it). The first keeps the reference's formula; a later one hashes the id, a NUL and `n`.
+/// No thread id holds a NUL (ids have no control character), so that input is no other
+/// incarnation's and no first incarnation's of any id: a thread made again never continues a
+/// deleted one's kernel conversation, which the kernel keys by context.
+pub fn incarnation_context_id(thread_id: &str, n: u64) -> String {
+    if n == 0 {
+        return context_id(thread_id);
+    }
+    let h = crate::canonical::sha256_hex(format!("{thread_id}\0{n}").as_bytes());
     format!("agui-{}", &h[..40])
 }
 
@@ -163,7 +179,7 @@ fn admit(
             }
             doc.insert(ThreadDoc::new(
                 ask.thread_id,
-                context_id(ask.thread_id),
+                incarnation_context_id(ask.thread_id, ask.incarnation),
                 ask.cwd,
                 ask.user_id.map(str::to_owned),
                 Execution::new(new_id(), ask.ros_invocation_id),
@@ -260,6 +276,7 @@ mod tests {
             pipeline: false,
             has_resume: matches!(mode, Mode::Resume(_)),
             owner: None,
+            incarnation: 0,
         }
     }
 
@@ -312,6 +329,35 @@ mod tests {
             context_id("thread-1"),
             "agui-4b0a5fefc328e6b9257bc535e3c5d26fec36b52f"
         );
+    }
+
+    /// The first incarnation keeps the reference's context; each later one has its own, never
+    /// an earlier one's nor another id's first, and only a thread made now takes it: an existing
+    /// document keeps the context it records.
+    #[test]
+    fn a_thread_made_again_gets_a_context_of_its_own() {
+        assert_eq!(
+            incarnation_context_id("thread-1", 0),
+            context_id("thread-1")
+        );
+        let seen: std::collections::BTreeSet<String> = (0..50)
+            .map(|n| incarnation_context_id("thread-1", n))
+            .chain((0..50).map(|n| incarnation_context_id("thread-11", n)))
+            .collect();
+        assert_eq!(seen.len(), 100);
+        assert!(seen.iter().all(|c| c.len() == 45 && c.starts_with("agui-")));
+        let turn = Mode::NewTurn;
+        let mut again = ask(&turn, "r1");
+        again.incarnation = 2;
+        let d = decide(None, false, &again, NOW, &mut ids());
+        let made = d.doc.unwrap();
+        assert_eq!(made.context_id, incarnation_context_id("thread-1", 2));
+        assert_eq!(d.verdict.unwrap().context_id, made.context_id);
+        let mut next = ask(&turn, "r2");
+        next.incarnation = 7;
+        let d = decide(Some(&made), false, &next, NOW, &mut ids());
+        assert_eq!(d.verdict.unwrap().context_id, made.context_id);
+        assert_eq!(d.doc.unwrap().context_id, made.context_id);
     }
 
     #[test]

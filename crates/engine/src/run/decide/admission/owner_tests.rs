@@ -17,6 +17,7 @@ fn ask<'a>(mode: &'a Mode, run: &'a str, owner: Option<&'a str>, user: Option<&'
         pipeline: false,
         has_resume: matches!(mode, Mode::Resume(_)),
         owner,
+        incarnation: 0,
     }
 }
 
