@@ -123,17 +123,67 @@ pub fn private_dir(dir: &Path, identity: Option<(u32, u32)>) -> std::io::Result<
     Ok(())
 }
 
-/// Gives the directories a workspace's creation just made (`path` and its ancestors beneath the
-/// one of `roots` it is in) to `identity`, the kernels' uid: the gateway creates them, the
-/// user's kernel writes in them.
-pub fn hand_over(path: &Path, roots: &[PathBuf], identity: (u32, u32)) -> std::io::Result<()> {
+/// Makes the workspace `path` beneath the one of a user's `roots` it is in, a directory at a
+/// time, never through a symlink: the user's kernel may change what is beneath their root while
+/// the gateway works there, and a symlink swapped in after the workspace was checked must not
+/// send the gateway's `mkdir` (as root, perhaps) elsewhere. Each directory made is 0700 and
+/// given to `identity`, the kernels' uid, when named. Blocking I/O.
+pub fn make_workspace(
+    path: &Path,
+    roots: &[PathBuf],
+    identity: Option<(u32, u32)>,
+) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    use std::os::unix::ffi::OsStrExt as _;
     let Some(root) = roots.iter().find(|r| path.starts_with(r)) else {
-        return Ok(());
+        return Err(std::io::Error::other("not beneath the user's roots"));
     };
-    let mut at = Some(path);
-    while let Some(p) = at.filter(|p| p != root && p.starts_with(root)) {
-        std::os::unix::fs::lchown(p, Some(identity.0), Some(identity.1))?;
-        at = p.parent();
+    let rest = path.strip_prefix(root).map_err(std::io::Error::other)?;
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let c = |b: &[u8]| CString::new(b).map_err(std::io::Error::other);
+    let open_at = |dir: libc::c_int, name: &CString| -> std::io::Result<OwnedFd> {
+        // SAFETY: a NUL-terminated name; the result is checked and owned at once.
+        #[allow(unsafe_code)]
+        let fd = unsafe { libc::openat(dir, name.as_ptr(), flags) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just opened and is owned by nobody else.
+        #[allow(unsafe_code)]
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    let mut dir = open_at(libc::AT_FDCWD, &c(root.as_os_str().as_bytes())?)?;
+    for part in rest.components() {
+        let std::path::Component::Normal(name) = part else {
+            return Err(std::io::Error::other("not a plain path"));
+        };
+        let name = c(name.as_bytes())?;
+        // SAFETY: integers and a NUL-terminated name.
+        #[allow(unsafe_code)]
+        let made = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o700) } == 0;
+        if !made && std::io::Error::last_os_error().kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(std::io::Error::last_os_error());
+        }
+        // O_NOFOLLOW: a symlink here (planted, or swapped in) fails the walk.
+        let next = open_at(dir.as_raw_fd(), &name)?;
+        if let (true, Some((uid, gid))) = (made, identity) {
+            // SAFETY: an open descriptor and integers; an empty path names the descriptor.
+            #[allow(unsafe_code)]
+            let r = unsafe {
+                libc::fchownat(
+                    next.as_raw_fd(),
+                    c"".as_ptr(),
+                    uid,
+                    gid,
+                    libc::AT_EMPTY_PATH,
+                )
+            };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        dir = next;
     }
     Ok(())
 }
@@ -271,6 +321,40 @@ mod tests {
             Some(want.clone().into_os_string())
         )));
         assert!(want.is_dir());
+    }
+
+    #[test]
+    fn a_workspace_is_made_beneath_its_root_and_never_through_a_symlink() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("ws/ukey");
+        std::fs::create_dir_all(&root).unwrap();
+        let roots = vec![root.clone()];
+        let me = (
+            std::fs::metadata(dir.path()).unwrap().uid(),
+            std::fs::metadata(dir.path()).unwrap().gid(),
+        );
+        make_workspace(&root.join("a/b/c"), &roots, Some(me)).unwrap();
+        let mode = std::fs::metadata(root.join("a/b/c"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // Made again: nothing to do.
+        make_workspace(&root.join("a/b/c"), &roots, None).unwrap();
+        // A symlink anywhere on the way (the user's kernel may plant one) stops the walk, and
+        // nothing is made where it leads.
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, root.join("a/link")).unwrap();
+        assert!(make_workspace(&root.join("a/link/x"), &roots, None).is_err());
+        assert!(!elsewhere.join("x").exists());
+        std::os::unix::fs::symlink(&elsewhere, root.join("top")).unwrap();
+        assert!(make_workspace(&root.join("top"), &roots, None).is_err());
+        // Outside the roots, or with `..`: refused.
+        assert!(make_workspace(&dir.path().join("ws/other"), &roots, None).is_err());
+        assert!(make_workspace(&root.join("a/../../x"), &roots, None).is_err());
+        assert!(!dir.path().join("ws/x").exists());
     }
 
     #[test]

@@ -95,19 +95,17 @@ pub async fn costly_part(rt: &Runtime, mut req: RunRequest) -> Result<RunRequest
     }
     if req.create_cwd {
         let path = req.cwd.clone();
-        // With users' own kernels of another uid, what is created is handed to that uid.
-        let owner = rt.kernels().tenants().and_then(|t| {
+        // With users' own kernels: made beneath the user's root without following a symlink
+        // their kernel may have put on the way, and given to the kernels' uid.
+        let own = rt.kernels().tenants().map(|t| {
             let iso = t.isolation();
             let key = kernel::tenant::user_key(req.caller.user.as_deref());
-            iso.identity.map(|id| (iso.workspaces_of(&key), id))
+            (iso.workspaces_of(&key), iso.identity)
         });
-        tokio::task::spawn_blocking(move || {
-            cwd::create(&path)?;
-            match owner {
-                Some((roots, id)) => kernel::isolate::hand_over(&path, &roots, id)
-                    .map_err(|_| ApiError::new(Code::InvalidInput, msg::CWD_CANNOT_CREATE)),
-                None => Ok(()),
-            }
+        tokio::task::spawn_blocking(move || match own {
+            Some((roots, identity)) => kernel::isolate::make_workspace(&path, &roots, identity)
+                .map_err(|_| ApiError::new(Code::InvalidInput, msg::CWD_CANNOT_CREATE)),
+            None => cwd::create(&path),
         })
         .await
         .map_err(|_| ApiError::new(Code::InvalidInput, msg::CWD_CANNOT_CREATE))??;
