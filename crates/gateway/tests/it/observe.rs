@@ -47,10 +47,23 @@ async fn live_run() -> (
     tokio::task::JoinHandle<RunResult>,
     String,
 ) {
+    live_run_capped(64).await
+}
+
+/// [`live_run`] with `--max-runs-per-user per_user`.
+async fn live_run_capped(
+    per_user: usize,
+) -> (
+    TestServer,
+    FakeKernel,
+    tokio::task::JoinHandle<RunResult>,
+    String,
+) {
     let k = FakeKernel::start().await;
     let s = Builder::new()
         .auth("svc-token")
         .a2a(&k.url(), None)
+        .caps(move |c| c.max_runs_per_user = per_user)
         .start()
         .await;
     let c = ctx("t1");
@@ -235,6 +248,30 @@ async fn observations_are_refused_before_the_stream_each_with_its_code() {
         "{}",
         r.raw
     );
+}
+
+/// An observer holds a place of its user's runs: with `--max-runs-per-user 1` and alice's run
+/// live, her observer is 429 `TOO_MANY_USER_RUNS` with `Retry-After` before the kernel is asked;
+/// the service token acting for nobody (bounded by `--max-runs` alone) observes the same run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_over_its_users_run_bound_is_refused() {
+    let (s, k, run, exec) = live_run_capped(1).await;
+    let r = observe(&s, &exec, sub("t1", "r1", "inv-1"), "alice").await;
+    assert_eq!(r.status, 429, "{}", r.raw);
+    assert_eq!(r.error_code(), Some("TOO_MANY_USER_RUNS"));
+    let retry = r.headers.iter().find(|(k, _)| k == "retry-after");
+    assert_eq!(retry.map(|(_, v)| v.as_str()), Some("5"));
+    assert!(k.calls("GetTask").is_empty(), "the kernel was asked");
+    let nobody = [("authorization", SVC)];
+    let (u, b) = (url(&s, &exec), sub("t1", "r1", "inv-1"));
+    let watch = tokio::spawn(async move { post(&u, &b, &nobody).await });
+    let start = std::time::Instant::now();
+    while k.calls("GetTask").is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "not observed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    watch.abort();
+    run.abort();
 }
 
 /// A task that fails while observed ends the stream with one `RUN_ERROR EXECUTION_FAILED` (no
