@@ -255,7 +255,7 @@ impl Tenants {
         json!({
             "mode": "managed",
             "isolation": "user",
-            "state": if seats.iter().flatten().any(|o| o.kernel.state() == KernelState::Ready) || alive == 0 { "ready" } else { "starting" },
+            "state": summary(seats.iter().flatten().map(|o| o.kernel.state())),
             "size": seats.len(),
             "alive": alive,
             "restarts": restarts,
@@ -307,6 +307,19 @@ impl Tenants {
             stopped: self.stopped.load(Ordering::Relaxed),
             restored: self.restored.load(Ordering::Relaxed),
         }
+    }
+}
+
+/// The seats' state in one word: `ready` when a kernel is, or none is alive (the next one
+/// starts on demand); `failed` when every one alive failed to start; else `starting`.
+fn summary(states: impl Iterator<Item = KernelState>) -> &'static str {
+    let states: Vec<KernelState> = states.collect();
+    if states.is_empty() || states.contains(&KernelState::Ready) {
+        "ready"
+    } else if states.iter().all(|s| matches!(s, KernelState::Failed(_))) {
+        "failed"
+    } else {
+        "starting"
     }
 }
 
@@ -419,6 +432,21 @@ mod tests {
         drop(again);
         t.stop().await;
         assert_eq!(t.counts().alive, 0);
+    }
+
+    #[test]
+    fn the_seats_state_is_ready_while_one_is_or_none_is_alive() {
+        let failed = || KernelState::Failed("x".into());
+        assert_eq!(summary(std::iter::empty()), "ready");
+        assert_eq!(
+            summary([KernelState::Starting, KernelState::Ready].into_iter()),
+            "ready"
+        );
+        assert_eq!(
+            summary([failed(), KernelState::Starting].into_iter()),
+            "starting"
+        );
+        assert_eq!(summary([failed(), failed()].into_iter()), "failed");
     }
 
     #[tokio::test]
