@@ -41,6 +41,8 @@ mod store_pg;
 mod store_tls;
 mod support;
 mod telemetry;
+mod tenants_chaos;
+mod tenants_cluster;
 mod tenants_real;
 mod tls_listener;
 mod wire;
