@@ -1013,3 +1013,141 @@ async fn without_isolation_the_same_probes_reach_alices_files_kernel_and_prompt(
         "bob's AGENTS.md did not reach alice's prompt in shared mode"
     );
 }
+
+/// A kernel that dies is started again with the rules its start-up made, rebuilt from the same
+/// paths: bob replaces his configuration directory by a symlink to alice's and kills his own
+/// kernel (his, so the signal is allowed). Whatever the gateway then does (refuse to start it,
+/// or start it confined to his own directory), his agent must not reach alice's configuration
+/// directory: her sessions (which hold her files' text) and her `AGENTS.md`, which would be in
+/// her next turn's prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_kernel_is_not_confined_to_where_its_user_pointed_its_directories() {
+    let t = Tenanted::start(2, &[]).await;
+    let alice_ws = t.root_of("alice").join("proj");
+    let out = t
+        .bash(
+            "alice",
+            "a-secret",
+            &alice_ws,
+            "echo alice-secret-42 > secret.txt && cat secret.txt",
+        )
+        .await;
+    assert!(out.contains("alice-secret-42"), "{out}");
+    let alice_config = t
+        .env
+        .state_dir()
+        .join("kernels")
+        .join(kernel::tenant::user_key(Some("alice")))
+        .join("home/.iac-code");
+    assert!(alice_config.is_dir());
+    let bob_ws = t.root_of("bob").join("proj");
+    let out = t
+        .bash("bob", "b-first", &bob_ws, "echo mine > own.txt && echo ok")
+        .await;
+    assert!(out.contains("ok"), "{out}");
+    let bob_pid = t.kernel_of("bob").await.expect("bob's kernel");
+    // The swap, then his own kernel killed (his turn dies with it). The link is made aside and
+    // renamed in: the kernel, writing its session, may make its directory again meanwhile.
+    let swap = format!(
+        "c=$IAC_CODE_CONFIG_DIR; ln -s ${{c/{bob}/{alice}}} $c.new && for i in 1 2 3 4 5; do \
+         mv $c $c.mine$i; mv -T $c.new $c && break; done; kill -9 {bob_pid}",
+        bob = kernel::tenant::user_key(Some("bob")),
+        alice = kernel::tenant::user_key(Some("alice")),
+    );
+    let (_, raw) = try_bash(&t, "bob", "b-swap", &bob_ws, &format!("bash -c '{swap}'")).await;
+    let bob_config = alice_config.to_str().unwrap().replace(
+        &kernel::tenant::user_key(Some("alice")),
+        &kernel::tenant::user_key(Some("bob")),
+    );
+    assert_eq!(
+        std::fs::read_link(&bob_config).ok().as_deref(),
+        Some(alice_config.as_path()),
+        "the swap did not happen: {raw}\n{:?}",
+        std::process::Command::new("ls")
+            .arg("-laR")
+            .arg(Path::new(&bob_config).parent().unwrap())
+            .output()
+    );
+    // His kernel back (or not: a gateway that refuses it is right too).
+    let start = Instant::now();
+    let mut back = false;
+    while start.elapsed() < Duration::from_secs(20) {
+        let h = t.health().await;
+        let ready = h["kernel"]["slots"].as_array().unwrap().iter().any(|s| {
+            s["state"] == "ready" && s["pid"].as_u64().is_some_and(|p| p as u32 != bob_pid)
+        });
+        if let Some(pid) = t.kernel_of("bob").await {
+            if pid != bob_pid && ready && alive(pid) {
+                back = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let marker = "bob-instructions-7731";
+    let probe = format!(
+        "c=$IAC_CODE_CONFIG_DIR; ls -A $c/; grep -rho alice-secret-42 $c/ | head -1; \
+         echo {marker} > $c/AGENTS.md && echo WROTE"
+    );
+    let (seen, raw) = if back {
+        try_bash(&t, "bob", "b-after", &bob_ws, &probe).await
+    } else {
+        (String::new(), "his kernel did not come back".to_owned())
+    };
+    assert!(
+        !alice_config.join("AGENTS.md").exists(),
+        "bob wrote alice's AGENTS.md through his restarted kernel: {seen}\n{raw}"
+    );
+    assert!(
+        !seen.contains("alice-secret-42") && !seen.contains("WROTE"),
+        "bob's restarted kernel reached alice's configuration directory: {seen}\n{raw}"
+    );
+    let a = t
+        .turn(
+            "alice",
+            "a-after",
+            "r1",
+            "Still me. scenario:aliceafter",
+            &alice_ws,
+        )
+        .await;
+    assert_eq!(a.last()["outcome"]["type"], "success", "{}", a.raw);
+    for body in t.llm_bodies("aliceafter") {
+        assert!(
+            !body.contains(marker),
+            "bob's AGENTS.md reached alice's prompt"
+        );
+    }
+}
+
+/// [`Tenanted::bash`] that may fail (its kernel gone, refused): what the tool said (empty when
+/// it did not run), and the last answer for the record.
+async fn try_bash(
+    t: &Tenanted,
+    user: &str,
+    thread: &str,
+    cwd: &Path,
+    command: &str,
+) -> (String, String) {
+    let scenario = scenario_of(thread);
+    t.env.llm.script(
+        &scenario,
+        testkit::fake_llm::Plan::tool("Probing.", "bash", json!({ "command": command })),
+    );
+    let msg = format!("Go. scenario:{scenario}");
+    let r1 = t
+        .turn(user, thread, &format!("{thread}-1"), &msg, cwd)
+        .await;
+    if r1.last()["outcome"]["type"] != "interrupt" {
+        return (tool_result(&r1), r1.raw);
+    }
+    let id = r1.last()["outcome"]["interrupts"][0]["id"].clone();
+    let allow =
+        json!([{"interruptId": id, "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let h = Tenanted::headers(user);
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let cwd = cwd.display().to_string();
+    let body = resume_body(thread, &format!("{thread}-2"), &cwd, "inv-1", allow);
+    let r2 = post(&t.url, &body, &h).await;
+    (tool_result(&r2), r2.raw)
+}
