@@ -6,12 +6,14 @@
 //! As root (CI), kernels run as `nobody` (`--kernel-user 65534`) from a venv that user can read
 //! (`IAC_CODE_AGUI_KERNEL_BIN_SHARED`, installed by the test script); otherwise as the test's uid.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use testkit::free_port;
+use testkit::real_kernel::alive;
 use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post, RunResult};
 
@@ -52,6 +54,12 @@ pub(crate) struct Tenanted {
 
 impl Tenanted {
     pub(crate) async fn start(seats: usize, extra: &[&str]) -> Tenanted {
+        Self::start_with(true, seats, extra).await
+    }
+
+    /// [`Tenanted::start`], or with `isolated` false the same gateway in `shared` mode (one
+    /// kernel for all, as the gateway's uid): the control that shows a probe would catch a leak.
+    pub(crate) async fn start_with(isolated: bool, seats: usize, extra: &[&str]) -> Tenanted {
         let env = KernelEnv::new().await;
         // The kernels' user enters the test's directories (it lists none of them).
         chmod(env.dir.path(), 0o711);
@@ -65,12 +73,7 @@ impl Tenanted {
             "--a2a-command",
             &kernel_command(),
         ])
-        .args([
-            "--kernel-isolation",
-            "user",
-            "--kernels",
-            &seats.to_string(),
-        ])
+        .args(["--kernels", &seats.to_string()])
         .arg("--state-dir")
         .arg(env.state_dir())
         .args(["--metrics-listen", &format!("127.0.0.1:{admin}")])
@@ -80,8 +83,11 @@ impl Tenanted {
         .env_remove("IAC_CODE_AGUI_A2A_URL")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-        if is_root() {
-            cmd.args(["--kernel-user", "65534"]);
+        if isolated {
+            cmd.args(["--kernel-isolation", "user"]);
+            if is_root() {
+                cmd.args(["--kernel-user", "65534"]);
+            }
         }
         std::fs::create_dir_all(env.state_dir()).unwrap();
         chmod(&env.state_dir(), 0o711);
@@ -159,10 +165,25 @@ impl Tenanted {
     /// Runs `command` with `user`'s agent's bash tool (the turn's interrupt allowed): what the
     /// fake LLM was told the tool said.
     pub(crate) async fn bash(&self, user: &str, thread: &str, cwd: &Path, command: &str) -> String {
-        let scenario = format!("probe{}", thread.replace(['-', '_'], ""));
+        self.tool(user, thread, cwd, "bash", json!({ "command": command }))
+            .await
+    }
+
+    /// Runs tool `name` with `args` through `user`'s agent on a new `thread`, its question (when
+    /// the kernel asks one) allowed: what the fake LLM was told the tool said. The LLM's requests
+    /// of the turn are those of scenario [`scenario_of`]`(thread)`.
+    pub(crate) async fn tool(
+        &self,
+        user: &str,
+        thread: &str,
+        cwd: &Path,
+        name: &str,
+        args: Value,
+    ) -> String {
+        let scenario = scenario_of(thread);
         self.env.llm.script(
             &scenario,
-            testkit::fake_llm::Plan::tool("Probing.", "bash", json!({ "command": command })),
+            testkit::fake_llm::Plan::tool("Probing.", name, args),
         );
         let r1 = self
             .turn(
@@ -174,6 +195,10 @@ impl Tenanted {
             )
             .await;
         assert_valid_run(&r1, thread, &format!("{thread}-1"));
+        // A tool that only reads may run without a question.
+        if r1.last()["outcome"]["type"] == "success" {
+            return tool_result(&r1);
+        }
         assert_eq!(r1.last()["outcome"]["type"], "interrupt", "{}", r1.raw);
         let id = r1.last()["outcome"]["interrupts"][0]["id"]
             .as_str()
@@ -196,10 +221,146 @@ impl Tenanted {
     }
 }
 
+impl Tenanted {
+    /// The pid of `user`'s kernel: the one whose configuration directory is that user's (the
+    /// test, unconfined, reads every kernel's environment).
+    pub(crate) async fn kernel_of(&self, user: &str) -> Option<u32> {
+        let mine = format!("kernels/{}/", kernel::tenant::user_key(Some(user)));
+        self.kernel_pids().await.into_iter().find_map(|pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let environ = String::from_utf8_lossy(&environ);
+            environ
+                .split('\0')
+                .any(|v| v.starts_with("IAC_CODE_CONFIG_DIR=") && v.contains(&mine))
+                .then_some(pid as u32)
+        })
+    }
+
+    /// Runs each of `probes` (a label, a bash command) in one bash tool call of `user`'s agent:
+    /// what each printed, its errors too, by label. By `bash`, not the tool's `sh`: `/dev/tcp`.
+    pub(crate) async fn probes(
+        &self,
+        user: &str,
+        thread: &str,
+        cwd: &Path,
+        probes: &[(&str, String)],
+    ) -> HashMap<String, String> {
+        let script: String = probes
+            .iter()
+            .map(|(label, cmd)| format!("echo '@@@{label}'; ( {cmd} ) 2>&1\n"))
+            .collect();
+        let command = format!("bash <<'IAC_PROBES'\n{script}IAC_PROBES\n");
+        let seen = self.bash(user, thread, cwd, &command).await;
+        let out: HashMap<String, String> = seen
+            .split("@@@")
+            .skip(1)
+            .map(|part| {
+                let (label, rest) = part.split_once('\n').unwrap_or((part, ""));
+                (label.trim().to_owned(), rest.to_owned())
+            })
+            .collect();
+        for (label, _) in probes {
+            assert!(
+                out.contains_key(*label),
+                "probe {label} did not run: {seen}"
+            );
+        }
+        out
+    }
+
+    /// The bodies of the fake LLM's requests of `scenario` (at least one).
+    pub(crate) fn llm_bodies(&self, scenario: &str) -> Vec<String> {
+        let bodies: Vec<String> = self
+            .env
+            .llm
+            .requests()
+            .into_iter()
+            .filter(|r| r.scenario == scenario)
+            .map(|r| r.body.to_string())
+            .collect();
+        assert!(!bodies.is_empty(), "no LLM request of scenario {scenario}");
+        bodies
+    }
+}
+
 impl Drop for Tenanted {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The fake LLM's scenario of the turns [`Tenanted::tool`] runs on `thread`.
+fn scenario_of(thread: &str) -> String {
+    format!("probe{}", thread.replace(['-', '_'], ""))
+}
+
+/// The TCP port the kernel `pid` listens on: its command line's `--port`.
+fn port_of(pid: u32) -> u16 {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let at = args.iter().position(|a| a == "--port").expect("--port");
+    args[at + 1].parse().unwrap()
+}
+
+/// The kernel the gateway `gateway` started itself (`shared` mode: `/health` names no pid).
+fn kernel_child(gateway: u32) -> u32 {
+    let kernels: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1));
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            ppid == Some(&gateway.to_string()) && String::from_utf8_lossy(&cmdline).contains("a2a")
+        })
+        .collect();
+    assert_eq!(kernels.len(), 1, "{kernels:?}");
+    kernels[0]
+}
+
+/// The regular files beneath `dir`, those beneath `except` aside.
+fn files_under(dir: &Path, except: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let kind = e.file_type().unwrap();
+        if p.starts_with(except) {
+            continue;
+        } else if kind.is_dir() {
+            out.extend(files_under(&p, except));
+        } else if kind.is_file() {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Opens `dir` to every uid (directories listable, files readable), `except` aside: what keeps a
+/// kernel out of it is then its confinement alone, not the modes (kernels as `nobody` would
+/// otherwise be kept out of root's 0700 state by the modes too).
+fn open_to_all(dir: &Path, except: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(dir).unwrap().permissions().mode();
+    chmod(dir, (mode & 0o7777) | 0o755);
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let kind = e.file_type().unwrap();
+        if p.starts_with(except) {
+            continue;
+        } else if kind.is_dir() {
+            open_to_all(&p, except);
+        } else if kind.is_file() {
+            let mode = e.metadata().unwrap().permissions().mode();
+            chmod(&p, (mode & 0o7777) | 0o644);
+        }
     }
 }
 
@@ -499,4 +660,494 @@ async fn a_new_user_is_refused_while_every_kernel_runs_another_users_turn() {
         r.headers
     );
     slow.abort();
+}
+
+/// The red team's probes, deeper: bob's agent goes for alice's kernel (its port, memory,
+/// environment, signals), the gateway (its port, environment, signals, state, configuration file
+/// and TLS key, opened to every uid so that only the confinement stands in the way), alice's files
+/// through the file tools, and her system prompt (`AGENTS.md`). Each is denied, by the tool's
+/// output and by what is left on disk and in `/proc`; alice's next turn runs on the same kernel
+/// without bob's instructions, and bob's own work, and his own `AGENTS.md`, carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_users_agent_reaches_nothing_of_alices_kernel_the_gateway_or_her_prompt() {
+    // The configuration file and the admin listener's TLS key, readable by every uid.
+    let conf = tempfile::tempdir().unwrap();
+    chmod(conf.path(), 0o755);
+    let ca = testkit::tls::Ca::new();
+    let (cert, key) = ca.issue(&["127.0.0.1"]);
+    let (cert_file, key_file) = (conf.path().join("admin.crt"), conf.path().join("admin.key"));
+    std::fs::write(&cert_file, cert).unwrap();
+    std::fs::write(&key_file, &key).unwrap();
+    let config = conf.path().join("gateway.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "metrics_tls_cert: {}\nmetrics_tls_key: {}\n",
+            cert_file.display(),
+            key_file.display()
+        ),
+    )
+    .unwrap();
+    for f in [&cert_file, &key_file, &config] {
+        chmod(f, 0o644);
+    }
+    let t = Tenanted::start(2, &["--config", &config.display().to_string()]).await;
+    let (alice_root, bob_root) = (t.root_of("alice"), t.root_of("bob"));
+    let alice_ws = alice_root.join("proj");
+    let out = t
+        .bash(
+            "alice",
+            "a-secret",
+            &alice_ws,
+            "echo alice-secret-42 > secret.txt && cat secret.txt",
+        )
+        .await;
+    assert!(out.contains("alice-secret-42"), "{out}");
+    let alice_pid = t.kernel_of("alice").await.expect("alice's kernel");
+    let alice_port = port_of(alice_pid);
+    let gateway_pid = t.child.id();
+    let gateway_port: u16 = t
+        .url
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The ports are live: the test itself connects to both.
+    for port in [alice_port, gateway_port, t.admin] {
+        std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    }
+    let state = t.env.state_dir();
+    let kernels = state.join("kernels");
+    open_to_all(&state, &kernels);
+    let gateway_files = files_under(&state, &kernels);
+    let alice_kernel_dir = kernels.join(kernel::tenant::user_key(Some("alice")));
+    let alice_kernel_files = files_under(&alice_kernel_dir, Path::new("/nowhere"));
+    // Transcripts are written from the journal later: their lines are in the journal now.
+    for want in ["owner.key", "threads", "journal"] {
+        assert!(
+            gateway_files
+                .iter()
+                .any(|f| f.strip_prefix(&state).unwrap().starts_with(want)),
+            "no {want} in {gateway_files:?}"
+        );
+    }
+    let holds_secret = |files: &[PathBuf]| {
+        files.iter().any(|f| {
+            String::from_utf8_lossy(&std::fs::read(f).unwrap()).contains("alice-secret-42")
+        })
+    };
+    assert!(holds_secret(&gateway_files) && holds_secret(&alice_kernel_files));
+    let thread_docs: Vec<PathBuf> = gateway_files
+        .iter()
+        .filter(|f| f.strip_prefix(&state).unwrap().starts_with("threads"))
+        .cloned()
+        .collect();
+    let names = |files: &[PathBuf]| -> String {
+        files
+            .iter()
+            .map(|f| format!("'{}' ", f.display()))
+            .collect()
+    };
+    let marker = "bob-instructions-7731";
+    let bob_ws = bob_root.join("proj");
+    let seen = t
+        .probes(
+            "bob",
+            "b-attack",
+            &bob_ws,
+            &[
+                (
+                    "alice-port",
+                    format!("exec 3<>/dev/tcp/127.0.0.1/{alice_port} && echo CONNECTED"),
+                ),
+                (
+                    "gateway-port",
+                    format!("exec 3<>/dev/tcp/127.0.0.1/{gateway_port} && echo CONNECTED"),
+                ),
+                (
+                    "admin-port",
+                    format!("exec 3<>/dev/tcp/127.0.0.1/{} && echo CONNECTED", t.admin),
+                ),
+                (
+                    "alice-mem",
+                    format!("exec 4</proc/{alice_pid}/mem && echo OPENED"),
+                ),
+                (
+                    "alice-environ",
+                    format!("tr '\\0' '\\n' < /proc/{alice_pid}/environ"),
+                ),
+                (
+                    "gateway-environ",
+                    format!("tr '\\0' '\\n' < /proc/{gateway_pid}/environ"),
+                ),
+                ("state", format!("cat {}", names(&gateway_files))),
+                (
+                    "alice-kernel",
+                    format!("cat {}", names(&alice_kernel_files)),
+                ),
+                (
+                    "secrets",
+                    format!("cat '{}' '{}'", key_file.display(), config.display()),
+                ),
+                (
+                    "owner",
+                    thread_docs
+                        .iter()
+                        .map(|d| format!("printf '{{\"owner\":\"bob\"}}' > '{}'; ", d.display()))
+                        .collect(),
+                ),
+                (
+                    "root-agents",
+                    format!("echo {marker} > '{}/AGENTS.md'", t.env.ws().display()),
+                ),
+                (
+                    "own-agents",
+                    format!("echo {marker} > \"$IAC_CODE_CONFIG_DIR/AGENTS.md\" && echo WROTE"),
+                ),
+                (
+                    "kill",
+                    format!("kill -9 {alice_pid}; kill -9 {gateway_pid}"),
+                ),
+                ("own", "echo mine > own.txt && cat own.txt".into()),
+            ],
+        )
+        .await;
+    let all = format!("{seen:#?}");
+    for port in ["alice-port", "gateway-port", "admin-port"] {
+        assert!(
+            !seen[port].contains("CONNECTED"),
+            "bob connected to {port}: {all}"
+        );
+        assert!(seen[port].contains("Permission denied"), "{port}: {all}");
+    }
+    assert!(
+        !seen["alice-mem"].contains("OPENED"),
+        "bob opened alice's kernel's memory: {all}"
+    );
+    assert!(seen["alice-mem"].contains("Permission denied"), "{all}");
+    assert!(
+        !seen["alice-environ"].contains("IACCODE_A2A_HTTP_TOKEN"),
+        "{all}"
+    );
+    assert!(seen["alice-environ"].contains("Permission denied"), "{all}");
+    assert!(
+        !seen["gateway-environ"].contains(TOKEN),
+        "bob read the gateway's token: {all}"
+    );
+    assert!(
+        seen["gateway-environ"].contains("Permission denied"),
+        "{all}"
+    );
+    for (probe, files) in [
+        ("state", &gateway_files),
+        ("alice-kernel", &alice_kernel_files),
+    ] {
+        // Each file denied, or gone since it was listed (the journal moves on).
+        assert!(
+            seen[probe]
+                .lines()
+                .all(|l| l.ends_with(": Permission denied")
+                    || l.ends_with(": No such file or directory")),
+            "bob read some of {probe}: {all}"
+        );
+        assert!(
+            seen[probe].matches("Permission denied").count() * 2 > files.len(),
+            "{all}"
+        );
+        assert!(!seen[probe].contains("alice-secret-42"), "{all}");
+    }
+    assert_eq!(
+        seen["secrets"].matches("Permission denied").count(),
+        2,
+        "{all}"
+    );
+    assert!(
+        !seen["secrets"].contains("PRIVATE KEY") && !seen["secrets"].contains("metrics_tls"),
+        "{all}"
+    );
+    for doc in &thread_docs {
+        let doc: Value = serde_json::from_slice(&std::fs::read(doc).unwrap()).unwrap();
+        assert_eq!(
+            doc["owner"], "alice",
+            "bob rewrote a thread document: {all}"
+        );
+    }
+    assert!(!t.env.ws().join("AGENTS.md").exists(), "{all}");
+    assert!(seen["own-agents"].contains("WROTE"), "{all}");
+    let bob_agents = kernels
+        .join(kernel::tenant::user_key(Some("bob")))
+        .join("home/.iac-code/AGENTS.md");
+    assert!(std::fs::read_to_string(bob_agents)
+        .unwrap()
+        .contains(marker));
+    assert_eq!(
+        seen["kill"].matches("Operation not permitted").count(),
+        2,
+        "{all}"
+    );
+    assert!(alive(alice_pid) && alive(gateway_pid), "{all}");
+    assert!(seen["own"].contains("mine"), "{all}");
+    // The file tools, on alice's absolute paths.
+    let read = t
+        .tool(
+            "bob",
+            "b-read",
+            &bob_ws,
+            "read_file",
+            json!({"path": alice_ws.join("secret.txt")}),
+        )
+        .await;
+    assert!(
+        !read.contains("alice-secret-42"),
+        "bob's read_file read alice's file: {read}"
+    );
+    let planted = alice_ws.join("planted.txt");
+    let wrote = t
+        .tool(
+            "bob",
+            "b-write",
+            &bob_ws,
+            "write_file",
+            json!({"path": planted, "content": "bob\n"}),
+        )
+        .await;
+    assert!(
+        !planted.exists(),
+        "bob's write_file wrote into alice's folder: {wrote}"
+    );
+    // Alice's next turn: her kernel, not restarted, and nothing of bob's in what it sends.
+    let a = t
+        .turn(
+            "alice",
+            "a-after",
+            "r1",
+            "Still me. scenario:aliceafter",
+            &alice_ws,
+        )
+        .await;
+    assert_eq!(a.last()["outcome"]["type"], "success", "{}", a.raw);
+    assert_eq!(t.kernel_of("alice").await, Some(alice_pid));
+    for body in t.llm_bodies("aliceafter") {
+        assert!(
+            !body.contains(marker),
+            "bob's AGENTS.md reached alice's prompt: {body}"
+        );
+    }
+    // Bob's next turn reads his first turn's file, and his prompt has his AGENTS.md (so the
+    // probe above was one that would have reached a prompt).
+    let again = t.bash("bob", "b-again", &bob_ws, "cat own.txt").await;
+    assert!(again.contains("mine"), "{again}");
+    assert!(
+        t.llm_bodies(&scenario_of("b-again"))
+            .iter()
+            .any(|b| b.contains(marker)),
+        "bob's own AGENTS.md is not in his prompt"
+    );
+}
+
+/// The control: the same probes on a `shared` gateway (one kernel for all, as the gateway's uid)
+/// succeed, so the denials above are the isolation's, not probes that cannot work: bob reads
+/// alice's file, the kernel's token from its environment, opens its memory and connects to its
+/// port, and his `AGENTS.md` lands in alice's prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_isolation_the_same_probes_reach_alices_files_kernel_and_prompt() {
+    let t = Tenanted::start_with(false, 1, &[]).await;
+    let alice_ws = t.root_of("alice").join("proj");
+    let out = t
+        .bash(
+            "alice",
+            "a-secret",
+            &alice_ws,
+            "echo alice-secret-42 > secret.txt && cat secret.txt",
+        )
+        .await;
+    assert!(out.contains("alice-secret-42"), "{out}");
+    let pid = kernel_child(t.child.id());
+    let port = port_of(pid);
+    let marker = "bob-instructions-7731";
+    let seen = t
+        .probes(
+            "bob",
+            "b-attack",
+            &t.root_of("bob").join("proj"),
+            &[
+                (
+                    "file",
+                    format!("cat '{}'", alice_ws.join("secret.txt").display()),
+                ),
+                ("environ", format!("tr '\\0' '\\n' < /proc/{pid}/environ")),
+                ("mem", format!("exec 4</proc/{pid}/mem && echo OPENED")),
+                (
+                    "port",
+                    format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED"),
+                ),
+                (
+                    "agents",
+                    format!("echo {marker} > \"$IAC_CODE_CONFIG_DIR/AGENTS.md\" && echo WROTE"),
+                ),
+            ],
+        )
+        .await;
+    let all = format!("{seen:#?}");
+    assert!(seen["file"].contains("alice-secret-42"), "{all}");
+    assert!(seen["environ"].contains("IACCODE_A2A_HTTP_TOKEN="), "{all}");
+    assert!(seen["mem"].contains("OPENED"), "{all}");
+    assert!(seen["port"].contains("CONNECTED"), "{all}");
+    assert!(seen["agents"].contains("WROTE"), "{all}");
+    let a = t
+        .turn(
+            "alice",
+            "a-after",
+            "r1",
+            "Still me. scenario:aliceafter",
+            &alice_ws,
+        )
+        .await;
+    assert_eq!(a.last()["outcome"]["type"], "success", "{}", a.raw);
+    assert!(
+        t.llm_bodies("aliceafter")
+            .iter()
+            .any(|b| b.contains(marker)),
+        "bob's AGENTS.md did not reach alice's prompt in shared mode"
+    );
+}
+
+/// A kernel that dies is started again with the rules its start-up made, rebuilt from the same
+/// paths: bob replaces his configuration directory by a symlink to alice's and kills his own
+/// kernel (his, so the signal is allowed). Whatever the gateway then does (refuse to start it,
+/// or start it confined to his own directory), his agent must not reach alice's configuration
+/// directory: her sessions (which hold her files' text) and her `AGENTS.md`, which would be in
+/// her next turn's prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_kernel_is_not_confined_to_where_its_user_pointed_its_directories() {
+    let t = Tenanted::start(2, &[]).await;
+    let alice_ws = t.root_of("alice").join("proj");
+    let out = t
+        .bash(
+            "alice",
+            "a-secret",
+            &alice_ws,
+            "echo alice-secret-42 > secret.txt && cat secret.txt",
+        )
+        .await;
+    assert!(out.contains("alice-secret-42"), "{out}");
+    let alice_config = t
+        .env
+        .state_dir()
+        .join("kernels")
+        .join(kernel::tenant::user_key(Some("alice")))
+        .join("home/.iac-code");
+    assert!(alice_config.is_dir());
+    let bob_ws = t.root_of("bob").join("proj");
+    let out = t
+        .bash("bob", "b-first", &bob_ws, "echo mine > own.txt && echo ok")
+        .await;
+    assert!(out.contains("ok"), "{out}");
+    let bob_pid = t.kernel_of("bob").await.expect("bob's kernel");
+    // The swap, then his own kernel killed (his turn dies with it). The link is made aside and
+    // renamed in: the kernel, writing its session, may make its directory again meanwhile.
+    let swap = format!(
+        "c=$IAC_CODE_CONFIG_DIR; ln -s ${{c/{bob}/{alice}}} $c.new && for i in 1 2 3 4 5; do \
+         mv $c $c.mine$i; mv -T $c.new $c && break; done; kill -9 {bob_pid}",
+        bob = kernel::tenant::user_key(Some("bob")),
+        alice = kernel::tenant::user_key(Some("alice")),
+    );
+    let (_, raw) = try_bash(&t, "bob", "b-swap", &bob_ws, &format!("bash -c '{swap}'")).await;
+    let bob_config = alice_config.to_str().unwrap().replace(
+        &kernel::tenant::user_key(Some("alice")),
+        &kernel::tenant::user_key(Some("bob")),
+    );
+    assert_eq!(
+        std::fs::read_link(&bob_config).ok().as_deref(),
+        Some(alice_config.as_path()),
+        "the swap did not happen: {raw}\n{:?}",
+        std::process::Command::new("ls")
+            .arg("-laR")
+            .arg(Path::new(&bob_config).parent().unwrap())
+            .output()
+    );
+    // His kernel back (or not: a gateway that refuses it is right too).
+    let start = Instant::now();
+    let mut back = false;
+    while start.elapsed() < Duration::from_secs(20) {
+        let h = t.health().await;
+        let ready = h["kernel"]["slots"].as_array().unwrap().iter().any(|s| {
+            s["state"] == "ready" && s["pid"].as_u64().is_some_and(|p| p as u32 != bob_pid)
+        });
+        if let Some(pid) = t.kernel_of("bob").await {
+            if pid != bob_pid && ready && alive(pid) {
+                back = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let marker = "bob-instructions-7731";
+    let probe = format!(
+        "c=$IAC_CODE_CONFIG_DIR; ls -A $c/; grep -rho alice-secret-42 $c/ | head -1; \
+         echo {marker} > $c/AGENTS.md && echo WROTE"
+    );
+    let (seen, raw) = if back {
+        try_bash(&t, "bob", "b-after", &bob_ws, &probe).await
+    } else {
+        (String::new(), "his kernel did not come back".to_owned())
+    };
+    assert!(
+        !alice_config.join("AGENTS.md").exists(),
+        "bob wrote alice's AGENTS.md through his restarted kernel: {seen}\n{raw}"
+    );
+    assert!(
+        !seen.contains("alice-secret-42") && !seen.contains("WROTE"),
+        "bob's restarted kernel reached alice's configuration directory: {seen}\n{raw}"
+    );
+    let a = t
+        .turn(
+            "alice",
+            "a-after",
+            "r1",
+            "Still me. scenario:aliceafter",
+            &alice_ws,
+        )
+        .await;
+    assert_eq!(a.last()["outcome"]["type"], "success", "{}", a.raw);
+    for body in t.llm_bodies("aliceafter") {
+        assert!(
+            !body.contains(marker),
+            "bob's AGENTS.md reached alice's prompt"
+        );
+    }
+}
+
+/// [`Tenanted::bash`] that may fail (its kernel gone, refused): what the tool said (empty when
+/// it did not run), and the last answer for the record.
+async fn try_bash(
+    t: &Tenanted,
+    user: &str,
+    thread: &str,
+    cwd: &Path,
+    command: &str,
+) -> (String, String) {
+    let scenario = scenario_of(thread);
+    t.env.llm.script(
+        &scenario,
+        testkit::fake_llm::Plan::tool("Probing.", "bash", json!({ "command": command })),
+    );
+    let msg = format!("Go. scenario:{scenario}");
+    let r1 = t
+        .turn(user, thread, &format!("{thread}-1"), &msg, cwd)
+        .await;
+    if r1.last()["outcome"]["type"] != "interrupt" {
+        return (tool_result(&r1), r1.raw);
+    }
+    let id = r1.last()["outcome"]["interrupts"][0]["id"].clone();
+    let allow =
+        json!([{"interruptId": id, "status": "resolved", "payload": {"decision": "allow_once"}}]);
+    let h = Tenanted::headers(user);
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let cwd = cwd.display().to_string();
+    let body = resume_body(thread, &format!("{thread}-2"), &cwd, "inv-1", allow);
+    let r2 = post(&t.url, &body, &h).await;
+    (tool_result(&r2), r2.raw)
 }
