@@ -187,12 +187,12 @@ impl Confinement {
             .scope(Scope::from_all(ABI_NEEDED))?
             .create()?;
         for path in &self.read_only {
-            ruleset = beneath(ruleset, path, AccessFs::from_read(ABI_NEEDED))?;
+            ruleset = beneath(ruleset, path, AccessFs::from_read(ABI_NEEDED), true)?;
         }
         let read_write =
             AccessFs::from_all(ABI_NEEDED) & !(AccessFs::MakeChar | AccessFs::MakeBlock);
         for path in &self.read_write {
-            ruleset = beneath(ruleset, path, read_write)?;
+            ruleset = beneath(ruleset, path, read_write, false)?;
         }
         for &port in &self.connect_ports {
             ruleset = ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
@@ -207,10 +207,14 @@ impl Confinement {
 }
 
 /// Adds the rule granting `access` beneath `path` (of it, a file's rights only for a file).
+/// Without `follow`, `path` itself must not be a symlink: a writable place is the user's, who
+/// could have put one there to bend the rule elsewhere (system paths may be symlinks, such as
+/// `/bin` to `usr/bin`).
 fn beneath(
     ruleset: RulesetCreated,
     path: &Path,
     access: BitFlags<AccessFs>,
+    follow: bool,
 ) -> Result<RulesetCreated, Error> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let error = |source| Error::Path {
@@ -218,12 +222,17 @@ fn beneath(
         source,
     };
     // O_PATH: a handle on the inode, whatever its permissions; the rule binds that inode.
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_PATH)
+        .custom_flags(libc::O_PATH | nofollow)
         .open(path)
         .map_err(error)?;
-    let access = if file.metadata().map_err(error)?.is_dir() {
+    let meta = file.metadata().map_err(error)?;
+    if meta.is_symlink() {
+        return Err(error(io::Error::other("a symlink, not granted")));
+    }
+    let access = if meta.is_dir() {
         access
     } else {
         access & AccessFs::from_file(ABI_NEEDED)
@@ -560,6 +569,29 @@ mod tests {
             .iter()
             .all(|p| SYSTEM_READ_ONLY.contains(&p.to_str().unwrap())));
         assert!(c.connect_ports.is_empty() && c.bind_ports.is_empty());
+    }
+
+    /// A writable place given as a symlink is refused (its user could have put it there to
+    /// bend the rule); a read-only one may be one (`/bin` → `usr/bin`).
+    #[test]
+    fn a_writable_path_that_is_a_symlink_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let writable = |p: &Path| Confinement {
+            read_write: vec![p.to_path_buf()],
+            ..Confinement::default()
+        };
+        assert!(writable(&real).build().is_ok());
+        let e = writable(&link).build().expect_err("refused");
+        assert!(e.to_string().contains("a symlink, not granted"), "{e}");
+        let readable = Confinement {
+            read_only: vec![link.clone()],
+            ..Confinement::default()
+        };
+        assert!(readable.build().is_ok());
     }
 
     #[test]

@@ -64,6 +64,13 @@ impl Isolation {
 
     /// The kernel of tenant `key`: its directories made, its environment and confinement set.
     /// Blocking I/O.
+    ///
+    /// Everything beneath a granted directory is the user's kernel's to change, a symlink put in
+    /// place of a directory included: so every directory is made from a root the kernel cannot
+    /// change (the kernels', workspace, backup and persistence roots), a component at a time,
+    /// never through a symlink; and only those roots' children are granted (iac-code's
+    /// configuration directory lies within the kernel's own and needs no rule of its own, which
+    /// a symlink swapped in for it would bend).
     pub fn spec_for(&self, key: &str) -> Result<TenantSpec, String> {
         let own = self.kernels_root.join(key);
         let home = own.join("home");
@@ -72,12 +79,33 @@ impl Isolation {
         let restored = config.is_dir();
         let backup = self.backup_root.as_ref().map(|b| b.join(key));
         let workspaces = self.workspaces_of(key);
-        let mut writable = vec![own.clone(), config.clone()];
-        writable.extend(backup.iter().cloned());
-        writable.extend(workspaces.iter().cloned());
-        for dir in [&own, &home, &tmp].into_iter().chain(&writable) {
-            private_dir(dir, self.identity)
-                .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        let mut made: Vec<(&Path, PathBuf)> = vec![
+            (&self.kernels_root, PathBuf::from(key)),
+            (&self.kernels_root, Path::new(key).join("home")),
+            (&self.kernels_root, Path::new(key).join("tmp")),
+        ];
+        let mut writable = vec![own.clone()];
+        match &self.persistence_root {
+            Some(root) => {
+                made.push((root, PathBuf::from(key)));
+                writable.push(config.clone());
+            }
+            None => made.push((&self.kernels_root, Path::new(key).join("home/.iac-code"))),
+        }
+        for root in self.backup_root.iter().chain(&self.workspace_roots) {
+            made.push((root, PathBuf::from(key)));
+            writable.push(root.join(key));
+        }
+        for (root, rest) in &made {
+            // The roots are the operator's (made at start-up, entered by the kernels' uid).
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(root)
+                .map_err(|e| format!("cannot make {}: {e}", root.display()))?;
+            make_beneath(root, rest, self.identity, true)
+                .map_err(|e| format!("cannot make {}: {e}", root.join(rest).display()))?;
         }
         let mut launch: Launch = self.base.launch.clone();
         launch
@@ -106,6 +134,7 @@ impl Isolation {
 }
 
 /// Makes `dir` (and its missing parents) and leaves it 0700, owned by `identity` when given.
+/// Only for a directory no kernel can change the way to (see [`make_beneath`] otherwise).
 pub fn private_dir(dir: &Path, identity: Option<(u32, u32)>) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
     std::fs::DirBuilder::new()
@@ -133,14 +162,27 @@ pub fn make_workspace(
     roots: &[PathBuf],
     identity: Option<(u32, u32)>,
 ) -> std::io::Result<()> {
-    use std::ffi::CString;
-    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
-    use std::os::unix::ffi::OsStrExt as _;
     let Some(root) = roots.iter().find(|r| path.starts_with(r)) else {
         return Err(std::io::Error::other("not beneath the user's roots"));
     };
     let rest = path.strip_prefix(root).map_err(std::io::Error::other)?;
-    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    make_beneath(root, rest, identity, false)
+}
+
+/// Makes `root/rest` a component at a time from `root`, never through a symlink (a symlink on
+/// the way fails it): directories made are 0700 and given to `identity` when named; with
+/// `settle`, existing ones too (a kernel's own directories are its user's alone).
+pub fn make_beneath(
+    root: &Path,
+    rest: &Path,
+    identity: Option<(u32, u32)>,
+    settle: bool,
+) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    use std::os::unix::ffi::OsStrExt as _;
+    // Not O_PATH: fchmod and fchown need a descriptor of the directory itself.
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     let c = |b: &[u8]| CString::new(b).map_err(std::io::Error::other);
     let open_at = |dir: libc::c_int, name: &CString| -> std::io::Result<OwnedFd> {
         // SAFETY: a NUL-terminated name; the result is checked and owned at once.
@@ -167,17 +209,15 @@ pub fn make_workspace(
         }
         // O_NOFOLLOW: a symlink here (planted, or swapped in) fails the walk.
         let next = open_at(dir.as_raw_fd(), &name)?;
-        if let (true, Some((uid, gid))) = (made, identity) {
-            // SAFETY: an open descriptor and integers; an empty path names the descriptor.
+        if made || settle {
+            let fd = next.as_raw_fd();
+            // SAFETY: an open descriptor and integers.
             #[allow(unsafe_code)]
             let r = unsafe {
-                libc::fchownat(
-                    next.as_raw_fd(),
-                    c"".as_ptr(),
-                    uid,
-                    gid,
-                    libc::AT_EMPTY_PATH,
-                )
+                match identity {
+                    Some((uid, gid)) if libc::fchown(fd, uid, gid) != 0 => -1,
+                    _ => libc::fchmod(fd, 0o700),
+                }
             };
             if r != 0 {
                 return Err(std::io::Error::last_os_error());
