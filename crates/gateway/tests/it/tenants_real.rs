@@ -1151,3 +1151,40 @@ async fn try_bash(
     let r2 = post(&t.url, &body, &h).await;
     (tool_result(&r2), r2.raw)
 }
+
+/// A caller without a user (here the service token acting for nobody) is one tenant of its own:
+/// its turns run in a kernel apart from any user's, its workspaces are under `<root>/anonymous`,
+/// and a user's folder is outside them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_without_a_user_is_a_tenant_of_its_own() {
+    let t = Tenanted::start(2, &[]).await;
+    let alice = t
+        .turn(
+            "alice",
+            "a-1",
+            "r1",
+            "Hi. scenario:text",
+            &t.root_of("alice").join("p"),
+        )
+        .await;
+    assert_eq!(alice.last()["outcome"]["type"], "success", "{}", alice.raw);
+    let nobody_root = t.env.ws().join(kernel::tenant::ANONYMOUS);
+    let h = [("authorization", format!("Bearer {TOKEN}"))];
+    let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let cwd = nobody_root.join("p").display().to_string();
+    let r = post_turn_as(&t.url, "n-1", "r1", "Hi. scenario:text", &cwd, &h).await;
+    assert_valid_run(&r, "n-1", "r1");
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let pids = t.kernel_pids().await;
+    assert_eq!(pids.len(), 2, "{}", t.health().await);
+    assert_ne!(pids[0], pids[1]);
+    let (_, caps) = get_as(&format!("{}capabilities", t.url), &h).await;
+    assert_eq!(
+        caps["custom"]["iacCode"]["workspaceRoot"],
+        json!(nobody_root.display().to_string())
+    );
+    let theirs = t.root_of("alice").join("p").display().to_string();
+    let r = post_turn_as(&t.url, "n-2", "r1", "scenario:text", &theirs, &h).await;
+    assert_eq!(r.status, 400, "{}", r.raw);
+    assert_eq!(r.error_code(), Some("INVALID_INPUT"));
+}
