@@ -202,7 +202,11 @@ impl Confinement {
         }
         let fd: Option<OwnedFd> = ruleset.into();
         let fd = fd.ok_or_else(|| Error::Unsupported("Landlock made no ruleset".into()))?;
-        Ok(Prepared { fd: Arc::new(fd) })
+        let filter = super::seccomp::filter().map_err(Error::Unsupported)?;
+        Ok(Prepared {
+            fd: Arc::new(fd),
+            filter: Arc::new(filter),
+        })
     }
 }
 
@@ -245,11 +249,13 @@ fn beneath(
 pub struct Prepared {
     /// Landlock's ruleset file descriptor (close-on-exec): shared by every spawn of a command.
     fd: Arc<OwnedFd>,
+    /// The seccomp filter of what Landlock does not see (`seccomp`), compiled.
+    filter: Arc<seccompiler::BpfProgram>,
 }
 
 impl Prepared {
     /// Confines the calling thread, and what it executes, for good: every capability dropped,
-    /// `no_new_privs`, then the ruleset. System calls only, no allocation: safe in a child
+    /// `no_new_privs`, the ruleset, then the seccomp filter of what Landlock does not see. System calls only, no allocation: safe in a child
     /// between fork and exec (or in a forked kernel). Never call it in the gateway: the thread
     /// would stay confined.
     #[allow(unsafe_code)]
@@ -263,6 +269,21 @@ impl Prepared {
             }
             let flags: libc::c_uint = 0;
             if libc::syscall(libc::SYS_landlock_restrict_self, self.fd.as_raw_fd(), flags) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The filter was compiled in the parent: its program is only pointed at here.
+            #[repr(C)]
+            struct Fprog {
+                len: libc::c_ushort,
+                filter: *const seccompiler::sock_filter,
+            }
+            let prog = Fprog {
+                len: self.filter.len() as libc::c_ushort,
+                filter: self.filter.as_ptr(),
+            };
+            let mode = libc::SECCOMP_SET_MODE_FILTER as libc::c_ulong;
+            let none: libc::c_ulong = 0;
+            if libc::syscall(libc::SYS_seccomp, mode, none, &prog as *const Fprog) != 0 {
                 return Err(io::Error::last_os_error());
             }
         }

@@ -17,6 +17,7 @@ mod output;
 mod owner;
 pub mod place;
 mod pool;
+mod seccomp;
 mod supervisor;
 pub mod tenant;
 mod tenants;

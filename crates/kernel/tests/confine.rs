@@ -300,6 +300,65 @@ fn a_kernel_binds_only_its_own_port() {
     );
 }
 
+/// Multipath TCP (protocol 262) falls back to plain TCP against any server, and Landlock's
+/// TCP rules do not see it: the seccomp filter refuses such a socket, as it does SCTP, while a
+/// TCP socket to a listed port still connects and UDP stays as it was.
+#[test]
+fn a_kernel_cannot_get_past_the_port_rules_with_another_protocol() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (l, port) = listener();
+    let (exe, _) = python();
+    let mut c = Confinement::runtime(&exe);
+    c.read_write.push(dir.path().to_path_buf());
+    c.connect_ports = vec![port];
+    let open = "import socket, sys\nproto = int(sys.argv[1])\n\
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM, proto)\n\
+                s.connect(('127.0.0.1', int(sys.argv[2])))\nprint('connected')";
+    let args = |proto: i32| [proto.to_string(), port.to_string()];
+    for proto in [262, 132] {
+        let out = py(Some(&c), dir.path(), open, &args(proto));
+        assert!(
+            text(&out.stderr).contains("PermissionError"),
+            "protocol {proto}: {out:?}"
+        );
+    }
+    // Without confinement, MPTCP would have reached the listener (where the machine has it).
+    let plain = py(None, dir.path(), open, &args(262));
+    let mptcp_here =
+        std::fs::read_to_string("/proc/sys/net/mptcp/enabled").is_ok_and(|v| v.trim() == "1");
+    if mptcp_here {
+        assert_eq!(ok(plain), "connected\n");
+    }
+    assert_eq!(ok(py(Some(&c), dir.path(), open, &args(6))), "connected\n");
+    assert_eq!(ok(py(Some(&c), dir.path(), open, &args(0))), "connected\n");
+    let udp = "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nprint('udp')";
+    assert_eq!(ok(py(Some(&c), dir.path(), udp, &[])), "udp\n");
+    drop(l);
+}
+
+/// A pathname UNIX socket (another user's agent socket, the uid's own services) is out of
+/// reach: no UNIX socket can be opened; a socket pair (an event loop's) still can.
+#[test]
+fn a_kernel_opens_no_unix_socket_but_a_socket_pair() {
+    use std::os::unix::net::UnixListener;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = tempfile::tempdir().expect("tempdir");
+    let path = other.path().join("agent.sock");
+    let server = UnixListener::bind(&path).expect("bind");
+    let (exe, _) = python();
+    let mut c = Confinement::runtime(&exe);
+    c.read_write.push(dir.path().to_path_buf());
+    let connect = "import socket, sys\ns = socket.socket(socket.AF_UNIX)\n\
+                   s.connect(sys.argv[1])\nprint('connected')";
+    let arg = [path.display().to_string()];
+    let out = py(Some(&c), dir.path(), connect, &arg);
+    assert!(text(&out.stderr).contains("PermissionError"), "{out:?}");
+    assert_eq!(ok(py(None, dir.path(), connect, &arg)), "connected\n");
+    let pair = "import socket\na, b = socket.socketpair()\na.send(b'x')\nprint(b.recv(1).decode())";
+    assert_eq!(ok(py(Some(&c), dir.path(), pair, &[])), "x\n");
+    drop(server);
+}
+
 #[test]
 fn a_kernel_cannot_reach_an_abstract_unix_socket_outside() {
     use std::os::linux::net::SocketAddrExt as _;
