@@ -111,6 +111,30 @@ pub fn check(cfg: &Config, env: &Env) -> Result<(), String> {
         ));
     }
     let iso = isolation(cfg, env);
+    // Every kernel may connect to its listed ports on any address: none of them may be one of
+    // this gateway's.
+    if let Some(p) = iso
+        .runtime
+        .connect_ports
+        .iter()
+        .find(|p| gateway_ports(cfg).contains(p))
+    {
+        return Err(refuse(format!(
+            "port {p}, which users' kernels may connect to (--kernel-connect-ports, or the \
+             port of IAC_CODE_BASE_URL and 443), is one of this gateway's own: listen elsewhere \
+             or list other ports"
+        )));
+    }
+    // Every process's command line is readable from /proc, a kernel's included.
+    if let Some(pw) = cfg.state_url.as_deref().and_then(state_password) {
+        if std::env::args().skip(1).any(|a| a.contains(&pw)) {
+            return Err(refuse(
+                "the state URL's password is on the command line, which every kernel can read \
+                 (/proc/<pid>/cmdline): give it in IAC_CODE_AGUI_STATE_URL or the YAML file"
+                    .into(),
+            ));
+        }
+    }
     // Made now, 0711 (entered, not listed), so that the check below sees them as they will be.
     for dir in [Some(&iso.kernels_root)]
         .into_iter()
@@ -152,6 +176,31 @@ pub fn check(cfg: &Config, env: &Env) -> Result<(), String> {
         )));
     }
     Ok(())
+}
+
+/// The ports this gateway listens on (the main and the metrics listener).
+fn gateway_ports(cfg: &Config) -> Vec<u16> {
+    let metrics = cfg
+        .metrics_listen
+        .as_deref()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse().ok());
+    std::iter::once(cfg.port).chain(metrics).collect()
+}
+
+/// The password of a state URL, when it has one.
+fn state_password(url: &str) -> Option<String> {
+    let u = url::Url::parse(url).ok()?;
+    let pw = u.password()?;
+    let pw = percent_decoded(pw);
+    (!pw.is_empty()).then_some(pw)
+}
+
+/// `%XX` sequences decoded (a URL's password as it was typed may be either).
+fn percent_decoded(s: &str) -> String {
+    url::form_urlencoded::parse(format!("p={s}").as_bytes())
+        .next()
+        .map_or_else(|| s.to_owned(), |(_, v)| v.into_owned())
 }
 
 /// What no kernel may read: the state directory, the configuration file, the key set file, the
@@ -313,6 +362,47 @@ mod tests {
         }
         assert!(readable_by(&inside, Some((4242, 4242))));
         assert!(!readable_by(Path::new("/etc/shadow"), Some((4242, 4242))));
+    }
+
+    #[test]
+    fn no_port_of_the_gateway_is_one_kernels_may_connect_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, env) = cfg_with(
+            dir.path(),
+            &[
+                "--kernel-isolation",
+                "user",
+                "--kernel-user",
+                "4242",
+                "--port",
+                "8123",
+            ],
+            &[("IAC_CODE_BASE_URL", "http://127.0.0.1:8123/v1")],
+        );
+        let e = check(&cfg, &env).unwrap_err();
+        assert!(e.contains("port 8123"), "{e}");
+        let (cfg, env) = cfg_with(
+            dir.path(),
+            &[
+                "--kernel-isolation",
+                "user",
+                "--kernel-user",
+                "4242",
+                "--metrics-listen",
+                "127.0.0.1:9100",
+                "--kernel-connect-ports",
+                "443,9100",
+            ],
+            &[],
+        );
+        let e = check(&cfg, &env).unwrap_err();
+        assert!(e.contains("port 9100"), "{e}");
+        assert_eq!(gateway_ports(&cfg), [8000, 9100]);
+        assert_eq!(
+            state_password("postgres://u:p%40ss@db/x").as_deref(),
+            Some("p@ss")
+        );
+        assert_eq!(state_password("postgres://u@db/x"), None);
     }
 
     #[test]

@@ -108,6 +108,7 @@ impl Isolation {
                 .map_err(|e| format!("cannot make {}: {e}", root.join(rest).display()))?;
         }
         let mut launch: Launch = self.base.launch.clone();
+        launch.remove(not_for_a_user);
         launch
             .env("HOME", home.display().to_string())
             .env("TMPDIR", tmp.display().to_string())
@@ -162,6 +163,12 @@ pub fn make_workspace(
     roots: &[PathBuf],
     identity: Option<(u32, u32)>,
 ) -> std::io::Result<()> {
+    // `path` is canonical (a checked workspace): so are the roots it is compared with (an
+    // operator's root may be named through a symlink; a user's own root is the gateway's).
+    let roots: Vec<PathBuf> = roots
+        .iter()
+        .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()))
+        .collect();
     let Some(root) = roots.iter().find(|r| path.starts_with(r)) else {
         return Err(std::io::Error::other("not beneath the user's roots"));
     };
@@ -226,6 +233,27 @@ pub fn make_beneath(
         dir = next;
     }
     Ok(())
+}
+
+/// What of the gateway's environment a user's kernel does not get: places shared by every
+/// kernel (the XDG directories, the runtime directory of the uid's own services, a shared
+/// tokenizer cache; each user's kernel has HOME and TMPDIR of its own), and credentials of the
+/// kernel's A2A server other than its token (an API key or a password every kernel would
+/// accept: one user's agent could drive another's kernel with it).
+fn not_for_a_user(name: &str) -> bool {
+    const SHARED: [&str; 6] = [
+        "XDG_CONFIG_HOME",
+        "XDG_CACHE_HOME",
+        "XDG_DATA_HOME",
+        "XDG_STATE_HOME",
+        "XDG_RUNTIME_DIR",
+        "TIKTOKEN_CACHE_DIR",
+    ];
+    let credential = ["KEY", "PASSWORD", "SECRET", "TOKEN", "USERNAME"];
+    SHARED.contains(&name)
+        || name
+            .strip_prefix("IACCODE_A2A_")
+            .is_some_and(|rest| credential.iter().any(|c| rest.contains(c)))
 }
 
 /// A colon-separated list of paths (the kernel's `IACCODE_A2A_ALLOWED_CWDS`).
@@ -343,6 +371,43 @@ mod tests {
     }
 
     #[test]
+    fn a_users_kernel_gets_no_shared_place_and_no_server_credential() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut iso = isolation(dir.path());
+        iso.base.launch.envs([
+            ("XDG_RUNTIME_DIR", "/run/user/1000"),
+            ("XDG_CONFIG_HOME", "/home/op/.config"),
+            ("IACCODE_A2A_API_KEY", "shared-key"),
+            ("IACCODE_A2A_BASIC_PASSWORD", "pw"),
+            ("IACCODE_A2A_BASIC_USERNAME", "op"),
+            ("IACCODE_A2A_MAX_TASKS", "4"),
+            ("IAC_CODE_MODEL", "m"),
+        ]);
+        let t = iso.spec_for("ualice").unwrap();
+        let cmd = t.spec.launch.command(1, "tok");
+        let names: Vec<String> = cmd
+            .get_envs()
+            .map(|(k, _)| k.to_string_lossy().into_owned())
+            .collect();
+        for gone in [
+            "XDG_RUNTIME_DIR",
+            "XDG_CONFIG_HOME",
+            "IACCODE_A2A_API_KEY",
+            "IACCODE_A2A_BASIC_PASSWORD",
+            "IACCODE_A2A_BASIC_USERNAME",
+        ] {
+            assert!(!names.iter().any(|n| n == gone), "{gone} passed");
+        }
+        for kept in [
+            "IACCODE_A2A_MAX_TASKS",
+            "IAC_CODE_MODEL",
+            "IACCODE_A2A_HTTP_TOKEN",
+        ] {
+            assert!(names.iter().any(|n| n == kept), "{kept} missing");
+        }
+    }
+
+    #[test]
     fn a_persistence_root_holds_each_tenants_configuration() {
         let dir = tempfile::tempdir().unwrap();
         let mut iso = isolation(dir.path());
@@ -391,6 +456,12 @@ mod tests {
         assert!(!elsewhere.join("x").exists());
         std::os::unix::fs::symlink(&elsewhere, root.join("top")).unwrap();
         assert!(make_workspace(&root.join("top"), &roots, None).is_err());
+        // A root named through a symlink (an operator's): the canonical workspace is found.
+        let named = dir.path().join("named");
+        std::os::unix::fs::symlink(dir.path().join("ws"), &named).unwrap();
+        let canonical = std::fs::canonicalize(&root).unwrap().join("d");
+        make_workspace(&canonical, &[named.join("ukey")], None).unwrap();
+        assert!(root.join("d").is_dir());
         // Outside the roots, or with `..`: refused.
         assert!(make_workspace(&dir.path().join("ws/other"), &roots, None).is_err());
         assert!(make_workspace(&root.join("a/../../x"), &roots, None).is_err());

@@ -84,6 +84,12 @@ impl Launch {
         self
     }
 
+    /// Takes out of the kernel's environment every variable `unwanted` names.
+    pub fn remove(&mut self, unwanted: impl Fn(&str) -> bool) -> &mut Launch {
+        self.env.retain(|(k, _)| !unwanted(k));
+        self
+    }
+
     /// The directory the kernel backs its sessions up to. Shared by several instances: another
     /// instance's kernel restores them from there.
     pub fn backup_dir(&mut self, dir: &Path) -> &mut Launch {

@@ -197,9 +197,11 @@ impl Tenants {
         seats.iter().flatten().map(|o| o.kernel.clone()).collect()
     }
 
-    /// A client of some kernel that answers now.
+    /// None: what a kernel tells of itself (its Agent Card, shown to every caller) is not asked
+    /// of a user's kernel, whose user runs what they like in it and could make it say anything to
+    /// the others.
     pub fn any_client(&self) -> Option<a2a::Client> {
-        self.kernels().iter().find_map(|k| k.client())
+        None
     }
 
     /// Stops the kernels whose tenants have had no run for the idle time.
@@ -398,6 +400,8 @@ mod tests {
         assert!(!Arc::ptr_eq(&a1.kernel, &b.kernel));
         assert!(Arc::ptr_eq(&t.of_thread(Some(&key_a)).unwrap(), &a1.kernel));
         assert!(t.of_thread(Some("tenant:none")).is_none());
+        // A user's kernel is never asked to describe the agent to others.
+        assert!(t.any_client().is_none());
         // Both seats run turns: a third tenant is refused, before and at binding.
         assert!(!t.would_seat("uc"));
         assert_eq!(t.bind("uc", None).err(), Some(Unplaced::Busy));

@@ -106,6 +106,18 @@ fn kernel_isolation_is_refused_where_it_cannot_hold() {
         err.contains("--kernel-isolation user: kernel confinement is not possible: Landlock is not in this Linux kernel"),
         "{err}"
     );
+    // A password on the command line is every kernel's to read in /proc.
+    let pg = [
+        &nobody[..],
+        &["--state-url", "postgres://u:secret-pw@127.0.0.1:1/db"],
+    ]
+    .concat();
+    let (code, err) = run(&pg, &[]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("the state URL's password is on the command line"),
+        "{err}"
+    );
     let (code, err) = run(&nobody, &[("IAC_CODE_AGUI_TEST_LANDLOCK_ABI", "5")]);
     assert_eq!(code, 1);
     assert!(
