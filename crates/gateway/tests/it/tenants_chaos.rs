@@ -16,25 +16,9 @@ use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::pool_real::signal;
 use crate::support::{bearer_for, client, free_port, get_as, jwks_file, post_turn_as, resume_body};
+use crate::tenants_real::{is_root, kernel_command, sessions, tool_result};
 
 pub(crate) const TOKEN: &str = "tenants-chaos-token";
-
-/// The `iac-code` the kernels' user can read and run.
-fn kernel_command() -> String {
-    let dir = std::env::var("IAC_CODE_AGUI_KERNEL_BIN_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| testkit::real_kernel::kernel_bin_dir());
-    let p = dir.join("iac-code");
-    assert!(p.is_file(), "no kernel at {}", p.display());
-    p.display().to_string()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    #[allow(unsafe_code)]
-    let uid = unsafe { libc::geteuid() };
-    uid == 0
-}
 
 /// Makes `p` (and its parents up to the environment's directory) a directory the kernels' uid
 /// may enter without listing it.
@@ -171,25 +155,6 @@ pub(crate) fn allow(r: &RunResult) -> Value {
         .unwrap_or_else(|| panic!("no interrupt: {}", r.raw))
         .to_owned();
     json!([{"interruptId": id, "status": "resolved", "payload": {"decision": "allow_once"}}])
-}
-
-/// The kernel session ids a run's answer announced.
-pub(crate) fn sessions(r: &RunResult) -> Vec<String> {
-    r.events
-        .iter()
-        .filter(|e| e["name"] == "iac-code.session.v1")
-        .filter_map(|e| e["value"]["sessionId"].as_str().map(str::to_owned))
-        .collect()
-}
-
-/// The text of the tool results of a run's answer.
-pub(crate) fn tool_result(r: &RunResult) -> String {
-    r.events
-        .iter()
-        .filter(|e| e["type"] == "TOOL_CALL_RESULT")
-        .filter_map(|e| e["content"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// The identity_real scenario with isolation on: alice's (JWT) interrupt is not bob's to see or

@@ -22,7 +22,7 @@ use crate::support::{client, get_as, post_turn_as, resume_body};
 const TOKEN: &str = "tenants-service-token";
 
 /// The `iac-code` a kernel of the isolation tier runs: readable by the kernels' user.
-fn kernel_command() -> String {
+pub(crate) fn kernel_command() -> String {
     let dir = std::env::var("IAC_CODE_AGUI_KERNEL_BIN_SHARED")
         .map(PathBuf::from)
         .unwrap_or_else(|_| testkit::real_kernel::kernel_bin_dir());
@@ -31,7 +31,7 @@ fn kernel_command() -> String {
     p.display().to_string()
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     #[allow(unsafe_code)]
     let uid = unsafe { libc::geteuid() };
@@ -365,7 +365,7 @@ fn open_to_all(dir: &Path, except: &Path) {
 }
 
 /// The kernel session ids a run's answer announced.
-fn sessions(r: &RunResult) -> Vec<String> {
+pub(crate) fn sessions(r: &RunResult) -> Vec<String> {
     r.events
         .iter()
         .filter(|e| e["name"] == "iac-code.session.v1")
@@ -374,7 +374,7 @@ fn sessions(r: &RunResult) -> Vec<String> {
 }
 
 /// The text of the tool result of a run's answer.
-fn tool_result(r: &RunResult) -> String {
+pub(crate) fn tool_result(r: &RunResult) -> String {
     r.events
         .iter()
         .filter(|e| e["type"] == "TOOL_CALL_RESULT")
