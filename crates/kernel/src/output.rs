@@ -4,11 +4,64 @@
 //!
 //! A line is kept up to [`MAX_LINE`] bytes; the rest of a longer one is counted and dropped, so a
 //! chatty kernel (or one that never writes a newline) cannot make the gateway hold its output.
+//! And a stream logs at most [`LINES_PER_SECOND`] lines a second (bursts up to [`BURST`]): a
+//! kernel whose user runs what they like could otherwise flood the log until a log collector's
+//! own rate limit drops the gateway's lines; what is dropped is counted in one line after.
 
 use std::io::{BufRead, BufReader, Read};
+use std::time::Instant;
 
 /// The longest part of one line of the kernel's output that is logged.
 pub const MAX_LINE: usize = 8 * 1024;
+
+/// Lines a second one stream of a kernel logs, in the long run.
+pub const LINES_PER_SECOND: u32 = 200;
+/// Lines one stream may log at once after a quiet spell.
+pub const BURST: u32 = 2_000;
+
+/// How many lines a stream may log now: a token bucket, and the lines dropped since it last
+/// logged.
+#[derive(Debug)]
+struct Budget {
+    tokens: f64,
+    at: Instant,
+    dropped: u64,
+}
+
+/// What to do with a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Log it; `dropped` lines were dropped before it (say so first).
+    Log {
+        dropped: u64,
+    },
+    Drop,
+}
+
+impl Budget {
+    fn new(now: Instant) -> Budget {
+        Budget {
+            tokens: f64::from(BURST),
+            at: now,
+            dropped: 0,
+        }
+    }
+
+    fn take(&mut self, now: Instant) -> Verdict {
+        let earned =
+            now.saturating_duration_since(self.at).as_secs_f64() * f64::from(LINES_PER_SECOND);
+        self.tokens = (self.tokens + earned).min(f64::from(BURST));
+        self.at = now;
+        if self.tokens < 1.0 {
+            self.dropped += 1;
+            return Verdict::Drop;
+        }
+        self.tokens -= 1.0;
+        Verdict::Log {
+            dropped: std::mem::take(&mut self.dropped),
+        }
+    }
+}
 
 /// Which of the kernel's streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +85,31 @@ pub fn forward(pid: u32, stream: Stream, pipe: impl Read + Send + 'static) {
     let spawned = std::thread::Builder::new()
         .name(format!("kernel-{}", stream.name()))
         .spawn(move || {
-            let _ = read_lines(pipe, MAX_LINE, |line, cut| log(pid, stream, line, cut));
+            let mut budget = Budget::new(Instant::now());
+            let _ = read_lines(pipe, MAX_LINE, |line, cut| {
+                if let Verdict::Log { dropped } = budget.take(Instant::now()) {
+                    if dropped > 0 {
+                        tracing::warn!(
+                            source = "kernel",
+                            stream = stream.name(),
+                            pid,
+                            dropped,
+                            "lines of the kernel's output dropped (over {LINES_PER_SECOND} a second)"
+                        );
+                    }
+                    log(pid, stream, line, cut);
+                }
+            });
+            // What was dropped at the end is said too.
+            if budget.dropped > 0 {
+                tracing::warn!(
+                    source = "kernel",
+                    stream = stream.name(),
+                    pid,
+                    dropped = budget.dropped,
+                    "lines of the kernel's output dropped (over {LINES_PER_SECOND} a second)"
+                );
+            }
         });
     if let Err(e) = spawned {
         tracing::error!(pid, stream = stream.name(), error = %e, "the kernel's output cannot be read");
@@ -95,6 +172,7 @@ fn trim_cr(line: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn lines(input: &[u8], max: usize) -> Vec<(String, usize)> {
         let mut out = Vec::new();
@@ -139,6 +217,32 @@ mod tests {
             self.1 += n;
             Ok(n)
         }
+    }
+
+    /// A burst is logged whole, then the long-run rate; what is dropped is told with the next
+    /// line logged.
+    #[test]
+    fn a_stream_logs_a_burst_then_its_rate_and_counts_what_it_drops() {
+        let t0 = Instant::now();
+        let mut b = Budget::new(t0);
+        let logged = (0..BURST + 50)
+            .filter(|_| matches!(b.take(t0), Verdict::Log { .. }))
+            .count();
+        assert_eq!(logged, BURST as usize);
+        assert_eq!(b.take(t0), Verdict::Drop);
+        // A second later: the rate's worth again, and the 51 dropped told with the first.
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(b.take(t1), Verdict::Log { dropped: 51 });
+        let more = (1..LINES_PER_SECOND + 10)
+            .filter(|_| matches!(b.take(t1), Verdict::Log { .. }))
+            .count();
+        assert_eq!(more, LINES_PER_SECOND as usize - 1);
+        // Quiet for long: a whole burst again, never more.
+        let t2 = t1 + Duration::from_secs(3600);
+        let again = (0..BURST * 2)
+            .filter(|_| matches!(b.take(t2), Verdict::Log { .. }))
+            .count();
+        assert_eq!(again, BURST as usize);
     }
 
     #[test]
