@@ -9,7 +9,69 @@
 //! own rate limit drops the gateway's lines; what is dropped is counted in one line after.
 
 use std::io::{BufRead, BufReader, Read};
-use std::time::Instant;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a stream is still read once its kernel's life is over (what it wrote last).
+const AFTER_END: Duration = Duration::from_secs(2);
+/// How often a waiting read looks whether the kernel's life is over.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
+
+/// Set when a kernel's life is over: its streams are read [`AFTER_END`] more, then let go,
+/// whoever still holds them open (a process that left the kernel's group).
+#[derive(Debug, Clone, Default)]
+pub struct Over(Arc<AtomicBool>);
+
+impl Over {
+    pub fn end(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn is_over(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A pipe read only while it has data or its kernel lives: at the end of the kernel's life, a
+/// read that waits returns end of file within [`AFTER_END`].
+struct Bounded<R> {
+    inner: R,
+    fd: RawFd,
+    over: Over,
+    since: Option<Instant>,
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if self.over.is_over() {
+                let since = *self.since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= AFTER_END {
+                    return Ok(0);
+                }
+            }
+            let mut p = libc::pollfd {
+                fd: self.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let wait = LOOK_EVERY.as_millis() as libc::c_int;
+            // SAFETY: one pollfd on this stack, for the call.
+            #[allow(unsafe_code)]
+            let ready = unsafe { libc::poll(&mut p, 1, wait) };
+            if ready > 0 {
+                return self.inner.read(buf);
+            }
+            if ready < 0
+                && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+}
 
 /// The longest part of one line of the kernel's output that is logged.
 pub const MAX_LINE: usize = 8 * 1024;
@@ -80,8 +142,15 @@ impl Stream {
 }
 
 /// Logs what the kernel `pid` writes to `pipe`, in a thread of its own that ends with the pipe
-/// (when the kernel's process group is gone).
-pub fn forward(pid: u32, stream: Stream, pipe: impl Read + Send + 'static) {
+/// (when the kernel's process group is gone), or [`AFTER_END`] after `over` says its life is.
+pub fn forward(pid: u32, stream: Stream, pipe: impl Read + AsRawFd + Send + 'static, over: Over) {
+    let fd = pipe.as_raw_fd();
+    let pipe = Bounded {
+        inner: pipe,
+        fd,
+        over,
+        since: None,
+    };
     let spawned = std::thread::Builder::new()
         .name(format!("kernel-{}", stream.name()))
         .spawn(move || {
@@ -172,7 +241,6 @@ fn trim_cr(line: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn lines(input: &[u8], max: usize) -> Vec<(String, usize)> {
         let mut out = Vec::new();
@@ -243,6 +311,51 @@ mod tests {
             .filter(|_| matches!(b.take(t2), Verdict::Log { .. }))
             .count();
         assert_eq!(again, BURST as usize);
+    }
+
+    /// A process the kernel left behind holds the pipe open: once the kernel's life is over, the
+    /// reading ends within [`AFTER_END`] all the same, with what was written.
+    #[test]
+    fn a_pipe_held_by_a_leftover_is_let_go_when_the_life_is_over() {
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("sh")
+            .args(["-c", "echo hi; sleep 30 & echo $!"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let pipe = child.stdout.take().expect("stdout");
+        let over = Over::default();
+        let fd = pipe.as_raw_fd();
+        let bounded = Bounded {
+            inner: pipe,
+            fd,
+            over: over.clone(),
+            since: None,
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let _ = read_lines(bounded, MAX_LINE, |l, _| {
+                got.push(String::from_utf8_lossy(l).into_owned())
+            });
+            let _ = tx.send(got);
+        });
+        child.wait().expect("wait");
+        // The shell is gone; its sleep holds the pipe: the reading waits...
+        assert!(rx.recv_timeout(Duration::from_millis(700)).is_err());
+        // ...until the life is over.
+        let ended = Instant::now();
+        over.end();
+        let got = rx.recv_timeout(Duration::from_secs(5)).expect("let go");
+        assert!(ended.elapsed() < AFTER_END + Duration::from_secs(1));
+        assert_eq!(got[0], "hi");
+        if let Some(pid) = got.get(1).and_then(|p| p.trim().parse::<i32>().ok()) {
+            // SAFETY: a plain signal to the test's own leftover.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
     }
 
     #[test]

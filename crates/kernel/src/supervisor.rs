@@ -224,15 +224,22 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
             g.pid = Some(child.id());
             g.client = Some(k.client_for(&launch::url(port), Some(token.clone()), spec.timeouts));
         }
+        // Told when this life is over: a process the kernel left behind (one that left its
+        // group) may hold the pipes open, and must not hold the reading threads too.
+        let over = output::Over::default();
         if let Some(out) = child.stdout.take() {
-            output::forward(child.id(), Stream::Stdout, out);
+            output::forward(child.id(), Stream::Stdout, out, over.clone());
         }
         if let Some(err) = child.stderr.take() {
-            output::forward(child.id(), Stream::Stderr, err);
+            output::forward(child.id(), Stream::Stderr, err, over.clone());
         }
         tracing::info!(pid = child.id(), port, "managed kernel started");
-        if let Life::Stop = live(&k, &spec, &rt, &mut child, port, &token, &mut backoff) {
+        let life = live(&k, &spec, &rt, &mut child, port, &token, &mut backoff);
+        if let Life::Stop = life {
             stop_child(&mut child);
+        }
+        over.end();
+        if let Life::Stop = life {
             break;
         }
         {
