@@ -3,10 +3,10 @@
 //! permission interrupt is answered by its owner only, and a user's kernel killed with -9 is
 //! restarted by its supervisor without touching another user's kernel or running turn.
 //!
-//! The gateway's log goes to a file each failure prints (`tenants_real` drops it).
+//! The gateway's log goes to a file each failure prints (`tenants_real::Isolated`).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -15,131 +15,8 @@ use testkit::real_kernel::KernelEnv;
 use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::pool_real::signal;
-use crate::support::{bearer_for, client, free_port, get_as, jwks_file, post_turn_as, resume_body};
-use crate::tenants_real::{is_root, kernel_command, sessions, tool_result};
-
-pub(crate) const TOKEN: &str = "tenants-chaos-token";
-
-/// Makes `p` (and its parents up to the environment's directory) a directory the kernels' uid
-/// may enter without listing it.
-pub(crate) fn passable(p: &Path) {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::create_dir_all(p).unwrap();
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o711)).unwrap();
-}
-
-/// A gateway process with users' own kernels, in front of the real kernel of `env`, its log in
-/// a file.
-pub(crate) struct Isolated {
-    child: Child,
-    pub url: String,
-    pub log: PathBuf,
-}
-
-impl Isolated {
-    /// `seats` kernels at most, its state in `state`, the service token [`TOKEN`], `extra` flags.
-    pub(crate) async fn start(
-        env: &KernelEnv,
-        state: &Path,
-        seats: usize,
-        extra: &[String],
-    ) -> Isolated {
-        passable(env.dir.path());
-        passable(&env.ws());
-        passable(state);
-        let port = free_port();
-        let log = env.dir.path().join(format!("gateway-{port}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_iac-code-agui"));
-        cmd.args(["--port", &port.to_string()])
-            .args(["--a2a-command", &kernel_command()])
-            .args(["--kernel-isolation", "user"])
-            .args(["--kernels", &seats.to_string()])
-            .arg("--state-dir")
-            .arg(state)
-            .args(extra)
-            .envs(env.vars())
-            .env("IAC_CODE_AGUI_AUTH_TOKEN", TOKEN)
-            .env(
-                "IAC_CODE_AGUI_LOG",
-                "iac_code_agui=debug,kernel=debug,a2a=info,warn",
-            )
-            .env_remove("IAC_CODE_AGUI_A2A_URL")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        if is_root() {
-            cmd.args(["--kernel-user", "65534"]);
-        }
-        let child = cmd.spawn().unwrap();
-        let g = Isolated {
-            child,
-            url: format!("http://127.0.0.1:{port}/"),
-            log,
-        };
-        let start = Instant::now();
-        while client()
-            .get(format!("{}health", g.url))
-            .send()
-            .await
-            .is_err()
-        {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "never listened: {}",
-                g.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        g
-    }
-
-    pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// `/health` as the operator sees it (pids included).
-    pub(crate) async fn health(&self) -> Value {
-        let h = [("authorization", format!("Bearer {TOKEN}"))];
-        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        get_as(&format!("{}health", self.url), &h).await.1
-    }
-
-    /// The seats of `/health` that hold a kernel.
-    pub(crate) async fn kernels(&self) -> Vec<Value> {
-        let h = self.health().await;
-        h["kernel"]["slots"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no seats: {h}"))
-            .iter()
-            .filter(|s| s["state"] != "vacant")
-            .cloned()
-            .collect()
-    }
-
-    /// SIGKILL, and reaped.
-    pub(crate) fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Isolated {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The service token acting for `user`.
-pub(crate) fn as_user(user: &str) -> Vec<(&'static str, String)> {
-    vec![
-        ("authorization", format!("Bearer {TOKEN}")),
-        ("x-iac-code-user", user.to_owned()),
-    ]
-}
-
-pub(crate) fn refs<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
-    h.iter().map(|(k, v)| (*k, v.as_str())).collect()
-}
+use crate::support::{bearer_for, get_as, jwks_file, post_turn_as, resume_body};
+use crate::tenants_real::{as_user, is_root, refs, sessions, tool_result, Isolated};
 
 /// `user`'s workspace `name` under the environment's root.
 pub(crate) fn ws_of(env: &KernelEnv, user: &str, name: &str) -> PathBuf {

@@ -14,8 +14,8 @@ use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::cluster::row;
 use crate::support::{post_turn_as, resume_body};
-use crate::tenants_chaos::{allow, as_user, passable, refs, ws_of, Isolated};
-use crate::tenants_real::sessions;
+use crate::tenants_chaos::{allow, ws_of};
+use crate::tenants_real::{as_user, passable, refs, sessions, Isolated};
 
 fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path)

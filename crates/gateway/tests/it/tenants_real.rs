@@ -19,7 +19,147 @@ use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::support::{client, get_as, post_turn_as, resume_body};
 
-const TOKEN: &str = "tenants-service-token";
+pub(crate) const TOKEN: &str = "tenants-service-token";
+
+/// Makes `p` (and its parents up to the environment's directory) a directory the kernels' uid
+/// may enter without listing it.
+pub(crate) fn passable(p: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(p).unwrap();
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o711)).unwrap();
+}
+
+/// A gateway process with users' own kernels, in front of the real kernel of `env`, its log in
+/// a file.
+pub(crate) struct Isolated {
+    child: Child,
+    pub url: String,
+    pub log: PathBuf,
+}
+
+impl Isolated {
+    /// `seats` kernels at most, its state in `state`, the service token [`TOKEN`], `extra` flags.
+    pub(crate) async fn start(
+        env: &KernelEnv,
+        state: &Path,
+        seats: usize,
+        extra: &[String],
+    ) -> Isolated {
+        Isolated::launch(env, state, true, seats, extra).await
+    }
+
+    /// [`Isolated::start`], or with `isolated` false the same gateway in `shared` mode (one
+    /// kernel for all, as the gateway's uid): the control that shows a probe would catch a leak.
+    pub(crate) async fn launch(
+        env: &KernelEnv,
+        state: &Path,
+        isolated: bool,
+        seats: usize,
+        extra: &[String],
+    ) -> Isolated {
+        passable(env.dir.path());
+        passable(&env.ws());
+        passable(state);
+        let port = free_port();
+        let log = env.dir.path().join(format!("gateway-{port}.log"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_iac-code-agui"));
+        cmd.args(["--port", &port.to_string()])
+            .args(["--a2a-command", &kernel_command()])
+            .args(["--kernels", &seats.to_string()])
+            .arg("--state-dir")
+            .arg(state)
+            .args(extra)
+            .envs(env.vars())
+            .env("IAC_CODE_AGUI_AUTH_TOKEN", TOKEN)
+            .env(
+                "IAC_CODE_AGUI_LOG",
+                "iac_code_agui=debug,kernel=debug,a2a=info,warn",
+            )
+            .env_remove("IAC_CODE_AGUI_A2A_URL")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if isolated {
+            cmd.args(["--kernel-isolation", "user"]);
+            if is_root() {
+                cmd.args(["--kernel-user", "65534"]);
+            }
+        }
+        let child = cmd.spawn().unwrap();
+        let g = Isolated {
+            child,
+            url: format!("http://127.0.0.1:{port}/"),
+            log,
+        };
+        let start = Instant::now();
+        while client()
+            .get(format!("{}health", g.url))
+            .send()
+            .await
+            .is_err()
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "never listened: {}",
+                g.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        g
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `/health` as the operator sees it (pids included).
+    pub(crate) async fn health(&self) -> Value {
+        let h = [("authorization", format!("Bearer {TOKEN}"))];
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        get_as(&format!("{}health", self.url), &h).await.1
+    }
+
+    /// The seats of `/health` that hold a kernel.
+    pub(crate) async fn kernels(&self) -> Vec<Value> {
+        let h = self.health().await;
+        h["kernel"]["slots"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no seats: {h}"))
+            .iter()
+            .filter(|s| s["state"] != "vacant")
+            .cloned()
+            .collect()
+    }
+
+    /// The gateway's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, and reaped.
+    pub(crate) fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Isolated {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The service token acting for `user`.
+pub(crate) fn as_user(user: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("authorization", format!("Bearer {TOKEN}")),
+        ("x-iac-code-user", user.to_owned()),
+    ]
+}
+
+pub(crate) fn refs<'a>(h: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    h.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
 
 /// The `iac-code` a kernel of the isolation tier runs: readable by the kernels' user.
 pub(crate) fn kernel_command() -> String {
@@ -43,10 +183,12 @@ fn chmod(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-/// A gateway with users' own kernels (`seats` of them), a service token, and `extra` flags.
+/// A gateway with users' own kernels (`seats` of them) in an environment of its own, the
+/// service token, an admin listener, and `extra` flags.
 pub(crate) struct Tenanted {
+    /// First: the gateway is stopped before its environment is removed.
+    pub gw: Isolated,
     pub env: KernelEnv,
-    pub child: Child,
     pub url: String,
     /// The admin listener (metrics).
     pub admin: u16,
@@ -57,73 +199,26 @@ impl Tenanted {
         Self::start_with(true, seats, extra).await
     }
 
-    /// [`Tenanted::start`], or with `isolated` false the same gateway in `shared` mode (one
-    /// kernel for all, as the gateway's uid): the control that shows a probe would catch a leak.
+    /// [`Tenanted::start`], or with `isolated` false in `shared` mode (see [`Isolated::launch`]).
     pub(crate) async fn start_with(isolated: bool, seats: usize, extra: &[&str]) -> Tenanted {
         let env = KernelEnv::new().await;
-        // The kernels' user enters the test's directories (it lists none of them).
-        chmod(env.dir.path(), 0o711);
-        chmod(&env.ws(), 0o711);
-        let port = free_port();
         let admin = free_port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_iac-code-agui"));
-        cmd.args([
-            "--port",
-            &port.to_string(),
-            "--a2a-command",
-            &kernel_command(),
-        ])
-        .args(["--kernels", &seats.to_string()])
-        .arg("--state-dir")
-        .arg(env.state_dir())
-        .args(["--metrics-listen", &format!("127.0.0.1:{admin}")])
-        .args(extra)
-        .envs(env.vars())
-        .env("IAC_CODE_AGUI_AUTH_TOKEN", TOKEN)
-        .env_remove("IAC_CODE_AGUI_A2A_URL")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-        if isolated {
-            cmd.args(["--kernel-isolation", "user"]);
-            if is_root() {
-                cmd.args(["--kernel-user", "65534"]);
-            }
-        }
-        std::fs::create_dir_all(env.state_dir()).unwrap();
-        chmod(&env.state_dir(), 0o711);
-        let child = cmd.spawn().unwrap();
-        let url = format!("http://127.0.0.1:{port}/");
-        let t = Tenanted {
+        let extra: Vec<String> = ["--metrics-listen".to_owned(), format!("127.0.0.1:{admin}")]
+            .into_iter()
+            .chain(extra.iter().map(|a| (*a).to_owned()))
+            .collect();
+        let gw = Isolated::launch(&env, &env.state_dir(), isolated, seats, &extra).await;
+        let url = gw.url.clone();
+        Tenanted {
+            gw,
             env,
-            child,
             url,
             admin,
-        };
-        t.wait_listening().await;
-        t
-    }
-
-    async fn wait_listening(&self) {
-        let start = Instant::now();
-        loop {
-            if client()
-                .get(format!("{}health", self.url))
-                .send()
-                .await
-                .is_ok()
-            {
-                return;
-            }
-            assert!(start.elapsed() < Duration::from_secs(30), "never listened");
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     pub(crate) fn headers(user: &str) -> Vec<(&'static str, String)> {
-        vec![
-            ("authorization", format!("Bearer {TOKEN}")),
-            ("x-iac-code-user", user.to_owned()),
-        ]
+        as_user(user)
     }
 
     /// `user`'s workspace root.
@@ -132,9 +227,7 @@ impl Tenanted {
     }
 
     pub(crate) async fn health(&self) -> Value {
-        let h = [("authorization", format!("Bearer {TOKEN}"))];
-        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        get_as(&format!("{}health", self.url), &h).await.1
+        self.gw.health().await
     }
 
     /// The pids of the kernels alive, in seat order.
@@ -283,13 +376,6 @@ impl Tenanted {
     }
 }
 
-impl Drop for Tenanted {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The fake LLM's scenario of the turns [`Tenanted::tool`] runs on `thread`.
 fn scenario_of(thread: &str) -> String {
     format!("probe{}", thread.replace(['-', '_'], ""))
@@ -430,6 +516,23 @@ async fn each_users_turns_run_in_a_kernel_of_their_own() {
     assert_eq!(b1.last()["outcome"]["type"], "success", "{}", b1.raw);
     let both = t.kernel_pids().await;
     assert_eq!(both.len(), 2);
+    // /health counts the seats and names no user.
+    let h = t.health().await;
+    assert_eq!(
+        (
+            &h["kernel"]["isolation"],
+            &h["kernel"]["size"],
+            &h["kernel"]["alive"]
+        ),
+        (&json!("user"), &json!(2), &json!(2)),
+        "{h}"
+    );
+    assert!(
+        !h.to_string().contains("alice")
+            && !h
+                .to_string()
+                .contains(&kernel::tenant::user_key(Some("alice")))
+    );
     assert!(both.contains(&after_alice[0]) && both[0] != both[1]);
     // Directories: each user's root is theirs, 0700.
     use std::os::unix::fs::MetadataExt as _;
@@ -705,7 +808,7 @@ async fn another_users_agent_reaches_nothing_of_alices_kernel_the_gateway_or_her
     assert!(out.contains("alice-secret-42"), "{out}");
     let alice_pid = t.kernel_of("alice").await.expect("alice's kernel");
     let alice_port = port_of(alice_pid);
-    let gateway_pid = t.child.id();
+    let gateway_pid = t.gw.pid();
     let gateway_port: u16 = t
         .url
         .trim_end_matches('/')
@@ -964,7 +1067,7 @@ async fn without_isolation_the_same_probes_reach_alices_files_kernel_and_prompt(
         )
         .await;
     assert!(out.contains("alice-secret-42"), "{out}");
-    let pid = kernel_child(t.child.id());
+    let pid = kernel_child(t.gw.pid());
     let port = port_of(pid);
     let marker = "bob-instructions-7731";
     let seen = t
