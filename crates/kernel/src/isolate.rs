@@ -134,23 +134,13 @@ impl Isolation {
     }
 }
 
-/// Makes `dir` (and its missing parents) and leaves it 0700, owned by `identity` when given.
-/// Only for a directory no kernel can change the way to (see [`make_beneath`] otherwise).
+/// Makes a user's own root `dir` (the operator's directory above it must exist) 0700, owned by
+/// `identity` when given, as every user directory is made ([`make_beneath`]).
 pub fn private_dir(dir: &Path, identity: Option<(u32, u32)>) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let meta = std::fs::symlink_metadata(dir)?;
-    if !meta.is_dir() {
-        return Err(std::io::Error::other("not a directory"));
-    }
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    if let Some((uid, gid)) = identity {
-        std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?;
-    }
-    Ok(())
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+        return Err(std::io::Error::other("not a directory beneath another"));
+    };
+    make_beneath(parent, Path::new(name), identity, true)
 }
 
 /// Makes the workspace `path` beneath the one of a user's `roots` it is in, a directory at a
