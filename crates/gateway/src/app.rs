@@ -62,9 +62,11 @@ impl Options {
 pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
     let observer = || -> Arc<dyn a2a::Observer> { KernelObserver::new(metrics.clone()) };
     if cfg.isolation.mode == Mode::User {
+        let mut isolation = tenancy::isolation(cfg, env);
+        isolation.fork = tenancy::fork_server(cfg, env, &isolation);
         let tenants = kernel::Tenants::new(
             cfg.kernels.max(1),
-            tenancy::isolation(cfg, env),
+            isolation,
             cfg.isolation.idle_stop,
             Some(observer()),
         );

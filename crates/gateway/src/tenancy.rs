@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::isolation::{self, Mode};
+use crate::config::isolation::{self, Mode, Start};
 use crate::config::{Config, Env};
 use kernel::confine::Confinement;
 use kernel::isolate::Isolation;
@@ -78,8 +78,42 @@ pub fn isolation(cfg: &Config, env: &Env) -> Isolation {
         backup_root: cfg.kernel_backup_dir.clone(),
         identity: cfg.isolation.user,
         runtime,
+        fork: None,
     }
 }
+
+/// The fork server of users' kernels (`--kernel-start fork`, isolation `user`), started now;
+/// `None` (kernels are spawned, and the log says why) where it cannot run: a kernel command
+/// that is no Python console script, or roots that cannot be made.
+pub fn fork_server(cfg: &Config, env: &Env, iso: &Isolation) -> Option<kernel::zygote::ForkServer> {
+    if cfg.isolation.mode != Mode::User || cfg.isolation.start != Start::Fork {
+        return None;
+    }
+    let program = program_path(iso.base.launch.program(), env("PATH").as_deref());
+    let Some(python) = kernel::zygote::interpreter_of(&program) else {
+        tracing::warn!(
+            command = %program.display(),
+            "users' kernels are spawned, not forked: the kernel command is no Python console script"
+        );
+        return None;
+    };
+    // Tests list what a forked kernel still imports.
+    let extra: Vec<(String, String)> = env(TRACE_IMPORTS)
+        .map(|v| (TRACE_IMPORTS.to_owned(), v))
+        .into_iter()
+        .collect();
+    match iso.fork_server_spec(python, &extra) {
+        Ok(spec) => Some(kernel::zygote::ForkServer::start(spec)),
+        Err(e) => {
+            tracing::warn!(error = %e, "users' kernels are spawned, not forked");
+            None
+        }
+    }
+}
+
+/// A variable of the gateway's that has each forked kernel name on its stderr every module it
+/// imports after the fork (what the fork server's preload list missed).
+const TRACE_IMPORTS: &str = "IAC_CODE_AGUI_ZYGOTE_TRACE_IMPORTS";
 
 /// The workspace roots (each user's workspaces are under `<root>/<user-key>`).
 fn workspace_roots(cfg: &Config) -> Vec<PathBuf> {

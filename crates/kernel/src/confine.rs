@@ -98,6 +98,9 @@ pub struct Confinement {
     pub connect_ports: Vec<u16>,
     /// The TCP ports the kernel may bind: its own listening port.
     pub bind_ports: Vec<u16>,
+    /// Binding is not governed at all (the fork server's: each of its children binds a port
+    /// of its own, which its own ruleset names).
+    pub bind_any: bool,
 }
 
 /// Why a command cannot be confined.
@@ -159,6 +162,7 @@ impl Confinement {
             read_only,
             connect_ports: Vec::new(),
             bind_ports: Vec::new(),
+            bind_any: false,
         }
     }
 
@@ -183,7 +187,11 @@ impl Confinement {
         let mut ruleset = Ruleset::default()
             .set_compatibility(CompatLevel::HardRequirement)
             .handle_access(AccessFs::from_all(ABI_NEEDED))?
-            .handle_access(AccessNet::from_all(ABI_NEEDED))?
+            .handle_access(if self.bind_any {
+                BitFlags::from(AccessNet::ConnectTcp)
+            } else {
+                AccessNet::from_all(ABI_NEEDED)
+            })?
             .scope(Scope::from_all(ABI_NEEDED))?
             .create()?;
         for path in &self.read_only {
@@ -359,6 +367,21 @@ fn drop_capabilities() -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+impl Prepared {
+    /// The seccomp filter's program as bytes, each instruction in this machine's layout (what a
+    /// forked kernel hands to `seccomp(2)` itself).
+    pub fn filter_bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(self.filter.len() * 8);
+        for i in self.filter.iter() {
+            bytes.extend_from_slice(&i.code.to_ne_bytes());
+            bytes.push(i.jt);
+            bytes.push(i.jf);
+            bytes.extend_from_slice(&i.k.to_ne_bytes());
+        }
+        bytes
+    }
 }
 
 impl AsFd for Prepared {

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use super::confine::Confinement;
 use super::launch::Launch;
 use super::supervisor::ChildSpec;
+use super::zygote::{ForkServer, ServerSpec};
 
 /// How every user's kernel is made.
 #[derive(Debug, Clone)]
@@ -37,6 +38,8 @@ pub struct Isolation {
     pub identity: Option<(u32, u32)>,
     /// What every kernel may read and execute, and the ports it may connect to.
     pub runtime: Confinement,
+    /// Kernels are forked by this fork server when it is ready (`--kernel-start fork`).
+    pub fork: Option<ForkServer>,
 }
 
 /// A tenant's kernel, ready to start.
@@ -120,6 +123,9 @@ impl Isolation {
         if let Some((uid, gid)) = self.identity {
             launch.run_as(uid, gid);
         }
+        if let Some(server) = &self.fork {
+            launch.fork_from(server.clone());
+        }
         let mut confinement = self.runtime.clone();
         confinement.read_write.extend(writable);
         launch.confine(confinement);
@@ -132,6 +138,90 @@ impl Isolation {
             restored,
         })
     }
+}
+
+impl Isolation {
+    /// The roots every user's directories are made beneath: the kernels', persistence, backup
+    /// and workspace roots.
+    fn roots(&self) -> Vec<&PathBuf> {
+        std::iter::once(&self.kernels_root)
+            .chain(&self.persistence_root)
+            .chain(&self.backup_root)
+            .chain(&self.workspace_roots)
+            .collect()
+    }
+
+    /// How the fork server of these kernels runs (`python`: their interpreter; `extra`: more of
+    /// its environment): as the kernels' uid, confined to the union of what its children may
+    /// reach (every root, made now if missing, read-write; what every kernel reads), with the
+    /// kernels' shared environment and nothing of a user's ([`zygote_env`]).
+    pub fn fork_server_spec(
+        &self,
+        python: PathBuf,
+        extra: &[(String, String)],
+    ) -> Result<ServerSpec, String> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let mut confinement = self.runtime.clone();
+        for root in self.roots() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(root)
+                .map_err(|e| format!("cannot make {}: {e}", root.display()))?;
+            confinement.read_write.push(root.clone());
+        }
+        let mut env = zygote_env(self.base.launch.vars());
+        env.extend(extra.iter().cloned());
+        Ok(ServerSpec {
+            python,
+            env,
+            identity: self.identity,
+            confinement,
+        })
+    }
+}
+
+/// The fork server's environment, from the kernels' shared one: only what is every kernel's
+/// alike and may shape what a module computes at import (search path, locale, time zone,
+/// certificates, logging and telemetry settings), never a credential; HOME a directory that is
+/// nobody's. Each forked kernel takes its whole environment from its request.
+pub fn zygote_env(base: &[(String, String)]) -> Vec<(String, String)> {
+    const NAMES: [&str; 12] = [
+        "PATH",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TZDIR",
+        "PYTHONPATH",
+        "PYTHONWARNINGS",
+        "PYTHONIOENCODING",
+        "PYTHONUTF8",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+    ];
+    let secret = [
+        "KEY",
+        "SECRET",
+        "TOKEN",
+        "PASSWORD",
+        "HEADERS",
+        "CREDENTIAL",
+        "AUTH",
+    ];
+    let mut env: Vec<(String, String)> = base
+        .iter()
+        .filter(|(k, _)| {
+            let kept = NAMES.contains(&k.as_str())
+                || k.starts_with("LC_")
+                || k.starts_with("OTEL_")
+                || k.starts_with("LOGURU_");
+            kept && !secret.iter().any(|s| k.to_ascii_uppercase().contains(s))
+        })
+        .cloned()
+        .collect();
+    env.push(("HOME".into(), "/nonexistent".into()));
+    env
 }
 
 /// Makes a user's own root `dir` (the operator's directory above it must exist) 0700, owned by
@@ -304,6 +394,7 @@ mod tests {
                 connect_ports: vec![443],
                 ..Confinement::default()
             },
+            fork: None,
         }
     }
 

@@ -19,8 +19,9 @@ use http::{Request, StatusCode};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 
-use super::confine::Confinement;
+use super::confine::{Confinement, Prepared};
 use super::environment;
+use super::zygote::{ForkRequest, ForkServer};
 
 /// What a managed kernel is started with: the `iac-code` executable, its whole environment, and a
 /// kernel configuration file.
@@ -37,6 +38,8 @@ pub struct Launch {
     confinement: Option<Confinement>,
     /// The uid and gid it runs as, when not the gateway's.
     identity: Option<(u32, u32)>,
+    /// Forked by this fork server when it is ready (a confined launch only).
+    fork_server: Option<ForkServer>,
 }
 
 impl Launch {
@@ -48,12 +51,18 @@ impl Launch {
             config_file: None,
             confinement: None,
             identity: None,
+            fork_server: None,
         }
     }
 
     /// The executable.
     pub fn program(&self) -> &str {
         &self.program
+    }
+
+    /// The variables set so far (the token is added at each start).
+    pub fn vars(&self) -> &[(String, String)] {
+        &self.env
     }
 
     /// Sets a variable of the kernel's environment.
@@ -116,6 +125,45 @@ impl Launch {
         self
     }
 
+    /// Has the kernel forked by `server` when it is ready (a confined launch: the forked child
+    /// confines itself with the launch's rules); spawned otherwise.
+    pub fn fork_from(&mut self, server: ForkServer) -> &mut Launch {
+        self.fork_server = Some(server);
+        self
+    }
+
+    /// The fork server and what to ask it for a kernel on `port` with `token`: the spawned
+    /// command's arguments and environment, the home directory as working directory, and the
+    /// confinement prepared with `port` the one it may bind. `None`: the launch is not forked
+    /// (no fork server, or nothing to confine it with).
+    pub(crate) fn fork_request(
+        &self,
+        port: u16,
+        token: &str,
+    ) -> Option<Result<(&ForkServer, ForkRequest, Prepared), String>> {
+        let server = self.fork_server.as_ref()?;
+        let confinement = self.confinement.as_ref()?;
+        let mut c = confinement.clone();
+        c.bind_ports = vec![port];
+        let prepared = match c.prepare() {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e.to_string())),
+        };
+        let env = self.environment(token);
+        let cwd = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "HOME")
+            .map_or_else(|| "/".into(), |(_, v)| std::path::PathBuf::from(v));
+        let mut argv = vec![self.program.clone()];
+        argv.extend(
+            self.arguments(port)
+                .into_iter()
+                .map(|a| a.to_string_lossy().into_owned()),
+        );
+        Some(Ok((server, ForkRequest { argv, env, cwd }, prepared)))
+    }
+
     /// Whether the kernel must not listen on `port`: a port it may connect to (another kernel
     /// there would be reachable from it).
     pub fn avoids(&self, port: u16) -> bool {
@@ -148,34 +196,12 @@ impl Launch {
     #[allow(unsafe_code)]
     pub fn command(&self, port: u16, token: &str) -> Command {
         use std::os::unix::process::CommandExt;
-        let config = self.config_file.as_ref().filter(|(path, text)| {
-            let ready = config_ready(path, text);
-            if let Err(e) = &ready {
-                tracing::error!(error = %e, "the kernel configuration is not the gateway's: not used");
-            }
-            ready.is_ok()
-        });
         let mut cmd = Command::new(&self.program);
-        cmd.args([
-            "a2a",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--thinking-exposure",
-            "all",
-        ])
-        .args(
-            config
-                .iter()
-                .flat_map(|(f, _)| [std::ffi::OsStr::new("--config"), f.as_os_str()]),
-        )
-        .env_clear()
-        .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        // Last: no variable of the launch's replaces the token the probe and the client send.
-        .env("IACCODE_A2A_HTTP_TOKEN", token)
-        .stdin(Stdio::null())
-        .process_group(0);
+        cmd.args(self.arguments(port))
+            .env_clear()
+            .envs(self.environment(token))
+            .stdin(Stdio::null())
+            .process_group(0);
         let parent = std::process::id();
         // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
         unsafe {
@@ -191,6 +217,49 @@ impl Launch {
             });
         }
         cmd
+    }
+}
+
+impl Launch {
+    /// The kernel's arguments: `a2a` on loopback `port`, and its configuration file.
+    fn arguments(&self, port: u16) -> Vec<std::ffi::OsString> {
+        let config = self.config_file.as_ref().filter(|(path, text)| {
+            let ready = config_ready(path, text);
+            if let Err(e) = &ready {
+                tracing::error!(error = %e, "the kernel configuration is not the gateway's: not used");
+            }
+            ready.is_ok()
+        });
+        let mut args: Vec<std::ffi::OsString> = [
+            "a2a",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--thinking-exposure",
+            "all",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        if let Some((f, _)) = config {
+            args.push("--config".into());
+            args.push(f.as_os_str().into());
+        }
+        args
+    }
+
+    /// The kernel's whole environment: the launch's, then the token (last: no variable of the
+    /// launch's replaces the token the probe and the client send).
+    fn environment(&self, token: &str) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = self
+            .env
+            .iter()
+            .filter(|(k, _)| k != "IACCODE_A2A_HTTP_TOKEN")
+            .cloned()
+            .collect();
+        env.push(("IACCODE_A2A_HTTP_TOKEN".into(), token.into()));
+        env
     }
 }
 

@@ -9,6 +9,7 @@
 
 mod bound;
 mod card;
+mod child;
 pub mod confine;
 pub mod environment;
 pub mod isolate;
@@ -21,6 +22,7 @@ mod seccomp;
 mod supervisor;
 pub mod tenant;
 mod tenants;
+pub mod zygote;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

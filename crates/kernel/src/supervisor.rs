@@ -10,13 +10,14 @@
 //! kernel with it). The thread has a small runtime of its own for the readiness probe.
 
 use std::convert::Infallible;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 
+use super::child::Proc;
 use super::launch::{self, Launch};
 use super::output::{self, Stream};
 use super::owner;
@@ -73,7 +74,7 @@ fn kill_group(pid: u32, sig: i32) {
     }
 }
 
-fn stop_child(child: &mut Child) {
+fn stop_child(child: &mut Proc) {
     let pid = child.id();
     if matches!(child.try_wait(), Ok(Some(_))) {
         kill_group(pid, libc::SIGKILL);
@@ -90,7 +91,7 @@ fn stop_child(child: &mut Child) {
 }
 
 /// Whether `child` exits within `d`.
-fn exits_within(child: &mut Child, d: Duration) -> bool {
+fn exits_within(child: &mut Proc, d: Duration) -> bool {
     let deadline = Instant::now() + d;
     while Instant::now() < deadline {
         if matches!(child.try_wait(), Ok(Some(_))) {
@@ -143,7 +144,7 @@ enum Watched<T> {
 /// an answer.
 fn watch<T>(
     k: &Kernel,
-    child: &mut Child,
+    child: &mut Proc,
     every: Duration,
     mut check: impl FnMut() -> Option<T>,
 ) -> Watched<T> {
@@ -194,25 +195,12 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
             }
         };
         let token = random_token();
-        let mut cmd = match spec.launch.spawnable(port, &token) {
-            Ok(cmd) => cmd,
-            Err(e) => {
-                k.set_state(KernelState::Failed(e.clone()));
-                tracing::error!(error = %e, "managed kernel cannot be confined");
-                if sleep_or_stop(&k, backoff.next()) {
-                    break;
-                }
-                continue;
-            }
-        };
-        // Its output goes through the gateway's log, line by line (`output`).
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = match cmd.spawn() {
+        let over = output::Over::default();
+        let mut child = match begin(&spec.launch, port, &token, &over) {
             Ok(c) => c,
             Err(e) => {
-                let program = spec.launch.program();
-                k.set_state(KernelState::Failed(format!("cannot start {program}: {e}")));
-                tracing::error!(command = %program, error = %e, "managed kernel failed to start");
+                k.set_state(KernelState::Failed(e.clone()));
+                tracing::error!(error = %e, "managed kernel failed to start");
                 if sleep_or_stop(&k, backoff.next()) {
                     break;
                 }
@@ -224,16 +212,12 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
             g.pid = Some(child.id());
             g.client = Some(k.client_for(&launch::url(port), Some(token.clone()), spec.timeouts));
         }
-        // Told when this life is over: a process the kernel left behind (one that left its
-        // group) may hold the pipes open, and must not hold the reading threads too.
-        let over = output::Over::default();
-        if let Some(out) = child.stdout.take() {
-            output::forward(child.id(), Stream::Stdout, out, over.clone());
-        }
-        if let Some(err) = child.stderr.take() {
-            output::forward(child.id(), Stream::Stderr, err, over.clone());
-        }
-        tracing::info!(pid = child.id(), port, "managed kernel started");
+        tracing::info!(
+            pid = child.id(),
+            port,
+            forked = child.forked(),
+            "managed kernel started"
+        );
         let life = live(&k, &spec, &rt, &mut child, port, &token, &mut backoff);
         if let Life::Stop = life {
             stop_child(&mut child);
@@ -271,7 +255,7 @@ fn live(
     k: &Kernel,
     spec: &ChildSpec,
     rt: &tokio::runtime::Runtime,
-    child: &mut Child,
+    child: &mut Proc,
     port: u16,
     token: &str,
     backoff: &mut Backoff,
@@ -331,6 +315,44 @@ fn live(
         }
         Watched::Done(never) => match never {},
     }
+}
+
+/// Starts a life of the kernel on `port` with `token`: forked by the launch's fork server when
+/// it has one that is ready, else spawned (and said so when a fork was meant). Its output is
+/// forwarded to the log until `over`.
+fn begin(launch: &Launch, port: u16, token: &str, over: &output::Over) -> Result<Proc, String> {
+    match launch.fork_request(port, token) {
+        Some(Ok((server, req, prepared))) => match server.fork(&req, &prepared) {
+            Ok(mut f) => {
+                if let Some(out) = f.stdout.take() {
+                    output::forward(f.id(), Stream::Stdout, out, over.clone());
+                }
+                if let Some(err) = f.stderr.take() {
+                    output::forward(f.id(), Stream::Stderr, err, over.clone());
+                }
+                return Ok(Proc::Forked(f));
+            }
+            Err(e) => tracing::warn!(reason = %e, "a user's kernel is spawned, not forked"),
+        },
+        Some(Err(e)) => return Err(format!("managed kernel cannot be confined: {e}")),
+        None => {}
+    }
+    let mut cmd = launch
+        .spawnable(port, token)
+        .map_err(|e| format!("managed kernel cannot be confined: {e}"))?;
+    // Its output goes through the gateway's log, line by line (`output`).
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let program = launch.program();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    if let Some(out) = child.stdout.take() {
+        output::forward(child.id(), Stream::Stdout, out, over.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        output::forward(child.id(), Stream::Stderr, err, over.clone());
+    }
+    Ok(Proc::Spawned(child))
 }
 
 /// Sleeps up to `d`; returns true when a stop was requested.

@@ -225,6 +225,9 @@ impl Tenants {
                 .collect()
         };
         futures_util::future::join_all(all.iter().map(|k| k.stop())).await;
+        if let Some(server) = &self.isolation.fork {
+            server.stop();
+        }
     }
 
     /// The `kernel` field of `/health`: the seats, each empty or its kernel's state (no user is
@@ -254,7 +257,7 @@ impl Tenants {
             .map(|o| o.kernel.restarts())
             .sum::<u64>()
             + self.retired_restarts.load(Ordering::Relaxed);
-        json!({
+        let mut health = json!({
             "mode": "managed",
             "isolation": "user",
             "state": summary(seats.iter().flatten().map(|o| o.kernel.state())),
@@ -262,7 +265,12 @@ impl Tenants {
             "alive": alive,
             "restarts": restarts,
             "slots": each,
-        })
+            "start": if self.isolation.fork.is_some() { "fork" } else { "spawn" },
+        });
+        if let Some(server) = &self.isolation.fork {
+            health["forkServer"] = server.health();
+        }
+        health
     }
 
     /// No kernel of a seat failed to start (kernels start on demand: none alive is up).
@@ -377,6 +385,7 @@ mod tests {
                 backup_root: None,
                 identity: None,
                 runtime,
+                fork: None,
             },
             idle_stop,
             None,

@@ -271,6 +271,12 @@ pub struct Cli {
         value_delimiter = ','
     )]
     pub kernel_connect_ports: Vec<String>,
+    /// How a user's own kernel starts: fork (from the kernel fork server, which imported the
+    /// kernel once: about a tenth of a second and a few tens of MiB of its own; spawned while
+    /// the fork server starts or is down) or spawn (a new `iac-code a2a` process each time)
+    /// [default: fork]. Kernels of --kernel-isolation shared are always spawned.
+    #[arg(long, value_name = "fork|spawn", env = "IAC_CODE_AGUI_KERNEL_START")]
+    pub kernel_start: Option<String>,
     /// Seconds a request body may take to arrive whole after its head; past them the request is
     /// answered 408 BODY_TIMEOUT and the connection closed [default: 60].
     #[arg(
@@ -389,6 +395,7 @@ impl Cli {
             self.kernel_idle_stop.take(),
             self.kernel_user.take(),
             std::mem::take(&mut self.kernel_connect_ports),
+            self.kernel_start.take(),
         )
     }
 

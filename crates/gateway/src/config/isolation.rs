@@ -16,6 +16,16 @@ pub enum Mode {
     User,
 }
 
+/// `--kernel-start`: how a user's kernel is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Forked by the kernel fork server, which imported the kernel once (spawned while it
+    /// starts, or where it cannot run).
+    Fork,
+    /// A new `iac-code a2a` process.
+    Spawn,
+}
+
 /// The isolation options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Isolation {
@@ -27,6 +37,8 @@ pub struct Isolation {
     /// The TCP ports a user's kernel may connect to; none given: 443 and the port of the
     /// kernel's LLM base URL.
     pub connect_ports: Option<Vec<u16>>,
+    /// How a user's kernel is started [default: fork].
+    pub start: Start,
 }
 
 impl Default for Isolation {
@@ -36,6 +48,7 @@ impl Default for Isolation {
             idle_stop: Duration::from_secs(900),
             user: None,
             connect_ports: None,
+            start: Start::Fork,
         }
     }
 }
@@ -46,6 +59,7 @@ pub(super) const IDLE_ERR: &str =
 pub(super) const USER_ERR: &str = "--kernel-user must be a numeric UID, or UID:GID, other than 0.";
 pub(super) const PORTS_ERR: &str =
     "--kernel-connect-ports must be a list of TCP ports from 1 to 65535.";
+pub(super) const START_ERR: &str = "--kernel-start must be fork or spawn.";
 pub(super) const EXTERNAL: &str = "--kernel-isolation user needs managed kernels: it cannot \
                                    be used with --a2a-url (an external kernel cannot be confined).";
 
@@ -53,13 +67,20 @@ const MODE: Opt<Text> = Opt::new("kernel_isolation", MODE_ERR);
 const IDLE: Opt<Number> = Opt::new("kernel_idle_stop", IDLE_ERR);
 const USER: Opt<Text> = Opt::new("kernel_user", USER_ERR);
 const PORTS: Opt<List> = Opt::new("kernel_connect_ports", PORTS_ERR);
+const START: Opt<Text> = Opt::new("kernel_start", START_ERR);
 
 /// The flags of the isolation options, in [`Isolation`] order.
-pub(super) type Flags = (Option<String>, Option<String>, Option<String>, Vec<String>);
+pub(super) type Flags = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Vec<String>,
+    Option<String>,
+);
 
 /// The isolation options from their layers; `external`: the kernels are `--a2a-url`s.
 pub(super) fn load(l: &Layers<'_>, flags: Flags, external: bool) -> Result<Isolation, String> {
-    let (mode, idle, user, ports) = flags;
+    let (mode, idle, user, ports, start) = flags;
     let d = Isolation::default();
     let mode = match l.get(&MODE, mode)?.map(|m| m.trim().to_ascii_lowercase()) {
         None => d.mode,
@@ -85,11 +106,18 @@ pub(super) fn load(l: &Layers<'_>, flags: Flags, external: bool) -> Result<Isola
                 .ok_or_else(|| PORTS_ERR.to_owned())
         })
         .transpose()?;
+    let start = match l.get(&START, start)?.map(|m| m.trim().to_ascii_lowercase()) {
+        None => d.start,
+        Some(m) if m == "fork" => Start::Fork,
+        Some(m) if m == "spawn" => Start::Spawn,
+        Some(_) => return Err(START_ERR.into()),
+    };
     Ok(Isolation {
         mode,
         idle_stop,
         user,
         connect_ports,
+        start,
     })
 }
 
@@ -142,7 +170,7 @@ mod tests {
     #[test]
     fn shared_is_the_default_and_user_is_taken_from_a_flag_or_yaml() {
         assert_eq!(
-            load_with((None, None, None, vec![]), None, false),
+            load_with((None, None, None, vec![], None), None, false),
             Ok(Isolation::default())
         );
         let i = load_with(
@@ -151,6 +179,7 @@ mod tests {
                 s("60"),
                 s("1000:1001"),
                 vec!["443".into(), "8080".into()],
+                s("spawn"),
             ),
             None,
             false,
@@ -163,11 +192,12 @@ mod tests {
                 idle_stop: Duration::from_secs(60),
                 user: Some((1000, 1001)),
                 connect_ports: Some(vec![443, 8080]),
+                start: Start::Spawn,
             }
         );
         let yaml = "kernel_isolation: user\nkernel-idle-stop: 5\nkernel_user: \"4242\"\n\
                     kernel_connect_ports: \"443\"\n";
-        let i = load_with((None, None, None, vec![]), Some(yaml), false).unwrap();
+        let i = load_with((None, None, None, vec![], None), Some(yaml), false).unwrap();
         assert_eq!(
             (i.mode, i.idle_stop, i.user, i.connect_ports),
             (
@@ -181,8 +211,12 @@ mod tests {
 
     #[test]
     fn wrong_values_and_external_kernels_are_refused() {
-        let none = || (None, None, None, vec![]);
-        let with_mode = |m: &str| (s(m), None, None, vec![]);
+        let none = || (None, None, None, vec![], None);
+        for bad in ["clone", "", "forks"] {
+            let f = (None, None, None, vec![], s(bad));
+            assert_eq!(load_with(f, None, false), Err(START_ERR.into()), "{bad}");
+        }
+        let with_mode = |m: &str| (s(m), None, None, vec![], None);
         assert_eq!(
             load_with(with_mode("users"), None, false),
             Err(MODE_ERR.into())
@@ -193,15 +227,15 @@ mod tests {
         );
         assert!(load_with(with_mode("shared"), None, true).is_ok());
         for bad in ["0", "-1", "604801", "x"] {
-            let f = (None, s(bad), None, vec![]);
+            let f = (None, s(bad), None, vec![], None);
             assert_eq!(load_with(f, None, false), Err(IDLE_ERR.into()), "{bad}");
         }
         for bad in ["0", "root", "0:5", "5:0", "1:2:3", "-4"] {
-            let f = (None, None, s(bad), vec![]);
+            let f = (None, None, s(bad), vec![], None);
             assert_eq!(load_with(f, None, false), Err(USER_ERR.into()), "{bad}");
         }
         for bad in ["0", "65536", "http"] {
-            let f = (None, None, None, vec![bad.into()]);
+            let f = (None, None, None, vec![bad.into()], None);
             assert_eq!(load_with(f, None, false), Err(PORTS_ERR.into()), "{bad}");
         }
         assert!(load_with(none(), None, true).is_ok());

@@ -104,7 +104,28 @@ impl Isolated {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        if isolated && !extra.windows(2).any(|w| w == ["--kernel-start", "spawn"]) {
+            g.forking().await;
+        }
         g
+    }
+
+    /// Waits for the kernel fork server (users' kernels are spawned until it is ready): the
+    /// tier's kernels are forked, as they are by default.
+    pub(crate) async fn forking(&self) {
+        let start = Instant::now();
+        loop {
+            let h = self.health().await;
+            if h["kernel"]["forkServer"]["state"] == "ready" {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "the fork server is not ready: {h}\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     pub(crate) fn log(&self) -> String {
@@ -320,12 +341,15 @@ impl Tenanted {
     pub(crate) async fn kernel_of(&self, user: &str) -> Option<u32> {
         let mine = format!("kernels/{}/", kernel::tenant::user_key(Some(user)));
         self.kernel_pids().await.into_iter().find_map(|pid| {
+            // A forked kernel's environment block is the fork server's: its working directory
+            // (its HOME) tells whose it is.
+            let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
             let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
             let environ = String::from_utf8_lossy(&environ);
-            environ
+            let spawned = environ
                 .split('\0')
-                .any(|v| v.starts_with("IAC_CODE_CONFIG_DIR=") && v.contains(&mine))
-                .then_some(pid as u32)
+                .any(|v| v.starts_with("IAC_CODE_CONFIG_DIR=") && v.contains(&mine));
+            (spawned || format!("{}/", cwd.display()).contains(&mine)).then_some(pid as u32)
         })
     }
 
@@ -381,20 +405,46 @@ fn scenario_of(thread: &str) -> String {
     format!("probe{}", thread.replace(['-', '_'], ""))
 }
 
-/// The TCP port the kernel `pid` listens on: its command line's `--port`.
-fn port_of(pid: u32) -> u16 {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
-    let args: Vec<String> = cmdline
-        .split(|b| *b == 0)
-        .map(|a| String::from_utf8_lossy(a).into_owned())
+/// The TCP port the kernel `pid` listens on (a forked kernel's command line is the fork
+/// server's): the loopback listener among its sockets.
+pub(crate) fn port_of(pid: u32) -> u16 {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let target = std::fs::read_link(e.path()).ok()?;
+            let t = target.to_str()?;
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
         .collect();
-    let at = args.iter().position(|a| a == "--port").expect("--port");
-    args[at + 1].parse().unwrap()
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // local address, state 0A (LISTEN), inode.
+            let listening =
+                f.get(3) == Some(&"0A") && inodes.iter().any(|i| Some(&i.as_str()) == f.get(9));
+            let port = f.get(1)?.split(':').nth(1)?;
+            listening
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("kernel {pid} listens on no port"))
 }
 
-/// The kernel the gateway `gateway` started itself (`shared` mode: `/health` names no pid).
-fn kernel_child(gateway: u32) -> u32 {
-    let kernels: Vec<u32> = std::fs::read_dir("/proc")
+/// The kernel fork server of the gateway `gateway` (its child named so on its command line).
+pub(crate) fn fork_server_of(gateway: u32) -> u32 {
+    children_of(gateway, "iac-code-agui-zygote")
+        .into_iter()
+        .next()
+        .expect("a fork server")
+}
+
+/// The children of `parent` whose command line contains `marker`.
+fn children_of(parent: u32, marker: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
@@ -405,9 +455,14 @@ fn kernel_child(gateway: u32) -> u32 {
                 .next()
                 .and_then(|r| r.split_whitespace().nth(1));
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            ppid == Some(&gateway.to_string()) && String::from_utf8_lossy(&cmdline).contains("a2a")
+            ppid == Some(&parent.to_string()) && String::from_utf8_lossy(&cmdline).contains(marker)
         })
-        .collect();
+        .collect()
+}
+
+/// The kernel the gateway `gateway` started itself (`shared` mode: `/health` names no pid).
+fn kernel_child(gateway: u32) -> u32 {
+    let kernels = children_of(gateway, "a2a");
     assert_eq!(kernels.len(), 1, "{kernels:?}");
     kernels[0]
 }
@@ -525,6 +580,12 @@ async fn each_users_turns_run_in_a_kernel_of_their_own() {
             &h["kernel"]["alive"]
         ),
         (&json!("user"), &json!(2), &json!(2)),
+        "{h}"
+    );
+    // Both kernels were forked by the fork server (the tier's default start).
+    assert_eq!(
+        (&h["kernel"]["start"], &h["kernel"]["forkServer"]["forked"]),
+        (&json!("fork"), &json!(2)),
         "{h}"
     );
     assert!(
@@ -809,6 +870,7 @@ async fn another_users_agent_reaches_nothing_of_alices_kernel_the_gateway_or_her
     let alice_pid = t.kernel_of("alice").await.expect("alice's kernel");
     let alice_port = port_of(alice_pid);
     let gateway_pid = t.gw.pid();
+    let zygote_pid = fork_server_of(gateway_pid);
     let gateway_port: u16 = t
         .url
         .trim_end_matches('/')
@@ -823,19 +885,25 @@ async fn another_users_agent_reaches_nothing_of_alices_kernel_the_gateway_or_her
     }
     let state = t.env.state_dir();
     let kernels = state.join("kernels");
+    // The threads' documents (targets below) are written from the journal a moment after the
+    // turns.
+    let start = Instant::now();
+    while !state.join("threads").is_dir() && start.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     open_to_all(&state, &kernels);
     let gateway_files = files_under(&state, &kernels);
     let alice_kernel_dir = kernels.join(kernel::tenant::user_key(Some("alice")));
     let alice_kernel_files = files_under(&alice_kernel_dir, Path::new("/nowhere"));
-    // Transcripts are written from the journal later: their lines are in the journal now.
-    for want in ["owner.key", "threads", "journal"] {
-        assert!(
-            gateway_files
-                .iter()
-                .any(|f| f.strip_prefix(&state).unwrap().starts_with(want)),
-            "no {want} in {gateway_files:?}"
-        );
-    }
+    // The thread's record and transcript are in the journal until it is written out: the
+    // targets are the record, or the journal that holds it.
+    let has = |want: &str| {
+        gateway_files
+            .iter()
+            .any(|f| f.strip_prefix(&state).unwrap().starts_with(want))
+    };
+    assert!(has("owner.key"), "{gateway_files:?}");
+    assert!(has("threads") || has("journal"), "{gateway_files:?}");
     let holds_secret = |files: &[PathBuf]| {
         files.iter().any(|f| {
             String::from_utf8_lossy(&std::fs::read(f).unwrap()).contains("alice-secret-42")
@@ -991,6 +1059,35 @@ async fn another_users_agent_reaches_nothing_of_alices_kernel_the_gateway_or_her
         "{all}"
     );
     assert!(alive(alice_pid) && alive(gateway_pid), "{all}");
+    // The fork server, every kernel's parent: bob's agent can neither signal it nor read it.
+    let zygote = t
+        .probes(
+            "bob",
+            "b-zygote",
+            &bob_ws,
+            &[
+                (
+                    "environ",
+                    format!("tr '\\0' '\\n' < /proc/{zygote_pid}/environ"),
+                ),
+                (
+                    "mem",
+                    format!("exec 4</proc/{zygote_pid}/mem && echo OPENED"),
+                ),
+                ("kill", format!("kill -9 {zygote_pid}")),
+                ("stop", format!("kill -STOP {zygote_pid}")),
+            ],
+        )
+        .await;
+    let all = format!("{zygote:?}");
+    for probe in ["environ", "mem"] {
+        assert!(zygote[probe].contains("Permission denied"), "{all}");
+    }
+    assert!(!zygote["mem"].contains("OPENED"), "{all}");
+    for probe in ["kill", "stop"] {
+        assert!(zygote[probe].contains("Operation not permitted"), "{all}");
+    }
+    assert!(alive(zygote_pid), "{all}");
     assert!(seen["own"].contains("mine"), "{all}");
     // The file tools, on alice's absolute paths.
     let read = t
