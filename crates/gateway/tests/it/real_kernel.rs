@@ -12,8 +12,8 @@ use testkit::sse::{assert_valid_run, post, RunResult};
 
 use crate::pool_real::signal;
 use crate::support::{
-    body, client, free_port, managed, managed_with, post_resume, post_turn, resume_body, server,
-    spawn_post, Builder,
+    body, client, free_port, managed, managed_with, post_resume, post_turn, real, resume_body,
+    server, spawn_post, Builder,
 };
 
 pub(crate) fn ws(env: &KernelEnv, name: &str) -> String {
@@ -42,8 +42,18 @@ pub(crate) fn answer(r: &RunResult, decision: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_reasoning_second_turn_and_errors() {
+    text_reasoning_second_turn_and_errors_on(false).await;
+}
+
+/// [`text_reasoning_second_turn_and_errors`] on a kernel forked by the kernel fork server (`--kernel-start fork`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_reasoning_second_turn_and_errors_on_a_forked_kernel() {
+    text_reasoning_second_turn_and_errors_on(true).await;
+}
+
+async fn text_reasoning_second_turn_and_errors_on(forked: bool) {
     let env = KernelEnv::new().await;
-    let s = server(&env, managed(&env).await).await;
+    let s = server(&env, real(&env, forked).await).await;
     let w = ws(&env, "t1");
     // Plain text.
     let r1 = post_turn(&s.url, "t1", "r1", "Say hello. scenario:text", &w).await;
@@ -160,8 +170,18 @@ async fn text_reasoning_second_turn_and_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permission_allow_deny_cancelled_and_replay() {
+    permission_allow_deny_cancelled_and_replay_on(false).await;
+}
+
+/// [`permission_allow_deny_cancelled_and_replay`] on a kernel forked by the kernel fork server (`--kernel-start fork`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_allow_deny_cancelled_and_replay_on_a_forked_kernel() {
+    permission_allow_deny_cancelled_and_replay_on(true).await;
+}
+
+async fn permission_allow_deny_cancelled_and_replay_on(forked: bool) {
     let env = KernelEnv::new().await;
-    let s = server(&env, managed(&env).await).await;
+    let s = server(&env, real(&env, forked).await).await;
     let w = ws(&env, "p1");
     let r1 = post_turn(&s.url, "p1", "r1", "Run it. scenario:bash", &w).await;
     assert_valid_run(&r1, "p1", "r1");
@@ -577,8 +597,18 @@ fn pipeline_resume(thread: &str, run: &str, cwd: &str, entries: Value) -> Value 
 /// text, after a gateway restart (ACTIVITY_SNAPSHOT and the re-opened step), and cancelled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipeline_question_interrupts_and_resumes() {
+    pipeline_question_interrupts_and_resumes_on(false).await;
+}
+
+/// [`pipeline_question_interrupts_and_resumes`] on a kernel forked by the kernel fork server (`--kernel-start fork`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipeline_question_interrupts_and_resumes_on_a_forked_kernel() {
+    pipeline_question_interrupts_and_resumes_on(true).await;
+}
+
+async fn pipeline_question_interrupts_and_resumes_on(forked: bool) {
     let env = KernelEnv::new().await;
-    let s = server(&env, managed(&env).await).await;
+    let s = server(&env, real(&env, forked).await).await;
     let start_run = |thread: &'static str| {
         let url = s.url.clone();
         let w = ws(&env, thread);

@@ -529,6 +529,58 @@ pub async fn managed(env: &KernelEnv) -> Arc<Kernel> {
     managed_with(env, a2a::Timeouts::default()).await
 }
 
+/// A managed real kernel for `env` as users' kernels start by default: forked by a kernel fork
+/// server of its own (which the test waits for), confined to the environment's directory, its
+/// LLM's port and its own. The kernel was forked (or the test fails).
+pub async fn forked(env: &KernelEnv) -> Arc<Kernel> {
+    use kernel::confine::Confinement;
+    use kernel::zygote::{interpreter_of, ForkServer, ServerSpec};
+    let mut launch = env.launch();
+    // TMPDIR within what it may write (a user's kernel has its own).
+    let tmp = env.dir.path().join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    launch.env("TMPDIR", tmp.display().to_string());
+    let program = PathBuf::from(launch.program());
+    let mut confinement = Confinement::runtime(&program);
+    confinement.read_write.push(env.dir.path().to_path_buf());
+    let llm = url::Url::parse(&env.llm.base_url()).unwrap();
+    confinement.connect_ports = vec![llm.port().unwrap()];
+    launch.confine(confinement.clone());
+    let server = ForkServer::start(ServerSpec {
+        python: interpreter_of(&program).expect("the kernel is a Python console script"),
+        env: kernel::isolate::zygote_env(launch.vars()),
+        identity: None,
+        confinement,
+    });
+    let waiting = server.clone();
+    let ready = tokio::task::spawn_blocking(move || waiting.wait_ready(Duration::from_secs(180)))
+        .await
+        .unwrap();
+    assert!(ready, "the kernel fork server is not ready: {server:?}");
+    launch.fork_from(server.clone());
+    let k = Kernel::managed(
+        ChildSpec {
+            launch,
+            ready_timeout: Duration::from_secs(60),
+            timeouts: a2a::Timeouts::default(),
+        },
+        None,
+    );
+    let state = k.wait_ready(Duration::from_secs(90)).await;
+    assert_eq!(state, KernelState::Ready, "{:?}", k.health());
+    assert_eq!(server.counts().0, 1, "the kernel was not forked");
+    k
+}
+
+/// [`managed`], or [`forked`].
+pub async fn real(env: &KernelEnv, forked_kernel: bool) -> Arc<Kernel> {
+    if forked_kernel {
+        forked(env).await
+    } else {
+        managed(env).await
+    }
+}
+
 /// [`managed`] with the kernel client's timeouts.
 pub async fn managed_with(env: &KernelEnv, timeouts: a2a::Timeouts) -> Arc<Kernel> {
     let k = Kernel::managed(

@@ -45,7 +45,7 @@ impl Isolated {
         seats: usize,
         extra: &[String],
     ) -> Isolated {
-        Isolated::launch(env, state, true, seats, extra).await
+        Isolated::launch(env, state, true, seats, extra, &[]).await
     }
 
     /// [`Isolated::start`], or with `isolated` false the same gateway in `shared` mode (one
@@ -56,6 +56,7 @@ impl Isolated {
         isolated: bool,
         seats: usize,
         extra: &[String],
+        vars: &[(&str, &str)],
     ) -> Isolated {
         passable(env.dir.path());
         passable(&env.ws());
@@ -71,6 +72,7 @@ impl Isolated {
             .args(extra)
             .envs(env.vars())
             .env("IAC_CODE_AGUI_AUTH_TOKEN", TOKEN)
+            .envs(vars.iter().copied())
             .env(
                 "IAC_CODE_AGUI_LOG",
                 "iac_code_agui=debug,kernel=debug,a2a=info,warn",
@@ -222,13 +224,23 @@ impl Tenanted {
 
     /// [`Tenanted::start`], or with `isolated` false in `shared` mode (see [`Isolated::launch`]).
     pub(crate) async fn start_with(isolated: bool, seats: usize, extra: &[&str]) -> Tenanted {
+        Self::start_env(isolated, seats, extra, &[]).await
+    }
+
+    /// [`Tenanted::start_with`], the gateway's environment with `vars` besides.
+    pub(crate) async fn start_env(
+        isolated: bool,
+        seats: usize,
+        extra: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Tenanted {
         let env = KernelEnv::new().await;
         let admin = free_port();
         let extra: Vec<String> = ["--metrics-listen".to_owned(), format!("127.0.0.1:{admin}")]
             .into_iter()
             .chain(extra.iter().map(|a| (*a).to_owned()))
             .collect();
-        let gw = Isolated::launch(&env, &env.state_dir(), isolated, seats, &extra).await;
+        let gw = Isolated::launch(&env, &env.state_dir(), isolated, seats, &extra, vars).await;
         let url = gw.url.clone();
         Tenanted {
             gw,

@@ -1,0 +1,276 @@
+//! Users' kernels forked by the kernel fork server (`--kernel-start fork`, the default), through
+//! the binary with the real kernel and the scripted fake LLM: a forked kernel's first turn
+//! imports (almost) nothing, the kernel is its user's (environment, directories, uid) while the
+//! fork server holds nothing of any user's, the fork server comes back when killed (kernels are
+//! spawned meanwhile), twelve users' kernels run at once, and `--kernel-start spawn` spawns.
+//! The rest of the isolation tier (`tenants_real`, `tenants_chaos`, `tenants_cluster`: turns,
+//! interrupts, restore after an idle stop, a kernel killed mid-turn, every attack probe) runs
+//! on forked kernels too.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use testkit::real_kernel::alive;
+
+use crate::tenants_real::{fork_server_of, is_root, port_of, Tenanted};
+
+/// The modules a forked kernel imported after the fork, from the gateway's log.
+fn late_imports(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| l.split("late import ").nth(1))
+        .map(|rest| {
+            rest.split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A process's own memory: what it shares with no other process (Private_Clean and
+/// Private_Dirty of `smaps_rollup`), in KiB.
+pub(crate) fn private_kib(pid: u32) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("Private_Clean:") || l.starts_with("Private_Dirty:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A user's first turn with a tool call runs in a kernel forked from the fork server, which
+/// imported what that turn needs: the kernel imports next to nothing after the fork (what the
+/// fork server's preload list, `crates/kernel/zygote/preload.txt`, missed; a spawned kernel
+/// imports about 4,000 modules during its first turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forked_kernels_first_turn_imports_little() {
+    let t = Tenanted::start_env(true, 2, &[], &[("IAC_CODE_AGUI_ZYGOTE_TRACE_IMPORTS", "1")]).await;
+    let ws = t.root_of("alice").join("p");
+    let out = t.bash("alice", "a-1", &ws, "echo first-turn-ok").await;
+    assert!(out.contains("first-turn-ok"), "{out}");
+    let r = t.turn("alice", "a-2", "r1", "Hi. scenario:text", &ws).await;
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let h = t.health().await;
+    assert_eq!(h["kernel"]["forkServer"]["forked"], 1, "{h}");
+    let log = t.gw.log();
+    // The trace is on: the kernel said so for each module, and the fork server is the one
+    // whose children said it.
+    let late = late_imports(&log);
+    eprintln!("late imports: {late:?}");
+    assert!(
+        late.len() <= 10,
+        "a forked kernel's first turn imported {} modules: {late:?}",
+        late.len()
+    );
+}
+
+/// A forked kernel runs as its user's: the bash tool sees that user's HOME, TMPDIR and
+/// configuration directory, the kernels' uid, the kernel's name; the fork server's own
+/// environment has no user's directory and no credential (the LLM key reaches each kernel in
+/// its request only), and its channel is no descriptor of the kernel's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forked_kernel_is_its_users_and_the_fork_server_holds_nothing_of_theirs() {
+    let t = Tenanted::start(2, &[]).await;
+    let key = kernel::tenant::user_key(Some("alice"));
+    let ws = t.root_of("alice").join("p");
+    let out = t
+        .bash(
+            "alice",
+            "a-1",
+            &ws,
+            "echo \"H=$HOME T=$TMPDIR C=$IAC_CODE_CONFIG_DIR K=$IAC_CODE_API_KEY U=$(id -u) P=$PWD\"",
+        )
+        .await;
+    let kernels = t.env.state_dir().join("kernels").join(&key);
+    for want in [
+        format!("H={}", kernels.join("home").display()),
+        format!("T={}", kernels.join("tmp").display()),
+        format!("C={}", kernels.join("home/.iac-code").display()),
+        format!("P={}", ws.display()),
+    ] {
+        assert!(out.contains(&want), "{want} not in {out}");
+    }
+    // The kernel has the LLM's key (it calls the LLM itself).
+    assert!(!out.contains("K= "), "{out}");
+    if is_root() {
+        assert!(out.contains("U=65534"), "{out}");
+    }
+    let kernel = t.kernel_of("alice").await.expect("alice's kernel");
+    let zygote = fork_server_of(t.gw.pid());
+    let parent = std::fs::read_to_string(format!("/proc/{kernel}/stat")).unwrap();
+    let ppid = parent.rsplit(')').next().unwrap().split_whitespace().nth(1);
+    assert_eq!(
+        ppid,
+        Some(zygote.to_string().as_str()),
+        "forked by the fork server"
+    );
+    let comm = std::fs::read_to_string(format!("/proc/{kernel}/comm")).unwrap();
+    assert_eq!(comm.trim(), "iac-code-kernel");
+    // The fork server's environment: nobody's HOME, no key, no user's directory.
+    let environ = std::fs::read(format!("/proc/{zygote}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        environ.split('\0').any(|v| v == "HOME=/nonexistent"),
+        "{environ}"
+    );
+    let api_key = t
+        .env
+        .vars()
+        .into_iter()
+        .find(|(k, _)| k == "IAC_CODE_API_KEY")
+        .map(|(_, v)| v)
+        .expect("the environment's LLM key");
+    assert!(!environ.contains(&api_key), "{environ}");
+    assert!(!environ.contains("IAC_CODE_API_KEY"), "{environ}");
+    assert!(!environ.contains(&key), "{environ}");
+    // The channel (the fork server's descriptor 3) is none of the kernel's sockets.
+    let channel = std::fs::read_link(format!("/proc/{zygote}/fd/3")).unwrap();
+    let kernel_fds: Vec<_> = std::fs::read_dir(format!("/proc/{kernel}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .collect();
+    assert!(
+        !kernel_fds.contains(&channel),
+        "{channel:?} in {kernel_fds:?}"
+    );
+    // Its listener is its own, on loopback.
+    let port = port_of(kernel);
+    assert!(port > 0);
+    // Under the kernels' uid, like the kernel.
+    if is_root() {
+        let status = std::fs::read_to_string(format!("/proc/{zygote}/status")).unwrap();
+        let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        assert!(
+            uid.split_whitespace().skip(1).all(|u| u == "65534"),
+            "{uid}"
+        );
+        let caps = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
+        assert!(caps.ends_with("0000000000000000"), "{caps}");
+    }
+}
+
+/// The fork server killed: its kernels die with it (a parent-death signal) and their
+/// supervisors start them again; the gateway restarts it after a back-off, spawning users'
+/// kernels meanwhile (and saying so), and forks again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fork_server_comes_back_and_kernels_are_spawned_meanwhile() {
+    let t = Tenanted::start(3, &[]).await;
+    let ws = |u: &str| t.root_of(u).join("p");
+    let r = t
+        .turn("alice", "a-1", "r1", "Hi. scenario:text", &ws("alice"))
+        .await;
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let alice = t.kernel_of("alice").await.expect("alice's kernel");
+    let zygote = fork_server_of(t.gw.pid());
+    crate::pool_real::signal(zygote as i32, libc::SIGKILL);
+    // Bob's kernel starts while the fork server is down: spawned.
+    let r = t
+        .turn("bob", "b-1", "r1", "Hi. scenario:text", &ws("bob"))
+        .await;
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let start = Instant::now();
+    while alive(alice) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "alice's kernel outlived its parent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    t.gw.forking().await;
+    let h = t.health().await;
+    assert_eq!(h["kernel"]["forkServer"]["restarts"], 1, "{h}");
+    assert_ne!(fork_server_of(t.gw.pid()), zygote);
+    let log = t.gw.log();
+    assert!(log.contains("the kernel fork server is down"), "{log}");
+    assert!(
+        log.contains("a user's kernel is spawned, not forked"),
+        "{log}"
+    );
+    // Alice's next turn: her kernel came back (forked or spawned), her thread with it.
+    let r = t
+        .turn("alice", "a-1", "r2", "Again. scenario:text", &ws("alice"))
+        .await;
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    // Carol, after the fork server is back: forked again.
+    let before = t.health().await["kernel"]["forkServer"]["forked"]
+        .as_u64()
+        .unwrap();
+    let r = t
+        .turn("carol", "c-1", "r1", "Hi. scenario:text", &ws("carol"))
+        .await;
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let h = t.health().await;
+    assert!(
+        h["kernel"]["forkServer"]["forked"].as_u64().unwrap() > before,
+        "{h}"
+    );
+}
+
+/// `--kernel-start spawn`: no fork server; each user's kernel is a new `iac-code a2a` process
+/// of the gateway's, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_kernel_start_spawn_each_kernel_is_a_new_process() {
+    let t = Tenanted::start(2, &["--kernel-start", "spawn"]).await;
+    let r = t
+        .turn(
+            "alice",
+            "a-1",
+            "r1",
+            "Hi. scenario:text",
+            &t.root_of("alice").join("p"),
+        )
+        .await;
+    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    let h = t.health().await;
+    assert_eq!(h["kernel"]["start"], "spawn", "{h}");
+    assert!(h["kernel"].get("forkServer").is_none(), "{h}");
+    let kernel = t.kernel_of("alice").await.expect("alice's kernel");
+    let cmdline = std::fs::read(format!("/proc/{kernel}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    assert!(
+        cmdline.contains("a2a") && !cmdline.contains("zygote"),
+        "{cmdline}"
+    );
+    let parent = std::fs::read_to_string(format!("/proc/{kernel}/stat")).unwrap();
+    let ppid = parent.rsplit(')').next().unwrap().split_whitespace().nth(1);
+    assert_eq!(ppid, Some(t.gw.pid().to_string().as_str()));
+}
+
+/// Twelve users at once, each a first turn on a kernel of their own: every kernel forked,
+/// every turn right, every kernel alive after, each with little memory of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twelve_users_kernels_run_at_once() {
+    let t = Tenanted::start(12, &[]).await;
+    let users: Vec<String> = (0..12).map(|i| format!("user{i}")).collect();
+    let t = &t;
+    let turns = users.iter().map(|u| {
+        let ws = t.root_of(u).join("p");
+        let thread = format!("{u}-t");
+        async move {
+            let r = t.turn(u, &thread, "r1", "Hi. scenario:text", &ws).await;
+            (u.clone(), r)
+        }
+    });
+    for (u, r) in futures_util::future::join_all(turns).await {
+        assert_eq!(r.last()["outcome"]["type"], "success", "{u}: {}", r.raw);
+        let text: String = r
+            .events
+            .iter()
+            .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
+            .filter_map(|e| e["delta"].as_str())
+            .collect();
+        assert!(!text.is_empty(), "{u}: {}", r.raw);
+    }
+    let h = t.health().await;
+    assert_eq!(
+        (&h["kernel"]["alive"], &h["kernel"]["forkServer"]["forked"]),
+        (&json!(12), &json!(12)),
+        "{h}"
+    );
+    let pids = t.kernel_pids().await;
+    assert_eq!(pids.len(), 12);
+    for pid in pids {
+        let kib = private_kib(pid as u32);
+        assert!(kib < 80 * 1024, "kernel {pid}: {kib} KiB of its own");
+    }
+}
