@@ -569,4 +569,70 @@ mod tests {
         assert_eq!(unreachable_by(&inner, 4242, 4242), None);
         assert_eq!(unreachable_by(&inner, 0, 0), None);
     }
+
+    /// The fork server gets what every kernel has alike and may shape an import, never a
+    /// credential nor a user's directory: HOME is nobody's.
+    #[test]
+    fn the_fork_servers_environment_is_the_kernels_shared_one_without_secrets() {
+        let base: Vec<(String, String)> = [
+            ("PATH", "/usr/bin"),
+            ("LANG", "C.UTF-8"),
+            ("LC_ALL", "C.UTF-8"),
+            ("TZ", "UTC"),
+            ("OTEL_SERVICE_NAME", "k"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=secret-1"),
+            ("LOGURU_LEVEL", "INFO"),
+            ("HOME", "/srv/users/alice"),
+            ("TMPDIR", "/srv/users/alice/tmp"),
+            ("IAC_CODE_API_KEY", "secret-2"),
+            ("IAC_CODE_LLM_HEADERS", "x=secret-3"),
+            ("ALIBABA_CLOUD_ACCESS_KEY_SECRET", "secret-4"),
+            ("IACCODE_A2A_HTTP_TOKEN", "secret-5"),
+            ("HTTPS_PROXY", "http://u:secret-6@proxy:3128"),
+        ]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        let env = zygote_env(&base);
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "PATH",
+                "LANG",
+                "LC_ALL",
+                "TZ",
+                "OTEL_SERVICE_NAME",
+                "LOGURU_LEVEL",
+                "HOME"
+            ]
+        );
+        assert_eq!(env.last().unwrap().1, "/nonexistent");
+        let text = format!("{env:?}");
+        assert!(
+            !text.contains("secret") && !text.contains("alice"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_fork_server_may_reach_every_users_roots_and_runs_as_the_kernels() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut iso = isolation(dir.path());
+        iso.identity = Some((4242, 4243));
+        let spec = iso
+            .fork_server_spec(
+                PathBuf::from("/venv/bin/python3"),
+                &[("X".into(), "1".into())],
+            )
+            .unwrap();
+        for root in ["kernels", "ws1", "ws2", "backup"] {
+            let root = dir.path().join(root);
+            assert!(root.is_dir(), "{}", root.display());
+            assert!(spec.confinement.read_write.contains(&root), "{root:?}");
+        }
+        assert_eq!(spec.confinement.connect_ports, vec![443]);
+        assert_eq!(spec.identity, Some((4242, 4243)));
+        assert_eq!(spec.env.last(), Some(&("X".to_owned(), "1".to_owned())));
+    }
 }

@@ -35,7 +35,7 @@ pub use card::CardCache;
 pub use launch::Launch;
 pub use pool::Pool;
 pub use supervisor::ChildSpec;
-pub use tenants::{TenantCounts, Tenants};
+pub use tenants::{ForkCounts, TenantCounts, Tenants};
 
 /// How long an external kernel's `/health` may take to answer a probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);

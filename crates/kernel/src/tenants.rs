@@ -37,6 +37,17 @@ pub struct TenantCounts {
     pub stopped: u64,
     /// Started for a tenant that had a kernel before, whose sessions it restores.
     pub restored: u64,
+    /// The fork server (`--kernel-start fork`): kernels it forked, its restarts, whether it is
+    /// ready now.
+    pub fork: Option<ForkCounts>,
+}
+
+/// The fork server's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ForkCounts {
+    pub forked: u64,
+    pub restarts: u64,
+    pub up: bool,
 }
 
 /// The seats, and how a tenant's kernel is made.
@@ -316,6 +327,14 @@ impl Tenants {
             started: self.started.load(Ordering::Relaxed),
             stopped: self.stopped.load(Ordering::Relaxed),
             restored: self.restored.load(Ordering::Relaxed),
+            fork: self.isolation.fork.as_ref().map(|f| {
+                let (forked, restarts) = f.counts();
+                ForkCounts {
+                    forked,
+                    restarts,
+                    up: f.state() == crate::zygote::State::Ready,
+                }
+            }),
         }
     }
 }

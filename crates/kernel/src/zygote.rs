@@ -188,7 +188,7 @@ impl ForkServer {
         )
     }
 
-    /// The zygote's pid (tests kill it).
+    /// Its part of `/health`: state, kernels forked, restarts.
     pub fn health(&self) -> Value {
         let (forked, restarts) = self.counts();
         json!({"state": self.state().as_str(), "forked": forked, "restarts": restarts})

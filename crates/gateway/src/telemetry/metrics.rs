@@ -231,6 +231,30 @@ impl prometheus_client::collector::Collector for KernelCollector {
                 let c = ConstCounter::new(n);
                 c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
             }
+            if let Some(f) = t.fork {
+                let up = ConstGauge::new(i64::from(f.up));
+                up.encode(encoder.encode_descriptor(
+                    "agui_kernel_fork_server_up",
+                    "Whether the kernel fork server is ready (users' kernels are spawned while it is not)",
+                    None,
+                    up.metric_type(),
+                )?)?;
+                for (name, help, n) in [
+                    (
+                        "agui_kernels_forked",
+                        "Users' own kernels forked by the kernel fork server",
+                        f.forked,
+                    ),
+                    (
+                        "agui_kernel_fork_server_restarts",
+                        "Restarts of the kernel fork server",
+                        f.restarts,
+                    ),
+                ] {
+                    let c = ConstCounter::new(n);
+                    c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+                }
+            }
         }
         Ok(())
     }
@@ -585,6 +609,11 @@ mod tests {
                 started: 7,
                 stopped: 5,
                 restored: 3,
+                fork: Some(kernel::ForkCounts {
+                    forked: 6,
+                    restarts: 1,
+                    up: true,
+                }),
             })
         }
         fn slots(&self) -> Vec<SlotGauges> {
@@ -615,6 +644,9 @@ mod tests {
             "agui_kernels_started_total 7",
             "agui_kernels_stopped_total 5",
             "agui_kernels_restored_total 3",
+            "agui_kernel_fork_server_up 1",
+            "agui_kernels_forked_total 6",
+            "agui_kernel_fork_server_restarts_total 1",
             "# TYPE agui_kernel_slot_up gauge",
             "agui_kernel_slot_up{slot=\"0\"} 1",
             "agui_kernel_slot_up{slot=\"1\"} 0",

@@ -200,10 +200,27 @@ async fn the_fork_server_comes_back_and_kernels_are_spawned_meanwhile() {
         .await;
     assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
     let h = t.health().await;
-    assert!(
-        h["kernel"]["forkServer"]["forked"].as_u64().unwrap() > before,
-        "{h}"
-    );
+    let forked = h["kernel"]["forkServer"]["forked"].as_u64().unwrap();
+    assert!(forked > before, "{h}");
+    // The metrics say the same.
+    let metrics = crate::support::client()
+        .get(format!("http://127.0.0.1:{}/metrics", t.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "agui_kernel_fork_server_up 1".to_owned(),
+        "agui_kernel_fork_server_restarts_total 1".to_owned(),
+        format!("agui_kernels_forked_total {forked}"),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in {metrics}"
+        );
+    }
 }
 
 /// `--kernel-start spawn`: no fork server; each user's kernel is a new `iac-code a2a` process
