@@ -249,6 +249,7 @@ impl ForkServer {
                     stderr: Some(err_r.into()),
                     shared: self.0.clone(),
                     life: life.clone(),
+                    dead_since: None,
                 })
             }
             Ok(Reply::Refused(why)) => Err(format!("the kernel fork server refused: {why}")),
@@ -272,6 +273,8 @@ pub struct Forked {
     pub stderr: Option<std::fs::File>,
     shared: Arc<Shared>,
     life: Arc<Life>,
+    /// When it was first seen exited without a report.
+    dead_since: Option<Instant>,
 }
 
 impl Forked {
@@ -285,7 +288,13 @@ impl Forked {
         if let Some(raw) = self.shared.exits.lock().expect("exits").remove(&self.pid) {
             return Ok(Some(ExitStatus::from_raw(raw)));
         }
-        if self.life.gone.load(Ordering::SeqCst) && !self.alive()? {
+        if self.alive()? {
+            self.dead_since = None;
+            return Ok(None);
+        }
+        // Exited: the zygote's report follows at once, unless the zygote is gone or stuck.
+        let since = *self.dead_since.get_or_insert_with(Instant::now);
+        if self.life.gone.load(Ordering::SeqCst) || since.elapsed() > Duration::from_secs(2) {
             return Ok(Some(ExitStatus::from_raw(libc::SIGKILL)));
         }
         Ok(None)
@@ -457,17 +466,10 @@ fn command(spec: &ServerSpec, channel: i32) -> Result<Command, String> {
     if let Some((uid, gid)) = spec.identity {
         cmd.uid(uid).gid(gid);
     }
-    let parent = std::process::id();
-    // SAFETY: only async-signal-safe calls (prctl, getppid, dup2, fcntl, _exit) between fork
-    // and exec.
+    super::launch::die_with_parent(&mut cmd);
+    // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() as u32 != parent {
-                libc::_exit(1);
-            }
             if channel == 3 {
                 // dup2 onto itself keeps close-on-exec: clear it.
                 if libc::fcntl(3, libc::F_SETFD, 0) != 0 {
@@ -496,11 +498,16 @@ fn read(
     let mut ready_at = None;
     let started = Instant::now();
     loop {
-        if ready_at.is_none()
-            && !wait_readable(&life.chan, READY_TIMEOUT.saturating_sub(started.elapsed()))
-        {
-            tracing::error!(pid, "the kernel fork server was not ready in time");
-            return None;
+        if shared.stop.load(Ordering::SeqCst) {
+            return ready_at;
+        }
+        // Looked at every 200 ms: a stop asked for while it imports ends it too.
+        if !wait_readable(&life.chan, Duration::from_millis(200)) {
+            if ready_at.is_none() && started.elapsed() > READY_TIMEOUT {
+                tracing::error!(pid, "the kernel fork server was not ready in time");
+                return None;
+            }
+            continue;
         }
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
@@ -543,12 +550,15 @@ fn read(
         } else if let Some(child) = message.get("forked").and_then(Value::as_u64) {
             let child = child as u32;
             shared.exits.lock().expect("exits").remove(&child);
+            // The pid the gateway will signal is the one its pidfd names, a child of this
+            // zygote's: never a number the zygote merely says.
             match fds.pop() {
-                Some(pidfd) => {
+                Some(pidfd) if pid_of(&pidfd) == Some(child) && parent_of(child) == Some(pid) => {
                     let _ = replies.send(Reply::Forked(child, pidfd));
                 }
-                None => {
-                    let _ = replies.send(Reply::Refused("no pidfd".into()));
+                _ => {
+                    tracing::error!(pid, "the kernel fork server named a process not its child");
+                    let _ = replies.send(Reply::Refused("not its child".into()));
                 }
             }
         } else if let Some(why) = message.get("refused").and_then(Value::as_str) {
@@ -563,6 +573,27 @@ fn read(
             exits.insert(child as u32, status);
         }
     }
+}
+
+/// The pid a pidfd refers to (its `fdinfo`).
+fn pid_of(pidfd: &OwnedFd) -> Option<u32> {
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("Pid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The parent of process `pid`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// Whether `fd` has something to read (or its end) within `within`.
@@ -614,6 +645,54 @@ mod tests {
         ] {
             assert_eq!(interpreter_in(text), None, "{text:?}");
         }
+    }
+
+    /// What a pidfd the zygote sends is checked against: the process it names, and whose
+    /// child that is.
+    #[test]
+    fn a_pidfd_names_its_process_and_the_process_its_parent() {
+        let mut child = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a pid");
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty())
+            .expect("pidfd_open");
+        assert_eq!(pid_of(&pidfd), Some(child.id()));
+        assert_eq!(parent_of(child.id()), Some(std::process::id()));
+        assert_ne!(parent_of(std::process::id()), Some(std::process::id()));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(parent_of(child.id()), None);
+    }
+
+    /// The trace the first-turn test counts: a module imported after it is set is named, one
+    /// imported before is not. (The fork server's own source, run by the system's Python.)
+    #[test]
+    fn the_late_import_trace_names_a_module_imported_after_the_fork() {
+        let script = "import sys, json\n\
+            g = {'__name__': 'zygote'}\n\
+            exec(sys.stdin.read(), g)\n\
+            g['report_late_imports']()\n\
+            import json\n\
+            import wave\n";
+        let mut child = Command::new("python3")
+            .args(["-c", script])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(SOURCE.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("iac-code-agui zygote: late import wave\n"),
+            "{err}"
+        );
+        assert!(!err.contains("late import json"), "{err}");
     }
 
     #[test]

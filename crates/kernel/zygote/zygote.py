@@ -56,9 +56,10 @@ _SYSCALLS = {
 }
 
 
-def log(text):
-    sys.stderr.write(f"iac-code-agui zygote: {text}\n")
-    sys.stderr.flush()
+def log(text, stream=None):
+    stream = stream or sys.stdout
+    stream.write(f"iac-code-agui zygote: {text}\n")
+    stream.flush()
 
 
 def preload(names):
@@ -259,7 +260,7 @@ def main():
     gc.disable()
     tasks = os.listdir("/proc/self/task")
     if len(tasks) != 1:
-        log(f"{len(tasks)} threads after the imports: a fork would copy a lock held by one")
+        log(f"{len(tasks)} threads after the imports: a fork would copy a lock held by one", sys.stderr)
         sys.exit(3)
     # The descriptors the imports opened: theirs to keep in a child (a module may write to one).
     keep = {int(fd) for fd in os.listdir("/proc/self/fd")} - {0, 1, 2, CHANNEL_FD}

@@ -47,13 +47,11 @@ async fn a_forked_kernels_first_turn_imports_little() {
     let ws = t.root_of("alice").join("p");
     let out = t.bash("alice", "a-1", &ws, "echo first-turn-ok").await;
     assert!(out.contains("first-turn-ok"), "{out}");
-    let r = t.turn("alice", "a-2", "r1", "Hi. scenario:text", &ws).await;
-    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    t.hello("alice", "a-2", "r1").await;
     let h = t.health().await;
     assert_eq!(h["kernel"]["forkServer"]["forked"], 1, "{h}");
     let log = t.gw.log();
-    // The trace is on: the kernel said so for each module, and the fork server is the one
-    // whose children said it.
+    // (That the trace names a module imported after it is set: `kernel::zygote::tests`.)
     let late = late_imports(&log);
     eprintln!("late imports: {late:?}");
     assert!(
@@ -155,19 +153,12 @@ async fn a_forked_kernel_is_its_users_and_the_fork_server_holds_nothing_of_their
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fork_server_comes_back_and_kernels_are_spawned_meanwhile() {
     let t = Tenanted::start(3, &[]).await;
-    let ws = |u: &str| t.root_of(u).join("p");
-    let r = t
-        .turn("alice", "a-1", "r1", "Hi. scenario:text", &ws("alice"))
-        .await;
-    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    t.hello("alice", "a-1", "r1").await;
     let alice = t.kernel_of("alice").await.expect("alice's kernel");
     let zygote = fork_server_of(t.gw.pid());
     crate::pool_real::signal(zygote as i32, libc::SIGKILL);
     // Bob's kernel starts while the fork server is down: spawned.
-    let r = t
-        .turn("bob", "b-1", "r1", "Hi. scenario:text", &ws("bob"))
-        .await;
-    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    t.hello("bob", "b-1", "r1").await;
     let start = Instant::now();
     while alive(alice) {
         assert!(
@@ -187,18 +178,12 @@ async fn the_fork_server_comes_back_and_kernels_are_spawned_meanwhile() {
         "{log}"
     );
     // Alice's next turn: her kernel came back (forked or spawned), her thread with it.
-    let r = t
-        .turn("alice", "a-1", "r2", "Again. scenario:text", &ws("alice"))
-        .await;
-    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    t.hello("alice", "a-1", "r2").await;
     // Carol, after the fork server is back: forked again.
     let before = t.health().await["kernel"]["forkServer"]["forked"]
         .as_u64()
         .unwrap();
-    let r = t
-        .turn("carol", "c-1", "r1", "Hi. scenario:text", &ws("carol"))
-        .await;
-    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    t.hello("carol", "c-1", "r1").await;
     let h = t.health().await;
     let forked = h["kernel"]["forkServer"]["forked"].as_u64().unwrap();
     assert!(forked > before, "{h}");
@@ -228,16 +213,7 @@ async fn the_fork_server_comes_back_and_kernels_are_spawned_meanwhile() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_kernel_start_spawn_each_kernel_is_a_new_process() {
     let t = Tenanted::start(2, &["--kernel-start", "spawn"]).await;
-    let r = t
-        .turn(
-            "alice",
-            "a-1",
-            "r1",
-            "Hi. scenario:text",
-            &t.root_of("alice").join("p"),
-        )
-        .await;
-    assert_eq!(r.last()["outcome"]["type"], "success", "{}", r.raw);
+    t.hello("alice", "a-1", "r1").await;
     let h = t.health().await;
     assert_eq!(h["kernel"]["start"], "spawn", "{h}");
     assert!(h["kernel"].get("forkServer").is_none(), "{h}");
@@ -261,15 +237,10 @@ async fn twelve_users_kernels_run_at_once() {
     let users: Vec<String> = (0..12).map(|i| format!("user{i}")).collect();
     let t = &t;
     let turns = users.iter().map(|u| {
-        let ws = t.root_of(u).join("p");
         let thread = format!("{u}-t");
-        async move {
-            let r = t.turn(u, &thread, "r1", "Hi. scenario:text", &ws).await;
-            (u.clone(), r)
-        }
+        async move { (u.clone(), t.hello(u, &thread, "r1").await) }
     });
     for (u, r) in futures_util::future::join_all(turns).await {
-        assert_eq!(r.last()["outcome"]["type"], "success", "{u}: {}", r.raw);
         let text: String = r
             .events
             .iter()

@@ -274,6 +274,21 @@ impl Tenanted {
             .collect()
     }
 
+    /// A text turn of `user` on `thread` (run `run`) in their workspace `p`, which succeeded.
+    pub(crate) async fn hello(&self, user: &str, thread: &str, run: &str) -> RunResult {
+        let r = self
+            .turn(
+                user,
+                thread,
+                run,
+                "Hi. scenario:text",
+                &self.root_of(user).join("p"),
+            )
+            .await;
+        assert_eq!(r.last()["outcome"]["type"], "success", "{user}: {}", r.raw);
+        r
+    }
+
     /// A turn of `user` on `thread` in `cwd`.
     pub(crate) async fn turn(
         &self,
@@ -1370,16 +1385,7 @@ async fn try_bash(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_without_a_user_is_a_tenant_of_its_own() {
     let t = Tenanted::start(2, &[]).await;
-    let alice = t
-        .turn(
-            "alice",
-            "a-1",
-            "r1",
-            "Hi. scenario:text",
-            &t.root_of("alice").join("p"),
-        )
-        .await;
-    assert_eq!(alice.last()["outcome"]["type"], "success", "{}", alice.raw);
+    t.hello("alice", "a-1", "r1").await;
     let nobody_root = t.env.ws().join(kernel::tenant::ANONYMOUS);
     let h = [("authorization", format!("Bearer {TOKEN}"))];
     let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
