@@ -313,6 +313,44 @@ mod tests {
         (Config::load(cli, &*env).unwrap(), env)
     }
 
+    /// A fork server only for users' own kernels started by fork, and only from a Python
+    /// console script: otherwise kernels are spawned.
+    #[test]
+    fn a_fork_server_is_made_only_where_users_kernels_are_forked_from_a_console_script() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("iac-code");
+        std::fs::write(&script, "#!/bin/sh\nexec true\n").unwrap();
+        let command = script.display().to_string();
+        let ws = dir.path().join("ws").display().to_string();
+        let vars = [("IAC_CODE_AGUI_ALLOWED_CWDS", ws.as_str())];
+        let shared = ["--a2a-command", command.as_str()];
+        let spawn = [
+            "--a2a-command",
+            command.as_str(),
+            "--kernel-isolation",
+            "user",
+            "--kernel-start",
+            "spawn",
+        ];
+        let fork = [
+            "--a2a-command",
+            command.as_str(),
+            "--kernel-isolation",
+            "user",
+        ];
+        for args in [&shared[..], &spawn[..], &fork[..]] {
+            let (cfg, env) = cfg_with(dir.path(), args, &vars);
+            let iso = isolation(&cfg, &env);
+            assert!(fork_server(&cfg, &env, &iso).is_none(), "{args:?}");
+        }
+        // With a console script, user mode forks by default.
+        std::fs::write(&script, "#!/usr/bin/python3\nimport sys\n").unwrap();
+        let (cfg, env) = cfg_with(dir.path(), &fork, &vars);
+        let iso = isolation(&cfg, &env);
+        let server = fork_server(&cfg, &env, &iso).expect("a fork server");
+        server.stop();
+    }
+
     #[test]
     fn shared_mode_checks_nothing_and_user_mode_refuses_a_machine_without_landlock() {
         let dir = tempfile::tempdir().unwrap();

@@ -695,6 +695,39 @@ mod tests {
         assert!(!err.contains("late import json"), "{err}");
     }
 
+    /// A fork server that cannot start (here an interpreter that exits at once) is started
+    /// again after its back-off, and a fork meanwhile is refused, so the kernel is spawned.
+    #[test]
+    fn a_fork_server_that_cannot_start_is_retried_and_forks_nothing() {
+        let server = ForkServer::start(ServerSpec {
+            python: PathBuf::from("/bin/false"),
+            env: Vec::new(),
+            identity: None,
+            confinement: Confinement::runtime(Path::new("/bin/false")),
+        });
+        let start = Instant::now();
+        while server.counts().1 < 2 {
+            assert!(start.elapsed() < Duration::from_secs(10), "{server:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_ne!(server.state(), State::Ready);
+        assert!(!server.wait_ready(Duration::from_millis(100)));
+        let ruleset = Confinement::runtime(Path::new("/bin/false"))
+            .prepare()
+            .expect("this machine confines");
+        let req = ForkRequest {
+            argv: vec!["k".into()],
+            env: Vec::new(),
+            cwd: PathBuf::from("/"),
+        };
+        let e = server
+            .fork(&req, &ruleset)
+            .expect_err("nothing to fork from");
+        assert!(e.contains("not ready"), "{e}");
+        assert_eq!(server.counts().0, 0);
+        server.stop();
+    }
+
     #[test]
     fn the_preload_list_names_modules_only() {
         let names: Vec<&str> = PRELOAD
