@@ -10,6 +10,13 @@
 //!   credential cache, an ssh or gpg agent in their HOME) and the uid's own services (its
 //!   systemd and D-Bus) would answer. `socketpair` stays: the kernel's event loop needs it.
 //! - **io_uring**, which opens sockets and files past this filter.
+//! - **Another process's limits, priority and scheduling** (`prlimit64`, `setpriority`,
+//!   `ioprio_set`, `sched_setaffinity`, `sched_setscheduler`, `sched_setparam`,
+//!   `sched_setattr` naming a process other than the caller, or every process of its uid):
+//!   Linux lets a uid change its own processes', and Landlock does not govern it, so one user's
+//!   agent could lower the limits or the priority of another user's kernel, of the kernel fork
+//!   server (whose children inherit them) or of a gateway of the same uid. A process changes
+//!   its own (pid 0, as `setrlimit`, `nice` and `os.sched_setaffinity(0, ...)` do).
 //!
 //! Each is answered `EACCES`, as a denial of Landlock's is. The filter is compiled in the
 //! parent (`seccompiler`); the child only hands it to the kernel.
@@ -20,7 +27,8 @@ use seccompiler::{
 };
 
 /// The x32 ABI's system call numbers on x86_64 (the filter's architecture check does not tell
-/// them apart): its `socket` and `io_uring_setup` are refused outright.
+/// them apart): its `socket`, `io_uring_setup` and the calls on other processes above are
+/// refused outright.
 #[cfg(target_arch = "x86_64")]
 const X32: i64 = 0x4000_0000;
 
@@ -46,17 +54,46 @@ pub(crate) fn filter() -> Result<BpfProgram, String> {
         SeccompCmpOp::Eq,
         libc::AF_UNIX as u64,
     )?])?);
+    // The first argument a process other than the caller: pid 0 is the caller.
+    let other = |arg: u8| -> Result<Vec<SeccompRule>, String> {
+        Ok(vec![rule(vec![cond(arg, SeccompCmpOp::Ne, 0)?])?])
+    };
+    // (which, who): who other than the caller, or every process of the caller's uid.
+    let others = |by_user: u64| -> Result<Vec<SeccompRule>, String> {
+        Ok(vec![
+            rule(vec![cond(1, SeccompCmpOp::Ne, 0)?])?,
+            rule(vec![cond(0, SeccompCmpOp::Eq, by_user)?])?,
+        ])
+    };
+    const IOPRIO_WHO_USER: u64 = 3;
     let mut rules = vec![
         (libc::SYS_socket, socket),
         (libc::SYS_io_uring_setup, Vec::new()),
         (libc::SYS_io_uring_enter, Vec::new()),
         (libc::SYS_io_uring_register, Vec::new()),
+        (libc::SYS_prlimit64, other(0)?),
+        (libc::SYS_sched_setaffinity, other(0)?),
+        (libc::SYS_sched_setscheduler, other(0)?),
+        (libc::SYS_sched_setparam, other(0)?),
+        (libc::SYS_sched_setattr, other(0)?),
+        (libc::SYS_setpriority, others(libc::PRIO_USER as u64)?),
+        (libc::SYS_ioprio_set, others(IOPRIO_WHO_USER)?),
     ];
     #[cfg(target_arch = "x86_64")]
-    rules.extend([
-        (X32 | libc::SYS_socket, Vec::new()),
-        (X32 | libc::SYS_io_uring_setup, Vec::new()),
-    ]);
+    rules.extend(
+        [
+            libc::SYS_socket,
+            libc::SYS_io_uring_setup,
+            libc::SYS_prlimit64,
+            libc::SYS_sched_setaffinity,
+            libc::SYS_sched_setscheduler,
+            libc::SYS_sched_setparam,
+            libc::SYS_sched_setattr,
+            libc::SYS_setpriority,
+            libc::SYS_ioprio_set,
+        ]
+        .map(|nr| (X32 | nr, Vec::new())),
+    );
     let f = SeccompFilter::new(
         rules.into_iter().collect(),
         SeccompAction::Allow,

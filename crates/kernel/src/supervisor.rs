@@ -74,16 +74,24 @@ fn kill_group(pid: u32, sig: i32) {
     }
 }
 
+/// Kills what is left of an exited child's process group. A forked child's group was killed by
+/// the zygote before it reaped the child (its id could be another group's by now).
+fn kill_leftovers(child: &Proc) {
+    if !child.forked() {
+        kill_group(child.id(), libc::SIGKILL);
+    }
+}
+
 fn stop_child(child: &mut Proc) {
     let pid = child.id();
     if matches!(child.try_wait(), Ok(Some(_))) {
-        kill_group(pid, libc::SIGKILL);
+        kill_leftovers(child);
         return;
     }
     kill_group(pid, libc::SIGTERM);
     if exits_within(child, Duration::from_secs(5)) {
         // Reap stragglers of the group too.
-        kill_group(pid, libc::SIGKILL);
+        kill_leftovers(child);
         return;
     }
     kill_group(pid, libc::SIGKILL);
@@ -194,10 +202,9 @@ fn supervise(k: Arc<Kernel>, spec: ChildSpec) {
                 continue;
             }
         };
-        let token = random_token();
         let over = output::Over::default();
-        let mut child = match begin(&spec.launch, port, &token, &over) {
-            Ok(c) => c,
+        let (mut child, port, token) = match begin(&spec.launch, port, random_token(), &over) {
+            Ok(started) => started,
             Err(e) => {
                 k.set_state(KernelState::Failed(e.clone()));
                 tracing::error!(error = %e, "managed kernel failed to start");
@@ -283,7 +290,7 @@ fn live(
                 status.code().unwrap_or(-1)
             );
             tracing::error!("{msg}");
-            kill_group(child.id(), libc::SIGKILL);
+            kill_leftovers(child);
             k.set_state(KernelState::Failed(msg));
             return Life::Over;
         }
@@ -310,7 +317,7 @@ fn live(
                 code = status.code().unwrap_or(-1),
                 "managed kernel exited; restarting"
             );
-            kill_group(child.id(), libc::SIGKILL);
+            kill_leftovers(child);
             Life::Over
         }
         Watched::Done(never) => match never {},
@@ -318,10 +325,16 @@ fn live(
 }
 
 /// Starts a life of the kernel on `port` with `token`: forked by the launch's fork server when
-/// it has one that is ready, else spawned (and said so when a fork was meant). Its output is
-/// forwarded to the log until `over`.
-fn begin(launch: &Launch, port: u16, token: &str, over: &output::Over) -> Result<Proc, String> {
-    match launch.fork_request(port, token) {
+/// it has one that is ready, else spawned (and said so when a fork was meant), on another port
+/// with another token then (a fork that timed out may yet have a child that took them). Its
+/// output is forwarded to the log until `over`. The process, its port and its token.
+fn begin(
+    launch: &Launch,
+    port: u16,
+    token: String,
+    over: &output::Over,
+) -> Result<(Proc, u16, String), String> {
+    let (port, token) = match launch.fork_request(port, &token) {
         Some(Ok((server, req, prepared))) => match server.fork(&req, &prepared) {
             Ok(mut f) => {
                 if let Some(out) = f.stdout.take() {
@@ -330,15 +343,19 @@ fn begin(launch: &Launch, port: u16, token: &str, over: &output::Over) -> Result
                 if let Some(err) = f.stderr.take() {
                     output::forward(f.id(), Stream::Stderr, err, over.clone());
                 }
-                return Ok(Proc::Forked(f));
+                return Ok((Proc::Forked(f), port, token));
             }
-            Err(e) => tracing::warn!(reason = %e, "a user's kernel is spawned, not forked"),
+            Err(e) => {
+                tracing::warn!(reason = %e, "a user's kernel is spawned, not forked");
+                let port = free_port(launch).map_err(|e| format!("no free port: {e}"))?;
+                (port, random_token())
+            }
         },
         Some(Err(e)) => return Err(format!("managed kernel cannot be confined: {e}")),
-        None => {}
-    }
+        None => (port, token),
+    };
     let mut cmd = launch
-        .spawnable(port, token)
+        .spawnable(port, &token)
         .map_err(|e| format!("managed kernel cannot be confined: {e}"))?;
     // Its output goes through the gateway's log, line by line (`output`).
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -352,7 +369,7 @@ fn begin(launch: &Launch, port: u16, token: &str, over: &output::Over) -> Result
     if let Some(err) = child.stderr.take() {
         output::forward(child.id(), Stream::Stderr, err, over.clone());
     }
-    Ok(Proc::Spawned(child))
+    Ok((Proc::Spawned(child), port, token))
 }
 
 /// Sleeps up to `d`; returns true when a stop was requested.

@@ -48,8 +48,11 @@ const SOURCE: &str = include_str!("../zygote/zygote.py");
 /// The modules it imports besides the kernel's entry point: what a kernel's start and first turn
 /// import, measured (see `scripts/zygote-preload.sh`).
 const PRELOAD: &str = include_str!("../zygote/preload.txt");
-/// The largest message either side sends (a request's environment is a few KiB).
-const MAX_MESSAGE: usize = 1 << 20;
+/// The largest message either side sends (a request's environment is a few KiB): within what a
+/// SEQPACKET socket's default buffer takes in one message (about 208 KiB).
+const MAX_MESSAGE: usize = 192 << 10;
+/// Forks in a row the zygote did not answer in time after which it is started again.
+const UNANSWERED_LIMIT: u32 = 2;
 /// How long the imports may take before the zygote counts as failed to start.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a fork may take to be answered.
@@ -130,8 +133,12 @@ struct Shared {
 /// One zygote's channel.
 struct Life {
     chan: OwnedFd,
-    /// Its answers to forks, in order; held by the fork in progress.
-    replies: Mutex<mpsc::Receiver<Reply>>,
+    /// The forks waiting for their answer, by request id: an answer nobody waits for any more
+    /// (its fork timed out) is a child nobody supervises, killed at once.
+    waiting: Mutex<HashMap<u64, mpsc::Sender<Reply>>>,
+    next_id: AtomicU64,
+    /// Forks in a row it did not answer in time.
+    unanswered: std::sync::atomic::AtomicU32,
     /// Its channel ended: the zygote is gone.
     gone: AtomicBool,
 }
@@ -224,22 +231,41 @@ impl ForkServer {
         if message.len() > MAX_MESSAGE {
             return Err("the kernel's request is too large to fork".into());
         }
-        let replies = life.replies.lock().expect("replies");
-        // An answer to a fork that timed out is no answer to this one.
-        while let Ok(Reply::Forked(_, _) | Reply::Refused(_)) = replies.try_recv() {}
+        let id = life.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        life.waiting.lock().expect("waiting").insert(id, tx);
         let fds = [out_w.as_fd(), err_w.as_fd(), ruleset.as_fd()];
         let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
         let mut control = SendAncillaryBuffer::new(&mut space);
         control.push(SendAncillaryMessage::ScmRights(&fds));
-        rustix::net::sendmsg(
+        // Never blocks: a zygote that does not read its channel makes the kernel spawned.
+        let sent = rustix::net::sendmsg(
             &life.chan,
-            &[IoSlice::new(&message)],
+            &[IoSlice::new(&id.to_le_bytes()), IoSlice::new(&message)],
             &mut control,
-            SendFlags::NOSIGNAL,
-        )
-        .map_err(|e| format!("the kernel fork server cannot be asked: {e}"))?;
+            SendFlags::NOSIGNAL | SendFlags::DONTWAIT,
+        );
         drop((out_w, err_w));
-        match replies.recv_timeout(FORK_TIMEOUT) {
+        if let Err(e) = sent {
+            life.waiting.lock().expect("waiting").remove(&id);
+            return Err(format!("the kernel fork server cannot be asked: {e}"));
+        }
+        let answer = rx.recv_timeout(FORK_TIMEOUT);
+        // From here on, an answer finds nobody waiting (and its child is killed).
+        life.waiting.lock().expect("waiting").remove(&id);
+        if answer.is_err() {
+            let unanswered = life.unanswered.fetch_add(1, Ordering::SeqCst) + 1;
+            if unanswered >= UNANSWERED_LIMIT && !life.gone.load(Ordering::SeqCst) {
+                tracing::error!(
+                    unanswered,
+                    "the kernel fork server does not answer: it is started again"
+                );
+                let _ = rustix::net::shutdown(&life.chan, rustix::net::Shutdown::Both);
+            }
+        } else {
+            life.unanswered.store(0, Ordering::SeqCst);
+        }
+        match answer {
             Ok(Reply::Forked(pid, pidfd)) => {
                 self.0.forked.fetch_add(1, Ordering::Relaxed);
                 Ok(Forked {
@@ -317,6 +343,13 @@ impl Forked {
     /// Signals it alone (its group is signalled by pid, as a spawned kernel's is).
     pub fn signal(&self, sig: rustix::process::Signal) {
         let _ = rustix::process::pidfd_send_signal(&self.pidfd, sig);
+    }
+}
+
+impl Drop for Forked {
+    fn drop(&mut self) {
+        // Its status, should it come after its supervisor let go, is nobody's.
+        self.shared.exits.lock().expect("exits").remove(&self.pid);
     }
 }
 
@@ -433,13 +466,14 @@ fn run(shared: &Arc<Shared>) -> Result<Duration, String> {
             tracing::error!(error = %e, "the kernel fork server's source could not be given");
         }
     }
-    let (tx, rx) = mpsc::channel();
     let life = Arc::new(Life {
         chan: ours,
-        replies: Mutex::new(rx),
+        waiting: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+        unanswered: std::sync::atomic::AtomicU32::new(0),
         gone: AtomicBool::new(false),
     });
-    let ready_at = read(shared, &life, tx, pid);
+    let ready_at = read(shared, &life, pid);
     life.gone.store(true, Ordering::SeqCst);
     *shared.life.lock().expect("life") = None;
     let _ = child.kill();
@@ -488,12 +522,7 @@ fn command(spec: &ServerSpec, channel: i32) -> Result<Command, String> {
 }
 
 /// Reads the zygote's messages until its channel ends; `Some` instant it became ready.
-fn read(
-    shared: &Shared,
-    life: &Arc<Life>,
-    replies: mpsc::Sender<Reply>,
-    pid: u32,
-) -> Option<Instant> {
+fn read(shared: &Shared, life: &Arc<Life>, pid: u32) -> Option<Instant> {
     let mut buf = vec![0u8; MAX_MESSAGE];
     let mut ready_at = None;
     let started = Instant::now();
@@ -552,17 +581,18 @@ fn read(
             shared.exits.lock().expect("exits").remove(&child);
             // The pid the gateway will signal is the one its pidfd names, a child of this
             // zygote's: never a number the zygote merely says.
-            match fds.pop() {
+            let reply = match fds.pop() {
                 Some(pidfd) if pid_of(&pidfd) == Some(child) && parent_of(child) == Some(pid) => {
-                    let _ = replies.send(Reply::Forked(child, pidfd));
+                    Reply::Forked(child, pidfd)
                 }
                 _ => {
                     tracing::error!(pid, "the kernel fork server named a process not its child");
-                    let _ = replies.send(Reply::Refused("not its child".into()));
+                    Reply::Refused("not its child".into())
                 }
-            }
+            };
+            answer(life, &message, reply);
         } else if let Some(why) = message.get("refused").and_then(Value::as_str) {
-            let _ = replies.send(Reply::Refused(why.to_owned()));
+            answer(life, &message, Reply::Refused(why.to_owned()));
         } else if let Some(child) = message.get("exited").and_then(Value::as_u64) {
             let status = message["status"].as_i64().unwrap_or(0) as i32;
             let mut exits = shared.exits.lock().expect("exits");
@@ -572,6 +602,26 @@ fn read(
             }
             exits.insert(child as u32, status);
         }
+    }
+}
+
+/// Hands `reply` to the fork waiting for it; a child nobody waits for any more (its fork timed
+/// out, and its kernel was started otherwise) is killed through its pidfd.
+fn answer(life: &Life, message: &Value, reply: Reply) {
+    let id = message["id"].as_u64().unwrap_or(0);
+    let waiting = life.waiting.lock().expect("waiting").remove(&id);
+    match (waiting, reply) {
+        (Some(tx), reply) => {
+            let _ = tx.send(reply);
+        }
+        (None, Reply::Forked(child, pidfd)) => {
+            tracing::warn!(
+                pid = child,
+                "a kernel forked after its fork timed out: killed"
+            );
+            let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+        }
+        (None, Reply::Refused(_)) => {}
     }
 }
 
@@ -726,6 +776,34 @@ mod tests {
         assert!(e.contains("not ready"), "{e}");
         assert_eq!(server.counts().0, 0);
         server.stop();
+    }
+
+    /// Run from standard input, Python would import a forked kernel's modules from its working
+    /// directory (its user's HOME) first: the fork server takes that entry off the path.
+    #[test]
+    fn no_module_is_imported_from_the_working_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("wave.py"), "print('HIJACKED')\n").unwrap();
+        std::fs::write(dir.path().join("zygote.py"), SOURCE).unwrap();
+        let run = |code: &str| {
+            Command::new("python3")
+                .args(["-s", "-c", code])
+                .current_dir(dir.path())
+                .output()
+                .expect("python3")
+        };
+        let out = run("import sys\n\
+            exec(open('zygote.py').read(), {'__name__': 'zygote'})\n\
+            import wave\nprint('imported', wave.__file__)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            !text.contains("HIJACKED") && text.contains("imported /"),
+            "{text}"
+        );
+        // Without the fork server's source the working directory's module would be taken.
+        let out = run("import wave");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("HIJACKED"));
     }
 
     #[test]

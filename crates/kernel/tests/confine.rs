@@ -359,6 +359,59 @@ fn a_kernel_opens_no_unix_socket_but_a_socket_pair() {
     drop(server);
 }
 
+/// A kernel changes its own limits, priority and CPUs, never another process's of its uid (a
+/// kernel of another user's, the fork server every kernel is forked from): Linux lets a uid,
+/// and Landlock does not govern it.
+#[test]
+fn a_kernel_changes_no_other_processs_limits_priority_or_scheduling() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut other = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let (exe, _) = python();
+    let mut c = Confinement::runtime(&exe);
+    c.read_write.push(dir.path().to_path_buf());
+    let code = "import os, resource, sys\n\
+        pid = int(sys.argv[1])\n\
+        def t(name, f):\n    \
+            try:\n        f(); print(name, 'allowed')\n    \
+            except OSError as e:\n        print(name, 'denied', e.errno)\n\
+        t('own-rlimit', lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))\n\
+        t('own-nice', lambda: os.setpriority(os.PRIO_PROCESS, 0, 5))\n\
+        t('own-cpus', lambda: os.sched_setaffinity(0, os.sched_getaffinity(0)))\n\
+        t('rlimit', lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (1, 1)))\n\
+        t('nice', lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))\n\
+        t('nice-group', lambda: os.setpriority(os.PRIO_PGRP, pid, 19))\n\
+        t('nice-user', lambda: os.setpriority(os.PRIO_USER, 0, 19))\n\
+        t('cpus', lambda: os.sched_setaffinity(pid, {0}))\n\
+        t('scheduler', lambda: os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0)))\n\
+        t('param', lambda: os.sched_setparam(pid, os.sched_param(0)))\n";
+    let arg = [other.id().to_string()];
+    let confined = ok(py(Some(&c), dir.path(), code, &arg));
+    for own in ["own-rlimit", "own-nice", "own-cpus"] {
+        assert!(confined.contains(&format!("{own} allowed")), "{confined}");
+    }
+    for call in [
+        "rlimit",
+        "nice",
+        "nice-group",
+        "nice-user",
+        "cpus",
+        "scheduler",
+        "param",
+    ] {
+        assert!(
+            confined.contains(&format!("{call} denied 13")),
+            "{call}: {confined}"
+        );
+    }
+    // Unconfined, the same uid may: what the filter takes away.
+    let free = ok(py(None, dir.path(), code, &arg));
+    for call in ["rlimit", "nice", "cpus"] {
+        assert!(free.contains(&format!("{call} allowed")), "{call}: {free}");
+    }
+    let _ = other.kill();
+    let _ = other.wait();
+}
+
 #[test]
 fn a_kernel_cannot_reach_an_abstract_unix_socket_outside() {
     use std::os::linux::net::SocketAddrExt as _;

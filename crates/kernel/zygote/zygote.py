@@ -8,11 +8,13 @@ decoded here: a request's bytes are forked with and read by the child alone, the
 
 Channel messages (JSON):
   zygote -> gateway  {"ready": {"modules": N, "seconds": S, "unimportable": [...]}}
-  gateway -> zygote  {"argv": [...], "env": [[k, v], ...], "cwd": "...", "seccomp": "<hex>"}
+  gateway -> zygote  8 bytes, the request's id (little-endian), then
+                     {"argv": [...], "env": [[k, v], ...], "cwd": "...", "seccomp": "<hex>"}
                      with three descriptors: the kernel's stdout, its stderr, its Landlock ruleset
-  zygote -> gateway  {"forked": PID} with the child's pidfd, or {"refused": "why"}
+  zygote -> gateway  {"id": ID, "forked": PID} with the child's pidfd, or {"id": ID, "refused": "why"}
   zygote -> gateway  {"exited": PID, "status": RAW_WAIT_STATUS}
-End of file on the channel (the gateway is gone): every child is killed, the zygote exits.
+End of file on the channel (the gateway is gone): every child is killed, the zygote exits. A
+child's process group is killed when the child exits, before it is reaped (its leftovers).
 
 A child, before it reads anything from the network: joins a process group of its own, dies with
 the zygote, keeps only its three descriptors and those the imported modules hold, confines
@@ -34,8 +36,15 @@ import time
 
 STARTED = time.monotonic()
 CHANNEL_FD = 3
-MAX_REQUEST = 1 << 20
+# A SEQPACKET message is bounded by the socket's buffer (about 208 KiB by default).
+MAX_REQUEST = 192 << 10
 MAX_FDS = 3
+ID_LEN = 8
+
+# Run from standard input, Python puts the working directory first on the module path: a forked
+# kernel works in its user's HOME, whose files must never be importable.
+if sys.path and sys.path[0] in ("", "."):
+    del sys.path[0]
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -87,15 +96,17 @@ def send(chan, message, fds=()):
 
 
 def receive(chan, buf):
-    """One request: its length in `buf` and the descriptors that came with it (0: end of file)."""
+    """One request: its length in `buf` and the descriptors that came with it (0: end of file;
+    -1: a request cut short, refused, and wiped)."""
     fds = array.array("i")
     n, ancillary, flags, _ = chan.recvmsg_into([buf], socket.CMSG_SPACE(MAX_FDS * fds.itemsize))
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or 0 < n < ID_LEN:
         for fd in fds:
             os.close(fd)
+        buf[:] = bytes(len(buf))
         return -1, []
     return n, list(fds)
 
@@ -179,8 +190,10 @@ def report_late_imports():
 
 
 def child(request, fds, keep, zygote):
-    """The forked kernel. Never returns."""
+    """The forked kernel. Never returns. Until it is confined it may reach what the zygote
+    may (every user's directories): any failure before then ends it at once."""
     code = 70
+    confined = False
     try:
         os.setpgid(0, 0)
         check(libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0), "PR_SET_PDEATHSIG")
@@ -209,12 +222,25 @@ def child(request, fds, keep, zygote):
                 except OSError:
                     pass
         req = json.loads(bytes(request))
+        # Landlock and seccomp bind the calling thread (and what it starts): it must be the
+        # only one.
+        if len(os.listdir("/proc/self/task")) != 1:
+            raise OSError(16, "more than one thread before confinement")
         confine(CHANNEL_FD, req["seccomp"])
+        confined = True
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in req["env"]})
         os.chdir(req["cwd"])
+        # What a fresh interpreter would take from the user's environment at its start.
+        if os.environ.get("PYTHONUNBUFFERED"):
+            sys.stdout.reconfigure(write_through=True)
+            sys.stderr.reconfigure(write_through=True)
+        sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+        # The console script's directory leads the module path, as in a spawned kernel.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(req["argv"][0])))
         reset_import_state()
         if TRACE_IMPORTS:
+            log("tracing late imports", sys.stderr)
             report_late_imports()
         gc.enable()
         sys.argv = [str(a) for a in req["argv"]]
@@ -229,6 +255,10 @@ def child(request, fds, keep, zygote):
         import traceback
 
         traceback.print_exc()
+        if not confined:
+            # No exit handler runs outside the user's confinement.
+            sys.stderr.flush()
+            os._exit(70)
         code = 70
     finally:
         try:
@@ -263,7 +293,15 @@ def main():
         log(f"{len(tasks)} threads after the imports: a fork would copy a lock held by one", sys.stderr)
         sys.exit(3)
     # The descriptors the imports opened: theirs to keep in a child (a module may write to one).
-    keep = {int(fd) for fd in os.listdir("/proc/self/fd")} - {0, 1, 2, CHANNEL_FD}
+    keep = set()
+    for fd in os.listdir("/proc/self/fd"):
+        # The listing's own descriptor is closed by now: only those still open are kept.
+        try:
+            os.fstat(int(fd))
+            keep.add(int(fd))
+        except OSError:
+            pass
+    keep -= {0, 1, 2, CHANNEL_FD}
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
@@ -288,9 +326,19 @@ def main():
                 except BlockingIOError:
                     pass
                 while children:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                    if pid == 0:
+                    try:
+                        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                    except ChildProcessError:
                         break
+                    if info is None:
+                        break
+                    pid = info.si_pid
+                    # Its group's leftovers, while the unreaped child still holds the group's id.
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    _, status = os.waitpid(pid, 0)
                     children.discard(pid)
                     send(chan, {"exited": pid, "status": status})
                 continue
@@ -299,31 +347,33 @@ def main():
                 kill_all(children)
                 os._exit(0)
             if n < 0:
-                send(chan, {"refused": "a request larger than the zygote reads"})
+                send(chan, {"id": 0, "refused": "a request the zygote cannot read whole"})
                 continue
+            # The id alone is read here; the rest is the child's.
+            ident = int.from_bytes(buf[:ID_LEN], "little")
             sys.stdout.flush()
             sys.stderr.flush()
             try:
                 pid = os.fork()
             except OSError as e:
-                for f in fds:
-                    os.close(f)
-                buf[:n] = bytes(n)
-                send(chan, {"refused": f"fork: {e.strerror}"})
-                continue
+                pid = None
+                reason = f"fork: {e.strerror}"
             if pid == 0:
                 chan.detach()
                 os.close(wake_r)
                 os.close(wake_w)
-                child(buf[:n], fds, keep, zygote)
+                child(buf[ID_LEN:n], fds, keep, zygote)
             # The request is the child's: wiped here, so that no later child finds it.
             buf[:n] = bytes(n)
             for f in fds:
                 os.close(f)
+            if pid is None:
+                send(chan, {"id": ident, "refused": reason})
+                continue
             children.add(pid)
             pidfd = os.pidfd_open(pid)
             try:
-                send(chan, {"forked": pid}, [pidfd])
+                send(chan, {"id": ident, "forked": pid}, [pidfd])
             finally:
                 os.close(pidfd)
 

@@ -212,7 +212,7 @@ mod tests {
     #[test]
     fn wrong_values_and_external_kernels_are_refused() {
         let none = || (None, None, None, vec![], None);
-        for bad in ["clone", "", "forks"] {
+        for bad in ["clone", "forks", "Fork server"] {
             let f = (None, None, None, vec![], s(bad));
             assert_eq!(load_with(f, None, false), Err(START_ERR.into()), "{bad}");
         }

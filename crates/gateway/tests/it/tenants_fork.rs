@@ -27,6 +27,44 @@ fn late_imports(log: &str) -> Vec<String> {
         .collect()
 }
 
+/// The parent of process `pid`.
+pub(crate) fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Whether the writable memory of process `pid` holds `needle` (read through `/proc`, as its
+/// uid or root may).
+fn memory_holds(pid: u32, needle: &[u8]) -> bool {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if !f[1].starts_with("rw") || f.get(5).is_some_and(|n| n.starts_with("[v")) {
+            continue;
+        }
+        let (a, b) = f[0].split_once('-').unwrap();
+        let (a, b) = (
+            u64::from_str_radix(a, 16).unwrap(),
+            u64::from_str_radix(b, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; (b - a) as usize];
+        if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
+            continue;
+        }
+        if buf.windows(needle.len()).any(|w| w == needle) {
+            return true;
+        }
+    }
+    false
+}
+
 /// A process's own memory: what it shares with no other process (Private_Clean and
 /// Private_Dirty of `smaps_rollup`), in KiB.
 pub(crate) fn private_kib(pid: u32) -> u64 {
@@ -52,6 +90,10 @@ async fn a_forked_kernels_first_turn_imports_little() {
     assert_eq!(h["kernel"]["forkServer"]["forked"], 1, "{h}");
     let log = t.gw.log();
     // (That the trace names a module imported after it is set: `kernel::zygote::tests`.)
+    assert!(
+        log.contains("iac-code-agui zygote: tracing late imports"),
+        "{log}"
+    );
     let late = late_imports(&log);
     eprintln!("late imports: {late:?}");
     assert!(
@@ -145,6 +187,35 @@ async fn a_forked_kernel_is_its_users_and_the_fork_server_holds_nothing_of_their
         let caps = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
         assert!(caps.ends_with("0000000000000000"), "{caps}");
     }
+}
+
+/// The fork server keeps nothing of a request once it forked it: after alice's kernel was
+/// forked, neither the fork server's memory nor that of bob's kernel, forked after hers, holds
+/// her key (every one of her directories is named by it in her request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fork_server_keeps_nothing_of_a_users_request() {
+    let t = Tenanted::start(2, &[]).await;
+    t.hello("alice", "a-1", "r1").await;
+    let zygote = fork_server_of(t.gw.pid());
+    let alice = kernel::tenant::user_key(Some("alice"));
+    // The control: her kernel has it (its HOME, its configuration directory).
+    let alice_kernel = t.kernel_of("alice").await.expect("alice's kernel");
+    assert!(memory_holds(alice_kernel, alice.as_bytes()));
+    assert!(
+        !memory_holds(zygote, alice.as_bytes()),
+        "the fork server kept alice's request"
+    );
+    t.hello("bob", "b-1", "r1").await;
+    let bob_kernel = t.kernel_of("bob").await.expect("bob's kernel");
+    assert_eq!(parent_of(bob_kernel), Some(zygote));
+    assert!(memory_holds(
+        bob_kernel,
+        kernel::tenant::user_key(Some("bob")).as_bytes()
+    ));
+    assert!(
+        !memory_holds(bob_kernel, alice.as_bytes()),
+        "bob's kernel holds alice's key"
+    );
 }
 
 /// The fork server killed: its kernels die with it (a parent-death signal) and their

@@ -1086,7 +1086,12 @@ async fn another_users_agent_reaches_nothing_of_alices_kernel_the_gateway_or_her
         "{all}"
     );
     assert!(alive(alice_pid) && alive(gateway_pid), "{all}");
-    // The fork server, every kernel's parent: bob's agent can neither signal it nor read it.
+    // The fork server, every kernel's parent (alice's and bob's were forked by it): bob's agent
+    // can neither signal it, read it, nor change its limits, priority or CPUs (its children
+    // would inherit them), nor alice's kernel's.
+    for pid in [alice_pid, t.kernel_of("bob").await.expect("bob's kernel")] {
+        assert_eq!(crate::tenants_fork::parent_of(pid), Some(zygote_pid));
+    }
     let zygote = t
         .probes(
             "bob",
@@ -1103,6 +1108,30 @@ async fn another_users_agent_reaches_nothing_of_alices_kernel_the_gateway_or_her
                 ),
                 ("kill", format!("kill -9 {zygote_pid}")),
                 ("stop", format!("kill -STOP {zygote_pid}")),
+                (
+                    "prlimit",
+                    format!("prlimit --pid {zygote_pid} --cpu=1:1 && echo CHANGED"),
+                ),
+                (
+                    "renice",
+                    format!("renice -n 19 -p {zygote_pid} && echo CHANGED"),
+                ),
+                (
+                    "taskset",
+                    format!("taskset -p 1 {zygote_pid} && echo CHANGED"),
+                ),
+                (
+                    "alice-prlimit",
+                    format!("prlimit --pid {alice_pid} --nofile=4:4 && echo CHANGED"),
+                ),
+                (
+                    "alice-renice",
+                    format!("renice -n 19 -p {alice_pid} && echo CHANGED"),
+                ),
+                (
+                    "own",
+                    "ulimit -c 0 && nice -n 1 true && echo MINE".to_owned(),
+                ),
             ],
         )
         .await;
@@ -1114,7 +1143,24 @@ async fn another_users_agent_reaches_nothing_of_alices_kernel_the_gateway_or_her
     for probe in ["kill", "stop"] {
         assert!(zygote[probe].contains("Operation not permitted"), "{all}");
     }
+    for probe in [
+        "prlimit",
+        "renice",
+        "taskset",
+        "alice-prlimit",
+        "alice-renice",
+    ] {
+        assert!(!zygote[probe].contains("CHANGED"), "{probe}: {all}");
+        assert!(zygote[probe].contains("denied"), "{probe}: {all}");
+    }
+    assert!(zygote["own"].contains("MINE"), "{all}");
     assert!(alive(zygote_pid), "{all}");
+    let limits = std::fs::read_to_string(format!("/proc/{zygote_pid}/limits")).unwrap();
+    let cpu = limits
+        .lines()
+        .find(|l| l.starts_with("Max cpu time"))
+        .unwrap();
+    assert!(cpu.contains("unlimited"), "{cpu}");
     assert!(seen["own"].contains("mine"), "{all}");
     // The file tools, on alice's absolute paths.
     let read = t
