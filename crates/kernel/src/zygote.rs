@@ -268,6 +268,12 @@ impl ForkServer {
         match answer {
             Ok(Reply::Forked(pid, pidfd)) => {
                 self.0.forked.fetch_add(1, Ordering::Relaxed);
+                // Under memory pressure a kernel goes before the fork server, whose death takes
+                // every forked kernel with it (and which holds more memory than any one). Set
+                // here: the child's /proc is read-only to it.
+                if let Err(e) = std::fs::write(format!("/proc/{pid}/oom_score_adj"), "300") {
+                    tracing::debug!(pid, error = %e, "a forked kernel's oom_score_adj is not set");
+                }
                 Ok(Forked {
                     pid,
                     pidfd,

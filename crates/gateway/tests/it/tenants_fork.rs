@@ -145,6 +145,9 @@ async fn a_forked_kernel_is_its_users_and_the_fork_server_holds_nothing_of_their
     );
     let comm = std::fs::read_to_string(format!("/proc/{kernel}/comm")).unwrap();
     assert_eq!(comm.trim(), "iac-code-kernel");
+    // Under memory pressure the kernel goes before the fork server.
+    let oom = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap();
+    assert_eq!((oom(kernel).trim(), oom(zygote).trim()), ("300", "0"));
     // The fork server's environment: nobody's HOME, no key, no user's directory.
     let environ = std::fs::read(format!("/proc/{zygote}/environ")).unwrap();
     let environ = String::from_utf8_lossy(&environ);
