@@ -139,6 +139,8 @@ struct Life {
     next_id: AtomicU64,
     /// Forks in a row it did not answer in time.
     unanswered: std::sync::atomic::AtomicU32,
+    /// Children killed because nobody waited for them: their exits are nobody's.
+    orphans: Mutex<std::collections::HashSet<u32>>,
     /// Its channel ended: the zygote is gone.
     gone: AtomicBool,
 }
@@ -477,6 +479,7 @@ fn run(shared: &Arc<Shared>) -> Result<Duration, String> {
         waiting: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(1),
         unanswered: std::sync::atomic::AtomicU32::new(0),
+        orphans: Mutex::new(std::collections::HashSet::new()),
         gone: AtomicBool::new(false),
     });
     let ready_at = read(shared, &life, pid);
@@ -601,6 +604,14 @@ fn read(shared: &Shared, life: &Arc<Life>, pid: u32) -> Option<Instant> {
             answer(life, &message, Reply::Refused(why.to_owned()));
         } else if let Some(child) = message.get("exited").and_then(Value::as_u64) {
             let status = message["status"].as_i64().unwrap_or(0) as i32;
+            if life
+                .orphans
+                .lock()
+                .expect("orphans")
+                .remove(&(child as u32))
+            {
+                continue;
+            }
             let mut exits = shared.exits.lock().expect("exits");
             // Bounded: statuses nobody takes (a supervisor gone) are not kept for ever.
             if exits.len() > 4096 {
@@ -625,6 +636,7 @@ fn answer(life: &Life, message: &Value, reply: Reply) {
                 pid = child,
                 "a kernel forked after its fork timed out: killed"
             );
+            life.orphans.lock().expect("orphans").insert(child);
             let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
         }
         (None, Reply::Refused(_)) => {}
@@ -810,6 +822,60 @@ mod tests {
         // Without the fork server's source the working directory's module would be taken.
         let out = run("import wave");
         assert!(String::from_utf8_lossy(&out.stdout).contains("HIJACKED"));
+    }
+
+    /// An answer goes to the fork waiting for its id; a child whose fork no longer waits (it
+    /// timed out, and its kernel was started otherwise) is killed, and its exit is nobody's.
+    #[test]
+    fn an_answer_goes_to_its_fork_and_a_child_nobody_waits_for_is_killed() {
+        let (chan, _other) = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .unwrap();
+        let life = Life {
+            chan,
+            waiting: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            unanswered: std::sync::atomic::AtomicU32::new(0),
+            orphans: Mutex::new(std::collections::HashSet::new()),
+            gone: AtomicBool::new(false),
+        };
+        let sleeper = || {
+            let child = Command::new("sleep").arg("30").spawn().expect("sleep");
+            let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+            let pidfd =
+                rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).unwrap();
+            (child, pidfd)
+        };
+        // Waited for: delivered, alive.
+        let (mut wanted, pidfd) = sleeper();
+        let (tx, rx) = mpsc::channel();
+        life.waiting.lock().unwrap().insert(7, tx);
+        answer(
+            &life,
+            &json!({"id": 7, "forked": wanted.id()}),
+            Reply::Forked(wanted.id(), pidfd),
+        );
+        assert!(matches!(rx.try_recv(), Ok(Reply::Forked(p, _)) if p == wanted.id()));
+        assert!(wanted.try_wait().unwrap().is_none());
+        // Nobody waits for id 8 any more: killed.
+        let (mut orphan, pidfd) = sleeper();
+        answer(
+            &life,
+            &json!({"id": 8, "forked": orphan.id()}),
+            Reply::Forked(orphan.id(), pidfd),
+        );
+        let status = orphan.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
+        assert!(life.orphans.lock().unwrap().contains(&orphan.id()));
+        let _ = wanted.kill();
+        let _ = wanted.wait();
     }
 
     #[test]
