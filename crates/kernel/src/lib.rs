@@ -14,6 +14,7 @@ pub mod confine;
 pub mod environment;
 pub mod isolate;
 pub mod launch;
+mod lifetime;
 mod output;
 mod owner;
 pub mod place;

@@ -509,7 +509,7 @@ fn command(spec: &ServerSpec, channel: i32) -> Result<Command, String> {
     if let Some((uid, gid)) = spec.identity {
         cmd.uid(uid).gid(gid);
     }
-    super::launch::die_with_parent(&mut cmd);
+    super::lifetime::die_with_parent(&mut cmd);
     // SAFETY: only async-signal-safe calls (dup2, fcntl) between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
