@@ -375,7 +375,7 @@ fn a_kernel_changes_no_other_processs_limits_priority_or_scheduling() {
             try:\n        f(); print(name, 'allowed')\n    \
             except OSError as e:\n        print(name, 'denied', e.errno)\n\
         t('own-rlimit', lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))\n\
-        t('own-nice', lambda: os.setpriority(os.PRIO_PROCESS, 0, 5))\n\
+        t('own-nice', lambda: os.setpriority(os.PRIO_PROCESS, 0, min(19, os.getpriority(os.PRIO_PROCESS, 0) + 1)))\n\
         t('own-cpus', lambda: os.sched_setaffinity(0, os.sched_getaffinity(0)))\n\
         t('rlimit', lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (1, 1)))\n\
         t('nice', lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))\n\
