@@ -123,19 +123,14 @@ fn main() {
             .iter()
             .map(|&p| kib(p, &["Pss"]) as f64 / 1024.0)
             .collect();
-        if let Some(server) = &iso.fork {
-            let ppid = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap();
-            let zygote: u64 = ppid
+        if iso.fork.is_some() {
+            // The fork server: every forked kernel's parent.
+            let stat = std::fs::read_to_string(format!("/proc/{}/stat", pids[0])).unwrap();
+            let zygote = stat
                 .rsplit(')')
                 .next()
-                .unwrap()
-                .split_whitespace()
-                .nth(1)
-                .unwrap()
-                .parse()
-                .unwrap();
-            zygote_kib = kib(zygote, &["Rss"]);
-            let _ = server;
+                .and_then(|r| r.split_whitespace().nth(1));
+            zygote_kib = kib(zygote.unwrap().parse().unwrap(), &["Rss"]);
         }
         let uss_m = median(uss);
         let fit = ((24.0 * 1024.0 - zygote_kib as f64 / 1024.0) / uss_m) as u64;

@@ -55,8 +55,12 @@ const MAX_MESSAGE: usize = 192 << 10;
 const UNANSWERED_LIMIT: u32 = 2;
 /// How long the imports may take before the zygote counts as failed to start.
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
-/// How long a fork may take to be answered.
-const FORK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a fork may take to be answered (shorter in this crate's tests, which wait for it).
+const FORK_TIMEOUT: Duration = if cfg!(test) {
+    Duration::from_millis(500)
+} else {
+    Duration::from_secs(10)
+};
 /// A zygote ready this long has its back-off started over when it dies.
 const STABLE: Duration = Duration::from_secs(60);
 
@@ -876,6 +880,60 @@ mod tests {
         assert!(life.orphans.lock().unwrap().contains(&orphan.id()));
         let _ = wanted.kill();
         let _ = wanted.wait();
+    }
+
+    /// A fork server that says it is ready and then never answers: each fork is refused after
+    /// its timeout (the kernel is spawned instead), and after two in a row it is started again.
+    #[test]
+    fn a_fork_server_that_stops_answering_is_started_again() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // It reads its requests (so sends never fill its channel) and answers none.
+        let mute = dir.path().join("mute");
+        std::fs::write(
+            &mute,
+            "#!/bin/sh\nexec python3 -c 'import socket\n\
+             s = socket.socket(fileno=3)\n\
+             s.send(b\"{\\\"ready\\\": {}}\")\n\
+             while s.recv(1 << 18): pass'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&mute, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let python = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .unwrap();
+        let python = PathBuf::from(String::from_utf8_lossy(&python.stdout).trim());
+        let mut confinement = Confinement::runtime(&python);
+        confinement.read_only.push(dir.path().to_path_buf());
+        let server = ForkServer::start(ServerSpec {
+            python: mute,
+            env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
+            identity: None,
+            confinement: confinement.clone(),
+        });
+        assert!(server.wait_ready(Duration::from_secs(20)), "{server:?}");
+        let ruleset = confinement.prepare().expect("this machine confines");
+        let req = ForkRequest {
+            argv: vec!["k".into()],
+            env: Vec::new(),
+            cwd: PathBuf::from("/"),
+        };
+        for _ in 0..UNANSWERED_LIMIT {
+            let e = server.fork(&req, &ruleset).expect_err("never answered");
+            assert!(e.contains("did not answer"), "{e}");
+        }
+        let start = Instant::now();
+        while server.counts().1 < 1 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "not restarted: {server:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(server.counts().0, 0);
+        server.stop();
     }
 
     #[test]

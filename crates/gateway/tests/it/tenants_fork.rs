@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use testkit::real_kernel::alive;
 
-use crate::tenants_real::{fork_server_of, is_root, port_of, Tenanted};
+use crate::tenants_real::{fork_server_of, is_root, parent_of, port_of, Tenanted};
 
 /// The modules a forked kernel imported after the fork, from the gateway's log.
 fn late_imports(log: &str) -> Vec<String> {
@@ -25,17 +25,6 @@ fn late_imports(log: &str) -> Vec<String> {
                 .to_owned()
         })
         .collect()
-}
-
-/// The parent of process `pid`.
-pub(crate) fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit(')')
-        .next()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 /// Whether the writable memory of process `pid` holds `needle` (read through `/proc`, as its
@@ -136,13 +125,7 @@ async fn a_forked_kernel_is_its_users_and_the_fork_server_holds_nothing_of_their
     }
     let kernel = t.kernel_of("alice").await.expect("alice's kernel");
     let zygote = fork_server_of(t.gw.pid());
-    let parent = std::fs::read_to_string(format!("/proc/{kernel}/stat")).unwrap();
-    let ppid = parent.rsplit(')').next().unwrap().split_whitespace().nth(1);
-    assert_eq!(
-        ppid,
-        Some(zygote.to_string().as_str()),
-        "forked by the fork server"
-    );
+    assert_eq!(parent_of(kernel), Some(zygote), "forked by the fork server");
     let comm = std::fs::read_to_string(format!("/proc/{kernel}/comm")).unwrap();
     assert_eq!(comm.trim(), "iac-code-kernel");
     // Under memory pressure the kernel goes before the fork server.
@@ -262,14 +245,7 @@ async fn the_fork_server_comes_back_and_kernels_are_spawned_meanwhile() {
     let forked = h["kernel"]["forkServer"]["forked"].as_u64().unwrap();
     assert!(forked > before, "{h}");
     // The metrics say the same.
-    let metrics = crate::support::client()
-        .get(format!("http://127.0.0.1:{}/metrics", t.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = t.metrics().await;
     for line in [
         "agui_kernel_fork_server_up 1".to_owned(),
         "agui_kernel_fork_server_restarts_total 1".to_owned(),
@@ -298,9 +274,7 @@ async fn with_kernel_start_spawn_each_kernel_is_a_new_process() {
         cmdline.contains("a2a") && !cmdline.contains("zygote"),
         "{cmdline}"
     );
-    let parent = std::fs::read_to_string(format!("/proc/{kernel}/stat")).unwrap();
-    let ppid = parent.rsplit(')').next().unwrap().split_whitespace().nth(1);
-    assert_eq!(ppid, Some(t.gw.pid().to_string().as_str()));
+    assert_eq!(parent_of(kernel), Some(t.gw.pid()));
 }
 
 /// Twelve users at once, each a first turn on a kernel of their own: every kernel forked,

@@ -263,6 +263,18 @@ impl Tenanted {
         self.gw.health().await
     }
 
+    /// What the admin listener's `/metrics` says.
+    pub(crate) async fn metrics(&self) -> String {
+        client()
+            .get(format!("http://127.0.0.1:{}/metrics", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// The pids of the kernels alive, in seat order.
     pub(crate) async fn kernel_pids(&self) -> Vec<u64> {
         let h = self.health().await;
@@ -469,20 +481,26 @@ pub(crate) fn fork_server_of(gateway: u32) -> u32 {
         .expect("a fork server")
 }
 
+/// The parent of process `pid` (none once it is gone).
+pub(crate) fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// The children of `parent` whose command line contains `marker`.
 fn children_of(parent: u32, marker: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit(')')
-                .next()
-                .and_then(|r| r.split_whitespace().nth(1));
+        .filter(|&pid| {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            ppid == Some(&parent.to_string()) && String::from_utf8_lossy(&cmdline).contains(marker)
+            parent_of(pid) == Some(parent) && String::from_utf8_lossy(&cmdline).contains(marker)
         })
         .collect()
 }
@@ -786,14 +804,7 @@ async fn an_idle_users_kernel_stops_and_comes_back_with_its_session() {
     let again = t.kernel_pids().await;
     assert_eq!(again.len(), 1);
     assert_ne!(again, first);
-    let metrics = client()
-        .get(format!("http://127.0.0.1:{}/metrics", t.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = t.metrics().await;
     for line in [
         "agui_kernels_started_total 2",
         "agui_kernels_stopped_total 1",
@@ -1090,7 +1101,7 @@ async fn another_users_agent_reaches_nothing_of_alices_kernel_the_gateway_or_her
     // can neither signal it, read it, nor change its limits, priority or CPUs (its children
     // would inherit them), nor alice's kernel's.
     for pid in [alice_pid, t.kernel_of("bob").await.expect("bob's kernel")] {
-        assert_eq!(crate::tenants_fork::parent_of(pid), Some(zygote_pid));
+        assert_eq!(parent_of(pid), Some(zygote_pid));
     }
     let zygote = t
         .probes(
