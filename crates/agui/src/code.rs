@@ -50,6 +50,7 @@ pub enum Code {
     TooManyGuidanceRuns,
     TooManyUserRuns,
     KernelsBusy,
+    LlmBudgetExhausted,
     HostNotAllowed,
     BodyTimeout,
     UserMismatch,
@@ -96,6 +97,7 @@ impl Code {
             Code::TooManyGuidanceRuns => "TOO_MANY_GUIDANCE_RUNS",
             Code::TooManyUserRuns => "TOO_MANY_USER_RUNS",
             Code::KernelsBusy => "KERNELS_BUSY",
+            Code::LlmBudgetExhausted => "LLM_BUDGET_EXHAUSTED",
             Code::HostNotAllowed => "HOST_NOT_ALLOWED",
             Code::BodyTimeout => "BODY_TIMEOUT",
             Code::UserMismatch => "USER_MISMATCH",
@@ -132,7 +134,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 39);
+        assert_eq!(names.len(), 40);
         assert_eq!(Code::from_wire("thread_busy"), None);
         assert_eq!(Code::from_wire(""), None);
     }

@@ -166,6 +166,7 @@ pub mod msg {
         TOO_MANY_GUIDANCE_RUNS = "This thread has as many guidance runs as it may. Retry later.";
         TOO_MANY_USER_RUNS = "This user has as many runs as they may. Retry later.";
         KERNELS_BUSY = "Every kernel is running other users' turns. Retry later.";
+        LLM_BUDGET_EXHAUSTED = "This user's LLM token budget is spent. Retry later.";
     }
 }
 

@@ -76,6 +76,15 @@ pub struct Limits {
 pub struct RunSlot {
     _run: OwnedSemaphorePermit,
     _user: Option<KeySlot>,
+    /// What else lasts as long as the run (its LLM egress capability).
+    held: Vec<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl RunSlot {
+    /// Keeps `guard` until the run ends (dropped with the slot).
+    pub fn hold(&mut self, guard: impl std::any::Any + Send + Sync) {
+        self.held.push(Box::new(guard));
+    }
 }
 
 /// A detached run's slot among `--max-detached-runs`, held while no client is attached.
@@ -203,6 +212,7 @@ impl Limits {
             Ok(p) => Ok(RunSlot {
                 _run: p,
                 _user: user,
+                held: Vec::new(),
             }),
             Err(_) => {
                 self.reached(Limit::Runs);

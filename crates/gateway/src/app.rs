@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use crate::api::{self, AppState};
 use crate::config::isolation::Mode;
 use crate::config::{Config, Env};
+use crate::egress::Egress;
 use crate::outbound::Outbound;
 use crate::telemetry::observer::KernelObserver;
 use crate::telemetry::Metrics;
@@ -37,6 +38,9 @@ pub struct Options {
     /// The client of requests that leave the cluster (the binary makes it first: the trace
     /// exporter and the key set share it). Without it one is made.
     pub outbound: Option<Outbound>,
+    /// The LLM egress, started (the binary starts it first: one that cannot start stops the
+    /// start). Without it, one is started when the configuration has it.
+    pub egress: Option<Egress>,
 }
 
 impl Options {
@@ -52,6 +56,7 @@ impl Options {
             metrics: None,
             auth: None,
             outbound: None,
+            egress: None,
         }
     }
 }
@@ -59,10 +64,19 @@ impl Options {
 /// The kernels of a configuration: the external ones at `--a2a-url`, or `--kernels` managed
 /// children (sharing their task and session store, as the kernel keeps them under its
 /// configuration directory). Their calls are timed in `metrics` and carry the trace context.
-pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
+/// With the LLM egress, every managed kernel reaches the provider through it and holds no key.
+pub fn pool_for(
+    cfg: &Config,
+    env: &Env,
+    metrics: &Arc<Metrics>,
+    egress: Option<&Egress>,
+) -> Arc<Pool> {
     let observer = || -> Arc<dyn a2a::Observer> { KernelObserver::new(metrics.clone()) };
     if cfg.isolation.mode == Mode::User {
         let mut isolation = tenancy::isolation(cfg, env);
+        if let Some(e) = egress {
+            tenancy::through_egress(&mut isolation, e, env);
+        }
         isolation.fork = tenancy::fork_server(cfg, env, &isolation);
         let tenants = kernel::Tenants::new(
             cfg.kernels.max(1),
@@ -74,7 +88,7 @@ pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
     }
     let slots = if cfg.a2a_urls.is_empty() {
         (0..cfg.kernels.max(1))
-            .map(|_| managed_kernel(cfg, env, observer()))
+            .map(|_| managed_kernel(cfg, env, observer(), egress))
             .collect()
     } else {
         (cfg.a2a_urls.iter())
@@ -93,8 +107,17 @@ pub fn pool_for(cfg: &Config, env: &Env, metrics: &Arc<Metrics>) -> Arc<Pool> {
 
 /// A managed kernel of a configuration: an `iac-code a2a` child with what the gateway's
 /// environment may give it.
-fn managed_kernel(cfg: &Config, env: &Env, observer: Arc<dyn a2a::Observer>) -> Arc<Kernel> {
+fn managed_kernel(
+    cfg: &Config,
+    env: &Env,
+    observer: Arc<dyn a2a::Observer>,
+    egress: Option<&Egress>,
+) -> Arc<Kernel> {
     let mut launch = tenancy::base_launch(cfg, env);
+    if let Some(e) = egress {
+        tenancy::without_llm_keys(&mut launch);
+        launch.envs(e.kernel_vars(None, &**env));
+    }
     if let Some(v) = env("IAC_CODE_AGUI_ALLOWED_CWDS").filter(|v| !v.is_empty()) {
         if env("IACCODE_A2A_ALLOWED_CWDS")
             .filter(|v| !v.is_empty())
@@ -197,9 +220,16 @@ pub fn build(opts: Options) -> AppState {
         }),
     };
     let metrics = opts.metrics.unwrap_or_default();
+    let egress = opts.egress.or_else(|| {
+        let o = opts.cfg.egress.as_ref()?;
+        Some(
+            Egress::start(o, &*opts.env, metrics.clone())
+                .unwrap_or_else(|e| panic!("the LLM egress cannot start: {e}")),
+        )
+    });
     let kernels = match opts.kernel {
         Some(k) => Pool::one(k),
-        None => pool_for(&opts.cfg, &opts.env, &metrics),
+        None => pool_for(&opts.cfg, &opts.env, &metrics, egress.as_ref()),
     };
     metrics.watch_kernel(kernels.clone());
     let clock = opts.clock.unwrap_or_else(|| Arc::new(SystemClock));
@@ -228,6 +258,7 @@ pub fn build(opts: Options) -> AppState {
         auth,
         forwarding,
         card: Default::default(),
+        egress,
     }
 }
 

@@ -64,6 +64,7 @@ impl Status for Code {
             Code::TooManyGuidanceRuns => StatusCode::TOO_MANY_REQUESTS,
             Code::TooManyUserRuns => StatusCode::TOO_MANY_REQUESTS,
             Code::KernelsBusy => StatusCode::SERVICE_UNAVAILABLE,
+            Code::LlmBudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::HostNotAllowed => StatusCode::MISDIRECTED_REQUEST,
             Code::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Code::UserMismatch => StatusCode::FORBIDDEN,
@@ -139,7 +140,7 @@ mod tests {
                 "{name}"
             );
         }
-        assert_eq!(names.len(), 39);
+        assert_eq!(names.len(), 40);
         assert_eq!(Code::ThreadBusy.status(), StatusCode::CONFLICT);
         assert_eq!(Code::StateUnavailable.status().as_u16(), 503);
         assert_eq!(Code::ExecutionNotFound.status().as_u16(), 404);

@@ -14,6 +14,7 @@ pub mod config;
 mod connect;
 mod console;
 pub mod edge;
+pub mod egress;
 pub mod error;
 pub mod forward;
 mod health;

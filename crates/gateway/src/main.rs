@@ -167,7 +167,20 @@ fn main() {
                 return 1;
             }
         };
+        // The LLM egress before the kernels, which are started with its capabilities.
+        let egress = match cfg.egress.as_ref() {
+            None => None,
+            Some(o) => match iac_code_agui::egress::Egress::start(o, &*env, metrics.clone()) {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    eprintln!("{e}");
+                    return 1;
+                }
+            },
+        };
+        iac_code_agui::tenancy::say_where_the_llm_key_is(&cfg, &env);
         let mut opts = app::Options::new(cfg, env);
+        opts.egress = egress;
         opts.store = Some(store);
         opts.metrics = Some(metrics);
         opts.auth = Some(auth);

@@ -128,6 +128,16 @@ impl Outbound {
         })
     }
 
+    /// The client of the LLM egress's upstream: the roots of `ca` (else the system's and
+    /// Mozilla's), the proxy `env` names for `https://`, `connect_timeout` for TCP and TLS.
+    pub fn upstream(ca: Option<PathBuf>, connect_timeout: Duration, env: EnvFn<'_>) -> Outbound {
+        Outbound::new(Setup {
+            ca: ca.map(|p| (p, "--llm-upstream-ca")),
+            connect_timeout,
+            proxy: Some(env_proxy(env)),
+        })
+    }
+
     /// Sends `req` (an absolute URI; `Host` is set from it) and answers with its answer's head;
     /// the body streams as it comes.
     pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, Failed> {

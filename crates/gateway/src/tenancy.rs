@@ -52,6 +52,71 @@ pub fn base_launch(cfg: &Config, env: &Env) -> Launch {
     launch
 }
 
+/// Takes out of `launch` what the LLM egress sets (the base URL among them) and every LLM key a
+/// kernel could use instead of its capability.
+pub fn without_llm_keys(launch: &mut Launch) {
+    launch.remove(|k| crate::egress::is_llm_key(k) || crate::egress::KERNEL_VARS.contains(&k));
+}
+
+/// Users' kernels reach the LLM provider through `egress`: each with its user's capability, its
+/// port among those they may connect to, and no key of the gateway's environment.
+pub fn through_egress(iso: &mut Isolation, egress: &crate::egress::Egress, env: &Env) {
+    without_llm_keys(&mut iso.base.launch);
+    if !iso.runtime.connect_ports.contains(&egress.port()) {
+        iso.runtime.connect_ports.push(egress.port());
+    }
+    let (egress, env) = (egress.clone(), env.clone());
+    iso.user_env = Some(kernel::isolate::UserEnv(std::sync::Arc::new(move |key| {
+        egress.kernel_vars(Some(key), &*env)
+    })));
+}
+
+/// Says at start-up where the LLM provider's key is: with the egress, in the gateway only (and
+/// a warning for each `--kernel-env` variable that looks like a credential, which kernels still
+/// get); without it, a warning when the kernels' environment holds one, which every agent's
+/// tools can read.
+pub fn say_where_the_llm_key_is(cfg: &Config, env: &Env) {
+    if !cfg.a2a_urls.is_empty() {
+        return;
+    }
+    if let Some(e) = &cfg.egress {
+        tracing::info!(
+            key = if e.key.is_some() {
+                "held by the gateway"
+            } else {
+                "none (per-request keys only)"
+            },
+            "LLM egress on: no kernel holds the provider key"
+        );
+        let looks_secret = ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"];
+        for name in &cfg.kernel_env {
+            if looks_secret
+                .iter()
+                .any(|w| name.to_ascii_uppercase().contains(w))
+            {
+                tracing::warn!(
+                    variable = %name,
+                    "--kernel-env passes a variable that looks like a credential to every kernel, where agents' tools can read it"
+                );
+            }
+        }
+        return;
+    }
+    let launch = base_launch(cfg, env);
+    let keys: Vec<&str> = launch
+        .vars()
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| crate::egress::is_llm_key(k))
+        .collect();
+    if !keys.is_empty() {
+        tracing::warn!(
+            variables = %keys.join(","),
+            "the LLM provider's key is in every kernel's environment, where any user's agent can read it with its shell tool: --llm-upstream keeps it in the gateway"
+        );
+    }
+}
+
 /// Where users' kernels keep their HOME and TMPDIR: `<state-dir>/kernels`.
 pub fn kernels_root(cfg: &Config) -> PathBuf {
     cfg.state_dir.join("kernels")
@@ -79,6 +144,7 @@ pub fn isolation(cfg: &Config, env: &Env) -> Isolation {
         identity: cfg.isolation.user,
         runtime,
         fork: None,
+        user_env: None,
     }
 }
 
@@ -311,6 +377,73 @@ mod tests {
         argv.extend_from_slice(args);
         let cli = crate::config::Cli::try_parse_from(argv).unwrap();
         (Config::load(cli, &*env).unwrap(), env)
+    }
+
+    /// Through the egress, a user's kernel gets its user's capability (another user's is
+    /// another) and no LLM key, and the egress's port is among those kernels may connect to.
+    #[tokio::test]
+    async fn users_kernels_reach_the_llm_through_the_egress_with_their_own_capability() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws").display().to_string();
+        let vars = [
+            ("IAC_CODE_AGUI_ALLOWED_CWDS", ws.as_str()),
+            ("IAC_CODE_PROVIDER", "OpenAI Compatible"),
+            ("IAC_CODE_API_KEY", "op-key"),
+        ];
+        let args = [
+            "--kernel-isolation",
+            "user",
+            "--kernel-start",
+            "spawn",
+            "--llm-upstream",
+            "https://llm.example/v1",
+        ];
+        let (cfg, env) = cfg_with(dir.path(), &args, &vars);
+        let egress = crate::egress::Egress::start(
+            cfg.egress.as_ref().unwrap(),
+            &*env,
+            Arc::new(crate::telemetry::Metrics::new()),
+        )
+        .unwrap();
+        let mut iso = isolation(&cfg, &env);
+        iso.base.launch.envs([
+            ("IAC_CODE_API_KEY", "op-key"),
+            ("OPENAI_API_KEY", "op-key-2"),
+            ("IAC_CODE_BASE_URL", "https://llm.example/v1"),
+        ]);
+        through_egress(&mut iso, &egress, &env);
+        assert!(iso.runtime.connect_ports.contains(&egress.port()));
+        let vars_of = |key: &str| -> Vec<(String, String)> {
+            let t = iso.spec_for(key).unwrap();
+            t.spec.launch.vars().to_vec()
+        };
+        let get = |vars: &[(String, String)], k: &str| -> Vec<String> {
+            vars.iter()
+                .filter(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+        let (alice, bob) = (vars_of("ualice"), vars_of("ubob"));
+        assert!(
+            !alice.iter().any(|(_, v)| v.contains("op-key")),
+            "{alice:?}"
+        );
+        assert!(get(&alice, "OPENAI_API_KEY").is_empty());
+        let (key, base) = (
+            get(&alice, "IAC_CODE_API_KEY"),
+            get(&alice, "IAC_CODE_BASE_URL"),
+        );
+        assert_eq!(key.len(), 1, "one key: {alice:?}");
+        assert_eq!(
+            base,
+            [format!("http://127.0.0.1:{}/{}", egress.port(), key[0])]
+        );
+        assert_ne!(get(&bob, "IAC_CODE_API_KEY"), key, "another user's");
+        assert_eq!(
+            get(&vars_of("ualice"), "IAC_CODE_API_KEY"),
+            key,
+            "the same again"
+        );
     }
 
     /// A fork server only for users' own kernels started by fork, and only from a Python

@@ -70,6 +70,7 @@ fn isolation(program: &str, root: &Path, uid: Option<u32>) -> Isolation {
         identity: uid.map(|u| (u, u)),
         runtime,
         fork: None,
+        user_env: None,
     }
 }
 

@@ -40,6 +40,21 @@ pub struct Isolation {
     pub runtime: Confinement,
     /// Kernels are forked by this fork server when it is ready (`--kernel-start fork`).
     pub fork: Option<ForkServer>,
+    /// Variables of a user's own, by their key, set last (the LLM egress's capability).
+    pub user_env: Option<UserEnv>,
+}
+
+/// Variables each user's kernel gets of its own, by the user's key.
+#[derive(Clone)]
+pub struct UserEnv(pub std::sync::Arc<VarsOf>);
+
+/// The variables of a user's key.
+pub type VarsOf = dyn Fn(&str) -> Vec<(String, String)> + Send + Sync;
+
+impl std::fmt::Debug for UserEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserEnv(..)")
+    }
 }
 
 /// A tenant's kernel, ready to start.
@@ -119,6 +134,11 @@ impl Isolation {
             .env("IACCODE_A2A_ALLOWED_CWDS", join_paths(&workspaces));
         if let Some(b) = &backup {
             launch.backup_dir(b);
+        }
+        if let Some(own) = &self.user_env {
+            let vars = (own.0)(key);
+            launch.remove(|k| vars.iter().any(|(n, _)| n == k));
+            launch.envs(vars);
         }
         if let Some((uid, gid)) = self.identity {
             launch.run_as(uid, gid);
@@ -395,6 +415,7 @@ mod tests {
                 ..Confinement::default()
             },
             fork: None,
+            user_env: None,
         }
     }
 
@@ -444,6 +465,18 @@ mod tests {
             get("IAC_CODE_CONFIG_BACKUP_DIR"),
             Some(dir.path().join("backup/ualice").display().to_string())
         );
+        // Variables of the user's own come last, in place of the launch's.
+        let mut iso = isolation(dir.path());
+        iso.base.launch.env("IAC_CODE_API_KEY", "shared-key");
+        iso.user_env = Some(UserEnv(std::sync::Arc::new(|key: &str| {
+            vec![("IAC_CODE_API_KEY".to_owned(), format!("cap-of-{key}"))]
+        })));
+        let t = iso.spec_for("ualice").unwrap();
+        let keys: Vec<&str> = (t.spec.launch.vars().iter())
+            .filter(|(k, _)| k == "IAC_CODE_API_KEY")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(keys, ["cap-of-ualice"]);
         // A second start of the same tenant restores; another tenant's directories are apart.
         assert!(iso.spec_for("ualice").unwrap().restored);
         assert!(!iso.spec_for("ubob").unwrap().restored);

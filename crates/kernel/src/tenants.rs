@@ -405,6 +405,7 @@ mod tests {
                 identity: None,
                 runtime,
                 fork: None,
+                user_env: None,
             },
             idle_stop,
             None,

@@ -74,6 +74,8 @@ pub struct Recorded {
 struct Inner {
     plans: HashMap<String, Plan>,
     requests: Vec<Recorded>,
+    /// When each answer's first text piece was sent, by scenario.
+    first_texts: Vec<(String, std::time::Instant)>,
 }
 
 /// The running fake LLM.
@@ -81,6 +83,7 @@ struct Inner {
 pub struct FakeLlm {
     pub addr: SocketAddr,
     inner: Arc<Mutex<Inner>>,
+    tls: bool,
 }
 
 fn content_text(c: &Value) -> String {
@@ -176,7 +179,28 @@ impl FakeLlm {
     /// Starts on 127.0.0.1:0.
     pub async fn start() -> FakeLlm {
         let inner = Arc::new(Mutex::new(Inner::default()));
-        let app = Router::new()
+        let addr = crate::serve(Self::app(inner.clone())).await;
+        FakeLlm {
+            addr,
+            inner,
+            tls: false,
+        }
+    }
+
+    /// Starts on 127.0.0.1:0 over TLS, with a certificate for 127.0.0.1 that `ca` signed.
+    pub async fn start_tls(ca: &crate::tls::Ca) -> FakeLlm {
+        let inner = Arc::new(Mutex::new(Inner::default()));
+        let (cert, key) = ca.issue(&["127.0.0.1"]);
+        let addr = crate::serve_tls(Self::app(inner.clone()), &cert, &key).await;
+        FakeLlm {
+            addr,
+            inner,
+            tls: true,
+        }
+    }
+
+    fn app(inner: Arc<Mutex<Inner>>) -> Router {
+        Router::new()
             .route("/v1/chat/completions", post(completions))
             .route(
                 "/v1/models",
@@ -184,7 +208,7 @@ impl FakeLlm {
                     Json(json!({"object":"list","data":[{"id":"fake-model","object":"model"}]}))
                 }),
             )
-            .with_state(inner.clone())
+            .with_state(inner)
             // No keep-alive: the kernel's idle LLM connections would otherwise count as sockets
             // and tasks of the test process (the load tests count those for leaks).
             .layer(axum::middleware::map_response(
@@ -195,14 +219,13 @@ impl FakeLlm {
                     );
                     r
                 },
-            ));
-        let addr = crate::serve(app).await;
-        FakeLlm { addr, inner }
+            ))
     }
 
-    /// `http://127.0.0.1:<port>/v1`
+    /// `http://127.0.0.1:<port>/v1` (`https://` over TLS)
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}/v1", self.addr)
     }
 
     /// Registers (or replaces) the plan of a scenario marker.
@@ -212,6 +235,16 @@ impl FakeLlm {
             .expect("llm lock")
             .plans
             .insert(scenario.to_owned(), plan);
+    }
+
+    /// When the first text piece of each answer of `scenario` was sent, in order.
+    pub fn first_texts(&self, scenario: &str) -> Vec<std::time::Instant> {
+        let g = self.inner.lock().expect("llm lock");
+        g.first_texts
+            .iter()
+            .filter(|(s, _)| s == scenario)
+            .map(|(_, t)| *t)
+            .collect()
     }
 
     /// Requests received so far.
@@ -329,6 +362,7 @@ async fn completions(
             .into_response();
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::convert::Infallible>>(16);
+    let sent = inner.clone();
     tokio::spawn(async move {
         let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
         if !plan.initial_delay.is_zero() {
@@ -346,7 +380,7 @@ async fn completions(
                 .send(Ok(chunk(&id, json!({"reasoning_content": r}), None)))
                 .await;
         }
-        for t in &plan.text {
+        for (i, t) in plan.text.iter().enumerate() {
             if !plan.delay.is_zero() {
                 tokio::time::sleep(plan.delay).await;
             }
@@ -356,6 +390,13 @@ async fn completions(
                 .is_err()
             {
                 return;
+            }
+            if i == 0 {
+                let now = std::time::Instant::now();
+                sent.lock()
+                    .expect("llm lock")
+                    .first_texts
+                    .push((scenario.clone(), now));
             }
         }
         let mut finish = "stop";

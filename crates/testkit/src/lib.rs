@@ -35,6 +35,63 @@ pub async fn serve(app: axum::Router) -> std::net::SocketAddr {
     addr
 }
 
+/// [`serve`] over TLS with the certificate `cert` and its key `key` (PEM): the handshakes run
+/// on the listener's task, one at a time (a test's few connections).
+pub async fn serve_tls(app: axum::Router, cert: &str, key: &str) -> std::net::SocketAddr {
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .expect("certificate");
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .expect("TLS server");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("addr");
+    let tls = TlsListener {
+        tcp: listener,
+        acceptor: tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)),
+    };
+    tokio::spawn(async move {
+        let _ = axum::serve(tls, app).await;
+    });
+    addr
+}
+
+/// A loopback listener whose connections complete a TLS handshake first.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            if let Ok(stream) = self.acceptor.accept(tcp).await {
+                return (stream, addr);
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
+    }
+}
+
 /// Polls `seen` until it holds `n` items or `timeout` has passed: what it held last (the
 /// caller's assertion tells the shortfall).
 pub async fn wait_for<T>(

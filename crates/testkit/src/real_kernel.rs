@@ -44,13 +44,15 @@ pub struct KernelEnv {
 
 impl KernelEnv {
     pub async fn new() -> KernelEnv {
+        KernelEnv::with_llm(FakeLlm::start().await)
+    }
+
+    /// An environment whose kernel calls `llm` (one served over TLS, say).
+    pub fn with_llm(llm: FakeLlm) -> KernelEnv {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("home/.iac-code")).expect("home");
         std::fs::create_dir_all(dir.path().join("ws")).expect("ws");
-        KernelEnv {
-            dir,
-            llm: FakeLlm::start().await,
-        }
+        KernelEnv { dir, llm }
     }
 
     pub fn home(&self) -> PathBuf {

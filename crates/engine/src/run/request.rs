@@ -33,6 +33,9 @@ pub struct RunRequest {
     pub lang: Lang,
     /// Who sent it (its user, if any, owns the thread it starts and reaches only its own).
     pub caller: Caller,
+    /// Set when the gateway's LLM egress refused one of the run's LLM calls because its user's
+    /// token budget is spent: a kernel failure is then told as that.
+    pub budget_refused: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Why a request was not admitted here.

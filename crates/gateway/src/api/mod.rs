@@ -64,6 +64,8 @@ pub struct AppState {
     pub forwarding: Arc<crate::forward::Forwarding>,
     /// The kernel's Agent Card, for `/capabilities`.
     pub card: Arc<kernel::CardCache>,
+    /// The LLM egress (`--llm-upstream`): runs get a capability in place of their key.
+    pub egress: Option<crate::egress::Egress>,
 }
 
 impl AppState {

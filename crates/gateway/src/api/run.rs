@@ -99,16 +99,36 @@ async fn run_request(
     };
     // A slot among `--max-runs` before anything is touched (workspace, store, kernel): a refusal
     // leaves nothing behind. It goes with the run to its end (forwarded requests give it back).
-    let slot = match rt.limits().run(caller.user.as_deref()) {
+    let mut slot = match rt.limits().run(caller.user.as_deref()) {
         Ok(slot) => slot,
         Err(limit) => return refused(limits::refused_run(limit)),
     };
     let who = caller.clone();
-    let request = match prepare(&rt, obj, &body, lang, caller).await {
+    let mut request = match prepare(&rt, obj, &body, lang, caller).await {
         Ok(r) => r,
         Err(e) => return refused(e),
     };
     let secrets = request.iac.carries_secrets();
+    // With the LLM egress, the kernel gets the run's capability in place of its key and
+    // headers, which stay here for the run's life; a user whose budget is spent is refused.
+    if let Some(egress) = &s.egress {
+        let account = kernel::tenant::user_key(who.user.as_deref());
+        match egress.grant_run(&account, &mut request.iac) {
+            Ok((grant, refused)) => {
+                slot.hold(grant);
+                request.budget_refused = Some(refused);
+            }
+            Err(wait) => {
+                let e = ApiError::new(Code::LlmBudgetExhausted, msg::LLM_BUDGET_EXHAUSTED);
+                let mut r = refused(e);
+                r.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from(wait.as_secs().max(1)),
+                );
+                return r;
+            }
+        }
+    }
     let (stranger, thread_id) = (
         admit::stranger_answer(&request),
         request.envelope.thread_id.clone(),
@@ -226,6 +246,7 @@ async fn prepare(
     .await
     .map_err(|_| ApiError::new(Code::InvalidInput, msg::INVALID_PROPS))??;
     Ok(RunRequest {
+        budget_refused: None,
         envelope,
         iac,
         cwd: workspace.path,

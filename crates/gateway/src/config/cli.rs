@@ -14,7 +14,9 @@ pub struct Cli {
     /// max_readers_per_run, max_guidance_per_thread, transcript_limit, max_image_decodes, kernels, body_timeout,
     /// linger_timeout, allowed_hosts, allow_unauthenticated, auth_jwks, auth_issuer,
     /// auth_audience, auth_user_claim, auth_jwks_refresh, state_ca_file, tls_cert, tls_key,
-    /// metrics_tls_cert, metrics_tls_key, cluster_ca, console; dashes or underscores).
+    /// metrics_tls_cert, metrics_tls_key, cluster_ca, console, kernel_isolation, kernel_idle_stop,
+    /// kernel_user, kernel_start, kernel_connect_ports, llm_upstream, llm_upstream_ca, llm_api_key,
+    /// llm_max_requests, llm_token_budget, llm_budget_window; dashes or underscores).
     #[arg(long, value_name = "PATH")]
     pub config: Option<String>,
     /// Bind address [default: 127.0.0.1].
@@ -277,6 +279,27 @@ pub struct Cli {
     /// [default: fork]. Kernels of --kernel-isolation shared are always spawned.
     #[arg(long, value_name = "fork|spawn", env = "IAC_CODE_AGUI_KERNEL_START")]
     pub kernel_start: Option<String>,
+    /// The LLM provider's base URL (what IAC_CODE_BASE_URL would say): the gateway holds the
+    /// provider key (IAC_CODE_AGUI_LLM_API_KEY, YAML llm_api_key, else its IAC_CODE_API_KEY) and
+    /// managed kernels reach the provider through its loopback endpoint with a capability of
+    /// their own instead. Needs IAC_CODE_PROVIDER [default: off, kernels hold the key].
+    #[arg(long, value_name = "URL", env = "IAC_CODE_AGUI_LLM_UPSTREAM")]
+    pub llm_upstream: Option<String>,
+    /// The CA certificates (PEM) the upstream's TLS certificate must chain to [default: the
+    /// system's and Mozilla's roots].
+    #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_LLM_UPSTREAM_CA")]
+    pub llm_upstream_ca: Option<String>,
+    /// The most LLM requests forwarded upstream at once; more wait their turn up to 30 s, then
+    /// get 503 [default: 64].
+    #[arg(long, value_name = "N", env = "IAC_CODE_AGUI_LLM_MAX_REQUESTS")]
+    pub llm_max_requests: Option<String>,
+    /// Tokens (input and output) a user may spend through the egress per --llm-budget-window;
+    /// past it their runs are refused 429 LLM_BUDGET_EXHAUSTED [default: no budget].
+    #[arg(long, value_name = "TOKENS", env = "IAC_CODE_AGUI_LLM_TOKEN_BUDGET")]
+    pub llm_token_budget: Option<String>,
+    /// The window of --llm-token-budget, in seconds (a sliding one) [default: 86400].
+    #[arg(long, value_name = "SECONDS", env = "IAC_CODE_AGUI_LLM_BUDGET_WINDOW")]
+    pub llm_budget_window: Option<String>,
     /// Seconds a request body may take to arrive whole after its head; past them the request is
     /// answered 408 BODY_TIMEOUT and the connection closed [default: 60].
     #[arg(
@@ -396,6 +419,17 @@ impl Cli {
             self.kernel_user.take(),
             std::mem::take(&mut self.kernel_connect_ports),
             self.kernel_start.take(),
+        )
+    }
+
+    /// The flags of the LLM egress options, in `egress::Flags` order.
+    pub(super) fn egress_flags(&mut self) -> super::egress::Flags {
+        (
+            self.llm_upstream.take(),
+            self.llm_upstream_ca.take(),
+            self.llm_max_requests.take(),
+            self.llm_token_budget.take(),
+            self.llm_budget_window.take(),
         )
     }
 

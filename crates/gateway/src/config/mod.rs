@@ -15,6 +15,7 @@ pub mod auth;
 mod caps;
 mod check;
 mod cli;
+pub mod egress;
 pub mod isolation;
 mod layers;
 mod machine;
@@ -93,6 +94,9 @@ pub struct Config {
     pub kernels: usize,
     /// Whose kernel runs a user's turns (`--kernel-isolation` and its options).
     pub isolation: isolation::Isolation,
+    /// The LLM egress (`--llm-upstream` and its options): kernels reach the provider through
+    /// the gateway, which holds the key.
+    pub egress: Option<egress::Egress>,
     /// The YAML configuration file (`--config`), when one was read.
     pub config_file: Option<PathBuf>,
     /// How long a request body may take to arrive whole after its head.
@@ -226,6 +230,7 @@ impl Config {
         let caps_flags = cli.caps_flags();
         let jwt_flags = cli.jwt_flags();
         let isolation_flags = cli.isolation_flags();
+        let egress_flags = cli.egress_flags();
         let seconds = |opt: &Opt<Number>, flag, default| {
             check::seconds(l.get(opt, flag)?.unwrap_or(default), opt.err())
         };
@@ -335,6 +340,7 @@ impl Config {
             machine::memory_bytes(),
         )?;
         let isolation = isolation::load(&l, isolation_flags, !a2a_urls.is_empty())?;
+        let egress = egress::load(&l, egress_flags, !a2a_urls.is_empty())?;
         let body_timeout = l.get(&BODY_TIMEOUT, cli.body_timeout)?.unwrap_or(60.0);
         let body_timeout = check::body_timeout(body_timeout)?;
         let linger_timeout = seconds(&LINGER_TIMEOUT, cli.linger_timeout, 10.0)?;
@@ -386,6 +392,7 @@ impl Config {
             max_image_decodes,
             kernels,
             isolation,
+            egress,
             config_file,
             body_timeout,
             linger_timeout,
@@ -531,6 +538,7 @@ impl fmt::Debug for Config {
             max_image_decodes,
             kernels,
             isolation,
+            egress,
             config_file,
             body_timeout,
             linger_timeout,
@@ -578,6 +586,7 @@ impl fmt::Debug for Config {
             .field("max_image_decodes", max_image_decodes)
             .field("kernels", kernels)
             .field("isolation", isolation)
+            .field("egress", egress)
             .field("config_file", config_file)
             .field("body_timeout", body_timeout)
             .field("linger_timeout", linger_timeout)

@@ -67,6 +67,16 @@ struct ReasonLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct TokenKindLabel {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct LimitLabel {
     limit: &'static str,
 }
@@ -282,6 +292,10 @@ pub struct Metrics {
     spans_dropped: [Counter; 2],
     limits_reached: [Counter; 6],
     auth_refusals: Family<ReasonLabel, Counter>,
+    llm_requests: Family<OutcomeLabel, Counter>,
+    llm_duration: Histogram,
+    llm_head: Histogram,
+    llm_tokens: [Counter; 2],
     kernel: Arc<OnceLock<Arc<dyn KernelGauges>>>,
 }
 
@@ -413,6 +427,38 @@ impl Metrics {
              user_header, bad_user_header) or by ownership (not_owner, user_mismatch)",
             auth_refusals.clone(),
         );
+        let llm_requests = Family::<OutcomeLabel, Counter>::default();
+        r.register(
+            "agui_llm_requests",
+            "Kernels' LLM requests through the egress, by outcome: ok (2xx), upstream_4xx, \
+             upstream_5xx, failed (no answer, or one broken off), denied (no valid capability), \
+             budget (a user's token budget spent), busy (--llm-max-requests waited too long), \
+             invalid (an unknown route, a request too large or too slow)",
+            llm_requests.clone(),
+        );
+        let llm_duration = Histogram::new(run_buckets());
+        r.register(
+            "agui_llm_request_duration_seconds",
+            "From an LLM request's arrival at the egress to the end of its answer",
+            llm_duration.clone(),
+        );
+        let llm_head = Histogram::new(run_buckets());
+        r.register(
+            "agui_llm_response_head_seconds",
+            "From an LLM request's arrival at the egress to the upstream's answer head",
+            llm_head.clone(),
+        );
+        let llm_token_family = Family::<TokenKindLabel, Counter>::default();
+        r.register(
+            "agui_llm_tokens",
+            "Tokens the upstream reported in its answers (input, output)",
+            llm_token_family.clone(),
+        );
+        let llm_tokens = ["input", "output"].map(|kind| {
+            llm_token_family
+                .get_or_create(&TokenKindLabel { kind })
+                .clone()
+        });
         let kernel = Arc::new(OnceLock::new());
         r.register_collector(Box::new(KernelCollector(kernel.clone())));
         // A gauge of 1 (the Prometheus convention for build info; promtool knows no `info` type).
@@ -443,8 +489,31 @@ impl Metrics {
             spans_dropped,
             limits_reached,
             auth_refusals,
+            llm_requests,
+            llm_duration,
+            llm_head,
+            llm_tokens,
             kernel,
         }
+    }
+
+    /// An LLM request through the egress ended with `outcome` after `took`.
+    pub fn llm_request(&self, outcome: &'static str, took: Duration) {
+        self.llm_requests
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+        self.llm_duration.observe(took.as_secs_f64());
+    }
+
+    /// The upstream's answer head came `took` after the request.
+    pub fn llm_head(&self, took: Duration) {
+        self.llm_head.observe(took.as_secs_f64());
+    }
+
+    /// Tokens an upstream answer reported.
+    pub fn llm_tokens(&self, input: u64, output: u64) {
+        self.llm_tokens[0].inc_by(input);
+        self.llm_tokens[1].inc_by(output);
     }
 
     /// Reports `kernel`'s state at each scrape (the first kernel given; there is one).

@@ -43,6 +43,7 @@ mod support;
 mod telemetry;
 mod tenants_chaos;
 mod tenants_cluster;
+mod tenants_egress;
 mod tenants_fork;
 mod tenants_real;
 mod tls_listener;

@@ -256,6 +256,154 @@ fn the_managed_kernel_gets_no_secret_of_the_gateway_and_its_output_is_logged() {
                 .is_some_and(|m| m.contains("so does its managed kernel"))
     });
     assert_eq!(warned, is_root(), "{text}");
+    // Without the LLM egress the key is the kernel's: said at start-up.
+    let said = lines.iter().any(|l| {
+        l["level"] == "WARN"
+            && l["message"].as_str().is_some_and(|m| {
+                m.contains("the LLM provider's key is in every kernel's environment")
+            })
+    });
+    assert!(said, "{text}");
+}
+
+/// With `--llm-upstream` the managed kernel gets the egress's base URL and a capability in
+/// place of the key, and no LLM key of the gateway's environment (`--kernel-env` included); a
+/// wrong egress configuration stops the start.
+#[test]
+fn with_the_llm_egress_the_kernel_gets_a_capability_and_no_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let dump = dir.path().join("env");
+    let script = dir.path().join("kernel");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nenv > '{d}.tmp'\nmv '{d}.tmp' '{d}'\nsleep 30\n",
+            d = dump.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = dir.path().join("gateway.log");
+    let port = free_port();
+    let mut child = Command::new(bin())
+        .args(["--port", &port.to_string(), "--log-format", "json"])
+        .arg("--a2a-command")
+        .arg(&script)
+        .args(["--kernel-env", "OPENAI_API_KEY"])
+        .args(["--llm-upstream", "https://llm.example/compatible-mode/v1"])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env_remove("IAC_CODE_AGUI_A2A_URL")
+        .env_remove("IAC_CODE_AGUI_KERNEL_ENV")
+        .env("IAC_CODE_PROVIDER", "DashScope")
+        .env("IAC_CODE_API_KEY", "operator-llm-key-1")
+        .env(
+            "IAC_CODE_BASE_URL",
+            "https://llm.example/compatible-mode/v1",
+        )
+        .env("OPENAI_API_KEY", "operator-llm-key-2")
+        .env("NO_PROXY", "corp.example")
+        .env_remove("no_proxy")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !dump.exists() {
+        assert!(start.elapsed() < Duration::from_secs(20), "no kernel");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: plain kill syscall.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let _ = child.wait();
+    let env = std::fs::read_to_string(&dump).unwrap();
+    assert!(!env.contains("operator-llm-key"), "{env}");
+    assert!(!env.contains("OPENAI_API_KEY"), "{env}");
+    let var = |name: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name}: {env}"))
+            .to_owned()
+    };
+    let (base, key) = (var("IAC_CODE_BASE_URL"), var("IAC_CODE_API_KEY"));
+    assert_eq!(key.len(), 64, "{key}");
+    assert!(key.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
+    let (origin, path) = base
+        .strip_prefix("http://127.0.0.1:")
+        .and_then(|r| r.split_once('/'))
+        .unwrap_or_else(|| panic!("{base}"));
+    assert!(origin.parse::<u16>().is_ok() && path == key, "{base}");
+    assert_eq!(var("IAC_CODE_PROVIDER"), "DashScope");
+    assert_eq!(var("NO_PROXY"), "corp.example,127.0.0.1,localhost,::1");
+    assert_eq!(var("no_proxy"), "127.0.0.1,localhost,::1");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("LLM egress on: no kernel holds the provider key"),
+        "{text}"
+    );
+    assert!(!text.contains("operator-llm-key"), "{text}");
+    assert!(
+        text.contains("--kernel-env passes a variable that looks like a credential"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("in every kernel's environment, where"),
+        "{text}"
+    );
+
+    let state = dir.path().join("state2").display().to_string();
+    let base_args = ["--state-dir", state.as_str()];
+    let provider = [("IAC_CODE_PROVIDER", "DashScope")];
+    for (args, env, says) in [
+        (
+            vec!["--llm-upstream", "http://llm.example/v1"],
+            &provider[..],
+            "--llm-upstream must be an https:// URL",
+        ),
+        (
+            vec!["--llm-upstream", "https://llm.example/v1"],
+            &[][..],
+            "--llm-upstream needs IAC_CODE_PROVIDER",
+        ),
+        (
+            vec!["--llm-token-budget", "5"],
+            &provider[..],
+            "need --llm-upstream",
+        ),
+        (
+            vec![
+                "--llm-upstream",
+                "https://llm.example/v1",
+                "--a2a-url",
+                "http://127.0.0.1:9/",
+            ],
+            &provider[..],
+            "--llm-upstream needs managed kernels",
+        ),
+        (
+            vec![
+                "--llm-upstream",
+                "https://llm.example/v1",
+                "--llm-upstream-ca",
+                "/nonexistent/ca.pem",
+            ],
+            &provider[..],
+            "--llm-upstream-ca /nonexistent/ca.pem",
+        ),
+    ] {
+        let all: Vec<&str> = base_args
+            .iter()
+            .copied()
+            .chain(args.iter().copied())
+            .collect();
+        let (code, err) = run(&all, env);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 /// Whether the tests run as root (CI does).

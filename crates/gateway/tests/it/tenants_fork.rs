@@ -29,16 +29,26 @@ fn late_imports(log: &str) -> Vec<String> {
 
 /// Whether the writable memory of process `pid` holds `needle` (read through `/proc`, as its
 /// uid or root may).
-fn memory_holds(pid: u32, needle: &[u8]) -> bool {
+pub(crate) fn memory_holds(pid: u32, needle: &[u8]) -> bool {
+    let mut found = false;
+    each_region(pid, |buf| {
+        found = found || buf.windows(needle.len()).any(|w| w == needle);
+    });
+    found
+}
+
+/// Calls `f` with each writable region of process `pid`'s memory (but the kernel's vdso and
+/// vvar pages).
+pub(crate) fn each_region(pid: u32, mut f: impl FnMut(&[u8])) {
     use std::io::{Read as _, Seek as _, SeekFrom};
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
     for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if !f[1].starts_with("rw") || f.get(5).is_some_and(|n| n.starts_with("[v")) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if !fields[1].starts_with("rw") || fields.get(5).is_some_and(|n| n.starts_with("[v")) {
             continue;
         }
-        let (a, b) = f[0].split_once('-').unwrap();
+        let (a, b) = fields[0].split_once('-').unwrap();
         let (a, b) = (
             u64::from_str_radix(a, 16).unwrap(),
             u64::from_str_radix(b, 16).unwrap(),
@@ -47,11 +57,8 @@ fn memory_holds(pid: u32, needle: &[u8]) -> bool {
         if mem.seek(SeekFrom::Start(a)).is_err() || mem.read_exact(&mut buf).is_err() {
             continue;
         }
-        if buf.windows(needle.len()).any(|w| w == needle) {
-            return true;
-        }
+        f(&buf);
     }
-    false
 }
 
 /// A process's own memory: what it shares with no other process (Private_Clean and

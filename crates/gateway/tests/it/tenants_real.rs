@@ -234,7 +234,17 @@ impl Tenanted {
         extra: &[&str],
         vars: &[(&str, &str)],
     ) -> Tenanted {
-        let env = KernelEnv::new().await;
+        Self::start_in(KernelEnv::new().await, isolated, seats, extra, vars).await
+    }
+
+    /// [`Tenanted::start_env`] in `env`.
+    pub(crate) async fn start_in(
+        env: KernelEnv,
+        isolated: bool,
+        seats: usize,
+        extra: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Tenanted {
         let admin = free_port();
         let extra: Vec<String> = ["--metrics-listen".to_owned(), format!("127.0.0.1:{admin}")]
             .into_iter()

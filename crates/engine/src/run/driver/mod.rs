@@ -272,7 +272,17 @@ impl Driver {
                         .await
                 }
             },
-            End::Failed(f) => self.fail(f).await,
+            End::Failed(mut f) => {
+                // The kernel failed because the egress refused its LLM call: said as that.
+                let spent = self.adm.req.budget_refused.as_ref();
+                if f.code == Code::A2aExecutionFailed
+                    && spent.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+                {
+                    f.code = Code::LlmBudgetExhausted;
+                    f.message = msg::LLM_BUDGET_EXHAUSTED.into();
+                }
+                self.fail(f).await
+            }
             End::Disconnected => self.on_disconnect().await,
         }
     }

@@ -94,6 +94,7 @@ impl Harness {
             .transpose()
             .unwrap();
         RunRequest {
+            budget_refused: None,
             envelope,
             iac,
             cwd: self.dir.path().to_path_buf(),

@@ -1,0 +1,276 @@
+//! Who may spend through the egress, and with what: capabilities, as pure data.
+//!
+//! A kernel is started with a capability of its own: in its base URL's path (which names the
+//! kernel) and as its API key. A run gets one more, in place of the request's key, which carries
+//! the run's user and the request's own key and headers (`llmApiKey`, `llmHeaders`). A request is
+//! admitted when its path names a kernel and its key is that kernel's, or a live run's of the
+//! kernel's user (any user's on a shared kernel, which every user's runs reach anyway). A run's
+//! capability lives while the run does, and [`GRACE`] after (what the kernel does at the end of
+//! a turn); then it is refused, as any unknown one is.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a run's capability is honoured after the run ends.
+pub const GRACE: Duration = Duration::from_secs(5);
+
+/// A capability's secret: 32 random bytes, hex.
+pub fn mint() -> String {
+    hex::encode(rand::random::<[u8; 32]>())
+}
+
+/// The account a request is counted to: a user's key (see `kernel::tenant::user_key`), or none
+/// (a shared kernel's own calls, outside any run).
+pub type Account = Option<String>;
+
+/// What a request may spend, once admitted.
+#[derive(Clone)]
+pub struct Spend {
+    pub account: Account,
+    /// The run's own key, in place of the operator's.
+    pub key: Option<String>,
+    /// The run's own headers, added upstream.
+    pub headers: Vec<(String, String)>,
+    /// The run's mark that a call was refused for the budget.
+    pub refused: Option<Arc<AtomicBool>>,
+}
+
+impl std::fmt::Debug for Spend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spend")
+            .field("account", &self.account)
+            .field("key", &self.key.as_ref().map(|_| "<hidden>"))
+            .field("headers", &self.headers.len())
+            .field("run", &self.refused.is_some())
+            .finish()
+    }
+}
+
+/// Why a request is refused (all are answered the same, 401).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// The path names no kernel.
+    UnknownKernel,
+    /// No key, or one that is neither the kernel's nor a live run's.
+    UnknownKey,
+    /// A run's key whose run ended more than [`GRACE`] ago.
+    Ended,
+    /// A run's key presented by another user's kernel.
+    OtherUser,
+}
+
+struct Kernel {
+    account: Account,
+}
+
+struct Run {
+    account: String,
+    key: Option<String>,
+    headers: Vec<(String, String)>,
+    refused: Arc<AtomicBool>,
+    /// When the run ended.
+    ended: Option<Instant>,
+}
+
+/// The live capabilities.
+#[derive(Default)]
+pub struct Grants {
+    kernels: HashMap<String, Kernel>,
+    /// A kernel's capability by its account (the shared kernels' under none).
+    kernel_of: HashMap<Account, String>,
+    runs: HashMap<String, Run>,
+}
+
+impl Grants {
+    /// The capability of the kernels of `account`: the same for each start of them.
+    pub fn kernel(&mut self, account: Account) -> String {
+        if let Some(t) = self.kernel_of.get(&account) {
+            return t.clone();
+        }
+        let token = mint();
+        self.kernels.insert(
+            token.clone(),
+            Kernel {
+                account: account.clone(),
+            },
+        );
+        self.kernel_of.insert(account, token.clone());
+        token
+    }
+
+    /// A new run's capability for `account`, spending `key` (else the operator's) with
+    /// `headers`, marking `refused` when a call is refused for the budget. Runs ended past the
+    /// grace are forgotten now.
+    pub fn run(
+        &mut self,
+        account: String,
+        key: Option<String>,
+        headers: Vec<(String, String)>,
+        refused: Arc<AtomicBool>,
+        now: Instant,
+    ) -> String {
+        self.runs.retain(|_, r| {
+            r.ended
+                .is_none_or(|e| now.saturating_duration_since(e) <= GRACE)
+        });
+        let token = mint();
+        self.runs.insert(
+            token.clone(),
+            Run {
+                account,
+                key,
+                headers,
+                refused,
+                ended: None,
+            },
+        );
+        token
+    }
+
+    /// The run of `token` has ended: its capability lapses after the grace.
+    pub fn end_run(&mut self, token: &str, now: Instant) {
+        if let Some(r) = self.runs.get_mut(token) {
+            r.ended.get_or_insert(now);
+        }
+    }
+
+    /// Runs whose capability is still honoured.
+    pub fn live_runs(&self, now: Instant) -> usize {
+        self.runs
+            .values()
+            .filter(|r| {
+                r.ended
+                    .is_none_or(|e| now.saturating_duration_since(e) <= GRACE)
+            })
+            .count()
+    }
+
+    /// What a request whose path names `kernel` and that presents `key` may spend.
+    pub fn admit(&self, kernel: &str, key: Option<&str>, now: Instant) -> Result<Spend, Denied> {
+        let k = self.kernels.get(kernel).ok_or(Denied::UnknownKernel)?;
+        let key = key.ok_or(Denied::UnknownKey)?;
+        if same(key, kernel) {
+            return Ok(Spend {
+                account: k.account.clone(),
+                key: None,
+                headers: Vec::new(),
+                refused: None,
+            });
+        }
+        let run = self.runs.get(key).ok_or(Denied::UnknownKey)?;
+        if run
+            .ended
+            .is_some_and(|e| now.saturating_duration_since(e) > GRACE)
+        {
+            return Err(Denied::Ended);
+        }
+        if k.account.as_ref().is_some_and(|a| *a != run.account) {
+            return Err(Denied::OtherUser);
+        }
+        Ok(Spend {
+            account: Some(run.account.clone()),
+            key: run.key.clone(),
+            headers: run.headers.clone(),
+            refused: Some(run.refused.clone()),
+        })
+    }
+}
+
+/// Equal secrets, compared in constant time.
+fn same(a: &str, b: &str) -> bool {
+    use subtle::ConstantTimeEq as _;
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flag() -> Arc<AtomicBool> {
+        Arc::default()
+    }
+
+    fn alice() -> Account {
+        Some("alice".into())
+    }
+
+    #[test]
+    fn a_kernel_spends_its_own_account_with_the_operators_key() {
+        let mut g = Grants::default();
+        let k = g.kernel(alice());
+        assert_eq!(g.kernel(alice()), k, "one capability per account");
+        assert_eq!(k.len(), 64);
+        let now = Instant::now();
+        let s = g.admit(&k, Some(&k), now).unwrap();
+        assert_eq!((s.account, s.key, s.headers), (alice(), None, vec![]));
+        assert_eq!(g.admit(&k, None, now).err(), Some(Denied::UnknownKey));
+        assert_eq!(g.admit(&k, Some("x"), now).err(), Some(Denied::UnknownKey));
+        assert_eq!(
+            g.admit("x", Some(&k), now).err(),
+            Some(Denied::UnknownKernel)
+        );
+        let shared = g.kernel(None);
+        assert_ne!(shared, k);
+        assert_eq!(g.admit(&shared, Some(&shared), now).unwrap().account, None);
+    }
+
+    #[test]
+    fn a_run_spends_its_key_and_headers_on_its_users_kernel_until_the_grace_ends() {
+        let mut g = Grants::default();
+        let (ka, kb, shared) = (
+            g.kernel(alice()),
+            g.kernel(Some("bob".into())),
+            g.kernel(None),
+        );
+        let t0 = Instant::now();
+        let h = vec![("X-Org".to_owned(), "o1".to_owned())];
+        let run = g.run(
+            "alice".into(),
+            Some("her-key".into()),
+            h.clone(),
+            flag(),
+            t0,
+        );
+        let s = g.admit(&ka, Some(&run), t0).unwrap();
+        assert_eq!(
+            (s.account, s.key.as_deref(), s.headers),
+            (alice(), Some("her-key"), h)
+        );
+        assert_eq!(g.admit(&kb, Some(&run), t0).err(), Some(Denied::OtherUser));
+        assert!(g.admit(&shared, Some(&run), t0).is_ok(), "shared kernels");
+        assert_eq!(g.live_runs(t0), 1);
+        g.end_run(&run, t0);
+        assert!(
+            g.admit(&ka, Some(&run), t0 + GRACE).is_ok(),
+            "within the grace"
+        );
+        let later = t0 + GRACE + Duration::from_millis(1);
+        assert_eq!(g.admit(&ka, Some(&run), later).err(), Some(Denied::Ended));
+        assert_eq!(g.live_runs(later), 0);
+        // Forgotten at the next run's start: unknown from then on.
+        let _ = g.run("bob".into(), None, vec![], flag(), later);
+        assert_eq!(
+            g.admit(&ka, Some(&run), later).err(),
+            Some(Denied::UnknownKey)
+        );
+        // A later end does not extend the grace.
+        let r2 = g.run("alice".into(), None, vec![], flag(), t0);
+        g.end_run(&r2, t0);
+        g.end_run(&r2, later);
+        assert_eq!(g.admit(&ka, Some(&r2), later).err(), Some(Denied::Ended));
+    }
+
+    #[test]
+    fn a_spend_never_prints_its_key() {
+        let s = Spend {
+            account: None,
+            key: Some("sk-secret".into()),
+            headers: vec![("Authorization".into(), "Bearer hdr-secret".into())],
+            refused: None,
+        };
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("secret"), "{shown}");
+    }
+}
