@@ -28,7 +28,11 @@ pub const MAX_BODY: usize = 32 * 1024 * 1024;
 /// A request body must arrive whole within this.
 const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// The longest wait for a place among `--llm-max-requests`.
-const QUEUE_WAIT: Duration = Duration::from_secs(30);
+const QUEUE_WAIT: Duration = if cfg!(test) {
+    Duration::from_millis(200)
+} else {
+    Duration::from_secs(30)
+};
 /// The upstream's answer head must come within this (a long completion not streamed).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(600);
 /// The upstream's answer may pause this long between its pieces.

@@ -296,7 +296,10 @@ pub fn is_llm_key(name: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests;
+
+#[cfg(test)]
+mod pure_tests {
     use super::*;
 
     #[test]
