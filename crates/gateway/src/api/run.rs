@@ -113,7 +113,8 @@ async fn run_request(
     // headers, which stay here for the run's life; a user whose budget is spent is refused.
     if let Some(egress) = &s.egress {
         let account = kernel::tenant::user_key(who.user.as_deref());
-        match egress.grant_run(&account, &mut request.iac) {
+        let thread = request.envelope.thread_id.clone();
+        match egress.grant_run(&account, &thread, &mut request.iac) {
             Ok((grant, refused)) => {
                 slot.hold(grant);
                 request.budget_refused = Some(refused);

@@ -7,6 +7,11 @@
 //! kernel's user (any user's on a shared kernel, which every user's runs reach anyway). A run's
 //! capability lives while the run does, and [`GRACE`] after (what the kernel does at the end of
 //! a turn); then it is refused, as any unknown one is.
+//!
+//! The runs of one thread at once (a guidance run beside the pipeline's run it steers) share one
+//! capability: the kernel keeps the key of a thread's latest message for the whole context, so
+//! a guidance run's own would otherwise lapse under the run that goes on. The latest run's key
+//! is the one spent (as the kernel would), its headers when it has some.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -48,6 +53,14 @@ impl std::fmt::Debug for Spend {
     }
 }
 
+/// A run asking for its capability.
+pub struct NewRun {
+    pub account: String,
+    pub thread: String,
+    pub key: Option<String>,
+    pub headers: Vec<(String, String)>,
+}
+
 /// Why a request is refused (all are answered the same, 401).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Denied {
@@ -70,7 +83,9 @@ struct Run {
     key: Option<String>,
     headers: Vec<(String, String)>,
     refused: Arc<AtomicBool>,
-    /// When the run ended.
+    /// Runs holding it.
+    holders: usize,
+    /// When the last of them ended.
     ended: Option<Instant>,
 }
 
@@ -81,6 +96,8 @@ pub struct Grants {
     /// A kernel's capability by its account (the shared kernels' under none).
     kernel_of: HashMap<Account, String>,
     runs: HashMap<String, Run>,
+    /// The live capability of a thread's runs, by account and thread.
+    run_of: HashMap<(String, String), String>,
 }
 
 impl Grants {
@@ -100,39 +117,56 @@ impl Grants {
         token
     }
 
-    /// A new run's capability for `account`, spending `key` (else the operator's) with
-    /// `headers`, marking `refused` when a call is refused for the budget. Runs ended past the
-    /// grace are forgotten now.
-    pub fn run(
-        &mut self,
-        account: String,
-        key: Option<String>,
-        headers: Vec<(String, String)>,
-        refused: Arc<AtomicBool>,
-        now: Instant,
-    ) -> String {
-        self.runs.retain(|_, r| {
+    /// A new run's capability for `account` on `thread`, spending `key` (else the operator's)
+    /// with `headers`, marking `refused` when a call is refused for the budget: that of the
+    /// thread's runs going on, if any (given this run's key, and its headers when it has some),
+    /// else a new one. Runs ended past the grace are forgotten now.
+    pub fn run(&mut self, run: NewRun, now: Instant) -> (String, Arc<AtomicBool>) {
+        let live = |r: &Run| {
             r.ended
                 .is_none_or(|e| now.saturating_duration_since(e) <= GRACE)
-        });
+        };
+        self.runs.retain(|_, r| live(r));
+        let runs = &self.runs;
+        self.run_of.retain(|_, t| runs.contains_key(t));
+        let at = (run.account.clone(), run.thread.clone());
+        if let Some(r) =
+            (self.run_of.get(&at)).and_then(|t| Some((t.clone(), self.runs.get_mut(t)?)))
+        {
+            let (token, r) = r;
+            if r.holders > 0 {
+                r.holders += 1;
+                r.key = run.key;
+                if !run.headers.is_empty() {
+                    r.headers = run.headers;
+                }
+                return (token, r.refused.clone());
+            }
+        }
         let token = mint();
+        let refused = Arc::new(AtomicBool::new(false));
         self.runs.insert(
             token.clone(),
             Run {
-                account,
-                key,
-                headers,
-                refused,
+                account: run.account,
+                key: run.key,
+                headers: run.headers,
+                refused: refused.clone(),
+                holders: 1,
                 ended: None,
             },
         );
-        token
+        self.run_of.insert(at, token.clone());
+        (token, refused)
     }
 
-    /// The run of `token` has ended: its capability lapses after the grace.
+    /// A run holding `token` has ended: once none does, it lapses after the grace.
     pub fn end_run(&mut self, token: &str, now: Instant) {
         if let Some(r) = self.runs.get_mut(token) {
-            r.ended.get_or_insert(now);
+            r.holders = r.holders.saturating_sub(1);
+            if r.holders == 0 {
+                r.ended.get_or_insert(now);
+            }
         }
     }
 
@@ -188,8 +222,13 @@ fn same(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn flag() -> Arc<AtomicBool> {
-        Arc::default()
+    fn new_run(account: &str, thread: &str, key: Option<&str>, h: Vec<(String, String)>) -> NewRun {
+        NewRun {
+            account: account.into(),
+            thread: thread.into(),
+            key: key.map(str::to_owned),
+            headers: h,
+        }
     }
 
     fn alice() -> Account {
@@ -226,13 +265,7 @@ mod tests {
         );
         let t0 = Instant::now();
         let h = vec![("X-Org".to_owned(), "o1".to_owned())];
-        let run = g.run(
-            "alice".into(),
-            Some("her-key".into()),
-            h.clone(),
-            flag(),
-            t0,
-        );
+        let (run, _) = g.run(new_run("alice", "t1", Some("her-key"), h.clone()), t0);
         let s = g.admit(&ka, Some(&run), t0).unwrap();
         assert_eq!(
             (s.account, s.key.as_deref(), s.headers),
@@ -250,16 +283,50 @@ mod tests {
         assert_eq!(g.admit(&ka, Some(&run), later).err(), Some(Denied::Ended));
         assert_eq!(g.live_runs(later), 0);
         // Forgotten at the next run's start: unknown from then on.
-        let _ = g.run("bob".into(), None, vec![], flag(), later);
+        let _ = g.run(new_run("bob", "t2", None, vec![]), later);
         assert_eq!(
             g.admit(&ka, Some(&run), later).err(),
             Some(Denied::UnknownKey)
         );
         // A later end does not extend the grace.
-        let r2 = g.run("alice".into(), None, vec![], flag(), t0);
+        let (r2, _) = g.run(new_run("alice", "t3", None, vec![]), t0);
         g.end_run(&r2, t0);
         g.end_run(&r2, later);
         assert_eq!(g.admit(&ka, Some(&r2), later).err(), Some(Denied::Ended));
+    }
+
+    /// A guidance run beside the run it steers shares its capability (the kernel keeps the
+    /// latest message's key for the thread's context): it lapses only after both ended.
+    #[test]
+    fn a_threads_runs_at_once_share_one_capability() {
+        let mut g = Grants::default();
+        let k = g.kernel(alice());
+        let t0 = Instant::now();
+        let h = vec![("X-Org".to_owned(), "o1".to_owned())];
+        let (main, flag) = g.run(new_run("alice", "t1", Some("k1"), h.clone()), t0);
+        let (guide, flag2) = g.run(new_run("alice", "t1", Some("k2"), vec![]), t0);
+        assert_eq!(guide, main);
+        assert!(Arc::ptr_eq(&flag, &flag2));
+        let s = g.admit(&k, Some(&main), t0).unwrap();
+        assert_eq!(
+            (s.key.as_deref(), s.headers),
+            (Some("k2"), h),
+            "the latest key"
+        );
+        let (other, _) = g.run(new_run("alice", "t2", None, vec![]), t0);
+        assert_ne!(other, main, "another thread's");
+        g.end_run(&guide, t0);
+        let later = t0 + GRACE * 3;
+        assert!(
+            g.admit(&k, Some(&main), later).is_ok(),
+            "the main run goes on"
+        );
+        g.end_run(&main, later);
+        let after = later + GRACE + Duration::from_millis(1);
+        assert_eq!(g.admit(&k, Some(&main), after).err(), Some(Denied::Ended));
+        // The thread's next run gets a new one.
+        let (next, _) = g.run(new_run("alice", "t1", None, vec![]), after);
+        assert_ne!(next, main);
     }
 
     #[test]

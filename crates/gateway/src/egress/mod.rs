@@ -184,12 +184,13 @@ impl Egress {
         vars
     }
 
-    /// The capability of a run of `account`'s, put in place of the request's key and headers
-    /// (which stay here), and the mark set when one of its calls is refused for the budget;
-    /// refused while the user's budget is spent (how long until it frees).
+    /// The capability of a run of `account`'s on `thread`, put in place of the request's key
+    /// and headers (which stay here), and the mark set when one of its calls is refused for the
+    /// budget; refused while the user's budget is spent (how long until it frees).
     pub fn grant_run(
         &self,
         account: &str,
+        thread: &str,
         iac: &mut IacCode,
     ) -> Result<(RunGrant, Arc<AtomicBool>), Duration> {
         if let Some(wait) = self.inner.exhausted(account) {
@@ -207,19 +208,18 @@ impl Egress {
             .into_iter()
             .map(|(k, v)| (k, v.0))
             .collect();
-        let refused = Arc::new(AtomicBool::new(false));
-        let token = self
+        let run = grants::NewRun {
+            account: account.to_owned(),
+            thread: thread.to_owned(),
+            key,
+            headers,
+        };
+        let (token, refused) = self
             .inner
             .grants
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .run(
-                account.to_owned(),
-                key,
-                headers,
-                refused.clone(),
-                Instant::now(),
-            );
+            .run(run, Instant::now());
         iac.llm_api_key = Some(Secret(token.clone()));
         let grant = RunGrant {
             inner: self.inner.clone(),

@@ -149,7 +149,10 @@ async fn the_key_goes_upstream_and_the_answer_streams_back_as_it_comes() {
     let s = seen.lock().unwrap()[0].clone();
     assert_eq!(s.uri, "/v1/chat/completions?api-version=1");
     assert_eq!(s.headers["authorization"], "Bearer sk-operator");
-    assert!(s.headers.get("x-api-key").is_none(), "the kernel's credentials stay");
+    assert!(
+        s.headers.get("x-api-key").is_none(),
+        "the kernel's credentials stay"
+    );
     assert_eq!(s.headers["accept-encoding"], "identity");
     assert_eq!(s.headers["anthropic-version"], "2023-06-01");
     assert_eq!(&s.body[..], br#"{"stream":true}"#);
@@ -157,12 +160,22 @@ async fn the_key_goes_upstream_and_the_answer_streams_back_as_it_comes() {
     let u = e.usage("ualice");
     assert_eq!(
         (&u["requests"], &u["inputTokens"], &u["outputTokens"]),
-        (&serde_json::json!(1), &serde_json::json!(40), &serde_json::json!(2)),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!(40),
+            &serde_json::json!(2)
+        ),
         "{u}"
     );
     let m = e.inner.metrics.encode();
-    assert!(m.contains("agui_llm_requests_total{outcome=\"ok\"} 1"), "{m}");
-    assert!(m.contains("agui_llm_tokens_total{kind=\"input\"} 40"), "{m}");
+    assert!(
+        m.contains("agui_llm_requests_total{outcome=\"ok\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("agui_llm_tokens_total{kind=\"input\"} 40"),
+        "{m}"
+    );
 }
 
 #[tokio::test]
@@ -171,7 +184,7 @@ async fn a_runs_key_and_headers_go_upstream_as_the_kernel_presented_its_capabili
     let e = start(&options(&up));
     let (base, _) = kernel(&e, Some("ualice"));
     let mut props = iac();
-    let (grant, _) = e.grant_run("ualice", &mut props).unwrap();
+    let (grant, _) = e.grant_run("ualice", "t1", &mut props).unwrap();
     let run_cap = props.llm_api_key.clone().unwrap().0;
     assert_eq!(run_cap.len(), 64, "the kernel gets the capability");
     assert!(props.llm_headers.is_none(), "and no header");
@@ -190,7 +203,10 @@ async fn a_runs_key_and_headers_go_upstream_as_the_kernel_presented_its_capabili
     assert_eq!(s.headers["x-api-key"], "sk-run-own");
     assert!(s.headers.get("authorization").is_none());
     assert_eq!(s.headers["x-org"], "org-1");
-    assert_eq!(s.headers["x-kept"], "run", "the run's header replaces the kernel's");
+    assert_eq!(
+        s.headers["x-kept"], "run",
+        "the run's header replaces the kernel's"
+    );
     drop(grant);
     assert_eq!(e.live_runs(), 1, "within the grace");
 }
@@ -277,11 +293,21 @@ async fn refusals_are_clear_and_in_the_clients_shape() {
         .await
         .unwrap();
     assert_eq!(r.status(), 429);
-    let after: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let after: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((3500..=3600).contains(&after), "{after}");
     let mut props = iac();
-    assert!(e.grant_run("ualice", &mut props).is_err(), "no run either");
-    assert!(e.grant_run("ubob", &mut props).is_ok(), "another user's budget");
+    assert!(
+        e.grant_run("ualice", "t1", &mut props).is_err(),
+        "no run either"
+    );
+    assert!(
+        e.grant_run("ubob", "t1", &mut props).is_ok(),
+        "another user's budget"
+    );
     let m = e.inner.metrics.encode();
     for (outcome, n) in [("denied", 2), ("invalid", 4), ("busy", 1), ("budget", 1)] {
         let line = format!("agui_llm_requests_total{{outcome=\"{outcome}\"}} {n}");
@@ -301,7 +327,10 @@ async fn upstream_errors_pass_through_and_an_unverified_upstream_is_never_sent_t
         .await
         .unwrap();
     assert_eq!(r.status(), 500);
-    assert_eq!(r.text().await.unwrap(), r#"{"error":{"message":"upstream broke"}}"#);
+    assert_eq!(
+        r.text().await.unwrap(),
+        r#"{"error":{"message":"upstream broke"}}"#
+    );
     // An upstream whose certificate no trusted CA signed.
     let (trusted, other) = (testkit::tls::Ca::new(), testkit::tls::Ca::new());
     let (up, seen) = upstream(Some(&other), streamed).await;
@@ -331,7 +360,10 @@ async fn upstream_errors_pass_through_and_an_unverified_upstream_is_never_sent_t
         .unwrap();
     assert_eq!(r.status(), 502);
     let m = e.inner.metrics.encode();
-    assert!(m.contains("agui_llm_requests_total{outcome=\"failed\"} 1"), "{m}");
+    assert!(
+        m.contains("agui_llm_requests_total{outcome=\"failed\"} 1"),
+        "{m}"
+    );
     // A CA file that cannot be read stops the start.
     let mut opts = options("https://127.0.0.1:9/v1");
     opts.ca = Some(dir.path().join("missing.pem"));
