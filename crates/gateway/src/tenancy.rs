@@ -79,6 +79,22 @@ pub fn say_where_the_llm_key_is(cfg: &Config, env: &Env) {
     if !cfg.a2a_urls.is_empty() {
         return;
     }
+    // Shared kernels read iac-code's own configuration directory, where a key may be on file.
+    if cfg.isolation.mode == Mode::Shared {
+        let dir = env("IAC_CODE_CONFIG_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| env("HOME").map(|h| Path::new(&h).join(".iac-code")));
+        if let Some(file) = dir
+            .map(|d| d.join(".credentials.yml"))
+            .filter(|f| f.exists())
+        {
+            tracing::warn!(
+                file = %file.display(),
+                "the kernels' configuration directory holds iac-code's credentials file, which every agent's tools can read (with --llm-upstream give the key in IAC_CODE_AGUI_LLM_API_KEY instead)"
+            );
+        }
+    }
     if let Some(e) = &cfg.egress {
         tracing::info!(
             key = if e.key.is_some() {

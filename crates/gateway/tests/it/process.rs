@@ -274,6 +274,12 @@ fn with_the_llm_egress_the_kernel_gets_a_capability_and_no_key() {
     let dir = tempfile::tempdir().unwrap();
     let dump = dir.path().join("env");
     let script = dir.path().join("kernel");
+    std::fs::create_dir_all(dir.path().join("conf")).unwrap();
+    std::fs::write(
+        dir.path().join("conf/.credentials.yml"),
+        "dashscope: on-file\n",
+    )
+    .unwrap();
     std::fs::write(
         &script,
         format!(
@@ -305,6 +311,7 @@ fn with_the_llm_egress_the_kernel_gets_a_capability_and_no_key() {
         .env("OPENAI_API_KEY", "operator-llm-key-2")
         .env("NO_PROXY", "corp.example")
         .env_remove("no_proxy")
+        .env("IAC_CODE_CONFIG_DIR", dir.path().join("conf"))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -330,6 +337,11 @@ fn with_the_llm_egress_the_kernel_gets_a_capability_and_no_key() {
             .to_owned()
     };
     let (base, key) = (var("IAC_CODE_BASE_URL"), var("IAC_CODE_API_KEY"));
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("holds iac-code's credentials file"),
+        "a key on file in the shared kernels' configuration directory is said: {text}"
+    );
     assert_eq!(key.len(), 64, "{key}");
     assert!(key.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
     let (origin, path) = base
