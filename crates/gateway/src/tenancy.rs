@@ -104,6 +104,11 @@ pub fn say_where_the_llm_key_is(cfg: &Config, env: &Env) {
             },
             "LLM egress on: no kernel holds the provider key"
         );
+        if e.key_in_file && cfg.isolation.mode == Mode::Shared {
+            tracing::warn!(
+                "llm_api_key is in the YAML file, which shared kernels (the gateway's uid) can read: give it in IAC_CODE_AGUI_LLM_API_KEY"
+            );
+        }
         let looks_secret = ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"];
         for name in &cfg.kernel_env {
             if looks_secret

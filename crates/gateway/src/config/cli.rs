@@ -289,8 +289,8 @@ pub struct Cli {
     /// system's and Mozilla's roots].
     #[arg(long, value_name = "PATH", env = "IAC_CODE_AGUI_LLM_UPSTREAM_CA")]
     pub llm_upstream_ca: Option<String>,
-    /// The most LLM requests forwarded upstream at once; more wait their turn up to 30 s, then
-    /// get 503 [default: 64].
+    /// The most LLM requests forwarded upstream at once, a user's at most a quarter of them; more
+    /// wait their turn up to 30 s, then get 503 [default: 64].
     #[arg(long, value_name = "N", env = "IAC_CODE_AGUI_LLM_MAX_REQUESTS")]
     pub llm_max_requests: Option<String>,
     /// Tokens (input and output) a user may spend through the egress per --llm-budget-window;

@@ -20,6 +20,8 @@ pub struct Egress {
     /// gateway's `IAC_CODE_API_KEY` (which then no kernel gets). None: requests go upstream
     /// without a key of the operator's (a per-request key, or a keyless local server).
     pub key: Option<String>,
+    /// The key is the YAML file's (which shared kernels, running as the gateway's uid, can read).
+    pub key_in_file: bool,
     /// The most requests forwarded at once (the others wait their turn, a while).
     pub max_requests: usize,
     /// Tokens a user may spend in a window, when limited.
@@ -41,6 +43,7 @@ impl std::fmt::Debug for Egress {
             .field("upstream", &self.upstream.as_str())
             .field("ca", &self.ca)
             .field("key", &self.key.as_ref().map(|_| "<hidden>"))
+            .field("key_in_file", &self.key_in_file)
             .field("max_requests", &self.max_requests)
             .field("budget", &self.budget)
             .finish()
@@ -105,9 +108,13 @@ pub(super) fn load(l: &Layers<'_>, flags: Flags, external: bool) -> Result<Optio
     if (l.env)("IAC_CODE_PROVIDER").is_none_or(|p| p.trim().is_empty()) {
         return Err(NO_PROVIDER.into());
     }
-    let key = match l.token(&KEY, KEY_VAR)? {
-        Some(k) => Some(k),
-        None => (l.env)("IAC_CODE_API_KEY").filter(|k| !k.trim().is_empty()),
+    let in_var = (l.env)(KEY_VAR).is_some_and(|k| !k.is_empty());
+    let (key, key_in_file) = match l.token(&KEY, KEY_VAR)? {
+        Some(k) => (Some(k), !in_var),
+        None => (
+            (l.env)("IAC_CODE_API_KEY").filter(|k| !k.trim().is_empty()),
+            false,
+        ),
     };
     let whole = |n: f64, lo: f64, hi: f64, err: &str| {
         (n.fract() == 0.0 && (lo..=hi).contains(&n))
@@ -127,6 +134,7 @@ pub(super) fn load(l: &Layers<'_>, flags: Flags, external: bool) -> Result<Optio
         upstream,
         ca: ca.map(PathBuf::from),
         key,
+        key_in_file,
         max_requests,
         budget,
     }))
@@ -235,6 +243,7 @@ mod tests {
         )
         .unwrap()
         .unwrap();
+        assert!(e.key_in_file);
         assert_eq!(
             (e.key.as_deref(), e.ca, e.max_requests, e.budget),
             (
@@ -256,6 +265,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(e.key.as_deref(), Some("var-key"), "the variable first");
+        assert!(!e.key_in_file);
         assert_eq!(
             e.budget.map(|b| b.window),
             Some(Duration::from_secs(86_400))

@@ -57,10 +57,10 @@ fn prepare(tcp: &tokio::net::TcpStream) {
     }
 }
 
-fn builder() -> http1::Builder {
+fn builder(head_timeout: Duration) -> http1::Builder {
     let mut b = http1::Builder::new();
     b.timer(TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT)
+        .header_read_timeout(head_timeout)
         .max_buf_size(MAX_HEAD)
         .max_headers(MAX_HEADERS);
     b
@@ -72,7 +72,8 @@ pub async fn serve_connection<IO>(io: IO, app: Router)
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let conn = builder().serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    let conn =
+        builder(HEAD_TIMEOUT).serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
     if let Err(e) = conn.await {
         tracing::trace!(error = %e, "connection ended with an error");
     }
@@ -100,7 +101,20 @@ pub async fn serve(
     tls: Option<tokio_rustls::TlsAcceptor>,
     graceful: impl Future<Output = ()>,
 ) {
-    let builder = builder();
+    serve_timed(listener, app, stall, HEAD_TIMEOUT, cap, tls, graceful).await;
+}
+
+/// [`serve`], a request head (and an idle kept-alive connection) given `head_timeout`.
+pub async fn serve_timed(
+    listener: TcpListener,
+    app: Router,
+    stall: Duration,
+    head_timeout: Duration,
+    cap: Option<ConnectionCap>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    graceful: impl Future<Output = ()>,
+) {
+    let builder = builder(head_timeout);
     let shutdown = GracefulShutdown::new();
     let mut graceful = pin!(graceful);
     let slots = cap.map(|c| (Arc::new(Semaphore::new(c.max)), c.on_full));

@@ -27,6 +27,8 @@ struct Account {
     requests: u64,
     input: u64,
     output: u64,
+    /// Tokens reserved by requests whose answers have not ended.
+    pending: u64,
     /// (slice number, tokens), oldest first.
     recent: VecDeque<(u64, u64)>,
 }
@@ -64,12 +66,27 @@ impl Ledger {
         (self.slice(now) + 1).saturating_sub(u64::from(SLICES))
     }
 
+    /// A request of `user`'s may spend up to `tokens`: counted against their budget until its
+    /// answer ends ([`Ledger::settle`]).
+    pub fn reserve(&mut self, user: &str, tokens: u64) {
+        let a = self.accounts.entry(user.to_owned()).or_default();
+        a.pending = a.pending.saturating_add(tokens);
+    }
+
+    /// A request of `user`'s that reserved `reserved` was answered with `input` and `output`.
+    pub fn settle(&mut self, user: &str, reserved: u64, input: u64, output: u64, now: Instant) {
+        if let Some(a) = self.accounts.get_mut(user) {
+            a.pending = a.pending.saturating_sub(reserved);
+        }
+        self.spend(user, input, output, now);
+    }
+
     /// A request of `user`'s was answered with `input` and `output` tokens.
     pub fn spend(&mut self, user: &str, input: u64, output: u64, now: Instant) {
         let (slice, oldest) = (self.slice(now), self.oldest(now));
         if self.accounts.len() >= MAX_ACCOUNTS && !self.accounts.contains_key(user) {
             self.accounts
-                .retain(|_, a| a.recent.back().is_some_and(|(s, _)| *s >= oldest));
+                .retain(|_, a| a.pending > 0 || a.recent.back().is_some_and(|(s, _)| *s >= oldest));
         }
         let a = self.accounts.entry(user.to_owned()).or_default();
         a.requests += 1;
@@ -98,8 +115,7 @@ impl Ledger {
                     .recent
                     .iter()
                     .filter(|(s, _)| *s >= oldest)
-                    .map(|(_, t)| t)
-                    .sum(),
+                    .fold(0, |sum: u64, (_, t)| sum.saturating_add(*t)),
             })
     }
 
@@ -114,13 +130,17 @@ impl Ledger {
         let budget = self.budget?;
         let a = self.accounts.get(user)?;
         let oldest = self.oldest(now);
-        let mut left: u64 = self.totals(user, now).window_tokens;
+        let mut left = self
+            .totals(user, now)
+            .window_tokens
+            .saturating_add(a.pending);
         if left < budget {
             return None;
         }
-        // The slices leave oldest first: when enough have left, the user is under budget.
+        // The slices leave oldest first: when enough have left, the user is under budget (what
+        // is reserved leaves when its answers end: a second at least).
         for (s, t) in a.recent.iter().filter(|(s, _)| *s >= oldest) {
-            left -= t;
+            left = left.saturating_sub(*t);
             if left < budget {
                 let leaves = self.origin + self.slice_len() * (*s as u32 + SLICES);
                 return Some(
@@ -130,7 +150,8 @@ impl Ledger {
                 );
             }
         }
-        Some(self.window)
+        // What is reserved alone reaches the budget: it frees as those answers end.
+        Some(Duration::from_secs(1))
     }
 }
 
@@ -189,6 +210,25 @@ mod tests {
         let (unlimited, _) = (Ledger::new(None, t0), ());
         assert_eq!(unlimited.exhausted("alice", t0), None);
         assert_eq!(unlimited.budget(), (None, Duration::from_secs(86_400)));
+    }
+
+    #[test]
+    fn what_requests_reserve_counts_until_their_answers_end() {
+        let (mut l, t0) = ledger(1000, 60);
+        l.reserve("alice", 600);
+        assert_eq!(l.exhausted("alice", t0), None);
+        l.reserve("alice", 600);
+        assert!(l.exhausted("alice", t0).is_some(), "two answers pending");
+        l.settle("alice", 600, 50, 10, t0);
+        assert_eq!(l.exhausted("alice", t0), None, "one settled for less");
+        assert_eq!(l.totals("alice", t0).window_tokens, 60);
+        l.settle("alice", 600, 100, 0, t0);
+        assert_eq!(l.totals("alice", t0).window_tokens, 160);
+        assert_eq!(l.totals("alice", t0).requests, 2);
+        // Huge figures saturate, never wrap.
+        l.spend("alice", u64::MAX, u64::MAX, t0);
+        assert_eq!(l.totals("alice", t0).window_tokens, u64::MAX);
+        assert!(l.exhausted("alice", t0).is_some());
     }
 
     #[test]

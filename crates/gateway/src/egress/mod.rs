@@ -9,9 +9,11 @@
 //! `forward` checks and relays a request; `usage` reads the tokens of an answer as it passes;
 //! `ledger` keeps each user's totals and budget.
 
+mod body;
 mod forward;
 mod grants;
 mod ledger;
+mod shares;
 mod usage;
 
 use std::sync::atomic::AtomicBool;
@@ -34,6 +36,10 @@ pub use grants::GRACE;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most connections kernels hold open to the egress at once.
 const MAX_CONNECTIONS: usize = 1024;
+/// A request head must come this soon (and an idle connection is closed after as long): a
+/// kernel on this machine sends its at once, and a process holding connections without a
+/// capability holds them briefly.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// A kernel's connection whose writes stall this long is closed.
 const WRITE_STALL: Duration = Duration::from_secs(120);
 
@@ -61,7 +67,13 @@ struct Inner {
     key: Option<String>,
     client: Outbound,
     permits: Arc<Semaphore>,
+    /// Each account's share of the requests and of the bodies held.
+    shares: shares::Shares,
+    /// A token budget is set.
+    budgeted: bool,
     metrics: Arc<Metrics>,
+    /// When a refused request was last said at warn level (refusals come unauthenticated).
+    denied_said: Mutex<Option<Instant>>,
 }
 
 impl Inner {
@@ -82,8 +94,33 @@ impl Inner {
         self.ledger().exhausted(account, Instant::now())
     }
 
-    fn spend(&self, account: &str, input: u64, output: u64) {
-        self.ledger().spend(account, input, output, Instant::now());
+    /// Reserves `tokens` of `account`'s budget, unless it is spent (how long until it frees).
+    fn reserve(&self, account: &str, tokens: u64) -> Result<(), Duration> {
+        let mut l = self.ledger();
+        if let Some(wait) = l.exhausted(account, Instant::now()) {
+            return Err(wait);
+        }
+        l.reserve(account, tokens);
+        Ok(())
+    }
+
+    fn settle(&self, account: &str, reserved: u64, input: u64, output: u64) {
+        self.ledger()
+            .settle(account, reserved, input, output, Instant::now());
+    }
+
+    /// Says a refused request: at warn level at most once a minute, else at debug.
+    fn say_denied(&self, why: grants::Denied) {
+        let mut said = self
+            .denied_said
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            *said = Some(Instant::now());
+            tracing::warn!(reason = ?why, "an LLM request without a valid capability was refused (said once a minute; agui_llm_requests_total counts each)");
+        } else {
+            tracing::debug!(reason = ?why, "an LLM request without a valid capability was refused");
+        }
     }
 }
 
@@ -132,7 +169,10 @@ impl Egress {
             key: opts.key.clone(),
             client: Outbound::upstream(opts.ca.clone(), CONNECT_TIMEOUT, env),
             permits: Arc::new(Semaphore::new(opts.max_requests)),
+            shares: shares::Shares::new(opts.max_requests),
+            budgeted: opts.budget.is_some(),
             metrics,
+            denied_said: Mutex::new(None),
         });
         let served = inner.clone();
         let app = Router::new()
@@ -141,10 +181,11 @@ impl Egress {
             max: MAX_CONNECTIONS,
             on_full: Box::new(|| {}),
         };
-        tokio::spawn(crate::edge::server::serve(
+        tokio::spawn(crate::edge::server::serve_timed(
             listener,
             app,
             WRITE_STALL,
+            HEAD_TIMEOUT,
             Some(cap),
             None,
             std::future::pending(),

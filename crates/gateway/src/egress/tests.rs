@@ -90,6 +90,7 @@ fn options(upstream: &str) -> Options {
         upstream: url::Url::parse(upstream).unwrap(),
         ca: None,
         key: Some("sk-operator".into()),
+        key_in_file: false,
         max_requests: 4,
         budget: None,
     }
@@ -113,7 +114,8 @@ fn client() -> reqwest::Client {
 fn iac() -> IacCode {
     serde_json::from_value(serde_json::json!({
         "rosInvocationId": "i", "cwd": "/w",
-        "llmApiKey": " sk-run-own ", "llmHeaders": {"X-Org": "org-1", "X-Kept": "run"}
+        "llmApiKey": " sk-run-own ", "llmHeaders": {"X-Org": "org-1", "X-Kept": "run",
+            "Host": "attacker.example", "Accept-Encoding": "gzip", "X-Forwarded-Host": "evil"}
     }))
     .unwrap()
 }
@@ -130,6 +132,9 @@ async fn the_key_goes_upstream_and_the_answer_streams_back_as_it_comes() {
         .header("x-api-key", "kernel-extra")
         .header("accept-encoding", "gzip")
         .header("anthropic-version", "2023-06-01")
+        .header("openai-organization", "org-elsewhere")
+        .header("x-forwarded-host", "elsewhere.example")
+        .header("cookie", "a=b")
         .body(r#"{"stream":true}"#)
         .send()
         .await
@@ -155,7 +160,19 @@ async fn the_key_goes_upstream_and_the_answer_streams_back_as_it_comes() {
     );
     assert_eq!(s.headers["accept-encoding"], "identity");
     assert_eq!(s.headers["anthropic-version"], "2023-06-01");
-    assert_eq!(&s.body[..], br#"{"stream":true}"#);
+    for dropped in ["openai-organization", "x-forwarded-host", "cookie"] {
+        assert!(s.headers.get(dropped).is_none(), "{dropped} went upstream");
+    }
+    assert!(s.headers["host"]
+        .to_str()
+        .unwrap()
+        .starts_with("127.0.0.1:"));
+    // A streamed OpenAI request asks for its usage, whatever the kernel asked.
+    let sent: serde_json::Value = serde_json::from_slice(&s.body).unwrap();
+    assert_eq!(
+        sent,
+        serde_json::json!({"stream": true, "stream_options": {"include_usage": true}})
+    );
     // Counted to alice once the answer ended.
     let u = e.usage("ualice");
     assert_eq!(
@@ -207,6 +224,13 @@ async fn a_runs_key_and_headers_go_upstream_as_the_kernel_presented_its_capabili
         s.headers["x-kept"], "run",
         "the run's header replaces the kernel's"
     );
+    // Where the request goes, and its encoding, are not a run's to say.
+    assert!(s.headers["host"]
+        .to_str()
+        .unwrap()
+        .starts_with("127.0.0.1:"));
+    assert_eq!(s.headers["accept-encoding"], "identity");
+    assert!(s.headers.get("x-forwarded-host").is_none());
     drop(grant);
     assert_eq!(e.live_runs(), 1, "within the grace");
 }
@@ -216,10 +240,6 @@ async fn refusals_are_clear_and_in_the_clients_shape() {
     let (up, seen) = upstream(None, slow).await;
     let mut opts = options(&up);
     opts.max_requests = 1;
-    opts.budget = Some(Budget {
-        tokens: 10,
-        window: Duration::from_secs(3600),
-    });
     let e = start(&opts);
     let (base, cap) = kernel(&e, Some("ualice"));
     let c = client();
@@ -284,8 +304,44 @@ async fn refusals_are_clear_and_in_the_clients_shape() {
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["x-should-retry"], "true");
     assert_eq!(first.await.unwrap(), 200);
-    // A spent budget: refused with when it frees.
-    e.inner.spend("ualice", 8, 4);
+    let m = e.inner.metrics.encode();
+    for (outcome, n) in [("denied", 2), ("invalid", 4), ("busy", 1)] {
+        let line = format!("agui_llm_requests_total{{outcome=\"{outcome}\"}} {n}");
+        assert!(m.contains(&line), "{line}\n{m}");
+    }
+}
+
+/// A budget: a user past it is refused (with when it frees) at the egress and for a run; with
+/// one, a shared kernel's own capability spends nothing (only runs' capabilities do).
+#[tokio::test]
+async fn a_spent_budget_is_refused_and_shared_kernels_spend_only_through_runs() {
+    let (up, _) = upstream(None, streamed).await;
+    let mut opts = options(&up);
+    opts.budget = Some(Budget {
+        tokens: 10,
+        window: Duration::from_secs(3600),
+    });
+    let e = start(&opts);
+    let c = client();
+    let (shared, shared_cap) = kernel(&e, None);
+    let r = c
+        .post(format!("{shared}/chat/completions"))
+        .bearer_auth(&shared_cap)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = c
+        .get(format!("{shared}/models"))
+        .bearer_auth(&shared_cap)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await;
+    let (base, cap) = kernel(&e, Some("ualice"));
+    e.inner.settle("ualice", 0, 8, 4);
     let r = c
         .get(format!("{base}/models"))
         .bearer_auth(&cap)
@@ -309,10 +365,10 @@ async fn refusals_are_clear_and_in_the_clients_shape() {
         "another user's budget"
     );
     let m = e.inner.metrics.encode();
-    for (outcome, n) in [("denied", 2), ("invalid", 4), ("busy", 1), ("budget", 1)] {
-        let line = format!("agui_llm_requests_total{{outcome=\"{outcome}\"}} {n}");
-        assert!(m.contains(&line), "{line}\n{m}");
-    }
+    assert!(
+        m.contains("agui_llm_requests_total{outcome=\"budget\"} 2"),
+        "{m}"
+    );
 }
 
 #[tokio::test]

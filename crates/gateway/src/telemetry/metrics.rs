@@ -431,9 +431,10 @@ impl Metrics {
         r.register(
             "agui_llm_requests",
             "Kernels' LLM requests through the egress, by outcome: ok (2xx), upstream_4xx, \
-             upstream_5xx, failed (no answer, or one broken off), denied (no valid capability), \
-             budget (a user's token budget spent), busy (--llm-max-requests waited too long), \
-             invalid (an unknown route, a request too large or too slow)",
+             upstream_5xx, failed (no answer, or one broken off), left (the kernel left before \
+             the end), denied (no valid capability), budget (a user's token budget spent), busy \
+             (--llm-max-requests or the user's share waited too long), invalid (an unknown \
+             route, a request too large or too slow)",
             llm_requests.clone(),
         );
         let llm_duration = Histogram::new(run_buckets());
@@ -451,7 +452,7 @@ impl Metrics {
         let llm_token_family = Family::<TokenKindLabel, Counter>::default();
         r.register(
             "agui_llm_tokens",
-            "Tokens the upstream reported in its answers (input, output)",
+            "Tokens the upstream reported in its answers (input, output), else estimated",
             llm_token_family.clone(),
         );
         let llm_tokens = ["input", "output"].map(|kind| {
