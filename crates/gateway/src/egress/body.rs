@@ -77,6 +77,38 @@ pub fn run_header_passes(name: &str) -> bool {
     ) && !name.starts_with("x-forwarded-")
 }
 
+/// A run's `llmHeaders` as the kernel would take them (`resolve_a2a_llm_headers` of iac-code
+/// 0.16.0): a name of token characters (at most 256 bytes, trimmed), an ASCII value without
+/// control characters but tab (at most 8 KiB), the last of a name in any case, at most 64; the
+/// others skipped. Then those a run may not set upstream ([`run_header_passes`]) are dropped.
+pub fn run_headers<'a>(
+    given: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<(String, String)> {
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    let mut kept: Vec<(String, String)> = Vec::new();
+    for (name, value) in given {
+        if kept.len() >= 64 {
+            break;
+        }
+        let name = name.trim();
+        let fine = !name.is_empty()
+            && name.len() <= 256
+            && name.chars().all(token)
+            && value.len() <= 8192
+            && value
+                .chars()
+                .all(|c| c.is_ascii() && (c == '\t' || (' '..='~').contains(&c)));
+        if !fine {
+            continue;
+        }
+        let lower = name.to_ascii_lowercase();
+        kept.retain(|(n, _)| *n != lower);
+        kept.push((lower, value.to_owned()));
+    }
+    kept.retain(|(n, _)| run_header_passes(n));
+    kept
+}
+
 /// A request body as it goes upstream, and the tokens it may spend.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Prepared {
@@ -210,6 +242,34 @@ mod tests {
             body.len() as u64 / 4 + MAX_RESERVED_OUTPUT
         );
         assert_eq!(prepare(Route::OpenAi, b"[]").reserve, DEFAULT_MAX_TOKENS);
+    }
+
+    #[test]
+    fn a_runs_headers_are_taken_as_the_kernel_takes_them() {
+        let long = "v".repeat(8193);
+        let given = [
+            ("X-Org", "o1"),
+            (" x-org ", "o2"),
+            ("Bad Name", "v"),
+            ("X-Ctl", "a\u{1}b"),
+            ("X-Nl", "a\nb"),
+            ("X-Utf", "é"),
+            ("X-Long", long.as_str()),
+            ("X-Tab", "a\tb"),
+            ("Host", "elsewhere.example"),
+            ("", "v"),
+        ];
+        assert_eq!(
+            run_headers(given),
+            [
+                ("x-org".to_owned(), "o2".to_owned()),
+                ("x-tab".to_owned(), "a\tb".to_owned())
+            ]
+        );
+        let many: Vec<(String, String)> =
+            (0..70).map(|i| (format!("x-h{i}"), "v".into())).collect();
+        let kept = run_headers(many.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+        assert_eq!(kept.len(), 64);
     }
 
     #[test]

@@ -242,13 +242,8 @@ impl Egress {
             .take()
             .map(|k| k.0.trim().to_owned())
             .filter(|k| !k.is_empty());
-        let headers: Vec<(String, String)> = iac
-            .llm_headers
-            .take()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.0))
-            .collect();
+        let given = iac.llm_headers.take().unwrap_or_default();
+        let headers = body::run_headers(given.iter().map(|(k, v)| (k.as_str(), v.0.as_str())));
         let run = grants::NewRun {
             account: account.to_owned(),
             thread: thread.to_owned(),
