@@ -7,7 +7,8 @@
 //! forwarding header would spend or send the operator's key elsewhere), and a streamed OpenAI
 //! request always asks for its usage (iac-code asks only for some providers).
 
-use serde_json::Value;
+use indexmap::IndexMap;
+use serde_json::value::RawValue;
 
 /// What a request asks of the upstream: the routes iac-code's clients call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +33,10 @@ pub fn route(method: &http::Method, rest: &str) -> Option<Route> {
 pub const BYTES_PER_TOKEN: u64 = 4;
 /// The output a request is taken to ask for when it names no `max_tokens`.
 const DEFAULT_MAX_TOKENS: u64 = 4096;
-/// The most output one request is reserved for.
+/// The most output one answer is reserved for.
 const MAX_RESERVED_OUTPUT: u64 = 1_000_000;
+/// The most answers one request is reserved for (`n`).
+const MAX_ANSWERS: u64 = 128;
 
 /// Whether the kernel's header `name` goes upstream: content negotiation, the SDKs' own, and
 /// the providers' protocol headers iac-code sends.
@@ -48,8 +51,8 @@ pub fn kernel_header_passes(name: &str) -> bool {
             | "openai-beta"
             | "http-referer"
             | "x-title"
+            | "x-dashscope-cachecontrol"
     ) || name.starts_with("x-stainless-")
-        || name.starts_with("x-dashscope-")
 }
 
 /// Whether a run's own header `name` (`llmHeaders`, lower case) goes upstream: any but those of
@@ -112,55 +115,59 @@ pub fn run_headers<'a>(
 /// A request body as it goes upstream, and the tokens it may spend.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Prepared {
-    /// The body to send: the kernel's, or its JSON with usage asked for.
+    /// The body to send: a JSON object's members once each, in their order (an upstream that
+    /// took a member's first copy would spend otherwise than reserved), with usage asked for;
+    /// `None`: the kernel's as it is (no JSON object).
     pub body: Option<Vec<u8>>,
-    /// Input (estimated from its size) and the most output it asks for.
+    /// Input (estimated from its size) and the most output it asks for, times the answers.
     pub reserve: u64,
 }
 
+/// A JSON object's members, unparsed (a member of any size costs its bytes, never a tree).
+type Members = IndexMap<String, Box<RawValue>>;
+
 /// Prepares `body` of `route`: a streamed OpenAI request asks for its usage
 /// (`stream_options.include_usage`); the reserve is the input's estimate and `max_tokens`
-/// (`max_completion_tokens`), or a default.
+/// (`max_completion_tokens`, else a default) for each of `n` (`best_of`) answers. CPU-bound on
+/// a large body: run it off the runtime's workers.
 pub fn prepare(route: Route, body: &[u8]) -> Prepared {
     let input = body.len() as u64 / BYTES_PER_TOKEN;
-    let Ok(Value::Object(mut json)) = serde_json::from_slice::<Value>(body) else {
+    let Ok(mut top) = serde_json::from_slice::<Members>(body) else {
         return Prepared {
             body: None,
             reserve: input + DEFAULT_MAX_TOKENS,
         };
     };
-    let output = ["max_completion_tokens", "max_tokens"]
-        .iter()
-        .find_map(|k| json.get(*k).and_then(Value::as_u64))
+    let number = |k: &str| {
+        top.get(k)
+            .and_then(|v| serde_json::from_str::<u64>(v.get()).ok())
+    };
+    let output = number("max_completion_tokens")
+        .or_else(|| number("max_tokens"))
         .unwrap_or(DEFAULT_MAX_TOKENS)
         .min(MAX_RESERVED_OUTPUT);
-    let reserve = input + output;
-    let streamed = json.get("stream") == Some(&Value::Bool(true));
-    if route != Route::OpenAi || !streamed {
-        return Prepared {
-            body: None,
-            reserve,
-        };
+    let answers = number("n")
+        .max(number("best_of"))
+        .unwrap_or(1)
+        .clamp(1, MAX_ANSWERS);
+    let reserve = input.saturating_add(output.saturating_mul(answers));
+    let streamed = top
+        .get("stream")
+        .and_then(|v| serde_json::from_str::<bool>(v.get()).ok())
+        == Some(true);
+    if route == Route::OpenAi && streamed {
+        let mut options: Members = top
+            .get("stream_options")
+            .and_then(|v| serde_json::from_str(v.get()).ok())
+            .unwrap_or_default();
+        let yes = RawValue::from_string("true".to_owned()).expect("JSON true");
+        options.insert("include_usage".to_owned(), yes);
+        if let Ok(raw) = serde_json::value::to_raw_value(&options) {
+            top.insert("stream_options".to_owned(), raw);
+        }
     }
-    let asks = json
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        == Some(&Value::Bool(true));
-    if asks {
-        return Prepared {
-            body: None,
-            reserve,
-        };
-    }
-    let options = json
-        .entry("stream_options")
-        .or_insert_with(|| Value::Object(Default::default()));
-    if !options.is_object() {
-        *options = Value::Object(Default::default());
-    }
-    options["include_usage"] = Value::Bool(true);
     Prepared {
-        body: serde_json::to_vec(&json).ok(),
+        body: serde_json::to_vec(&top).ok(),
         reserve,
     }
 }
@@ -168,13 +175,10 @@ pub fn prepare(route: Route, body: &[u8]) -> Prepared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
-    fn sent(p: &Prepared, original: &Value) -> Value {
-        match &p.body {
-            Some(b) => serde_json::from_slice(b).unwrap(),
-            None => original.clone(),
-        }
+    fn sent(p: &Prepared) -> Value {
+        serde_json::from_slice(p.body.as_deref().expect("a JSON object")).unwrap()
     }
 
     #[test]
@@ -204,29 +208,45 @@ mod tests {
             json!({"model": "m", "stream": true, "messages": []}),
             json!({"model": "m", "stream": true, "stream_options": null}),
             json!({"model": "m", "stream": true, "stream_options": {"include_usage": false, "x": 1}}),
+            json!({"model": "m", "stream": true, "stream_options": {"include_usage": true}}),
         ] {
             let raw = serde_json::to_vec(&given).unwrap();
-            let p = prepare(Route::OpenAi, &raw);
-            let out = sent(&p, &given);
+            let out = sent(&prepare(Route::OpenAi, &raw));
             assert_eq!(out["stream_options"]["include_usage"], true, "{given}");
             assert_eq!(out["model"], "m");
+            if given["stream_options"]["x"] == 1 {
+                assert_eq!(out["stream_options"]["x"], 1, "the other options kept");
+            }
         }
-        let keeps = json!({"stream": true, "stream_options": {"include_usage": true, "x": 1}});
-        let p = prepare(Route::OpenAi, &serde_json::to_vec(&keeps).unwrap());
-        assert_eq!(p.body, None, "already asked: sent as it is");
         for (route, given) in [
-            (Route::OpenAi, json!({"stream": false})),
-            (Route::OpenAi, json!({"messages": []})),
+            (Route::OpenAi, json!({"stream": false, "a": [1, {"b": 2}]})),
+            (Route::OpenAi, json!({"messages": [], "z": 1, "a": 2})),
             (Route::Anthropic, json!({"stream": true})),
         ] {
-            let p = prepare(route, &serde_json::to_vec(&given).unwrap());
-            assert_eq!(p.body, None, "{given}");
+            let out = sent(&prepare(route, &serde_json::to_vec(&given).unwrap()));
+            assert_eq!(out, given, "sent as it was");
+            let keys: Vec<&String> = out.as_object().unwrap().keys().collect();
+            let want: Vec<&String> = given.as_object().unwrap().keys().collect();
+            assert_eq!(keys, want, "in its order");
         }
         assert_eq!(prepare(Route::OpenAi, b"not json").body, None);
+        assert_eq!(prepare(Route::OpenAi, b"[1]").body, None);
+    }
+
+    /// A member given twice goes upstream once, the copy the reserve was made of.
+    #[test]
+    fn a_member_given_twice_goes_up_once() {
+        let raw = br#"{"max_tokens":100000,"model":"m","max_tokens":1}"#;
+        let p = prepare(Route::Anthropic, raw);
+        assert_eq!(p.reserve, raw.len() as u64 / 4 + 1);
+        assert_eq!(
+            String::from_utf8(p.body.unwrap()).unwrap(),
+            r#"{"max_tokens":1,"model":"m"}"#
+        );
     }
 
     #[test]
-    fn the_reserve_is_the_input_estimate_and_the_output_asked_for() {
+    fn the_reserve_is_the_input_estimate_and_the_output_asked_for_each_answer() {
         let body = serde_json::to_vec(&json!({"max_tokens": 100, "pad": "x".repeat(400)})).unwrap();
         let input = body.len() as u64 / 4;
         assert_eq!(prepare(Route::Anthropic, &body).reserve, input + 100);
@@ -241,7 +261,32 @@ mod tests {
             prepare(Route::OpenAi, &body).reserve,
             body.len() as u64 / 4 + MAX_RESERVED_OUTPUT
         );
+        let body = serde_json::to_vec(&json!({"max_tokens": 10, "n": 5, "best_of": 8})).unwrap();
+        assert_eq!(
+            prepare(Route::OpenAi, &body).reserve,
+            body.len() as u64 / 4 + 80
+        );
+        let body = serde_json::to_vec(&json!({"n": [1, 2], "max_tokens": "x"})).unwrap();
+        assert_eq!(
+            prepare(Route::OpenAi, &body).reserve,
+            body.len() as u64 / 4 + DEFAULT_MAX_TOKENS
+        );
         assert_eq!(prepare(Route::OpenAi, b"[]").reserve, DEFAULT_MAX_TOKENS);
+    }
+
+    /// A large body costs its bytes, not a tree of values (a 32 MiB array of zeros would be
+    /// over a GiB as `Value`s).
+    #[test]
+    fn a_large_member_is_passed_unparsed() {
+        let mut raw = br#"{"stream":true,"a":["#.to_vec();
+        for _ in 0..2_000_000 {
+            raw.extend_from_slice(b"0,");
+        }
+        raw.extend_from_slice(b"0]}");
+        let p = prepare(Route::OpenAi, &raw);
+        let body = p.body.unwrap();
+        assert!(body.len() < raw.len() + 64);
+        assert!(body.ends_with(br#"0],"stream_options":{"include_usage":true}}"#));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use super::body::{route, Route};
 use super::grants::{Account, Spend};
-use super::usage::Scan;
+use super::usage::{Reported, Scan, Tokens};
 use super::Inner;
 
 /// The most bytes of a request body (a conversation with its tool results and images).
@@ -103,6 +103,8 @@ fn refusal(route: Option<Route>, status: StatusCode, code: &str, message: &str) 
         "false"
     };
     h.insert("x-should-retry", HeaderValue::from_static(retry));
+    // A refused connection is not kept: holding connections open costs a refused caller more.
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
     r
 }
 
@@ -168,9 +170,13 @@ pub async fn serve(inner: Arc<Inner>, req: Request<Body>) -> Response<Body> {
     if declared.is_some_and(|n| n > MAX_BODY) {
         return too_large(&inner, route, started);
     }
+    let expected = match (&parts.method, declared) {
+        (&http::Method::GET, _) => declared.unwrap_or(0),
+        (_, n) => n.unwrap_or(MAX_BODY),
+    };
     let mut place = match inner
         .shares
-        .enter(&spend.account, declared.unwrap_or(MAX_BODY), QUEUE_WAIT)
+        .enter(&spend.account, expected, QUEUE_WAIT)
         .await
     {
         Ok(p) => p,
@@ -196,31 +202,42 @@ pub async fn serve(inner: Arc<Inner>, req: Request<Body>) -> Response<Body> {
                 )
             }
         };
-    let mut prepared = super::body::prepare(route, &body);
-    if parts.method == http::Method::GET {
-        // The list of models spends nothing.
-        prepared.reserve = 0;
-    }
+    let spends = parts.method == http::Method::POST;
     let sent_bytes = body.len() as u64;
-    let body = prepared.body.map(Bytes::from).unwrap_or(body);
+    let (body, reserve) = if spends {
+        let given = body.clone();
+        let prepared =
+            tokio::task::spawn_blocking(move || super::body::prepare(route, &given)).await;
+        match prepared {
+            Ok(p) => (p.body.map(Bytes::from).unwrap_or(body), p.reserve),
+            Err(_) => (body, 0),
+        }
+    } else {
+        // The list of models spends nothing.
+        (body, 0)
+    };
     // Reserved against the budget until the answer ends; a user already past it is refused.
     let reserved = match &spend.account {
-        Some(account) => match inner.reserve(account, prepared.reserve) {
-            Ok(()) => prepared.reserve,
+        Some(account) => match inner.reserve(account, reserve) {
+            Ok(()) => reserve,
             Err(wait) => return budget_spent(&inner, &spend, route, wait, started),
         },
         None => 0,
     };
-    let settle = Settle {
+    let mut settle = Settle {
         inner: inner.clone(),
         account: spend.account.clone(),
         reserved,
         sent_bytes,
+        spends,
+        sent: false,
+        started,
+        done: false,
     };
     let upstream = match upstream_request(&inner, &parts, rest, body, &spend, how) {
         Ok(r) => r,
         Err(e) => {
-            settle.finish(None, 0);
+            settle.nothing();
             return refuse(
                 "invalid",
                 StatusCode::BAD_REQUEST,
@@ -233,7 +250,7 @@ pub async fn serve(inner: Arc<Inner>, req: Request<Body>) -> Response<Body> {
     {
         Ok(Ok(p)) => p,
         _ => {
-            settle.finish(None, 0);
+            settle.nothing();
             return refuse(
                 "busy",
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -242,13 +259,14 @@ pub async fn serve(inner: Arc<Inner>, req: Request<Body>) -> Response<Body> {
             );
         }
     };
+    settle.sent = true;
     let answer = tokio::time::timeout(HEAD_TIMEOUT, inner.client.send(upstream)).await;
     place.body_sent();
     let answer = match answer {
         Ok(Ok(a)) => a,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "the LLM upstream could not be reached");
-            settle.finish(None, 0);
+            settle.nothing();
             return refuse(
                 "failed",
                 StatusCode::BAD_GATEWAY,
@@ -257,7 +275,7 @@ pub async fn serve(inner: Arc<Inner>, req: Request<Body>) -> Response<Body> {
             );
         }
         Err(_) => {
-            settle.finish(None, 0);
+            settle.nothing();
             return refuse(
                 "failed",
                 StatusCode::GATEWAY_TIMEOUT,
@@ -371,7 +389,18 @@ fn upstream_request(
         header::ACCEPT_ENCODING,
         HeaderValue::from_static("identity"),
     );
-    if let Some(key) = spend.key.as_deref().or(inner.key.as_deref()) {
+    // A run's own credential header stands in for any key; with the operator's key, a run's
+    // headers are only those the kernel's clients send (none to bill another organisation).
+    let own_credential = spend
+        .headers
+        .iter()
+        .any(|(n, _)| matches!(n.as_str(), "authorization" | "x-api-key" | "api-key"));
+    let operators = spend.key.is_none() && !own_credential;
+    let key = match own_credential {
+        true => None,
+        false => spend.key.as_deref().or(inner.key.as_deref()),
+    };
+    if let Some(key) = key {
         let (name, value) = match how {
             KeyHeader::Bearer => (header::AUTHORIZATION, format!("Bearer {key}")),
             KeyHeader::XApiKey => (HeaderName::from_static("x-api-key"), key.to_owned()),
@@ -385,7 +414,11 @@ fn upstream_request(
     for (name, value) in &spend.headers {
         let name =
             HeaderName::from_bytes(name.as_bytes()).map_err(|_| "A header name is invalid.")?;
-        if !super::body::run_header_passes(name.as_str()) {
+        let passes = match operators {
+            true => super::body::kernel_header_passes(name.as_str()),
+            false => super::body::run_header_passes(name.as_str()),
+        };
+        if !passes {
             continue;
         }
         let mut value = HeaderValue::from_str(value).map_err(|_| "A header value is invalid.")?;
@@ -395,28 +428,85 @@ fn upstream_request(
     Ok(req)
 }
 
-/// What a request reserved of its user's budget, settled once with what it spent.
+/// What a request reserved of its user's budget, settled once with what it spent: when its
+/// answer ends, when the egress refuses it (nothing), or when the kernel leaves before an
+/// answer (dropped: the input, if it went upstream).
 struct Settle {
     inner: Arc<Inner>,
     account: Account,
     reserved: u64,
     /// The request body's size (the input's estimate when the answer reports no usage).
     sent_bytes: u64,
+    /// A request that spends tokens (a POST; the list of models spends none).
+    spends: bool,
+    /// The request went upstream.
+    sent: bool,
+    started: Instant,
+    done: bool,
 }
 
 impl Settle {
-    /// The answer reported `tokens`, or none (then estimated from the bytes each way:
-    /// `received` of the answer).
-    fn finish(self, tokens: Option<super::usage::Tokens>, received: u64) {
-        let per = super::body::BYTES_PER_TOKEN;
-        let t = tokens.unwrap_or(super::usage::Tokens {
-            input: self.sent_bytes / per,
-            output: received / per,
-        });
+    /// Settles with `t` spent.
+    fn record(&mut self, t: Tokens) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
         self.inner.metrics.llm_tokens(t.input, t.output);
         if let Some(account) = &self.account {
             self.inner.settle(account, self.reserved, t.input, t.output);
         }
+    }
+
+    /// Refused or failed before an answer: nothing spent.
+    fn nothing(mut self) {
+        self.record(Tokens::default());
+    }
+
+    /// An answer of `status` ended with `reported`, after `received` bytes, `whole` or not:
+    /// the final report when it was seen on a whole answer, else at least the estimate of the
+    /// bytes each way (an error answer without usage spends nothing).
+    fn answered(
+        mut self,
+        status: StatusCode,
+        reported: Option<Reported>,
+        received: u64,
+        whole: bool,
+    ) {
+        let per = super::body::BYTES_PER_TOKEN;
+        let estimate = Tokens {
+            input: self.sent_bytes / per,
+            output: received / per,
+        };
+        let t = match reported {
+            Some(r) if r.complete && whole => r.tokens,
+            Some(r) if self.spends => Tokens {
+                input: r.tokens.input.max(estimate.input),
+                output: r.tokens.output.max(estimate.output),
+            },
+            Some(r) => r.tokens,
+            None if self.spends && status.is_success() => estimate,
+            None => Tokens::default(),
+        };
+        self.record(t);
+    }
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // The kernel left before the answer came.
+        self.inner
+            .metrics
+            .llm_request("left", self.started.elapsed());
+        let per = super::body::BYTES_PER_TOKEN;
+        let input = if self.sent && self.spends {
+            self.sent_bytes / per
+        } else {
+            0
+        };
+        self.record(Tokens { input, output: 0 });
     }
 }
 
@@ -465,7 +555,9 @@ impl Relay {
             .inner
             .metrics
             .llm_request(outcome, end.started.elapsed());
-        end.settle.finish(tokens, self.received);
+        let whole = ending == Ending::Whole;
+        end.settle
+            .answered(end.status, tokens, self.received, whole);
     }
 }
 

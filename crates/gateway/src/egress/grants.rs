@@ -101,10 +101,17 @@ pub struct Grants {
 }
 
 impl Grants {
-    /// The capability of the kernels of `account`: the same for each start of them.
+    /// The capability of a kernel of `account` about to start: a user's is new at each start
+    /// of their kernel (the one before is refused from then on: a process its agent left
+    /// behind spends no more); the shared kernels keep theirs.
     pub fn kernel(&mut self, account: Account) -> String {
-        if let Some(t) = self.kernel_of.get(&account) {
-            return t.clone();
+        match self.kernel_of.get(&account) {
+            Some(t) if account.is_none() => return t.clone(),
+            Some(t) => {
+                let old = t.clone();
+                self.kernels.remove(&old);
+            }
+            None => {}
         }
         let token = mint();
         self.kernels.insert(
@@ -238,10 +245,15 @@ mod tests {
     #[test]
     fn a_kernel_spends_its_own_account_with_the_operators_key() {
         let mut g = Grants::default();
+        let old = g.kernel(alice());
         let k = g.kernel(alice());
-        assert_eq!(g.kernel(alice()), k, "one capability per account");
+        assert_ne!(k, old, "a new one at each start of her kernel");
         assert_eq!(k.len(), 64);
         let now = Instant::now();
+        assert_eq!(
+            g.admit(&old, Some(&old), now).err(),
+            Some(Denied::UnknownKernel)
+        );
         let s = g.admit(&k, Some(&k), now).unwrap();
         assert_eq!((s.account, s.key, s.headers), (alice(), None, vec![]));
         assert_eq!(g.admit(&k, None, now).err(), Some(Denied::UnknownKey));
@@ -252,6 +264,7 @@ mod tests {
         );
         let shared = g.kernel(None);
         assert_ne!(shared, k);
+        assert_eq!(g.kernel(None), shared, "the shared kernels keep theirs");
         assert_eq!(g.admit(&shared, Some(&shared), now).unwrap().account, None);
     }
 

@@ -66,9 +66,21 @@ impl Ledger {
         (self.slice(now) + 1).saturating_sub(u64::from(SLICES))
     }
 
+    /// Past [`MAX_ACCOUNTS`], before a new user's account: the accounts with nothing reserved
+    /// nor in the window are forgotten.
+    fn make_room(&mut self, user: &str, now: Instant) {
+        if self.accounts.len() < MAX_ACCOUNTS || self.accounts.contains_key(user) {
+            return;
+        }
+        let oldest = self.oldest(now);
+        self.accounts
+            .retain(|_, a| a.pending > 0 || a.recent.back().is_some_and(|(s, _)| *s >= oldest));
+    }
+
     /// A request of `user`'s may spend up to `tokens`: counted against their budget until its
     /// answer ends ([`Ledger::settle`]).
-    pub fn reserve(&mut self, user: &str, tokens: u64) {
+    pub fn reserve(&mut self, user: &str, tokens: u64, now: Instant) {
+        self.make_room(user, now);
         let a = self.accounts.entry(user.to_owned()).or_default();
         a.pending = a.pending.saturating_add(tokens);
     }
@@ -84,10 +96,7 @@ impl Ledger {
     /// A request of `user`'s was answered with `input` and `output` tokens.
     pub fn spend(&mut self, user: &str, input: u64, output: u64, now: Instant) {
         let (slice, oldest) = (self.slice(now), self.oldest(now));
-        if self.accounts.len() >= MAX_ACCOUNTS && !self.accounts.contains_key(user) {
-            self.accounts
-                .retain(|_, a| a.pending > 0 || a.recent.back().is_some_and(|(s, _)| *s >= oldest));
-        }
+        self.make_room(user, now);
         let a = self.accounts.entry(user.to_owned()).or_default();
         a.requests += 1;
         a.input = a.input.saturating_add(input);
@@ -215,9 +224,9 @@ mod tests {
     #[test]
     fn what_requests_reserve_counts_until_their_answers_end() {
         let (mut l, t0) = ledger(1000, 60);
-        l.reserve("alice", 600);
+        l.reserve("alice", 600, t0);
         assert_eq!(l.exhausted("alice", t0), None);
-        l.reserve("alice", 600);
+        l.reserve("alice", 600, t0);
         assert!(l.exhausted("alice", t0).is_some(), "two answers pending");
         l.settle("alice", 600, 50, 10, t0);
         assert_eq!(l.exhausted("alice", t0), None, "one settled for less");

@@ -3,11 +3,12 @@
 //!
 //! A loopback listener of its own, on a port the system picks: each managed kernel is started
 //! with `IAC_CODE_BASE_URL=http://127.0.0.1:<port>/<capability>` and that capability as its
-//! `IAC_CODE_API_KEY` (one per user's kernels, one for the shared kernels: `grants`). Each run
-//! gets a capability of its own in place of the request's `llmApiKey`, which stays here with
-//! its `llmHeaders` and the run's user; the kernel sends it as the key of the run's LLM calls.
-//! `forward` checks and relays a request; `usage` reads the tokens of an answer as it passes;
-//! `ledger` keeps each user's totals and budget.
+//! `IAC_CODE_API_KEY` (new at each start of a user's kernel; one for the shared kernels:
+//! `grants`). Each run gets a capability of its own in place of the request's `llmApiKey`,
+//! which stays here with its `llmHeaders` and the run's user; the kernel sends it as the key of
+//! the run's LLM calls. `forward` checks and relays a request (`body`: what of it goes up and
+//! what it may spend; `shares`: each user's share of the places); `usage` reads the tokens of
+//! an answer as it passes; `ledger` keeps each user's totals, reserves and budget.
 
 mod body;
 mod forward;
@@ -100,7 +101,7 @@ impl Inner {
         if let Some(wait) = l.exhausted(account, Instant::now()) {
             return Err(wait);
         }
-        l.reserve(account, tokens);
+        l.reserve(account, tokens, Instant::now());
         Ok(())
     }
 

@@ -4,6 +4,7 @@
 //! body is read and kept until the answer has ended.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,9 @@ const MAX_ACCOUNTS: usize = 10_000;
 struct Share {
     requests: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
+    /// Requests waiting for a place: at most as many as the places, the others refused at once
+    /// (a waiting request holds a connection).
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The shares of every account.
@@ -65,7 +69,7 @@ impl Shares {
         }
     }
 
-    fn share(&self, account: &Account) -> (Arc<Semaphore>, Arc<Semaphore>) {
+    fn share(&self, account: &Account) -> (Arc<Semaphore>, Arc<Semaphore>, Arc<AtomicUsize>) {
         let mut map = self
             .accounts
             .lock()
@@ -80,8 +84,9 @@ impl Shares {
         let s = map.entry(account.clone()).or_insert_with(|| Share {
             requests: Arc::new(Semaphore::new(self.per_account)),
             bytes: Arc::new(Semaphore::new(ACCOUNT_BYTES / UNIT)),
+            waiting: Arc::default(),
         });
-        (s.requests.clone(), s.bytes.clone())
+        (s.requests.clone(), s.bytes.clone(), s.waiting.clone())
     }
 
     /// A place for a request of `account` with a body of up to `bytes`, waited for up to
@@ -92,14 +97,21 @@ impl Shares {
         bytes: usize,
         within: Duration,
     ) -> Result<Place, Full> {
-        let (requests, own) = self.share(account);
+        let (requests, own, waiting) = self.share(account);
         let units = u32::try_from(bytes.div_ceil(UNIT).max(1)).unwrap_or(u32::MAX);
         let deadline = tokio::time::Instant::now() + within;
-        let request = tokio::time::timeout_at(deadline, requests.acquire_owned())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .ok_or(Full::Requests)?;
+        let request = match requests.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                if waiting.fetch_add(1, Ordering::AcqRel) >= self.per_account {
+                    waiting.fetch_sub(1, Ordering::AcqRel);
+                    return Err(Full::Requests);
+                }
+                let got = tokio::time::timeout_at(deadline, requests.acquire_owned()).await;
+                waiting.fetch_sub(1, Ordering::AcqRel);
+                got.ok().and_then(Result::ok).ok_or(Full::Requests)?
+            }
+        };
         let bytes = tokio::time::timeout_at(deadline, own.acquire_many_owned(units))
             .await
             .ok()
@@ -131,6 +143,21 @@ mod tests {
         let a1 = s.enter(&alice, 10, NOW).await.unwrap();
         let _a2 = s.enter(&alice, 10, NOW).await.unwrap();
         assert_eq!(s.enter(&alice, 10, NOW).await.unwrap_err(), Full::Requests);
+        // As many may wait as there are places; more are refused at once.
+        let wait = Duration::from_millis(400);
+        let third = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let t = std::time::Instant::now();
+            (s.enter(&alice, 10, wait).await, t.elapsed())
+        };
+        let (w1, w2, (w3, took)) =
+            tokio::join!(s.enter(&alice, 10, wait), s.enter(&alice, 10, wait), third);
+        assert!(w1.is_err() && w2.is_err(), "they waited, in vain");
+        assert_eq!(w3.unwrap_err(), Full::Requests);
+        assert!(
+            took < Duration::from_millis(100),
+            "refused at once: {took:?}"
+        );
         assert!(s.enter(&Some("bob".into()), 10, NOW).await.is_ok());
         assert!(s.enter(&None, 10, NOW).await.is_ok(), "the shared kernels'");
         drop(a1);

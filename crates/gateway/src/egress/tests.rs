@@ -85,6 +85,11 @@ fn slow(_: &str) -> Response {
     Response::new(Body::from_stream(later))
 }
 
+fn thinking(_: &str) -> Response {
+    std::thread::sleep(Duration::from_millis(1500));
+    Response::new(Body::from("{}"))
+}
+
 fn options(upstream: &str) -> Options {
     Options {
         upstream: url::Url::parse(upstream).unwrap(),
@@ -425,4 +430,41 @@ async fn upstream_errors_pass_through_and_an_unverified_upstream_is_never_sent_t
     opts.ca = Some(dir.path().join("missing.pem"));
     let err = Egress::start(&opts, &|_| None, Arc::new(Metrics::new())).unwrap_err();
     assert!(err.contains("--llm-upstream-ca"), "{err}");
+}
+
+/// A request's reserve counts against its user's budget while its answer is awaited, and is
+/// given back when the kernel leaves before the answer; the model list reserves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reserve_is_held_while_the_answer_is_awaited_and_given_back_when_the_kernel_leaves() {
+    let (up, _) = upstream(None, thinking).await;
+    let mut opts = options(&up);
+    opts.budget = Some(Budget {
+        tokens: 1000,
+        window: Duration::from_secs(3600),
+    });
+    let e = start(&opts);
+    let (base, cap) = kernel(&e, Some("ualice"));
+    let asked = client()
+        .post(format!("{base}/chat/completions"))
+        .bearer_auth(&cap)
+        .timeout(Duration::from_millis(600))
+        .body(r#"{"max_tokens":1000000}"#)
+        .send();
+    let watch = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        e.inner.exhausted("ualice")
+    };
+    let (left, during) = tokio::join!(asked, watch);
+    assert!(left.is_err(), "the kernel gave up first");
+    assert!(during.is_some(), "a million reserved while awaited");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(e.inner.exhausted("ualice"), None, "given back");
+    let u = e.usage("ualice");
+    assert_eq!(u["requests"], 1, "{u}");
+    assert_eq!(u["outputTokens"], 0, "{u}");
+    let m = e.inner.metrics.encode();
+    assert!(
+        m.contains("agui_llm_requests_total{outcome=\"left\"} 1"),
+        "{m}"
+    );
 }
