@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use crate::fuzz::fuzz;
 
 /// Every entry under `dir`, recursively (symlinks not followed).
-fn tree(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn tree(dir: &Path) -> Vec<PathBuf> {
     let mut out = vec![];
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {

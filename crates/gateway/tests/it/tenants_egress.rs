@@ -73,24 +73,14 @@ async fn models(base: &str, key: Option<&str>) -> u16 {
 
 /// Every file under `dir` whose bytes hold `needle`.
 fn files_holding(dir: &Path, needle: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() && !p.is_symlink() {
-                stack.push(p);
-            } else if let Ok(bytes) = std::fs::read(&p) {
-                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
-                    found.push(p.display().to_string());
-                }
-            }
-        }
-    }
-    found
+    crate::fuzz_cwd::tree(dir)
+        .into_iter()
+        .filter(|p| p.is_file() && !p.is_symlink())
+        .filter(|p| {
+            std::fs::read(p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+        })
+        .map(|p| p.display().to_string())
+        .collect()
 }
 
 /// A counter of `/metrics` (0 when absent).
