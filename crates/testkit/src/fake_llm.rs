@@ -202,6 +202,7 @@ impl FakeLlm {
     fn app(inner: Arc<Mutex<Inner>>) -> Router {
         Router::new()
             .route("/v1/chat/completions", post(completions))
+            .route("/v1/messages", post(messages))
             .route(
                 "/v1/models",
                 get(|| async {
@@ -436,6 +437,86 @@ async fn completions(
         .status(200)
         .header("content-type", "text/event-stream")
         .header("cache-control", "no-cache")
+        .body(Body::from_stream(stream))
+        .expect("response")
+}
+
+/// Anthropic's messages API, text only: the scenario's plan's text streamed as Anthropic's
+/// events (`message_start` with the input's usage, a text block, `message_delta` with the
+/// output's), or as one message when not streamed. Recorded as chat completions are.
+async fn messages(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let messages = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let scenario = scenario_of(&messages);
+    let plan = {
+        let mut g = inner.lock().expect("llm lock");
+        g.requests.push(Recorded {
+            scenario: scenario.clone(),
+            body: body.clone(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+                .collect(),
+        });
+        g.plans
+            .get(&scenario)
+            .cloned()
+            .unwrap_or_else(|| builtin(&scenario))
+    };
+    let text: String = plan.text.concat();
+    let usage_in = json!({"input_tokens": 100, "output_tokens": 1});
+    if body.get("stream") != Some(&Value::Bool(true)) {
+        return Json(
+            json!({"id": "msg_fake", "type": "message", "role": "assistant",
+            "model": "fake-model", "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": 100, "output_tokens": 10}}),
+        )
+        .into_response();
+    }
+    let event = |name: &str, data: Value| Bytes::from(format!("event: {name}\ndata: {data}\n\n"));
+    let mut events = vec![
+        event(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_fake", "type": "message",
+                "role": "assistant", "model": "fake-model", "content": [], "stop_reason": null,
+                "stop_sequence": null, "usage": usage_in}}),
+        ),
+        event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+        ),
+    ];
+    for piece in &plan.text {
+        events.push(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                "delta": {"type": "text_delta", "text": piece}}),
+        ));
+    }
+    events.push(event(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": 0}),
+    ));
+    events.push(event(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+            "usage": {"output_tokens": 10}}),
+    ));
+    events.push(event("message_stop", json!({"type": "message_stop"})));
+    let stream =
+        futures_util::stream::iter(events.into_iter().map(Ok::<_, std::convert::Infallible>));
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
         .body(Body::from_stream(stream))
         .expect("response")
 }

@@ -479,3 +479,54 @@ async fn the_first_token_through_the_egress_is_not_held_back() {
         best[1]
     );
 }
+
+/// iac-code's Anthropic client through the egress: a kernel of provider
+/// `anthropic_compatible` sends its capability as Bearer to `v1/messages`; the upstream gets
+/// the operator's key the same way and answers the turn as Anthropic streams; its usage
+/// (`message_start`'s input, the last `message_delta`'s output) is counted to the user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_anthropic_client_reaches_its_upstream_through_the_egress() {
+    let ca = Ca::new();
+    let env = KernelEnv::with_llm(FakeLlm::start_tls(&ca).await);
+    let ca_file = env.dir.path().join("llm-ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let key = format!("sk-ant-operator-{}", uuid::Uuid::new_v4().simple());
+    // The Anthropic client adds `/v1/messages` to its base URL.
+    let upstream = format!("https://{}", env.llm.addr);
+    let ca_file = ca_file.display().to_string();
+    let flags = ["--llm-upstream", &upstream, "--llm-upstream-ca", &ca_file];
+    let vars = [
+        ("IAC_CODE_API_KEY", key.as_str()),
+        ("IAC_CODE_PROVIDER", "anthropic_compatible"),
+    ];
+    let t = Tenanted::start_in(env, false, 1, &flags, &vars).await;
+    let r = t.hello("alice", "eg-an1", "eg-an1-r1").await;
+    assert!(r.raw.contains("from the"), "{}", r.raw);
+    let seen = t.env.llm.requests();
+    let q = seen.last().expect("a request upstream");
+    assert_eq!(
+        q.headers.get("authorization"),
+        Some(&format!("Bearer {key}"))
+    );
+    assert!(
+        q.headers.contains_key("anthropic-version"),
+        "{:?}",
+        q.headers
+    );
+    // Anthropic's request (its `max_tokens` is required), streamed, left as the kernel sent it.
+    assert!(q.body["max_tokens"].is_u64(), "{}", q.body);
+    assert_eq!(q.body["stream"], true, "{}", q.body);
+    assert!(q.body.get("stream_options").is_none(), "{}", q.body);
+    let u = usage_of(&t, "alice").await;
+    assert!(u["requests"].as_u64().unwrap() >= 1, "{u}");
+    assert_eq!(
+        u["inputTokens"].as_u64().unwrap(),
+        100 * u["requests"].as_u64().unwrap(),
+        "{u}"
+    );
+    assert_eq!(
+        u["outputTokens"].as_u64().unwrap(),
+        10 * u["requests"].as_u64().unwrap(),
+        "{u}"
+    );
+}
