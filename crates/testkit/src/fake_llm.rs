@@ -301,17 +301,35 @@ fn chunk(id: &str, delta: Value, finish: Option<&str>) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
-async fn completions(
-    State(inner): State<Arc<Mutex<Inner>>>,
-    headers: HeaderMap,
-    Json(body): Json<Value>,
-) -> Response {
+/// A request's messages and the scenario they name.
+fn messages_of(body: &Value) -> (Vec<Value>, String) {
     let messages = body
         .get("messages")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
     let scenario = scenario_of(&messages);
+    (messages, scenario)
+}
+
+/// What is recorded of a request.
+fn recorded(scenario: &str, body: &Value, headers: &HeaderMap) -> Recorded {
+    Recorded {
+        scenario: scenario.to_owned(),
+        body: body.clone(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+            .collect(),
+    }
+}
+
+async fn completions(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let (messages, scenario) = messages_of(&body);
     let after_tool = messages
         .last()
         .and_then(|m| m.get("role"))
@@ -319,14 +337,7 @@ async fn completions(
         == Some("tool");
     let plan = {
         let mut g = inner.lock().expect("llm lock");
-        g.requests.push(Recorded {
-            scenario: scenario.clone(),
-            body: body.clone(),
-            headers: headers
-                .iter()
-                .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
-                .collect(),
-        });
+        g.requests.push(recorded(&scenario, &body, &headers));
         let tool_names: Vec<String> = body
             .get("tools")
             .and_then(Value::as_array)
@@ -449,22 +460,10 @@ async fn messages(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    let messages = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let scenario = scenario_of(&messages);
+    let (_, scenario) = messages_of(&body);
     let plan = {
         let mut g = inner.lock().expect("llm lock");
-        g.requests.push(Recorded {
-            scenario: scenario.clone(),
-            body: body.clone(),
-            headers: headers
-                .iter()
-                .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
-                .collect(),
-        });
+        g.requests.push(recorded(&scenario, &body, &headers));
         g.plans
             .get(&scenario)
             .cloned()

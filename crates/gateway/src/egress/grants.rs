@@ -178,6 +178,7 @@ impl Grants {
     }
 
     /// Runs whose capability is still honoured.
+    #[cfg(test)]
     pub fn live_runs(&self, now: Instant) -> usize {
         self.runs
             .values()

@@ -282,8 +282,9 @@ impl Egress {
         })
     }
 
-    /// Runs whose capability is honoured now (tests and `/health`).
-    pub fn live_runs(&self) -> usize {
+    /// Runs whose capability is honoured now.
+    #[cfg(test)]
+    fn live_runs(&self) -> usize {
         self.inner
             .grants
             .lock()

@@ -8,6 +8,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use futures_util::StreamExt as _;
+use reqwest::Method;
 
 use super::*;
 use crate::config::egress::{Budget, Egress as Options};
@@ -114,6 +115,22 @@ fn kernel(e: &Egress, account: Option<&str>) -> (String, String) {
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// `method` `url` with `cap` as the bearer and `body`: the answer.
+async fn ask(
+    method: reqwest::Method,
+    url: &str,
+    cap: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::Response {
+    client()
+        .request(method, url)
+        .bearer_auth(cap)
+        .body(body)
+        .send()
+        .await
+        .unwrap()
 }
 
 fn iac() -> IacCode {
@@ -264,48 +281,27 @@ async fn refusals_are_clear_and_in_the_clients_shape() {
     let v: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
     assert_eq!(v["type"], "error", "Anthropic's shape: {v}");
     for path in ["files", "chat/completions/x", "../models"] {
-        let r = c
-            .post(format!("{base}/{path}"))
-            .bearer_auth(&cap)
-            .send()
-            .await
-            .unwrap();
+        let r = ask(Method::POST, &format!("{base}/{path}"), &cap, "").await;
         assert_eq!(r.status(), 404, "{path}");
     }
     // A body over the bound.
     let big = vec![b'x'; forward::MAX_BODY + 1];
-    let r = c
-        .post(format!("{base}/chat/completions"))
-        .bearer_auth(&cap)
-        .body(big)
-        .send()
-        .await
-        .unwrap();
+    let r = ask(Method::POST, &format!("{base}/chat/completions"), &cap, big).await;
     assert_eq!(r.status(), 413);
     assert!(seen.lock().unwrap().is_empty(), "nothing went upstream");
     // One request at a time: the second waits its turn, then is refused.
     let first = tokio::spawn({
-        let (c, base, cap) = (c.clone(), base.clone(), cap.clone());
+        let (base, cap) = (base.clone(), cap.clone());
         async move {
             // Its place is held until its answer has been read to the end.
-            let r = c
-                .get(format!("{base}/models"))
-                .bearer_auth(&cap)
-                .send()
-                .await
-                .unwrap();
+            let r = ask(Method::GET, &format!("{base}/models"), &cap, "").await;
             let status = r.status();
             let _ = r.bytes().await;
             status
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let r = c
-        .get(format!("{base}/models"))
-        .bearer_auth(&cap)
-        .send()
-        .await
-        .unwrap();
+    let r = ask(Method::GET, &format!("{base}/models"), &cap, "").await;
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["x-should-retry"], "true");
     assert_eq!(first.await.unwrap(), 200);
@@ -327,32 +323,21 @@ async fn a_spent_budget_is_refused_and_shared_kernels_spend_only_through_runs() 
         window: Duration::from_secs(3600),
     });
     let e = start(&opts);
-    let c = client();
     let (shared, shared_cap) = kernel(&e, None);
-    let r = c
-        .post(format!("{shared}/chat/completions"))
-        .bearer_auth(&shared_cap)
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let r = ask(
+        Method::POST,
+        &format!("{shared}/chat/completions"),
+        &shared_cap,
+        "{}",
+    )
+    .await;
     assert_eq!(r.status(), 403);
-    let r = c
-        .get(format!("{shared}/models"))
-        .bearer_auth(&shared_cap)
-        .send()
-        .await
-        .unwrap();
+    let r = ask(Method::GET, &format!("{shared}/models"), &shared_cap, "").await;
     assert_eq!(r.status(), 200);
     let _ = r.bytes().await;
     let (base, cap) = kernel(&e, Some("ualice"));
     e.inner.settle("ualice", 0, 8, 4);
-    let r = c
-        .get(format!("{base}/models"))
-        .bearer_auth(&cap)
-        .send()
-        .await
-        .unwrap();
+    let r = ask(Method::GET, &format!("{base}/models"), &cap, "").await;
     assert_eq!(r.status(), 429);
     let after: u64 = r.headers()["retry-after"]
         .to_str()
@@ -381,12 +366,7 @@ async fn upstream_errors_pass_through_and_an_unverified_upstream_is_never_sent_t
     let (up, _) = upstream(None, failing).await;
     let e = start(&options(&up));
     let (base, cap) = kernel(&e, None);
-    let r = client()
-        .post(format!("{base}/chat/completions"))
-        .bearer_auth(&cap)
-        .send()
-        .await
-        .unwrap();
+    let r = ask(Method::POST, &format!("{base}/chat/completions"), &cap, "").await;
     assert_eq!(r.status(), 500);
     assert_eq!(
         r.text().await.unwrap(),
@@ -402,23 +382,13 @@ async fn upstream_errors_pass_through_and_an_unverified_upstream_is_never_sent_t
     opts.ca = Some(ca);
     let e = start(&opts);
     let (base, cap) = kernel(&e, None);
-    let r = client()
-        .post(format!("{base}/chat/completions"))
-        .bearer_auth(&cap)
-        .send()
-        .await
-        .unwrap();
+    let r = ask(Method::POST, &format!("{base}/chat/completions"), &cap, "").await;
     assert_eq!(r.status(), 502);
     assert!(seen.lock().unwrap().is_empty());
     // Nothing listening.
     let e = start(&options("http://127.0.0.1:9/v1"));
     let (base, cap) = kernel(&e, None);
-    let r = client()
-        .get(format!("{base}/models"))
-        .bearer_auth(&cap)
-        .send()
-        .await
-        .unwrap();
+    let r = ask(Method::GET, &format!("{base}/models"), &cap, "").await;
     assert_eq!(r.status(), 502);
     let m = e.inner.metrics.encode();
     assert!(

@@ -138,6 +138,16 @@ fn kernel_isolation_is_refused_where_it_cannot_hold() {
     }
 }
 
+/// A stub kernel at `script`: it writes its environment to `dump` (whole, renamed into place),
+/// then runs `then`.
+fn stub_kernel(script: &std::path::Path, dump: &std::path::Path, then: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dump.display();
+    let text = format!("#!/bin/sh\nenv > '{d}.tmp'\nmv '{d}.tmp' '{d}'\n{then}");
+    std::fs::write(script, text).unwrap();
+    std::fs::set_permissions(script, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
 /// The managed kernel gets an allow-list of the gateway's environment, and its output goes
 /// through the gateway's log: a stub kernel dumps its environment, writes a line to each stream
 /// (one far too long) and exits.
@@ -146,17 +156,12 @@ fn the_managed_kernel_gets_no_secret_of_the_gateway_and_its_output_is_logged() {
     let dir = tempfile::tempdir().unwrap();
     let dump = dir.path().join("env");
     let script = dir.path().join("kernel");
-    std::fs::write(
+    stub_kernel(
         &script,
-        format!(
-            "#!/bin/sh\nenv > '{d}.tmp'\nmv '{d}.tmp' '{d}'\necho kernel-stdout-marker\n\
-             printf 'kernel-stderr-marker %020000d\\n' 0 >&2\nexit 3\n",
-            d = dump.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        &dump,
+        "echo kernel-stdout-marker\n\
+         printf 'kernel-stderr-marker %020000d\\n' 0 >&2\nexit 3\n",
+    );
     let log = dir.path().join("gateway.log");
     let port = free_port();
     let mut child = Command::new(bin())
@@ -280,16 +285,7 @@ fn with_the_llm_egress_the_kernel_gets_a_capability_and_no_key() {
         "dashscope: on-file\n",
     )
     .unwrap();
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nenv > '{d}.tmp'\nmv '{d}.tmp' '{d}'\nsleep 30\n",
-            d = dump.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    stub_kernel(&script, &dump, "sleep 30\n");
     let log = dir.path().join("gateway.log");
     let port = free_port();
     let mut child = Command::new(bin())
